@@ -1,0 +1,1 @@
+"""The official semantics, instrumented. Never imports `engine`."""

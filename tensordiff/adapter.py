@@ -1,0 +1,90 @@
+"""What a model adapter provides to the toolkit (entry-point group `tensordiff.models`).
+
+An adapter ties one model's contract to its two producers. Our own adapters live in
+`tensordiff.models`; a user's engine plugs in the same way from its own package:
+
+    [project.entry-points."tensordiff.models"]
+    my-model = "my_pkg.tensordiff_adapter:ADAPTER"
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Protocol
+
+from .contract import Contract
+
+SIDES = ("oracle", "engine")
+
+
+@dataclass(frozen=True)
+class Fault:
+    """A real bug the engine can carry on purpose, and the boundary it must be caught at."""
+
+    name: str
+    boundary: str  # the earliest boundary the comparator must name (fnmatch pattern allowed)
+    description: str
+    needs: str = ""  # what the input must have for the fault to change numbers
+
+
+@dataclass(frozen=True)
+class RunRequest:
+    weights: str  # as the user gave it: "synthetic:tiny", "synthetic:full", ... or a checkpoint dir
+    weights_dir: Path | None = None  # the resolved checkpoint directory both sides load from
+    image: Path | None = None
+    device: str = "cpu"
+    dtype: str = "float32"
+    backend: str = "torch"  # engine kernels: "torch" reference ops or compiled "hip"
+    fault: str | None = None
+    prompt: str | None = None
+    chunk: int | None = None  # engine prefill chunk length (None: one chunk)
+    decode: int = 0  # decode steps after the prompt
+    taps: bool = True
+    options: dict[str, Any] = field(default_factory=dict)
+
+
+class Recorderish(Protocol):
+    enabled: bool
+
+    def record(self, name: str, tensor: Any, *, boundary: str | None = None) -> None: ...
+
+    def update_run(self, **fields: Any) -> None: ...
+
+
+Runner = Callable[[RunRequest, Recorderish], None]
+
+
+@dataclass(frozen=True)
+class ModelAdapter:
+    name: str
+    contract: Contract
+    faults: tuple[Fault, ...]
+    oracle: Callable[[], Runner]  # lazily imports the oracle side
+    engine: Callable[[], Runner]  # lazily imports the engine side
+    # Resolves a weights SPEC to a checkpoint directory (writing synthetic weights on first use);
+    # raises BadInput for an unknown spec or an incomplete checkpoint.
+    weights: Callable[[str], Path] | None = None
+    description: str = ""
+    # Optional: the engine's stages, for local error (engine stage on oracle inputs).
+    stages: Callable[[], Any] | None = None
+
+    def runner(self, side: str) -> Runner:
+        if side not in SIDES:
+            raise ValueError(f"side must be one of {SIDES}")
+        return self.oracle() if side == "oracle" else self.engine()
+
+    def fault(self, name: str) -> Fault:
+        for f in self.faults:
+            if f.name == name:
+                return f
+        raise KeyError(name)
+
+
+def fingerprint_file(path: Path) -> str:
+    import hashlib
+
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()

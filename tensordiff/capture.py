@@ -1,0 +1,204 @@
+"""The capture API: how an oracle or an engine records tensors at named boundaries.
+
+    with Recorder("out/engine", model="qwen3-vl", producer={"name": "my-engine"}) as rec:
+        rec.record("patches", pixel_values)
+        rec.record("rope.cos", cos)        # boundary "rope", tensor "rope.cos"
+
+`record` copies at once (a later kernel may overwrite the buffer it was handed); the
+directory appears only when the recorder closes cleanly (written under a temporary name, then
+renamed), and an existing dump is never replaced unless `overwrite=True`.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from .dtypes import BY_NAME, DType
+from .errors import BadInput
+from .storage import fsync_dir, write_hdf5, write_safetensors
+
+FORMAT = "tensordiff-dump"
+VERSION = 1
+NAME_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.\-]*$")
+
+
+def default_boundary(name: str) -> str:
+    return name.split(".", 1)[0]
+
+
+def check_name(name: str) -> None:
+    if not isinstance(name, str) or not NAME_RE.match(name) or ".." in name:
+        raise BadInput(f"tensor name {name!r} is not allowed (letters, digits, '_', '-', single '.'; no paths)")
+
+
+def to_raw(tensor: Any) -> tuple[np.ndarray, DType]:
+    """Copy a torch tensor or numpy array into a C-contiguous little-endian numpy array."""
+    if isinstance(tensor, np.ndarray):
+        arr = np.array(tensor, copy=True, order="C")
+        for dt in BY_NAME.values():
+            if dt.name != "bfloat16" and arr.dtype.newbyteorder("<") == dt.storage.newbyteorder("<") and arr.dtype.kind == dt.storage.kind:
+                return arr.astype(dt.storage, copy=False), dt
+        raise BadInput(f"cannot record numpy dtype {arr.dtype}")
+    import torch
+
+    if not isinstance(tensor, torch.Tensor):
+        raise BadInput(f"record() takes a torch.Tensor or numpy array, not {type(tensor).__name__}")
+    t = tensor.detach()
+    name = str(t.dtype).replace("torch.", "")
+    if name not in BY_NAME:
+        raise BadInput(f"cannot record torch dtype {t.dtype}")
+    dt = BY_NAME[name]
+    # .to(cpu) from a GPU is already a copy; on the CPU, clone so no storage is shared.
+    t = t.to("cpu").contiguous() if t.device.type != "cpu" else t.contiguous().clone()
+    if dt.name == "bfloat16":
+        arr = t.view(torch.int16).numpy().view(np.uint16)
+    else:
+        arr = t.numpy()
+    return np.ascontiguousarray(arr).astype(dt.storage, copy=False), dt
+
+
+def sha256_of(arr: np.ndarray) -> str:
+    return hashlib.sha256(np.ascontiguousarray(arr).data).hexdigest()
+
+
+class Recorder:
+    """Collects tensors and writes one dump directory atomically on `close()`."""
+
+    def __init__(self, path: str | os.PathLike, *, model: str, producer: dict | None = None,
+                 run: dict | None = None, fmt: str = "safetensors", overwrite: bool = False):
+        if fmt not in ("safetensors", "hdf5"):
+            raise BadInput(f"unknown dump format {fmt!r} (safetensors or hdf5)")
+        self.path = Path(path)
+        self.model = model
+        self.producer = dict(producer or {"name": "tensordiff"})
+        self.run = dict(run or {})
+        self.fmt = fmt
+        self.overwrite = overwrite
+        self._tensors: dict[str, tuple[np.ndarray, DType, str]] = {}
+        self._closed = False
+        self._check_target()
+
+    def _check_target(self) -> None:
+        if self.path.exists() and not self.overwrite:
+            raise BadInput(f"{self.path} already exists; refusing to overwrite it (pass --force / overwrite=True)")
+        parent = self.path.resolve().parent
+        if not parent.exists():
+            try:
+                parent.mkdir(parents=True, exist_ok=True)
+            except OSError as e:
+                raise BadInput(f"cannot create {parent}: {e.strerror}") from None
+        if not os.access(parent, os.W_OK):
+            raise BadInput(f"{parent} is not writable")
+
+    @property
+    def enabled(self) -> bool:
+        return True
+
+    def record(self, name: str, tensor: Any, *, boundary: str | None = None) -> None:
+        if self._closed:
+            raise RuntimeError("recorder is closed")
+        check_name(name)
+        if name in self._tensors:
+            raise BadInput(f"tensor {name!r} recorded twice")
+        arr, dt = to_raw(tensor)
+        b = boundary or default_boundary(name)
+        check_name(b)
+        self._tensors[name] = (arr, dt, b)
+
+    def names(self) -> list[str]:
+        return list(self._tensors)
+
+    def update_run(self, **fields: Any) -> None:
+        self.run.update(fields)
+
+    def close(self) -> Path:
+        if self._closed:
+            return self.path
+        self._closed = True
+        self._check_target()
+        parent = self.path.resolve().parent
+        tmp = Path(tempfile.mkdtemp(prefix=f".{self.path.name}.tmp-", dir=parent))
+        try:
+            entries = []
+            files: dict[str, dict[str, tuple[np.ndarray, DType]]] = {}
+            ext = ".safetensors" if self.fmt == "safetensors" else ".h5"
+            for name, (arr, dt, b) in self._tensors.items():
+                fname = f"{b}{ext}"
+                files.setdefault(fname, {})[name] = (arr, dt)
+                entries.append({"name": name, "boundary": b, "file": fname, "key": name,
+                                "shape": list(arr.shape), "dtype": dt.name, "sha256": sha256_of(arr)})
+            for fname, group in files.items():
+                if self.fmt == "safetensors":
+                    write_safetensors(tmp / fname, group, {"format": FORMAT})
+                else:
+                    write_hdf5(tmp / fname, group)
+            manifest = {"format": FORMAT, "version": VERSION, "model": self.model, "producer": self.producer,
+                        "run": self.run, "tensors": entries}
+            (tmp / "manifest.json").write_text(json.dumps(manifest, indent=1) + "\n")
+            fsync_dir(tmp)
+            if self.path.exists():
+                if not self.overwrite:
+                    raise BadInput(f"{self.path} appeared while recording; refusing to overwrite it")
+                old = self.path.with_name(f".{self.path.name}.old-{os.getpid()}")
+                os.rename(self.path, old)
+                os.rename(tmp, self.path)
+                shutil.rmtree(old, ignore_errors=True)
+            else:
+                os.rename(tmp, self.path)
+            fsync_dir(parent)
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
+        finally:
+            self._tensors.clear()
+        return self.path
+
+    def abort(self) -> None:
+        self._closed = True
+        self._tensors.clear()
+
+    def __enter__(self) -> "Recorder":
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        if exc_type is None:
+            self.close()
+        else:
+            self.abort()
+
+
+class NullRecorder:
+    """A recorder that records nothing: the engine's taps cost a branch, no copy."""
+
+    enabled = False
+
+    def record(self, name: str, tensor: Any, *, boundary: str | None = None) -> None:
+        pass
+
+    def update_run(self, **fields: Any) -> None:
+        pass
+
+
+class MemoryRecorder:
+    """Keeps recorded tensors in memory as torch tensors (tests, local-error runs)."""
+
+    enabled = True
+
+    def __init__(self) -> None:
+        self.tensors: dict[str, Any] = {}
+        self.run: dict = {}
+
+    def record(self, name: str, tensor: Any, *, boundary: str | None = None) -> None:
+        check_name(name)
+        self.tensors[name] = tensor.detach().clone() if hasattr(tensor, "detach") else np.array(tensor, copy=True)
+
+    def update_run(self, **fields: Any) -> None:
+        self.run.update(fields)

@@ -1,0 +1,39 @@
+"""Finds model adapters through the `tensordiff.models` entry-point group.
+
+This is the only place in `tensordiff` that reaches model code, and it does so lazily: the
+core (format, compare, report) works with no model installed.
+"""
+from __future__ import annotations
+
+from importlib.metadata import entry_points
+
+from .adapter import ModelAdapter
+from .contract import Contract
+from .errors import BadInput
+
+GROUP = "tensordiff.models"
+
+
+def _eps():
+    return {ep.name: ep for ep in entry_points(group=GROUP)}
+
+
+def names() -> list[str]:
+    return sorted(_eps())
+
+
+def adapter(name: str) -> ModelAdapter:
+    eps = _eps()
+    if name not in eps:
+        known = ", ".join(sorted(eps)) or "none installed"
+        raise BadInput(f"unknown model {name!r} (known: {known})")
+    obj = eps[name].load()
+    return obj() if callable(obj) and not isinstance(obj, ModelAdapter) else obj
+
+
+def contract(model: str) -> Contract | None:
+    """The contract for a model, or None when no adapter for it is installed."""
+    try:
+        return adapter(model).contract
+    except BadInput:
+        return None

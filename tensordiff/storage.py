@@ -1,0 +1,222 @@
+"""Tensor files of a dump: safetensors and HDF5, read lazily, written exactly.
+
+The safetensors side is our own small reader/writer of the documented format (8-byte
+little-endian header length, JSON header, raw little-endian C-order bytes): it lets us
+memory-map and validate every offset, and it handles bfloat16 without torch. HDF5 keeps bf16
+as uint16 with a `dtype` attribute. Nothing here can unpickle.
+"""
+from __future__ import annotations
+
+import json
+import os
+import struct
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from .dtypes import BY_ST, DType, by_name
+from .errors import BadInput
+
+MAX_HEADER = 100 * 1024 * 1024
+SAFETENSORS_EXT = (".safetensors",)
+HDF5_EXT = (".h5", ".hdf5")
+PICKLE_EXT = (".pt", ".pth", ".pkl", ".pickle", ".bin", ".ckpt")
+
+
+@dataclass(frozen=True)
+class StoredTensor:
+    """Where one tensor's bytes are, without reading them."""
+
+    file: Path
+    key: str
+    shape: tuple[int, ...]
+    dtype: DType
+    offset: int = 0  # safetensors: absolute byte offset of the data
+
+    @property
+    def numel(self) -> int:
+        n = 1
+        for s in self.shape:
+            n *= s
+        return n
+
+    @property
+    def nbytes(self) -> int:
+        return self.numel * self.dtype.itemsize
+
+    def reader(self) -> "FlatReader":
+        if self.file.suffix in HDF5_EXT:
+            return _H5Reader(self)
+        return _MemmapReader(self)
+
+
+class FlatReader:
+    """Reads [start, stop) of the flattened tensor as raw storage elements."""
+
+    def read(self, start: int, stop: int) -> np.ndarray:  # pragma: no cover - interface
+        raise NotImplementedError
+
+    def close(self) -> None:
+        pass
+
+
+class _MemmapReader(FlatReader):
+    def __init__(self, t: StoredTensor):
+        self.t = t
+        if t.numel == 0:
+            self.mm = np.zeros(0, dtype=t.dtype.storage)
+        else:
+            self.mm = np.memmap(t.file, dtype=t.dtype.storage, mode="r", offset=t.offset, shape=(t.numel,))
+
+    def read(self, start: int, stop: int) -> np.ndarray:
+        return np.asarray(self.mm[start:stop])
+
+    def close(self) -> None:
+        self.mm = None
+
+
+class _H5Reader(FlatReader):
+    def __init__(self, t: StoredTensor):
+        import h5py
+
+        self.t = t
+        self.f = h5py.File(t.file, "r")
+        self.ds = self.f[t.key]
+        self.row = 1
+        for s in t.shape[1:]:
+            self.row *= s
+
+    def read(self, start: int, stop: int) -> np.ndarray:
+        if not self.t.shape:
+            return np.asarray(self.ds[()]).reshape(1)[start:stop]
+        if self.row == 0:
+            return np.zeros(0, dtype=self.t.dtype.storage)
+        r0, r1 = start // self.row, -(-stop // self.row)
+        block = np.asarray(self.ds[r0:r1]).reshape(-1)
+        base = r0 * self.row
+        return block[start - base : stop - base].astype(self.t.dtype.storage, copy=False)
+
+    def close(self) -> None:
+        self.f.close()
+
+
+# ----------------------------------------------------------------------------- safetensors
+
+def read_safetensors_header(path: Path) -> tuple[dict[str, StoredTensor], dict]:
+    """Parse and validate a safetensors header; raises BadInput naming the file and the fault."""
+    size = path.stat().st_size
+    with open(path, "rb") as f:
+        head = f.read(8)
+        if len(head) < 8:
+            raise BadInput(f"{path}: truncated safetensors file ({size} bytes, no header)")
+        (n,) = struct.unpack("<Q", head)
+        if n > MAX_HEADER or 8 + n > size:
+            raise BadInput(f"{path}: corrupt or truncated safetensors header (claims {n} bytes, file has {size})")
+        try:
+            header = json.loads(f.read(n).decode("utf-8"))
+        except (UnicodeDecodeError, json.JSONDecodeError) as e:
+            raise BadInput(f"{path}: corrupt safetensors header ({e.__class__.__name__})") from None
+    if not isinstance(header, dict):
+        raise BadInput(f"{path}: corrupt safetensors header (not an object)")
+    meta = header.pop("__metadata__", None) or {}
+    out: dict[str, StoredTensor] = {}
+    data_start = 8 + n
+    for key, info in header.items():
+        try:
+            dt = BY_ST[info["dtype"]]
+            shape = tuple(int(s) for s in info["shape"])
+            b, e = (int(x) for x in info["data_offsets"])
+        except (KeyError, TypeError, ValueError):
+            raise BadInput(f"{path}: tensor {key!r} has an unreadable header entry") from None
+        t = StoredTensor(path, key, shape, dt, data_start + b)
+        if any(s < 0 for s in shape) or e - b != t.nbytes or b < 0:
+            raise BadInput(f"{path}: tensor {key!r} offsets do not match its shape and dtype")
+        if data_start + e > size:
+            raise BadInput(f"{path}: truncated: tensor {key!r} ends at byte {data_start + e}, file has {size}")
+        out[key] = t
+    return out, meta
+
+
+def write_safetensors(path: Path, tensors: dict[str, tuple[np.ndarray, DType]], metadata: dict | None = None) -> None:
+    """Write raw little-endian C-order arrays as one safetensors file."""
+    header: dict = {}
+    if metadata:
+        header["__metadata__"] = {str(k): str(v) for k, v in metadata.items()}
+    off = 0
+    for key, (arr, dt) in tensors.items():
+        header[key] = {"dtype": dt.st, "shape": list(arr.shape), "data_offsets": [off, off + arr.nbytes]}
+        off += arr.nbytes
+    hb = json.dumps(header, separators=(",", ":")).encode()
+    hb += b" " * (-len(hb) % 8)  # data starts 8-byte aligned
+    with open(path, "wb") as f:
+        f.write(struct.pack("<Q", len(hb)))
+        f.write(hb)
+        for arr, _ in tensors.values():
+            f.write(np.ascontiguousarray(arr).data)
+
+
+# ----------------------------------------------------------------------------- HDF5
+
+def read_hdf5_entry(path: Path, key: str, dtype_name: str | None) -> StoredTensor:
+    import h5py
+
+    try:
+        with h5py.File(path, "r") as f:
+            if key not in f or not isinstance(f[key], h5py.Dataset):
+                raise BadInput(f"{path}: no dataset {key!r}")
+            ds = f[key]
+            name = ds.attrs.get("dtype", None)
+            if isinstance(name, bytes):
+                name = name.decode()
+            name = name or dtype_name or _np_to_name(ds.dtype)
+            try:
+                dt = by_name(str(name))
+            except KeyError as e:
+                raise BadInput(f"{path}:{key}: {e.args[0]}") from None
+            if np.dtype(ds.dtype).itemsize != dt.itemsize:
+                raise BadInput(f"{path}:{key}: stored as {ds.dtype}, which cannot hold {dt.name}")
+            return StoredTensor(path, key, tuple(int(s) for s in ds.shape), dt)
+    except OSError as e:
+        raise BadInput(f"{path}: not a readable HDF5 file ({e})") from None
+
+
+def write_hdf5(path: Path, tensors: dict[str, tuple[np.ndarray, DType]]) -> None:
+    import h5py
+
+    with h5py.File(path, "w") as f:
+        for key, (arr, dt) in tensors.items():
+            ds = f.create_dataset(key, data=arr)
+            ds.attrs["dtype"] = dt.name
+
+
+def _np_to_name(d) -> str:
+    for n, dt in (("float64", "<f8"), ("float32", "<f4"), ("float16", "<f2"), ("int64", "<i8"), ("int32", "<i4"),
+                  ("int16", "<i2"), ("int8", "i1"), ("uint8", "u1"), ("bool", "?")):
+        if np.dtype(d) == np.dtype(dt):
+            return n
+    raise BadInput(f"unsupported HDF5 element type {d}")
+
+
+def file_kind(path: Path) -> str:
+    suf = path.suffix.lower()
+    if suf in SAFETENSORS_EXT:
+        return "safetensors"
+    if suf in HDF5_EXT:
+        return "hdf5"
+    if suf in PICKLE_EXT:
+        raise BadInput(f"{path}: {suf} files may hold pickles; tensordiff never unpickles (use safetensors or HDF5)")
+    raise BadInput(f"{path}: unknown tensor file type {suf!r} (expected .safetensors, .h5 or .hdf5)")
+
+
+def fsync_dir(path: Path) -> None:
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
