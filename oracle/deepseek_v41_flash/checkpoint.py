@@ -1,0 +1,74 @@
+"""Reads named tensors from a checkpoint directory, lazily, through its safetensors index.
+
+A released checkpoint is 48 shards; the vision tensors are a few hundred MB of the first one, so
+only the names asked for are read (safetensors' `safe_open` maps the file and slices by key).
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+
+import torch
+from safetensors import safe_open
+
+from tensordiff.errors import BadInput
+
+INDEX = "model.safetensors.index.json"
+SINGLE = "model.safetensors"
+
+
+def weight_map(checkpoint: Path) -> dict[str, str]:
+    """Tensor name -> shard file name, from the index (or a lone `model.safetensors`)."""
+    index = checkpoint / INDEX
+    if index.is_file():
+        try:
+            return dict(json.loads(index.read_text())["weight_map"])
+        except (OSError, ValueError, KeyError, TypeError) as e:
+            raise BadInput(f"{index} is not a valid safetensors index ({e})") from None
+    single = checkpoint / SINGLE
+    if single.is_file():
+        with safe_open(str(single), framework="pt") as f:
+            return {k: SINGLE for k in f.keys()}
+    raise BadInput(f"{checkpoint} has neither {INDEX} nor {SINGLE}: not a checkpoint directory")
+
+
+def load_tensors(checkpoint: str | Path, names: list[str]) -> dict[str, torch.Tensor]:
+    """Exactly `names`, as stored (no dtype change). Missing names are one BadInput naming them."""
+    checkpoint = Path(checkpoint)
+    wmap = weight_map(checkpoint)
+    missing = [n for n in names if n not in wmap]
+    if missing:
+        shown = ", ".join(missing[:8]) + (f" and {len(missing) - 8} more" if len(missing) > 8 else "")
+        raise BadInput(f"checkpoint {checkpoint} lacks {len(missing)} tensor(s) the vision path needs: {shown}")
+    by_shard: dict[str, list[str]] = {}
+    for n in names:
+        by_shard.setdefault(wmap[n], []).append(n)
+    out: dict[str, torch.Tensor] = {}
+    for shard, keys in by_shard.items():
+        path = checkpoint / shard
+        if not path.is_file():
+            raise BadInput(f"shard {path} named by the index is missing (needed for {keys[0]})")
+        with safe_open(str(path), framework="pt") as f:
+            present = set(f.keys())
+            for k in keys:
+                if k not in present:
+                    raise BadInput(f"shard {path} lacks {k}, which the index places there")
+                out[k] = f.get_tensor(k)
+    return out
+
+
+def fingerprint(checkpoint: str | Path) -> str:
+    """sha256 of config.json and the index (or the lone shard's header): cheap, and the same
+    formula on both sides, so two dumps from one checkpoint carry one fingerprint."""
+    checkpoint = Path(checkpoint)
+    h = hashlib.sha256()
+    for name in ("config.json", INDEX):
+        p = checkpoint / name
+        h.update(name.encode() + b"\0")
+        h.update(p.read_bytes() if p.is_file() else b"")
+    if not (checkpoint / INDEX).is_file() and (checkpoint / SINGLE).is_file():
+        with open(checkpoint / SINGLE, "rb") as f:
+            n = int.from_bytes(f.read(8), "little")
+            h.update(f.read(n))
+    return "sha256:" + h.hexdigest()

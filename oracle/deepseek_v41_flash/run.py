@@ -1,0 +1,128 @@
+"""The oracle runner: official preprocessing and tower, tapped by forward hooks.
+
+    run(RunRequest(weights="synthetic:tiny", weights_dir=..., image=...), recorder)
+
+Boundaries (design, "Boundaries"): `patches` [N, 588] bf16 (the official patches are bf16 before
+the tower whatever the tower dtype), `rope.cos` / `rope.sin` [N, rope_dim] (the tables block 0
+actually received), `block0` [N, D], `final_norm` [N, D], `aligner` [T, dim].
+"""
+from __future__ import annotations
+
+import hashlib
+from contextlib import contextmanager
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from tensordiff.errors import BadInput
+
+from .checkpoint import fingerprint, load_tensors
+from .config import ModelArgs
+from .image_processor import load_image, num_image_tokens
+from .vision import Aligner, ViT
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+
+
+class VisionModel(nn.Module):
+    """The vision half of the official `Transformer`, under its attribute names, so that the
+    state-dict keys are the checkpoint's (`vision.*`, `aligner.*`)."""
+
+    def __init__(self, args: ModelArgs):
+        super().__init__()
+        self.vision = ViT(args)
+        self.aligner = Aligner(args)
+
+    @torch.inference_mode()
+    def encode_image(self, patches: torch.Tensor, n_vit_h: int, n_vit_w: int) -> torch.Tensor:
+        return self.aligner(self.vision(patches, n_vit_h, n_vit_w), n_vit_h, n_vit_w)
+
+
+@contextmanager
+def default_dtype(dtype: torch.dtype):
+    """Linear weights take the default dtype, as under the official `set_dtype`; RMSNorm
+    weights stay fp32 because they are created fp32 explicitly."""
+    prev = torch.get_default_dtype()
+    torch.set_default_dtype(dtype)
+    try:
+        yield
+    finally:
+        torch.set_default_dtype(prev)
+
+
+def build(args: ModelArgs, checkpoint: Path, dtype: torch.dtype, device: torch.device) -> VisionModel:
+    if not args.vision_enabled:
+        raise BadInput(f"{checkpoint}/config.json has vision_n_layers = 0: the model has no vision tower")
+    with default_dtype(dtype), torch.device("meta"):
+        model = VisionModel(args)
+    params = dict(model.named_parameters())
+    stored = load_tensors(checkpoint, list(params))
+    state = {}
+    for name, p in params.items():
+        t = stored[name]
+        if tuple(t.shape) != tuple(p.shape):
+            raise BadInput(f"{name} in {checkpoint} has shape {list(t.shape)}, the config implies {list(p.shape)}")
+        state[name] = t.to(device=device, dtype=p.dtype)
+    model.load_state_dict(state, assign=True)
+    return model.eval()
+
+
+def tap(model: VisionModel, rec) -> list:
+    """Forward hooks at the five boundaries; returns the handles."""
+    vit = model.vision
+
+    def patches_in(_module, args):
+        # exact: the values are bf16 whatever dtype they were cast to for the tower
+        rec.record("patches", args[0].flatten(1).to(torch.bfloat16))
+
+    def rope_in(_module, args):
+        _x, cos, sin = args
+        rec.record("rope.cos", cos.squeeze(1))  # [N, 1, rd] -> [N, rd]
+        rec.record("rope.sin", sin.squeeze(1))
+
+    return [
+        vit.patch_embed.register_forward_pre_hook(patches_in),
+        vit.blocks[0].register_forward_pre_hook(rope_in),
+        vit.blocks[0].register_forward_hook(lambda _m, _a, out: rec.record("block0", out)),
+        vit.norm.register_forward_hook(lambda _m, _a, out: rec.record("final_norm", out)),
+        model.aligner.register_forward_hook(lambda _m, _a, out: rec.record("aligner", out)),
+    ]
+
+
+def image_facts(path: Path) -> dict:
+    from PIL import Image
+
+    data = Path(path).read_bytes()
+    with Image.open(path) as im:
+        return {"sha256": hashlib.sha256(data).hexdigest(), "size": [im.width, im.height], "mode": im.mode}
+
+
+def versions() -> dict:
+    import PIL
+
+    return {"torch": torch.__version__, "pillow": PIL.__version__}
+
+
+def run(req, rec) -> None:
+    if req.weights_dir is None or req.image is None:
+        raise BadInput("the DeepSeek V4.1 Flash oracle needs a weights directory and an image")
+    if req.dtype not in DTYPES:
+        raise BadInput(f"dtype {req.dtype!r} is not supported (float32 or bfloat16)")
+    dtype = DTYPES[req.dtype]
+    device = torch.device(req.device)
+    checkpoint = Path(req.weights_dir)
+    args = ModelArgs.from_dir(checkpoint)
+    model = build(args, checkpoint, dtype, device)
+
+    patches, n_vit_h, n_vit_w, n_llm_h, n_llm_w = load_image(req.image, args)
+    rec.update_run(
+        inputs={"image": image_facts(req.image), "grid": [n_vit_h, n_vit_w], "cells": [n_llm_h, n_llm_w],
+                "span": num_image_tokens(n_llm_h, n_llm_w)},
+        dtype=req.dtype, device=req.device, weights=fingerprint(checkpoint), versions=versions())
+    handles = tap(model, rec) if getattr(rec, "enabled", True) else []
+    try:
+        model.encode_image(patches.to(device=device, dtype=dtype), n_vit_h, n_vit_w)
+    finally:
+        for h in handles:
+            h.remove()

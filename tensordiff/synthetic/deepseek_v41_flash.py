@@ -1,0 +1,225 @@
+"""Synthetic DeepSeek V4.1 Flash checkpoints: official names, shapes and sharding, random values.
+
+    resolve("synthetic:tiny") -> Path   # written into cache_root() on first use, then reused
+    resolve("/path/to/checkpoint")      # checked: config, index, and every vision tensor present
+
+Two configs: `full` is the released config (32 vision layers, 1024 wide, 16 heads, aligner into
+5120); `tiny` keeps every code path (head_dim 64, so rope tables are [N, 32] as in full; 14 px
+patches, 3x3 aligner, the same token budget) with small widths and two layers, so the real
+preprocessing sizes run in seconds on a CPU.
+
+Values: each unit (`vision.patch_embed`, `vision.blocks.N`, `vision.norm`, `aligner`,
+`image_markers`) draws from a generator seeded by its own name (`tensordiff.synthetic.generator`),
+at trained-like scales: fan-in scaled weights, residual outputs scaled down by sqrt(2 * layers),
+small biases, norm weights near 1. Stored in bf16, as the released vision weights are.
+
+Only the vision path's tensors are written here (vision tower, aligner, span markers); the
+language backbone's units can join through `UNIT_WRITERS`.
+"""
+from __future__ import annotations
+
+import json
+import math
+import os
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Callable, Iterator
+
+from ..errors import BadInput
+from . import cache_root, generator
+
+MODEL = "deepseek-v4.1-flash"
+VERSION = 1  # bump when the values or layout change: a new cache directory is written
+INDEX = "model.safetensors.index.json"
+
+# The released inference/config.json.
+FULL: dict = {
+    "vocab_size": 129280, "dim": 5120, "moe_inter_dim": 2304, "n_layers": 40, "n_mtp_layers": 3,
+    "dspark_block_size": 5, "dspark_noise_token_id": 128799, "dspark_target_layer_ids": [37, 38, 39],
+    "dspark_markov_rank": 256, "dspark_n_routed_experts": 128, "dspark_n_activated_experts": 3,
+    "n_heads": 64, "n_routed_experts": 384, "n_shared_experts": 1, "n_activated_experts": 6,
+    "score_func": "sqrtsoftplus", "route_scale": 1.5, "swiglu_limit": 10.0, "q_lora_rank": 1280,
+    "head_dim": 512, "rope_head_dim": 64, "norm_eps": 1e-20, "o_groups": 8, "o_lora_rank": 1024,
+    "window_size": 128, "kv_source_layers": [2, 8, 14, 20],
+    "index_source_layers": [2, 8, 14, 20, 24, 28, 32, 36], "original_seq_len": 65536,
+    "rope_theta": 10000, "rope_factor": 16, "beta_fast": 32, "beta_slow": 1, "index_n_heads": 32,
+    "index_head_dim": 128, "index_topk": 512, "candidate_source_layer": 20,
+    "candidate_topk_blocks": 2048, "candidate_block_size": 8, "hc_mult": 4, "hc_sinkhorn_iters": 20,
+    "hc_eps": 1e-06, "engram_layer_ids": [1, 14], "engram_vocab_size": 16000000,
+    "engram_num_embeddings": [384006168, 384016682], "engram_max_ngram_size": 4, "engram_pad_id": 2,
+    "engram_compressed_vocab_size": 99092, "dtype": "fp8", "expert_dtype": "fp4",
+    "compress_rope_theta": 160000, "compress_ratios": [0, 0] + [2] * 18 + [1] * 20 + [0, 0, 0],
+    "vision_n_layers": 32, "vision_dim": 1024, "vision_n_heads": 16, "vision_inter_dim": 2816,
+    "vision_patch_size": 14, "vision_downsample_ratio": 3, "vision_max_n_token": 1024,
+    "vision_min_pixels": 295936, "vision_max_wh_ratio": None, "image_token_id": 129264,
+    "engram_n_heads": 8, "engram_head_dim": 256, "vision_rope_theta": 10000,
+}
+
+# Small widths and depth; the vision geometry (patch, ratio, budget, head_dim) is the released one.
+TINY: dict = {
+    **FULL,
+    "vision_n_layers": 2, "vision_dim": 128, "vision_n_heads": 2, "vision_inter_dim": 192,
+    "dim": 256, "n_layers": 2, "n_mtp_layers": 1, "n_heads": 4, "moe_inter_dim": 128,
+    "n_routed_experts": 8, "n_activated_experts": 2, "q_lora_rank": 64, "head_dim": 64,
+    "rope_head_dim": 32, "o_groups": 2, "o_lora_rank": 64, "index_n_heads": 4, "index_head_dim": 32,
+    "index_topk": 16, "kv_source_layers": [1], "index_source_layers": [1], "candidate_source_layer": -1,
+    "candidate_topk_blocks": 0, "candidate_block_size": 0, "compress_ratios": [0, 2, 0],
+    "engram_layer_ids": [1], "engram_num_embeddings": [4099], "engram_vocab_size": 997,
+    "engram_n_heads": 2, "engram_head_dim": 32, "dspark_target_layer_ids": [1],
+    "dspark_n_routed_experts": 8, "dspark_n_activated_experts": 2, "dspark_markov_rank": 32,
+}
+
+CONFIGS = {"tiny": TINY, "full": FULL}
+
+
+# --------------------------------------------------------------------------- names and shapes
+
+def vision_units(cfg: dict) -> Iterator[tuple[str, dict[str, tuple[int, ...]]]]:
+    """(unit, {tensor name: shape}) for every tensor of the vision path, in checkpoint order."""
+    d, p, r = cfg["vision_dim"], cfg["vision_patch_size"], cfg["vision_downsample_ratio"]
+    inter, out = cfg["vision_inter_dim"], cfg["dim"]
+    yield "vision.patch_embed", {"vision.patch_embed.proj.weight": (d, 3 * p * p),
+                                 "vision.patch_embed.proj.bias": (d,)}
+    for i in range(cfg["vision_n_layers"]):
+        b = f"vision.blocks.{i}"
+        yield b, {f"{b}.norm1.weight": (d,), f"{b}.attn.wqkv.weight": (3 * d, d), f"{b}.attn.wqkv.bias": (3 * d,),
+                  f"{b}.attn.wo.weight": (d, d), f"{b}.attn.wo.bias": (d,), f"{b}.norm2.weight": (d,),
+                  f"{b}.mlp.w1.weight": (2 * inter, d), f"{b}.mlp.w2.weight": (d, inter)}
+    yield "vision.norm", {"vision.norm.weight": (d,)}
+    yield "aligner", {"aligner.w1.weight": (out, d * r * r), "aligner.w1.bias": (out,),
+                      "aligner.w2.weight": (out, out), "aligner.w2.bias": (out,)}
+    yield "image_markers", {"image_start": (out,), "image_end": (out,), "image_newline": (out,)}
+
+
+def vision_tensor_names(cfg: dict) -> list[str]:
+    return [n for _, tensors in vision_units(cfg) for n in tensors]
+
+
+def _scale(name: str, shape: tuple[int, ...], cfg: dict) -> tuple[str, float]:
+    """(kind, std) of a tensor: "norm" (1 + std * noise), "normal" (std * noise)."""
+    if name.endswith(("norm1.weight", "norm2.weight", "norm.weight")):
+        return "norm", 0.05
+    if name.endswith(".bias") or name.startswith("image_"):
+        return "normal", 0.02
+    std = 1.0 / math.sqrt(shape[1])
+    if name.endswith(("attn.wo.weight", "mlp.w2.weight")):  # residual writers: keep the stream tame
+        std /= math.sqrt(2 * cfg["vision_n_layers"])
+    return "normal", std
+
+
+def _vision_values(cfg: dict) -> Iterator[tuple[str, dict]]:
+    import torch
+
+    for unit, tensors in vision_units(cfg):
+        g = generator(f"{MODEL}:{unit}")
+        values = {}
+        for name, shape in tensors.items():
+            kind, std = _scale(name, shape, cfg)
+            noise = torch.randn(shape, generator=g, dtype=torch.float32)
+            t = 1.0 + std * noise if kind == "norm" else std * noise
+            values[name] = t.to(torch.bfloat16)
+        yield unit, values
+
+
+# Units the checkpoint holds; a language backbone adds its own writer here.
+UNIT_WRITERS: list[Callable[[dict], Iterator[tuple[str, dict]]]] = [_vision_values]
+
+SHARD_BYTES = 512 << 20
+
+
+# --------------------------------------------------------------------------- writing
+
+def _write(target: Path, cfg: dict) -> None:
+    """Shards of whole units up to SHARD_BYTES, an index, and config.json, atomically."""
+    from safetensors.torch import save_file
+
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.tmp-", dir=target.parent))
+    try:
+        shards: list[dict] = [{}]
+        size = 0
+        for writer in UNIT_WRITERS:
+            for _unit, values in writer(cfg):
+                nbytes = sum(t.numel() * t.element_size() for t in values.values())
+                if shards[-1] and size + nbytes > SHARD_BYTES:
+                    shards.append({})
+                    size = 0
+                shards[-1].update(values)
+                size += nbytes
+        if len(shards) == 1:  # always exercise the index: at least two shards
+            names = list(shards[0])
+            cut = max(1, len(names) // 2)
+            shards = [{n: shards[0][n] for n in names[:cut]}, {n: shards[0][n] for n in names[cut:]}]
+        weight_map, total = {}, 0
+        for i, shard in enumerate(shards, 1):
+            fname = f"model-{i:05d}-of-{len(shards):05d}.safetensors"
+            save_file({k: v.contiguous() for k, v in shard.items()}, str(tmp / fname), metadata={"format": "pt"})
+            for k, v in shard.items():
+                weight_map[k] = fname
+                total += v.numel() * v.element_size()
+        (tmp / INDEX).write_text(json.dumps({"metadata": {"total_size": total}, "weight_map": weight_map}, indent=1))
+        (tmp / "config.json").write_text(json.dumps(cfg, indent=4) + "\n")
+        try:
+            os.rename(tmp, target)
+        except OSError:
+            if not (target / INDEX).is_file():  # someone else won the race only if they finished
+                raise
+            shutil.rmtree(tmp, ignore_errors=True)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+
+
+def synthetic_dir(size: str) -> Path:
+    """The cached checkpoint for `size` ("tiny" or "full"), written on first use."""
+    if size not in CONFIGS:
+        raise BadInput(f"unknown synthetic size {size!r} (tiny or full)")
+    target = cache_root() / MODEL / f"synthetic-{size}-v{VERSION}"
+    if not (target / INDEX).is_file():
+        _write(target, CONFIGS[size])
+    return target
+
+
+# --------------------------------------------------------------------------- resolving a SPEC
+
+def check_checkpoint(path: Path) -> None:
+    """A real checkpoint directory must have a config and every vision tensor in its index."""
+    if not path.is_dir():
+        raise BadInput(f"weights {path} is neither synthetic:tiny, synthetic:full nor a directory")
+    config = path / "config.json"
+    if not config.is_file():
+        raise BadInput(f"{path} has no config.json: not a DeepSeek V4.1 Flash checkpoint")
+    try:
+        cfg = json.loads(config.read_text())
+    except ValueError as e:
+        raise BadInput(f"{config} is not valid JSON ({e})") from None
+    if not isinstance(cfg, dict) or not cfg.get("vision_n_layers"):
+        raise BadInput(f"{config} declares no vision tower (vision_n_layers missing or 0)")
+    merged = {**FULL, **cfg}
+    index = path / INDEX
+    if index.is_file():
+        try:
+            names = set(json.loads(index.read_text())["weight_map"])
+        except (ValueError, KeyError, TypeError) as e:
+            raise BadInput(f"{index} is not a valid safetensors index ({e})") from None
+    elif (path / "model.safetensors").is_file():
+        from safetensors import safe_open
+
+        with safe_open(str(path / "model.safetensors"), framework="np") as f:
+            names = set(f.keys())
+    else:
+        raise BadInput(f"{path} has neither {INDEX} nor model.safetensors")
+    missing = [n for n in vision_tensor_names(merged) if n not in names]
+    if missing:
+        shown = ", ".join(missing[:8]) + (f" and {len(missing) - 8} more" if len(missing) > 8 else "")
+        raise BadInput(f"checkpoint {path} lacks {len(missing)} vision tensor(s): {shown}")
+
+
+def resolve(spec: str) -> Path:
+    """`synthetic:tiny` | `synthetic:full` | a checkpoint directory -> the directory to load."""
+    if spec.startswith("synthetic:"):
+        return synthetic_dir(spec.split(":", 1)[1])
+    path = Path(spec).expanduser()
+    check_checkpoint(path)
+    return path
