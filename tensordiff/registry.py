@@ -27,13 +27,15 @@ def adapter(name: str) -> ModelAdapter:
     if name not in eps:
         known = ", ".join(sorted(eps)) or "none installed"
         raise BadInput(f"unknown model {name!r} (known: {known})")
-    obj = eps[name].load()
+    try:
+        obj = eps[name].load()
+    except ImportError as e:
+        raise BadInput(f"the adapter for {name!r} could not be loaded ({e}); reinstall tensordiff") from None
     return obj() if callable(obj) and not isinstance(obj, ModelAdapter) else obj
 
 
 def contract(model: str) -> Contract | None:
     """The contract for a model, or None when no adapter for it is installed."""
-    try:
-        return adapter(model).contract
-    except BadInput:
+    if model not in _eps():
         return None
+    return adapter(model).contract

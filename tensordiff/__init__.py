@@ -1,0 +1,28 @@
+"""tensordiff: tensor-boundary differential testing for multimodal inference engines.
+
+The public surface is small: record tensors (`Recorder`), read dumps (`open_dump`), compare them
+(`compare_dumps`) and load tolerances (`load_tolerances`). The CLI mirrors it.
+"""
+__version__ = "0.1.0"
+
+from .capture import MemoryRecorder, NullRecorder, Recorder  # noqa: E402
+from .errors import BadInput  # noqa: E402
+
+
+def __getattr__(name):  # lazy: importing tensordiff stays cheap (no numpy work, no models)
+    if name == "compare_dumps":
+        from .compare import compare_dumps
+
+        return compare_dumps
+    if name == "open_dump":
+        from .dump import open_dump
+
+        return open_dump
+    if name == "load_tolerances":
+        from .tolerance import load
+
+        return load
+    raise AttributeError(name)
+
+
+__all__ = ["Recorder", "NullRecorder", "MemoryRecorder", "BadInput", "compare_dumps", "open_dump", "load_tolerances"]

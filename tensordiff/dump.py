@@ -1,0 +1,165 @@
+"""Reading a dump directory (format v1): the manifest and lazy handles on its tensors.
+
+Opening a dump parses `manifest.json` and the tensor files' headers; no tensor data is read.
+Everything in a manifest is untrusted: names and files are validated, paths cannot leave the
+directory, and only safetensors, HDF5 and JSON are ever opened.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+from .capture import FORMAT, NAME_RE, default_boundary
+from .dtypes import BY_NAME
+from .errors import BadInput
+from .storage import PICKLE_EXT, StoredTensor, file_kind, read_hdf5_entry, read_safetensors_header
+
+MAX_MANIFEST = 64 * 1024 * 1024
+
+
+@dataclass(frozen=True)
+class Entry:
+    name: str
+    boundary: str
+    stored: StoredTensor
+    sha256: str | None
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return self.stored.shape
+
+    @property
+    def dtype(self):
+        return self.stored.dtype
+
+
+@dataclass(frozen=True)
+class Dump:
+    path: Path
+    model: str
+    producer: dict
+    run: dict
+    entries: tuple[Entry, ...]
+
+    @property
+    def names(self) -> list[str]:
+        return [e.name for e in self.entries]
+
+    def entry(self, name: str) -> Entry:
+        for e in self.entries:
+            if e.name == name:
+                return e
+        raise KeyError(name)
+
+    @property
+    def nbytes(self) -> int:
+        return sum(e.stored.nbytes for e in self.entries)
+
+    def boundaries(self) -> list[str]:
+        """Boundary names in the order the producer first recorded them."""
+        seen: dict[str, None] = {}
+        for e in self.entries:
+            seen.setdefault(e.boundary, None)
+        return list(seen)
+
+    def load(self, name: str):
+        """One tensor as a numpy array (float types widened to float32; bf16 exactly)."""
+        import numpy as np
+
+        from .dtypes import to_float64
+
+        e = self.entry(name)
+        r = e.stored.reader()
+        try:
+            raw = r.read(0, e.stored.numel)
+        finally:
+            r.close()
+        if e.dtype.is_float:
+            return to_float64(raw, e.dtype).astype(np.float32 if e.dtype.name != "float64" else np.float64).reshape(e.shape)
+        return raw.reshape(e.shape)
+
+
+def _inside(root: Path, rel: str, what: str) -> Path:
+    if not isinstance(rel, str) or not rel or rel.startswith(("/", "\\")) or ".." in Path(rel).parts or ":" in rel:
+        raise BadInput(f"{root}/manifest.json: {what} {rel!r} escapes the dump directory")
+    p = (root / rel).resolve()
+    try:
+        p.relative_to(root.resolve())
+    except ValueError:
+        raise BadInput(f"{root}/manifest.json: {what} {rel!r} escapes the dump directory") from None
+    return p
+
+
+def open_dump(path: str | Path) -> Dump:
+    root = Path(path)
+    if not root.exists():
+        raise BadInput(f"{root} does not exist")
+    if root.is_file():
+        if root.suffix.lower() in PICKLE_EXT:
+            raise BadInput(f"{root} is a {root.suffix} file, which may hold a pickle; tensordiff never unpickles. "
+                           "A dump is a directory with manifest.json and safetensors/HDF5 files")
+        raise BadInput(f"{root} is a file; a dump is a directory with manifest.json")
+    mpath = root / "manifest.json"
+    if not mpath.is_file():
+        raise BadInput(f"{root} has no manifest.json (not a tensordiff dump)")
+    if mpath.stat().st_size > MAX_MANIFEST:
+        raise BadInput(f"{mpath} is implausibly large ({mpath.stat().st_size} bytes)")
+    try:
+        m = json.loads(mpath.read_text(encoding="utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise BadInput(f"{mpath} is not valid JSON ({e})") from None
+    if not isinstance(m, dict):
+        raise BadInput(f"{mpath}: expected a JSON object")
+    if m.get("format") != FORMAT:
+        raise BadInput(f"{mpath}: format is {m.get('format')!r}, expected {FORMAT!r}")
+    if m.get("version") != 1:
+        raise BadInput(f"{mpath}: format version {m.get('version')!r} is not supported (this reader knows version 1)")
+    model = m.get("model")
+    if not isinstance(model, str) or not model:
+        raise BadInput(f"{mpath}: 'model' must be a non-empty string")
+    tensors = m.get("tensors")
+    if not isinstance(tensors, list):
+        raise BadInput(f"{mpath}: 'tensors' must be a list")
+    headers: dict[Path, dict[str, StoredTensor]] = {}
+    entries: list[Entry] = []
+    seen: set[str] = set()
+    for i, t in enumerate(tensors):
+        if not isinstance(t, dict):
+            raise BadInput(f"{mpath}: tensors[{i}] is not an object")
+        name = t.get("name")
+        if not isinstance(name, str) or not NAME_RE.match(name) or ".." in name:
+            raise BadInput(f"{mpath}: tensors[{i}] has an invalid name {name!r}")
+        if name in seen:
+            raise BadInput(f"{mpath}: tensor {name!r} is listed twice")
+        seen.add(name)
+        boundary = t.get("boundary") or default_boundary(name)
+        if not isinstance(boundary, str) or not NAME_RE.match(boundary):
+            raise BadInput(f"{mpath}: tensor {name!r} has an invalid boundary {boundary!r}")
+        fpath = _inside(root, t.get("file"), "file")
+        kind = file_kind(fpath)
+        if not fpath.is_file():
+            raise BadInput(f"{mpath}: tensor {name!r} names file {t.get('file')!r}, which is missing")
+        key = t.get("key", name)
+        if not isinstance(key, str):
+            raise BadInput(f"{mpath}: tensor {name!r} has an invalid key")
+        if kind == "safetensors":
+            if fpath not in headers:
+                headers[fpath], _ = read_safetensors_header(fpath)
+            if key not in headers[fpath]:
+                raise BadInput(f"{fpath}: has no tensor {key!r} (named by {name!r} in the manifest)")
+            st = headers[fpath][key]
+        else:
+            st = read_hdf5_entry(fpath, key, t.get("dtype"))
+        want_shape, want_dtype = t.get("shape"), t.get("dtype")
+        if want_dtype is not None and want_dtype not in BY_NAME:
+            raise BadInput(f"{mpath}: tensor {name!r} has unknown dtype {want_dtype!r}")
+        if want_dtype is not None and want_dtype != st.dtype.name:
+            raise BadInput(f"{mpath}: tensor {name!r} is {st.dtype.name} in its file but {want_dtype} in the manifest")
+        if want_shape is not None and list(want_shape) != list(st.shape):
+            raise BadInput(f"{mpath}: tensor {name!r} has shape {list(st.shape)} in its file but {want_shape} in the manifest")
+        sha = t.get("sha256")
+        entries.append(Entry(name, boundary, st, sha if isinstance(sha, str) else None))
+    producer = m.get("producer") if isinstance(m.get("producer"), dict) else {}
+    run = m.get("run") if isinstance(m.get("run"), dict) else {}
+    return Dump(root, model, producer, run, tuple(entries))

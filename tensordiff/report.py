@@ -1,0 +1,131 @@
+"""Reports a person reads: the earliest divergence first, then the boundary table.
+
+`render_text` is plain (pipes, logs, pytest failures); `print_rich` draws the same content as a
+rich table on a terminal. JSON lives on the result objects (`Report.as_json`).
+"""
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+from .result import Report, TensorResult
+
+MARK = {"match": "ok", "diverged": "DIVERGED", "consequent": "consequent", "missing": "MISSING",
+        "incomparable": "INCOMPARABLE", "skipped": "skipped"}
+
+
+def _g(x, fmt=".3g") -> str:
+    if x is None:
+        return "-"
+    if isinstance(x, str):
+        return x
+    if isinstance(x, float) and math.isinf(x):
+        return "inf" if x > 0 else "-inf"
+    return format(x, fmt)
+
+
+def tensor_summary(t: TensorResult) -> str:
+    m = t.metrics
+    if t.status in ("missing", "incomparable"):
+        return t.reason
+    if "cosine" in m:
+        s = (f"max|Δ| {_g(m['max_abs'])}  mean|Δ| {_g(m['mean_abs'])}  cos {m['cosine']:.6f}  "
+             f"SQNR {_g(m['sqnr_db'], '.1f')} dB  ULP p50/p99/max {_g(m['ulp_p50'])}/{_g(m['ulp_p99'])}/{_g(m['ulp_max'])}"
+             f" ({m['ulp_unit']})  outside {100 * m['mismatch_fraction']:.3g}%")
+        floor = t.tolerance.get("floor")
+        if floor:
+            s += f"  = {m['max_abs'] / floor:.3g}× floor"
+        return s
+    if "rows_differ" in m:
+        return f"{m['rows_differ']}/{m['rows']} rows differ as sets, overlap {m['mean_overlap']:.3f}"
+    return f"{m.get('mismatches', 0)}/{m.get('numel', 0)} elements differ"
+
+
+def _dtype_note(t: TensorResult) -> str:
+    a, b = t.dtype.get("a"), t.dtype.get("b")
+    return f"{a}" if a == b else f"{a} vs {b}"
+
+
+def headline(r: Report) -> str:
+    if r.verdict == "match":
+        return f"MATCH: all {len(r.boundaries)} boundaries within tolerance ({r.model})"
+    parts = []
+    for n in r.earliest:
+        b = r.boundary(n)
+        parts.append(f"earliest divergence at `{n}` ({b.status}): {b.look_between}")
+    if not parts:
+        parts.append("diverged (no root found)")
+    return "DIVERGED: " + "; ".join(parts)
+
+
+def render_text(r: Report, max_rows: int = 200) -> str:
+    lines = [headline(r), f"A (reference): {r.a}", f"B (candidate): {r.b}", f"tolerances: {r.tolerances}"]
+    for n in r.earliest:
+        b = r.boundary(n)
+        for t in b.tensors:
+            if t.status != "match":
+                lines.append(f"  {t.name}: {t.reason}")
+                if t.worst:
+                    w = t.worst
+                    vals = f" (A={_g(w.get('a'), '.6g')}, B={_g(w.get('b'), '.6g')})" if "a" in w else ""
+                    lines.append(f"    worst element {w['index']}: {w['meaning']}{vals}")
+    lines.append("")
+    lines.append(f"{'boundary':<22} {'status':<13} {'tensor':<22} {'dtype':<20} metrics")
+    shown = 0
+    for b in r.boundaries:
+        for i, t in enumerate(b.tensors or [None]):
+            if shown >= max_rows:
+                break
+            shown += 1
+            status = MARK[b.status] + (" (root)" if b.root else "") if i == 0 else ""
+            if t is None:
+                lines.append(f"{b.name if i == 0 else '':<22} {status:<13}")
+                continue
+            lines.append(f"{b.name if i == 0 else '':<22} {status:<13} {t.name:<22} {_dtype_note(t):<20} {tensor_summary(t)}")
+    for note in r.notes:
+        lines.append(f"note: {note}")
+    return "\n".join(lines)
+
+
+def print_rich(r: Report, console) -> None:
+    from rich.markup import escape
+    from rich.table import Table
+
+    style = "bold green" if r.verdict == "match" else "bold red"
+    console.print(escape(headline(r)), style=style)
+    for n in r.earliest:
+        for t in r.boundary(n).tensors:
+            if t.status != "match":
+                console.print(f"  [bold]{escape(t.name)}[/]: {escape(t.reason)}")
+                if t.worst:
+                    console.print(f"    worst element {t.worst['index']}: {escape(t.worst['meaning'])}")
+    table = Table(show_lines=False, header_style="bold")
+    for col in ("boundary", "status", "tensor", "dtype", "max|Δ|", "cos", "SQNR dB", "ULP p99", "outside"):
+        table.add_column(col)
+    colors = {"match": "green", "diverged": "red", "consequent": "yellow", "missing": "red",
+              "incomparable": "red", "skipped": "dim"}
+    for b in r.boundaries:
+        for i, t in enumerate(b.tensors):
+            m = t.metrics
+            st = f"[{colors[b.status]}]{b.status}{' (root)' if b.root else ''}[/]" if i == 0 else ""
+            table.add_row(escape(b.name) if i == 0 else "", st, escape(t.name), escape(_dtype_note(t)),
+                          _g(m.get("max_abs")), f"{m['cosine']:.6f}" if "cosine" in m else "-",
+                          _g(m.get("sqnr_db"), ".1f"), _g(m.get("ulp_p99")),
+                          f"{100 * m['mismatch_fraction']:.3g}%" if "mismatch_fraction" in m else escape(t.reason or "-"))
+    console.print(table)
+    for note in r.notes:
+        console.print(f"note: {escape(note)}", style="yellow")
+
+
+def write_json(r: Report, path: str | Path) -> None:
+    from .errors import BadInput
+
+    p = Path(path)
+    data = json.dumps(r.as_json(), indent=1)
+    try:
+        tmp = p.with_name(f".{p.name}.tmp")
+        tmp.write_text(data + "\n")
+        tmp.replace(p)
+    except OSError as e:
+        raise BadInput(f"cannot write the JSON report to {p}: {e.strerror}") from None

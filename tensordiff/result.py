@@ -1,0 +1,117 @@
+"""Result data: per tensor, per boundary, and the whole report. Truthy when everything matches;
+`str()` is a readable summary; `as_json()` is the machine report."""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+STATUSES = ("match", "diverged", "consequent", "missing", "incomparable", "skipped")
+FAILING = ("diverged", "missing", "incomparable")
+
+
+@dataclass
+class TensorResult:
+    name: str
+    boundary: str
+    status: str  # match | diverged | missing | incomparable | skipped
+    reason: str = ""
+    mode: str = "values"
+    dtype: dict = field(default_factory=dict)  # {"a": .., "b": .., "unit": ..}
+    shape: dict = field(default_factory=dict)
+    metrics: dict = field(default_factory=dict)
+    tolerance: dict = field(default_factory=dict)
+    worst: dict | None = None  # {"index": [...], "meaning": "...", "a": .., "b": ..}
+    row_error: list | None = None  # max |a-b| per leading row (for heatmaps)
+    probes: dict = field(default_factory=dict)
+
+    def __bool__(self) -> bool:
+        return self.status == "match"
+
+    def as_json(self) -> dict:
+        d = {k: getattr(self, k) for k in ("name", "boundary", "status", "reason", "mode", "dtype", "shape",
+                                             "metrics", "tolerance", "worst", "probes")}
+        return _finite(d)
+
+
+@dataclass
+class BoundaryResult:
+    name: str
+    status: str
+    root: bool = False
+    inputs: list[str] = field(default_factory=list)
+    tensors: list[TensorResult] = field(default_factory=list)
+    reason: str = ""
+    meaning: str = ""
+    layout: str = "plain"
+
+    def __bool__(self) -> bool:
+        return self.status == "match"
+
+    @property
+    def look_between(self) -> str:
+        if not self.inputs:
+            return f"`{self.name}` is the first boundary: look at what produces it from the inputs"
+        ins = ", ".join(f"`{i}`" for i in self.inputs)
+        return f"look between {ins} (match) and `{self.name}`"
+
+    def as_json(self) -> dict:
+        metrics = {}
+        tol = {}
+        for t in self.tensors:
+            metrics[t.name] = t.metrics
+            tol[t.name] = t.tolerance
+        return _finite({"name": self.name, "status": self.status, "root": self.root, "inputs": self.inputs,
+                        "reason": self.reason, "meaning": self.meaning, "metrics": metrics, "tolerance": tol,
+                        "tensors": [t.as_json() for t in self.tensors]})
+
+
+@dataclass
+class Report:
+    a: str
+    b: str
+    model: str
+    boundaries: list[BoundaryResult]
+    notes: list[str] = field(default_factory=list)
+    producers: dict = field(default_factory=dict)
+    runs: dict = field(default_factory=dict)
+    tolerances: str = "defaults"
+
+    @property
+    def verdict(self) -> str:
+        return "match" if all(b.status in ("match", "skipped") for b in self.boundaries) else "diverged"
+
+    @property
+    def earliest(self) -> list[str]:
+        return [b.name for b in self.boundaries if b.root]
+
+    def boundary(self, name: str) -> BoundaryResult:
+        for b in self.boundaries:
+            if b.name == name:
+                return b
+        raise KeyError(name)
+
+    def __bool__(self) -> bool:
+        return self.verdict == "match"
+
+    def __str__(self) -> str:
+        from .report import render_text
+
+        return render_text(self)
+
+    def as_json(self) -> dict:
+        return _finite({"verdict": self.verdict, "earliest": self.earliest,
+                        "look": [self.boundary(n).look_between for n in self.earliest],
+                        "a": self.a, "b": self.b, "model": self.model, "notes": self.notes,
+                        "tolerances": self.tolerances, "producers": self.producers, "runs": self.runs,
+                        "boundaries": [b.as_json() for b in self.boundaries]})
+
+
+def _finite(x):
+    """JSON has no inf/nan: spell them as strings so any parser reads the report."""
+    if isinstance(x, float) and not math.isfinite(x):
+        return "nan" if math.isnan(x) else ("inf" if x > 0 else "-inf")
+    if isinstance(x, dict):
+        return {k: _finite(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return [_finite(v) for v in x]
+    return x

@@ -1,0 +1,141 @@
+"""Tolerances: when is a difference material?
+
+A float tensor diverges when more than `max_mismatch` of its elements fall outside
+`|a - b| <= atol + rtol * |a|` (a = the reference side), when its cosine similarity drops below
+`min_cosine`, or when NaN/Inf appear on one side only. Integer tensors must be equal; top-k id
+tensors must agree as sets per row, with `max_mismatch` the fraction of rows allowed to differ.
+
+Defaults per dtype come from the unit roundoff u = 2**-(mantissa bits + 1) of the NARROWER of the
+two dtypes (a bf16 engine against an fp32 oracle is judged in bf16 units):
+- bfloat16 (u = 2**-8 = 3.9e-3): rtol = atol = 4u = 1.6e-2. A deep bf16 tower accumulates a few
+  roundings per layer, so up to 1% of elements may exceed that, while cosine must stay >= 0.999.
+- float16 (u = 4.9e-4): rtol = atol = 4u = 2e-3, 0.1% of elements, cosine >= 0.9999.
+- float32 (u = 6e-8): two independent fp32 routes differ by summation order and fused kernels,
+  ~1e-6 relative after a few layers; rtol 1e-3, atol 1e-4 leave room for that and for TF32-free
+  GEMMs on other hardware, with no element allowed outside and cosine >= 0.99999.
+- float64: rtol 1e-7, atol 1e-9.
+Overrides: a TOML file (`--tolerances`) or `[tool.tensordiff]` in the nearest pyproject.toml:
+
+    [tolerances.bfloat16]            # a dtype's defaults
+    atol = 0.02
+    [tolerances.boundaries.aligner]  # a boundary (fnmatch patterns allowed), any dtype
+    rtol = 0.05
+    [tolerances.boundaries.aligner.float32]   # a boundary at one dtype: wins over both above
+
+A per-boundary value wins over a dtype default; a boundary-at-dtype value wins over both.
+"""
+from __future__ import annotations
+
+import fnmatch
+import tomllib
+from dataclasses import asdict, dataclass, fields, replace
+from pathlib import Path
+from typing import Any
+
+from .errors import BadInput
+
+
+@dataclass(frozen=True)
+class Tolerance:
+    atol: float
+    rtol: float
+    max_mismatch: float = 0.0  # fraction of elements (rows for top-k) allowed outside
+    min_cosine: float | None = None
+    floor: float | None = None  # measured noise floor (max abs), when calibrated
+    source: str = "default"
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+
+DEFAULTS: dict[str, Tolerance] = {
+    "float64": Tolerance(atol=1e-9, rtol=1e-7, max_mismatch=0.0, min_cosine=0.999999999),
+    "float32": Tolerance(atol=1e-4, rtol=1e-3, max_mismatch=0.0, min_cosine=0.99999),
+    "float16": Tolerance(atol=2e-3, rtol=2e-3, max_mismatch=1e-3, min_cosine=0.9999),
+    "bfloat16": Tolerance(atol=1.6e-2, rtol=1.6e-2, max_mismatch=1e-2, min_cosine=0.999),
+    "int": Tolerance(atol=0.0, rtol=0.0, max_mismatch=0.0),
+}
+_FIELDS = {f.name for f in fields(Tolerance)} - {"source"}
+
+
+@dataclass(frozen=True)
+class Tolerances:
+    dtypes: dict[str, dict[str, Any]]
+    boundaries: dict[str, dict[str, Any]]  # pattern -> fields (+ nested dtype tables)
+    origin: str = "defaults"
+
+    def for_(self, boundary: str, dtype: str) -> Tolerance:
+        key = dtype if dtype in DEFAULTS else "int"
+        tol = DEFAULTS[key]
+        if key in self.dtypes:
+            tol = replace(tol, **self.dtypes[key], source=f"{self.origin} [{key}]")
+        for pattern, table in self.boundaries.items():
+            if fnmatch.fnmatchcase(boundary, pattern):
+                flat = {k: v for k, v in table.items() if k in _FIELDS}
+                if flat:
+                    tol = replace(tol, **flat, source=f"{self.origin} [boundaries.{pattern}]")
+                if isinstance(table.get(key), dict):
+                    tol = replace(tol, **table[key], source=f"{self.origin} [boundaries.{pattern}.{key}]")
+        return tol
+
+
+def _check_table(t: Any, where: str) -> dict[str, Any]:
+    if not isinstance(t, dict):
+        raise BadInput(f"{where} must be a table")
+    out = {}
+    for k, v in t.items():
+        if k in DEFAULTS and isinstance(v, dict):
+            out[k] = _check_table(v, f"{where}.{k}")
+        elif k in _FIELDS:
+            if v is not None and (not isinstance(v, (int, float)) or isinstance(v, bool) or v < 0):
+                raise BadInput(f"{where}.{k} must be a non-negative number, not {v!r}")
+            out[k] = float(v) if v is not None else None
+        else:
+            raise BadInput(f"{where}: unknown key {k!r} (known: {', '.join(sorted(_FIELDS))} or a dtype)")
+    return out
+
+
+def from_mapping(m: dict, origin: str) -> Tolerances:
+    m = m.get("tolerances", m)
+    if not isinstance(m, dict):
+        raise BadInput(f"{origin}: [tolerances] must be a table")
+    dtypes, bounds = {}, {}
+    for k, v in m.items():
+        if k == "boundaries":
+            if not isinstance(v, dict):
+                raise BadInput(f"{origin}: [tolerances.boundaries] must be a table")
+            for b, t in v.items():
+                bounds[b] = _check_table(t, f"{origin}: boundaries.{b}")
+        elif k in DEFAULTS:
+            dtypes[k] = _check_table(v, f"{origin}: {k}")
+            dtypes[k] = {kk: vv for kk, vv in dtypes[k].items() if kk in _FIELDS}
+        elif k in ("floors", "calibration"):
+            continue  # written by `tensordiff calibrate` for the report
+        else:
+            raise BadInput(f"{origin}: unknown tolerance table {k!r} (a dtype name or 'boundaries')")
+    return Tolerances(dtypes, bounds, origin)
+
+
+def load(path: str | Path | None = None, search_from: Path | None = None) -> Tolerances:
+    """Tolerances from an explicit TOML file, else `[tool.tensordiff]` of the nearest pyproject."""
+    if path is not None:
+        p = Path(path)
+        if not p.is_file():
+            raise BadInput(f"tolerance file {p} does not exist")
+        try:
+            return from_mapping(tomllib.loads(p.read_text()), str(p))
+        except tomllib.TOMLDecodeError as e:
+            raise BadInput(f"{p} is not valid TOML ({e})") from None
+    here = (search_from or Path.cwd()).resolve()
+    for d in (here, *here.parents):
+        pp = d / "pyproject.toml"
+        if pp.is_file():
+            try:
+                data = tomllib.loads(pp.read_text())
+            except tomllib.TOMLDecodeError:
+                return Tolerances({}, {})
+            tool = data.get("tool", {}).get("tensordiff")
+            if isinstance(tool, dict) and "tolerances" in tool:
+                return from_mapping(tool, f"{pp} [tool.tensordiff]")
+            return Tolerances({}, {})
+    return Tolerances({}, {})
