@@ -1,0 +1,79 @@
+import hashlib
+import json
+
+import numpy as np
+import pytest
+import torch
+from helpers_dumps import write
+from safetensors.torch import load_file, save_file
+
+from tensordiff import BadInput, Recorder, open_dump
+from tensordiff.storage import read_safetensors_header
+
+
+def test_record_copies_the_buffer(tmp_path):
+    buf = torch.ones(4, 3)
+    with Recorder(tmp_path / "d", model="m") as r:
+        r.record("x", buf)
+        buf.fill_(7)  # a later kernel overwrites the buffer
+    assert (open_dump(tmp_path / "d").load("x") == 1).all()
+
+
+def test_directory_appears_only_on_clean_close(tmp_path):
+    with pytest.raises(RuntimeError):
+        with Recorder(tmp_path / "d", model="m") as r:
+            r.record("x", torch.ones(2))
+            raise RuntimeError("engine crashed")
+    assert not (tmp_path / "d").exists()
+    assert not any(p.name.startswith(".d.tmp") for p in tmp_path.iterdir())
+
+
+def test_refuses_to_overwrite_unless_told(tmp_path):
+    write(tmp_path / "d", {"x": torch.ones(2)})
+    with pytest.raises(BadInput, match="refusing to overwrite"):
+        Recorder(tmp_path / "d", model="m")
+    with Recorder(tmp_path / "d", model="m", overwrite=True) as r:
+        r.record("y", torch.zeros(3))
+    assert open_dump(tmp_path / "d").names == ["y"]
+
+
+@pytest.mark.parametrize("fmt", ["safetensors", "hdf5"])
+def test_bf16_and_ints_stored_exactly(tmp_path, fmt):
+    x = torch.randn(5, 7).to(torch.bfloat16)
+    ids = torch.arange(12).reshape(3, 4)
+    write(tmp_path / "d", {"a.x": x, "a.ids": ids}, fmt=fmt)
+    d = open_dump(tmp_path / "d")
+    e = d.entry("a.x")
+    assert e.dtype.name == "bfloat16" and e.shape == (5, 7)
+    assert torch.equal(torch.from_numpy(d.load("a.x")), x.float())
+    assert (d.load("a.ids") == ids.numpy()).all()
+    raw = e.stored.reader().read(0, 35)
+    assert hashlib.sha256(raw.tobytes()).hexdigest() == e.sha256
+    assert e.sha256 == hashlib.sha256(x.view(torch.int16).numpy().tobytes()).hexdigest()
+
+
+def test_manifest_has_the_required_fields(tmp_path):
+    write(tmp_path / "d", {"rope.cos": torch.ones(2, 2)}, run={"dtype": "float32"})
+    m = json.loads((tmp_path / "d" / "manifest.json").read_text())
+    assert m["format"] == "tensordiff-dump" and m["version"] == 1 and m["model"] == "toy"
+    t = m["tensors"][0]
+    assert {k: t[k] for k in ("name", "boundary", "dtype", "shape")} == {
+        "name": "rope.cos", "boundary": "rope", "dtype": "float32", "shape": [2, 2]}
+    assert set(t) >= {"file", "key", "sha256"}
+
+
+def test_our_safetensors_interoperate_with_the_reference_library(tmp_path):
+    x = torch.randn(3, 5).to(torch.bfloat16)
+    write(tmp_path / "d", {"x": x})
+    assert torch.equal(load_file(tmp_path / "d" / "x.safetensors")["x"], x)
+    save_file({"k": x}, tmp_path / "lib.safetensors")
+    hdr, _ = read_safetensors_header(tmp_path / "lib.safetensors")
+    raw = hdr["k"].reader().read(0, 15)
+    assert np.array_equal(raw, x.view(torch.int16).numpy().view(np.uint16).reshape(-1))
+
+
+@pytest.mark.parametrize("name", ["../x", "/abs", "a/b", "", "a..b"])
+def test_bad_names_refused(tmp_path, name):
+    with pytest.raises(BadInput):
+        with Recorder(tmp_path / "d", model="m") as r:
+            r.record(name, torch.ones(1))

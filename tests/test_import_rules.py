@@ -1,0 +1,51 @@
+"""The house rules of the design card, checked on the source tree."""
+import ast
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def imports(pkg: str) -> dict[str, set[str]]:
+    out = {}
+    for p in (ROOT / pkg).rglob("*.py"):
+        names = set()
+        for node in ast.walk(ast.parse(p.read_text())):
+            if isinstance(node, ast.Import):
+                names |= {a.name.split(".")[0] for a in node.names}
+            elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+                names.add(node.module.split(".")[0])
+        out[str(p.relative_to(ROOT))] = names
+    return out
+
+
+def test_engine_never_imports_oracle():
+    bad = [f for f, n in imports("engine").items() if "oracle" in n]
+    assert not bad, f"engine imports oracle: {bad}"
+
+
+def test_oracle_never_imports_engine():
+    bad = [f for f, n in imports("oracle").items() if "engine" in n]
+    assert not bad, f"oracle imports engine: {bad}"
+
+
+def test_core_reaches_models_only_through_the_registry():
+    allowed = {"tensordiff/registry.py", "tensordiff/runs.py"}
+    bad = []
+    for f, n in imports("tensordiff").items():
+        if f.startswith("tensordiff/models/") or f in allowed:
+            continue
+        if n & {"oracle", "engine"}:
+            bad.append(f)
+    assert not bad, f"core modules import model code: {bad}"
+
+
+def test_compare_works_without_model_code():
+    import subprocess
+    import sys
+
+    code = ("import sys; sys.modules['torch'] = None; sys.modules['oracle'] = None; sys.modules['engine'] = None\n"
+            "from tensordiff.compare import compare_dumps\n"
+            f"r = compare_dumps(r'{ROOT}/dumps/sample-oracle', r'{ROOT}/dumps/sample-engine')\n"
+            "assert r.earliest == ['rope'], r.earliest")
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert p.returncode == 0, p.stderr
