@@ -1,0 +1,69 @@
+"""The engine's Qwen3-VL run: picture -> vision tower boundaries, prompt -> M-RoPE positions."""
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+
+import torch
+
+from .. import backend as backends
+from ..errors import EngineInputError
+from . import faults as F
+from .config import load_config
+from .positions import decode_positions, mrope_positions, tokenize
+from .preprocess import decode, default_processor, preprocess
+from .vision import VisionTower
+from .weights import fingerprint, load_visual
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def torch_dtype(name: str) -> torch.dtype:
+    if name not in DTYPES:
+        raise EngineInputError(f"unsupported dtype {name!r} ({', '.join(DTYPES)})")
+    return DTYPES[name]
+
+
+def run(req, rec) -> None:
+    fault = F.check(req.fault)
+    if req.weights_dir is None:
+        raise EngineInputError("no checkpoint directory resolved for the engine")
+    if req.image is None:
+        raise EngineInputError("qwen3-vl needs an image")
+    if req.decode < 0:
+        raise EngineInputError(f"decode steps must be >= 0, not {req.decode}")
+    dtype = torch_dtype(req.dtype)
+    backend = backends.get(req.backend)
+    cfg = load_config(req.weights_dir)
+    processor = req.options.get("processor") or default_processor()
+
+    img = decode(Path(req.image))
+    px = preprocess(img, cfg.processor, processor, raster=fault == F.MERGE_ORDER_RASTER)
+    grid_thw = px.grid_thw
+    rec.record("patches", px.pixel_values)
+
+    weights = load_visual(req.weights_dir, dtype, req.device)
+    tower = VisionTower(cfg.vision, weights, backend, dtype)
+    with torch.inference_mode():
+        tower(px.pixel_values.to(req.device), grid_thw, rec, fault)
+
+    prompt = tokenize(req.prompt, grid_thw, cfg)
+    pos, deltas = mrope_positions(prompt, cfg.vision.spatial_merge_size)
+    carried = 0 if fault == F.MROPE_NO_DELTA else deltas  # what decoding will add
+    rec.record("positions.ids", pos)
+    rec.record("positions.rope_deltas", torch.tensor([carried], dtype=torch.int64))
+    if req.decode:
+        rec.record("positions.decode", decode_positions(prompt.input_ids.shape[0], req.decode, carried))
+
+    import PIL
+    data = Path(req.image).read_bytes()
+    rec.update_run(
+        inputs={"image": {"sha256": hashlib.sha256(data).hexdigest(), "width": img.shape[1], "height": img.shape[0]},
+                "resized": [px.plan.resized_height, px.plan.resized_width],
+                "grid": list(px.plan.grid), "cells": list(px.plan.cells), "grid_thw": list(grid_thw),
+                "processor": processor, "prompt": req.prompt, "tokens": int(prompt.input_ids.shape[0]),
+                "decode": req.decode},
+        weights=fingerprint(req.weights_dir),
+        versions={"torch": torch.__version__, "pillow": PIL.__version__},
+        dtype=req.dtype, device=req.device, backend=req.backend, fault=fault,
+    )

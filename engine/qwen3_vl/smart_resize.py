@@ -1,0 +1,57 @@
+"""The resize plan: the pixel size a picture is resampled to before it is cut into patches.
+
+Qwen2-VL's smart_resize, as the image processor of the pinned transformers runs it: both sides
+are rounded (Python's round, half to even) to a multiple of `factor` = patch x merge; if the area
+leaves [min_pixels, max_pixels], both are rescaled by one factor beta, floored when shrinking,
+ceiled when growing. (qwen-vl-utils differs: its own min of 4096 px and max(factor, round(..)).)
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from ..errors import EngineInputError
+
+MAX_ASPECT = 200
+
+
+@dataclass(frozen=True)
+class ResizePlan:
+    height: int  # source
+    width: int
+    resized_height: int
+    resized_width: int
+    patch_size: int
+    merge_size: int
+
+    @property
+    def grid(self) -> tuple[int, int]:  # patches (gh, gw)
+        return self.resized_height // self.patch_size, self.resized_width // self.patch_size
+
+    @property
+    def cells(self) -> tuple[int, int]:  # merged tokens (gh/m, gw/m)
+        gh, gw = self.grid
+        return gh // self.merge_size, gw // self.merge_size
+
+
+def smart_resize(height: int, width: int, factor: int, min_pixels: int, max_pixels: int) -> tuple[int, int]:
+    if min(height, width) <= 0:
+        raise EngineInputError(f"image of {width}x{height} pixels has no area")
+    if max(height, width) / min(height, width) > MAX_ASPECT:
+        raise EngineInputError(f"image of {width}x{height} pixels has an aspect ratio over {MAX_ASPECT}")
+    h = round(height / factor) * factor
+    w = round(width / factor) * factor
+    if h * w > max_pixels:
+        beta = math.sqrt(height * width / max_pixels)
+        h = max(factor, math.floor(height / beta / factor) * factor)
+        w = max(factor, math.floor(width / beta / factor) * factor)
+    elif h * w < min_pixels:
+        beta = math.sqrt(min_pixels / (height * width))
+        h = math.ceil(height * beta / factor) * factor
+        w = math.ceil(width * beta / factor) * factor
+    return h, w
+
+
+def plan(height: int, width: int, patch_size: int, merge_size: int, min_pixels: int, max_pixels: int) -> ResizePlan:
+    h, w = smart_resize(height, width, patch_size * merge_size, min_pixels, max_pixels)
+    return ResizePlan(height, width, h, w, patch_size, merge_size)

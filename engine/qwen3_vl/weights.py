@@ -1,0 +1,68 @@
+"""Loading the tower's `model.visual.*` tensors from a checkpoint directory (sharded or not)."""
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+
+import torch
+
+from ..errors import EngineInputError
+
+PREFIX = "model.visual."
+
+
+def shard_files(ckpt: Path) -> dict[str, str]:
+    """tensor name -> shard file name, for the `model.visual.*` tensors."""
+    ckpt = Path(ckpt)
+    index = ckpt / "model.safetensors.index.json"
+    if index.exists():
+        try:
+            wm = json.loads(index.read_text())["weight_map"]
+        except (json.JSONDecodeError, KeyError) as e:
+            raise EngineInputError(f"{index} is not a safetensors index ({e})") from None
+    elif (ckpt / "model.safetensors").exists():
+        from safetensors import safe_open
+
+        with safe_open(str(ckpt / "model.safetensors"), "pt") as f:
+            wm = {k: "model.safetensors" for k in f.keys()}
+    else:
+        raise EngineInputError(f"{ckpt} holds neither model.safetensors.index.json nor model.safetensors")
+    return {k: v for k, v in wm.items() if k.startswith(PREFIX)}
+
+
+def load_visual(ckpt: Path, dtype: torch.dtype, device: str = "cpu") -> dict[str, torch.Tensor]:
+    """{name without 'model.visual.': tensor in `dtype` on `device`}."""
+    from safetensors import safe_open
+
+    files = shard_files(ckpt)
+    if not files:
+        raise EngineInputError(f"{ckpt} has no model.visual.* tensors")
+    out: dict[str, torch.Tensor] = {}
+    by_file: dict[str, list[str]] = {}
+    for k, f in files.items():
+        by_file.setdefault(f, []).append(k)
+    for fname, keys in by_file.items():
+        path = Path(ckpt) / fname
+        if not path.exists():
+            raise EngineInputError(f"shard {fname} listed in the index is missing from {ckpt}")
+        with safe_open(str(path), "pt", device="cpu") as f:
+            for k in keys:
+                out[k[len(PREFIX):]] = f.get_tensor(k).to(device=device, dtype=dtype)
+    return out
+
+
+def fingerprint(ckpt: Path) -> str:
+    """sha256 over config.json, preprocessor_config.json and the shards holding the tower."""
+    ckpt = Path(ckpt)
+    h = hashlib.sha256()
+    names = ["config.json", "preprocessor_config.json"] + sorted(set(shard_files(ckpt).values()))
+    for name in names:
+        p = ckpt / name
+        if not p.exists():
+            continue
+        h.update(name.encode() + b"\0")
+        with open(p, "rb") as f:
+            for block in iter(lambda: f.read(1 << 20), b""):
+                h.update(block)
+    return h.hexdigest()

@@ -1,0 +1,77 @@
+"""transformers' Qwen3VLVisionModel with a checkpoint's `model.visual.*` weights."""
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+
+import torch
+
+from tensordiff.errors import BadInput
+
+PREFIX = "model.visual."
+
+
+def visual_shards(ckpt: Path) -> dict[str, str]:
+    ckpt = Path(ckpt)
+    index = ckpt / "model.safetensors.index.json"
+    if index.exists():
+        wm = json.loads(index.read_text())["weight_map"]
+    elif (ckpt / "model.safetensors").exists():
+        from safetensors import safe_open
+
+        with safe_open(str(ckpt / "model.safetensors"), "pt") as f:
+            wm = {k: "model.safetensors" for k in f.keys()}
+    else:
+        raise BadInput(f"{ckpt} holds neither model.safetensors.index.json nor model.safetensors")
+    return {k: v for k, v in wm.items() if k.startswith(PREFIX)}
+
+
+def build(cfg, ckpt: Path, dtype: torch.dtype, device: str = "cpu", attn: str = "sdpa"):
+    """cfg: Qwen3VLConfig. Returns the vision model in eval mode, weights loaded strictly."""
+    from safetensors import safe_open
+    from transformers import Qwen3VLVisionModel
+
+    vcfg = cfg.vision_config
+    vcfg._attn_implementation = attn
+    with torch.device("meta"):
+        model = Qwen3VLVisionModel(vcfg)
+    state = {}
+    by_file: dict[str, list[str]] = {}
+    for k, f in visual_shards(ckpt).items():
+        by_file.setdefault(f, []).append(k)
+    for fname, keys in by_file.items():
+        with safe_open(str(Path(ckpt) / fname), "pt", device="cpu") as f:
+            for k in keys:
+                state[k[len(PREFIX):]] = f.get_tensor(k).to(dtype)
+    missing = set(model.state_dict()) - set(state)
+    unexpected = set(state) - set(model.state_dict())
+    if missing or unexpected:
+        raise BadInput(f"{ckpt}: model.visual.* does not fit Qwen3VLVisionModel "
+                       f"(missing {sorted(missing)[:3]}, unexpected {sorted(unexpected)[:3]})")
+    model.load_state_dict(state, strict=True, assign=True)
+    # non-persistent buffers (the RoPE inverse frequencies) were created on meta: rebuild them
+    rot = model.rotary_pos_emb
+    # (fp32, as a from_pretrained load keeps them; a model-wide .to(dtype) would round them)
+    inv, _ = rot.compute_axial_rope_parameters(rot.config)
+    rot.inv_freq = inv
+    rot.original_inv_freq = inv.clone()
+    for name, buf in model.named_buffers():
+        assert buf.device.type != "meta", f"buffer {name} was not materialised"
+    return model.to(device=device).eval()
+
+
+def fingerprint(ckpt: Path) -> str:
+    """sha256 over config.json, preprocessor_config.json and the shards holding the tower
+    (the same definition the engine uses, so both dumps carry one fingerprint)."""
+    ckpt = Path(ckpt)
+    h = hashlib.sha256()
+    for name in ["config.json", "preprocessor_config.json"] + sorted(set(visual_shards(ckpt).values())):
+        p = ckpt / name
+        if not p.exists():
+            continue
+        h.update(name.encode() + b"\0")
+        with open(p, "rb") as f:
+            for block in iter(lambda: f.read(1 << 20), b""):
+                h.update(block)
+    return h.hexdigest()

@@ -1,0 +1,81 @@
+"""The oracle's Qwen3-VL run: transformers' processor and vision model, hooked; transformers'
+get_rope_index for the positions. Nothing of transformers is re-typed here."""
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+
+import torch
+
+from tensordiff.errors import BadInput
+
+from . import config as config_mod
+from . import model as model_mod
+from . import positions as positions_mod
+from . import processor as processor_mod
+from .hooks import Taps
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+ORDER = ("pos_embed", "rope.cos", "rope.sin", "block0", "final_norm", "aligner")
+
+
+def run(req, rec) -> None:
+    import PIL
+    import transformers
+
+    if req.weights_dir is None or req.image is None:
+        raise BadInput("qwen3-vl needs a checkpoint directory and an image")
+    if req.dtype not in DTYPES:
+        raise BadInput(f"unsupported dtype {req.dtype!r} ({', '.join(DTYPES)})")
+    if req.decode < 0:
+        raise BadInput(f"decode steps must be >= 0, not {req.decode}")
+    dtype = DTYPES[req.dtype]
+    cfg = config_mod.load_config(req.weights_dir)
+    proc, ran = processor_mod.build(req.weights_dir, req.options.get("processor"))
+    image = processor_mod.load_image(Path(req.image))
+    batch = proc(images=[image], return_tensors="pt")
+    pixel_values, grid_thw = batch["pixel_values"], batch["image_grid_thw"]
+    rec.record("patches", pixel_values)
+
+    model = model_mod.build(cfg, req.weights_dir, dtype, req.device, attn=req.options.get("attn", "sdpa"))
+    taps = Taps(model)
+    try:
+        with torch.inference_mode():
+            out = model(pixel_values.to(req.device), grid_thw=grid_thw.to(req.device))
+    finally:
+        taps.close()
+    got = taps.tensors
+    for name in ORDER:
+        rec.record(name, got[name])
+    n_deep = len(cfg.vision_config.deepstack_visual_indexes)
+    for k in range(n_deep):
+        rec.record(f"deepstack.{k}", got[f"deepstack.{k}"], boundary=f"deepstack.{k}")
+    assert torch.equal(got["aligner"], out.pooler_output), "merger hook and pooler_output disagree"
+
+    ids = positions_mod.input_ids(req.prompt, grid_thw, cfg)
+    pos, deltas, dec = positions_mod.mrope(ids, grid_thw, cfg, req.decode)
+    rec.record("positions.ids", pos.to(torch.int64))
+    rec.record("positions.rope_deltas", deltas.to(torch.int64))
+    if dec is not None:
+        rec.record("positions.decode", dec.to(torch.int64))
+
+    t, gh, gw = (int(v) for v in grid_thw[0])
+    m = cfg.vision_config.spatial_merge_size
+    data = Path(req.image).read_bytes()
+    versions = {"torch": torch.__version__, "transformers": transformers.__version__, "pillow": PIL.__version__}
+    try:
+        import torchvision
+
+        versions["torchvision"] = torchvision.__version__
+    except ImportError:
+        pass
+    rec.update_run(
+        inputs={"image": {"sha256": hashlib.sha256(data).hexdigest(), "width": image.width, "height": image.height},
+                "resized": [gh * cfg.vision_config.patch_size, gw * cfg.vision_config.patch_size],
+                "grid": [gh, gw], "cells": [gh // m, gw // m], "grid_thw": [t, gh, gw],
+                "processor": ran, "processor_class": type(proc).__name__, "prompt": req.prompt,
+                "tokens": int(ids.shape[1]), "decode": req.decode},
+        weights=model_mod.fingerprint(req.weights_dir),
+        versions=versions,
+        dtype=req.dtype, device=req.device, attn=model.config._attn_implementation,
+    )

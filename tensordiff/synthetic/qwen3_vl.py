@@ -1,0 +1,205 @@
+"""Synthetic Qwen3-VL vision checkpoints: official `model.visual.*` names, shapes, shards and index.
+
+Variants:
+- `tiny`: merge 2, hidden 64, 4 blocks, DeepStack at [0, 1, 2], the real 48x48 position table,
+  and an image budget of 64x64 .. 256x256 pixels (grids 4x4 .. 16x16 patches); seconds on a CPU.
+- `full` (8B/32B tower: 27 blocks, hidden 1152, DeepStack [8, 16, 24], text width 4096) and
+  `full-2b` (2B tower: 24 blocks, hidden 1024, DeepStack [5, 11, 17], text width 2048), with the
+  checkpoint's image budget (shortest_edge 65536, longest_edge 16777216).
+
+Each unit (`model.visual.blocks.3`, `model.visual.merger`, ...) draws from a generator seeded by
+its own name, tensors in sorted-name order, so a unit never depends on which others exist.
+Stored in bfloat16, as the released checkpoints are. Only the vision tower is written: the text
+model's weights are not needed by any boundary here.
+"""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+from . import cache_root, generator
+
+SCHEMA = 1  # bump when the layout or the initialisation changes: the cache key changes with it
+
+VARIANTS: dict[str, dict] = {
+    "tiny": {
+        "vision": dict(depth=4, hidden_size=64, num_heads=4, intermediate_size=128, out_hidden_size=96,
+                       deepstack_visual_indexes=[0, 1, 2], num_position_embeddings=2304),
+        "text": dict(hidden_size=96, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                     head_dim=24, intermediate_size=192, mrope_section=[6, 3, 3]),
+        "pixels": (64 * 64, 256 * 256),
+        "shard_bytes": 1 << 30,
+    },
+    "full": {
+        "vision": dict(depth=27, hidden_size=1152, num_heads=16, intermediate_size=4304, out_hidden_size=4096,
+                       deepstack_visual_indexes=[8, 16, 24], num_position_embeddings=2304),
+        "text": dict(hidden_size=4096, num_hidden_layers=36, num_attention_heads=32, num_key_value_heads=8,
+                     head_dim=128, intermediate_size=12288, mrope_section=[24, 20, 20]),
+        "pixels": (65536, 16777216),
+        "shard_bytes": 400 << 20,
+    },
+    "full-2b": {
+        "vision": dict(depth=24, hidden_size=1024, num_heads=16, intermediate_size=4096, out_hidden_size=2048,
+                       deepstack_visual_indexes=[5, 11, 17], num_position_embeddings=2304),
+        "text": dict(hidden_size=2048, num_hidden_layers=28, num_attention_heads=16, num_key_value_heads=8,
+                     head_dim=128, intermediate_size=6144, mrope_section=[24, 20, 20]),
+        "pixels": (65536, 16777216),
+        "shard_bytes": 400 << 20,
+    },
+}
+
+VISION_COMMON = dict(hidden_act="gelu_pytorch_tanh", in_channels=3, patch_size=16, spatial_merge_size=2,
+                     temporal_patch_size=2, initializer_range=0.02, model_type="qwen3_vl")
+
+
+def config_json(variant: str) -> dict:
+    v = VARIANTS[variant]
+    t = dict(v["text"])
+    mrope = t.pop("mrope_section")
+    return {
+        "architectures": ["Qwen3VLForConditionalGeneration"],
+        "model_type": "qwen3_vl",
+        "image_token_id": 151655,
+        "video_token_id": 151656,
+        "vision_start_token_id": 151652,
+        "vision_end_token_id": 151653,
+        "tie_word_embeddings": False,
+        "dtype": "bfloat16",
+        "vision_config": {**VISION_COMMON, **v["vision"]},
+        "text_config": {
+            "model_type": "qwen3_vl_text", "vocab_size": 151936, "hidden_act": "silu",
+            "max_position_embeddings": 262144, "rms_norm_eps": 1e-6, "attention_bias": False,
+            "dtype": "bfloat16",
+            "rope_parameters": {"rope_type": "default", "rope_theta": 5000000.0,
+                                "mrope_section": mrope, "mrope_interleaved": True},
+            **t,
+        },
+        "synthetic": {"variant": variant, "schema": SCHEMA},
+    }
+
+
+def preprocessor_json(variant: str) -> dict:
+    lo, hi = VARIANTS[variant]["pixels"]
+    return {
+        "size": {"shortest_edge": lo, "longest_edge": hi},
+        "patch_size": 16, "temporal_patch_size": 2, "merge_size": 2,
+        "image_mean": [0.5, 0.5, 0.5], "image_std": [0.5, 0.5, 0.5],
+        "do_rescale": True, "rescale_factor": 1 / 255, "do_normalize": True, "do_convert_rgb": True,
+        "resample": 3,
+        "image_processor_type": "Qwen2VLImageProcessorFast",
+        "processor_class": "Qwen3VLProcessor",
+    }
+
+
+def unit_shapes(vc: dict) -> dict[str, dict[str, tuple[int, ...]]]:
+    """unit name -> {tensor name: shape}, in the official layout."""
+    h, f, o = vc["hidden_size"], vc["intermediate_size"], vc["out_hidden_size"]
+    p, t, c, m = vc["patch_size"], vc["temporal_patch_size"], vc["in_channels"], vc["spatial_merge_size"]
+    hm = h * m * m
+    pre = "model.visual"
+    units: dict[str, dict[str, tuple[int, ...]]] = {
+        f"{pre}.patch_embed": {f"{pre}.patch_embed.proj.weight": (h, c, t, p, p), f"{pre}.patch_embed.proj.bias": (h,)},
+        f"{pre}.pos_embed": {f"{pre}.pos_embed.weight": (vc["num_position_embeddings"], h)},
+    }
+    for i in range(vc["depth"]):
+        b = f"{pre}.blocks.{i}"
+        units[b] = {
+            f"{b}.norm1.weight": (h,), f"{b}.norm1.bias": (h,), f"{b}.norm2.weight": (h,), f"{b}.norm2.bias": (h,),
+            f"{b}.attn.qkv.weight": (3 * h, h), f"{b}.attn.qkv.bias": (3 * h,),
+            f"{b}.attn.proj.weight": (h, h), f"{b}.attn.proj.bias": (h,),
+            f"{b}.mlp.linear_fc1.weight": (f, h), f"{b}.mlp.linear_fc1.bias": (f,),
+            f"{b}.mlp.linear_fc2.weight": (h, f), f"{b}.mlp.linear_fc2.bias": (h,),
+        }
+
+    def merger(name: str, norm: int) -> dict[str, tuple[int, ...]]:
+        return {f"{name}.norm.weight": (norm,), f"{name}.norm.bias": (norm,),
+                f"{name}.linear_fc1.weight": (hm, hm), f"{name}.linear_fc1.bias": (hm,),
+                f"{name}.linear_fc2.weight": (o, hm), f"{name}.linear_fc2.bias": (o,)}
+
+    units[f"{pre}.merger"] = merger(f"{pre}.merger", h)
+    for k in range(len(vc["deepstack_visual_indexes"])):
+        units[f"{pre}.deepstack_merger_list.{k}"] = merger(f"{pre}.deepstack_merger_list.{k}", hm)
+    return units
+
+
+def _init(name: str, shape: tuple[int, ...], g):
+    import torch
+
+    leaf = name.rsplit(".", 2)
+    if name.endswith("pos_embed.weight"):
+        return torch.randn(shape, generator=g) * 0.5
+    if "norm" in leaf[-2]:
+        if name.endswith("weight"):
+            return 1.0 + 0.1 * torch.randn(shape, generator=g)
+        return 0.05 * torch.randn(shape, generator=g)
+    if name.endswith("bias"):
+        return 0.02 * torch.randn(shape, generator=g)
+    fan_in = 1
+    for d in shape[1:]:
+        fan_in *= d
+    return torch.randn(shape, generator=g) / fan_in ** 0.5
+
+
+def build_tensors(variant: str):
+    """Yields (name, bf16 tensor) unit by unit."""
+    import torch
+
+    vc = config_json(variant)["vision_config"]
+    for unit, tensors in unit_shapes(vc).items():
+        g = generator(unit)
+        for name in sorted(tensors):
+            yield name, _init(name, tensors[name], g).to(torch.bfloat16)
+
+
+def checkpoint_dir(variant: str) -> Path:
+    return cache_root() / "qwen3-vl" / f"synthetic-{variant}-s{SCHEMA}"
+
+
+def ensure(variant: str) -> Path:
+    """The cached checkpoint directory for `variant`, written on first use (atomically)."""
+    if variant not in VARIANTS:
+        from ..errors import BadInput
+
+        raise BadInput(f"unknown synthetic Qwen3-VL variant {variant!r} (known: {', '.join(VARIANTS)})")
+    out = checkpoint_dir(variant)
+    if (out / "model.safetensors.index.json").exists():
+        return out
+    from safetensors.torch import save_file
+
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
+    try:
+        shards: list[dict] = [{}]
+        size = 0
+        limit = VARIANTS[variant]["shard_bytes"]
+        for name, t in build_tensors(variant):
+            nbytes = t.numel() * t.element_size()
+            if size and size + nbytes > limit:
+                shards.append({})
+                size = 0
+            shards[-1][name] = t
+            size += nbytes
+        weight_map, total = {}, 0
+        for i, shard in enumerate(shards):
+            fname = f"model-{i + 1:05d}-of-{len(shards):05d}.safetensors"
+            save_file(shard, str(tmp / fname), metadata={"format": "pt"})
+            for name, t in shard.items():
+                weight_map[name] = fname
+                total += t.numel() * t.element_size()
+        (tmp / "model.safetensors.index.json").write_text(
+            json.dumps({"metadata": {"total_size": total}, "weight_map": weight_map}, indent=1) + "\n")
+        (tmp / "config.json").write_text(json.dumps(config_json(variant), indent=1) + "\n")
+        (tmp / "preprocessor_config.json").write_text(json.dumps(preprocessor_json(variant), indent=1) + "\n")
+        try:
+            os.rename(tmp, out)
+        except OSError:  # another process wrote it first
+            if not (out / "model.safetensors.index.json").exists():
+                raise
+            shutil.rmtree(tmp, ignore_errors=True)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return out
