@@ -13,11 +13,12 @@ Values: each unit (`vision.patch_embed`, `vision.blocks.N`, `vision.norm`, `alig
 at trained-like scales: fan-in scaled weights, residual outputs scaled down by sqrt(2 * layers),
 small biases, norm weights near 1. Stored in bf16, as the released vision weights are.
 
-Only the vision path's tensors are written here (vision tower, aligner, span markers); the
-language backbone's units can join through `UNIT_WRITERS`.
+`tiny` also holds the language backbone (`deepseek_v41_flash_language`, merged into the same
+config and index); `full` holds the vision path only (tower, aligner, span markers).
 """
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import os
@@ -57,20 +58,18 @@ FULL: dict = {
 }
 
 # Small widths and depth; the vision geometry (patch, ratio, budget, head_dim) is the released one.
-TINY: dict = {
-    **FULL,
-    "vision_n_layers": 2, "vision_dim": 128, "vision_n_heads": 2, "vision_inter_dim": 192,
-    "dim": 256, "n_layers": 2, "n_mtp_layers": 1, "n_heads": 4, "moe_inter_dim": 128,
-    "n_routed_experts": 8, "n_activated_experts": 2, "q_lora_rank": 64, "head_dim": 64,
-    "rope_head_dim": 32, "o_groups": 2, "o_lora_rank": 64, "index_n_heads": 4, "index_head_dim": 32,
-    "index_topk": 16, "kv_source_layers": [1], "index_source_layers": [1], "candidate_source_layer": -1,
-    "candidate_topk_blocks": 0, "candidate_block_size": 0, "compress_ratios": [0, 2, 0],
-    "engram_layer_ids": [1], "engram_num_embeddings": [4099], "engram_vocab_size": 997,
-    "engram_n_heads": 2, "engram_head_dim": 32, "dspark_target_layer_ids": [1],
-    "dspark_n_routed_experts": 8, "dspark_n_activated_experts": 2, "dspark_markov_rank": 32,
-}
+# The language keys are the language backbone's small config, whose width is the aligner's output.
+TINY_DIM = 64
+TINY_VISION: dict = {"vision_n_layers": 2, "vision_dim": 128, "vision_n_heads": 2, "vision_inter_dim": 192}
 
-CONFIGS = {"tiny": TINY, "full": FULL}
+
+def _tiny() -> dict:
+    from .deepseek_v41_flash_language import language_config
+
+    return {**FULL, **language_config(TINY_DIM), **TINY_VISION}
+
+
+CONFIGS: dict[str, Callable[[], dict]] = {"tiny": _tiny, "full": lambda: dict(FULL)}
 
 
 # --------------------------------------------------------------------------- names and shapes
@@ -122,15 +121,25 @@ def _vision_values(cfg: dict) -> Iterator[tuple[str, dict]]:
         yield unit, values
 
 
-# Units the checkpoint holds; a language backbone adds its own writer here.
-UNIT_WRITERS: list[Callable[[dict], Iterator[tuple[str, dict]]]] = [_vision_values]
+def _language_values(cfg: dict) -> Iterator[tuple[str, dict]]:
+    """The language backbone's tensors (its own seeding and scales), minus what the vision
+    writer already holds (the span markers)."""
+    from .deepseek_v41_flash_language import language_tensors
+
+    yield "language", language_tensors(cfg, skip=frozenset(vision_tensor_names(cfg)))
+
+
+# Units each size holds: `full` is the vision path only (the released language backbone is
+# ~280B parameters); `tiny` holds the whole model.
+UNIT_WRITERS: dict[str, list[Callable[[dict], Iterator[tuple[str, dict]]]]] = {
+    "tiny": [_vision_values, _language_values], "full": [_vision_values]}
 
 SHARD_BYTES = 512 << 20
 
 
 # --------------------------------------------------------------------------- writing
 
-def _write(target: Path, cfg: dict) -> None:
+def _write(target: Path, cfg: dict, writers) -> None:
     """Shards of whole units up to SHARD_BYTES, an index, and config.json, atomically."""
     from safetensors.torch import save_file
 
@@ -139,7 +148,7 @@ def _write(target: Path, cfg: dict) -> None:
     try:
         shards: list[dict] = [{}]
         size = 0
-        for writer in UNIT_WRITERS:
+        for writer in writers:
             for _unit, values in writer(cfg):
                 nbytes = sum(t.numel() * t.element_size() for t in values.values())
                 if shards[-1] and size + nbytes > SHARD_BYTES:
@@ -175,9 +184,14 @@ def synthetic_dir(size: str) -> Path:
     """The cached checkpoint for `size` ("tiny" or "full"), written on first use."""
     if size not in CONFIGS:
         raise BadInput(f"unknown synthetic size {size!r} (tiny or full)")
-    target = cache_root() / MODEL / f"synthetic-{size}-v{VERSION}"
+    cfg = CONFIGS[size]()
+    from .deepseek_v41_flash_language import SYNTH_VERSION
+
+    # the directory name changes with the config or either writer's version
+    key = hashlib.sha256(f"{VERSION}:{SYNTH_VERSION}:{json.dumps(cfg, sort_keys=True)}".encode()).hexdigest()[:12]
+    target = cache_root() / MODEL / f"synthetic-{size}-{key}"
     if not (target / INDEX).is_file():
-        _write(target, CONFIGS[size])
+        _write(target, cfg, UNIT_WRITERS[size])
     return target
 
 

@@ -1,0 +1,174 @@
+"""Latent sparse attention with a KV cache, one chunk of positions at a time.
+
+A chunk is any run of consecutive positions: a prefill chunk or one decode token, the same code.
+Per layer the cache holds the post-RoPE window KV of every position so far (a query sees the
+last `window_size` of them, itself included). Layers with `compress_ratio` r > 0 also attend to
+compressed positions: a KV-source layer pools each completed group of r tokens into one latent
+(an incomplete group waits in `pending` across chunks and decode steps), an index-source layer
+scores the visible latents and keeps the best `index_topk` per query; the layers after a source
+reuse its latents and its choice. A group becomes visible to a query once the query has passed
+the group's last token.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from . import rope
+
+
+@dataclass(frozen=True)
+class AttnWeights:
+    sink: torch.Tensor  # [H] fp32
+    wq_a: torch.Tensor
+    q_norm: torch.Tensor
+    wq_b: torch.Tensor
+    wkv: torch.Tensor
+    kv_norm: torch.Tensor
+    wo_a: torch.Tensor  # [G*r, H*hd/G]
+    wo_b: torch.Tensor
+    # compressor (KV-source layers)
+    c_wkv: torch.Tensor | None = None
+    c_wgate: torch.Tensor | None = None  # ratio > 1 only; with c_wkv fp32 then
+    c_norm: torch.Tensor | None = None
+    # indexer (index-source layers); wk / k_norm on KV-source layers only
+    i_wq_b: torch.Tensor | None = None
+    i_weights: torch.Tensor | None = None
+    i_wk: torch.Tensor | None = None
+    i_k_norm: torch.Tensor | None = None
+
+
+@dataclass
+class LayerCache:
+    window_kv: torch.Tensor  # [max_seq, hd]: post-RoPE KV of every position written so far
+    latents: list = field(default_factory=list)  # post-RoPE compressed KV, one [hd] per group
+    index_k: list = field(default_factory=list)  # index keys, one [ihd] per group
+    pending_kv: torch.Tensor | None = None  # [m < r, hd] fp32 of the group still filling
+    pending_score: torch.Tensor | None = None
+
+
+@dataclass
+class ChunkShared:
+    """Handed down the stack within one chunk: the latest KV source's cache, index-key owner's
+    cache, and index source's selection."""
+
+    kv_cache: LayerCache | None = None
+    key_cache: LayerCache | None = None
+    selection: torch.Tensor | None = None  # [n, k] group ids, -1 = none
+
+
+class Attention:
+    def __init__(self, layer_id: int, cfg, w: AttnWeights, backend):
+        self.cfg, self.w, self.backend = cfg, w, backend
+        self.H, self.hd, self.rd = cfg.n_heads, cfg.head_dim, cfg.rope_head_dim
+        self.window = cfg.window_size
+        self.ratio = cfg.compress_ratios[layer_id]
+        self.kv_source = layer_id in cfg.kv_source_layers
+        self.index_source = layer_id in cfg.index_source_layers
+        self.owns_keys = self.index_source and self.kv_source
+        if self.ratio:
+            self.rope_args = (self.rd, cfg.max_seq_len, cfg.original_seq_len, float(cfg.compress_rope_theta),
+                              float(cfg.rope_factor), cfg.beta_fast, cfg.beta_slow)
+        else:
+            self.rope_args = (self.rd, cfg.max_seq_len, 0, float(cfg.rope_theta), float(cfg.rope_factor),
+                              cfg.beta_fast, cfg.beta_slow)
+
+    def new_cache(self, dtype, device) -> LayerCache:
+        return LayerCache(torch.zeros(self.cfg.max_seq_len, self.hd, dtype=dtype, device=device))
+
+    def _norm(self, x, weight):
+        return self.backend.rms_norm(x, weight, self.cfg.norm_eps)
+
+    def _compress(self, x: torch.Tensor, start: int, cache: LayerCache, cos, sin) -> int:
+        """Append this chunk to the pending group(s); pool every completed group into a latent
+        (and an index key when this layer's indexer owns them). Returns the number of groups."""
+        r, w = self.ratio, self.w
+        if r == 1:  # one token per group: a plain projection, in the activation dtype
+            new = self._norm(self.backend.linear(x, w.c_wkv, None), w.c_norm)
+            first = start
+        else:
+            xf = x.float()
+            kv = self.backend.linear(xf, w.c_wkv, None)
+            score = self.backend.linear(xf, w.c_wgate, None)
+            if cache.pending_kv is not None:
+                kv = torch.cat([cache.pending_kv, kv])
+                score = torch.cat([cache.pending_score, score])
+            first = start - (0 if cache.pending_kv is None else cache.pending_kv.shape[0])
+            full = kv.shape[0] // r * r
+            cache.pending_kv = kv[full:] if full < kv.shape[0] else None
+            cache.pending_score = score[full:] if full < kv.shape[0] else None
+            if full == 0:
+                return len(cache.latents)
+            kv_g = kv[:full].view(-1, r, self.hd)
+            p = torch.softmax(score[:full].view(-1, r, self.hd), dim=1)
+            new = self._norm((kv_g * p).sum(1).to(x.dtype), w.c_norm)
+        # a latent stands for its group's first token: group j rotates at position j * r
+        pos = torch.arange(first, first + new.shape[0] * r, r)
+        if self.owns_keys:
+            k = self._norm(self.backend.linear(new, w.i_wk, None), w.i_k_norm)
+            cache.index_k.extend(rope.rotate_pairs(k, self.rd, cos[pos], sin[pos]).unbind(0))
+        cache.latents.extend(rope.rotate_pairs(new, self.rd, cos[pos], sin[pos]).unbind(0))
+        return len(cache.latents)
+
+    def _select(self, x, qr, start: int, n_groups: int, keys: LayerCache, cos, sin) -> torch.Tensor:
+        """[n, k] ids of the visible groups each query keeps (-1 pads a short row)."""
+        w, n = self.w, x.shape[0]
+        ih, ihd = self.cfg.index_n_heads, self.cfg.index_head_dim
+        q = self.backend.linear(qr, w.i_wq_b, None).view(n, ih, ihd)
+        q = rope.rotate_pairs(q, self.rd, cos[start:start + n], sin[start:start + n])
+        k = torch.stack(keys.index_k[:n_groups])  # [T, ihd]
+        head_w = self.backend.linear(x, w.i_weights, None) * (ihd ** -0.5 * ih ** -0.5)  # [n, ih]
+        score = torch.einsum("nhd,td->nht", q, k).relu()
+        score = (score * head_w.unsqueeze(-1)).sum(1)  # [n, T]
+        seen = (torch.arange(start, start + n) + 1) // self.ratio  # groups visible to each query
+        visible = torch.arange(n_groups).unsqueeze(0) < seen.unsqueeze(1)
+        score = score.masked_fill(~visible, float("-inf"))
+        k_keep = min(self.cfg.index_topk, n_groups)
+        top = score.topk(k_keep, dim=-1)
+        return torch.where(torch.isfinite(top.values), top.indices, torch.full_like(top.indices, -1))
+
+    def __call__(self, x: torch.Tensor, start: int, cache: LayerCache, shared: ChunkShared) -> torch.Tensor:
+        """x: [n, D] normalised attention input for positions start .. start+n-1 -> [n, D]."""
+        w, n, H, hd, rd = self.w, x.shape[0], self.H, self.hd, self.rd
+        cos, sin = rope.table(*self.rope_args)
+        cq, sq = cos[start:start + n], sin[start:start + n]
+        qr = self._norm(self.backend.linear(x, w.wq_a, None), w.q_norm)
+        q = rope.rotate_pairs(self.backend.linear(qr, w.wq_b, None).view(n, H, hd), rd, cq, sq)
+        kv = rope.rotate_pairs(self._norm(self.backend.linear(x, w.wkv, None), w.kv_norm), rd, cq, sq)
+        cache.window_kv[start:start + n] = kv
+        lo = max(0, start - self.window + 1)
+        keys = cache.window_kv[lo:start + n]  # [m, hd]
+        qpos = torch.arange(start, start + n).unsqueeze(1)
+        kpos = torch.arange(lo, start + n).unsqueeze(0)
+        in_window = (kpos <= qpos) & (kpos > qpos - self.window)  # [n, m]
+        scores = torch.einsum("nhd,md->nhm", q.float(), keys.float()) * hd ** -0.5
+        scores = scores.masked_fill(~in_window.unsqueeze(1), float("-inf"))
+        values = keys.float().unsqueeze(0).expand(n, -1, -1)  # [n, m, hd]
+        if self.ratio:
+            if self.kv_source:
+                self._compress(x, start, cache, cos, sin)
+                shared.kv_cache = cache
+                if self.owns_keys:
+                    shared.key_cache = cache
+            n_groups = (start + n) // self.ratio
+            if self.index_source:
+                shared.selection = (torch.full((n, 0), -1, dtype=torch.long) if n_groups == 0 else
+                                    self._select(x, qr, start, n_groups, shared.key_cache, cos, sin))
+            sel = shared.selection
+            if sel.shape[1]:
+                lat = torch.stack(shared.kv_cache.latents[:n_groups]).float()  # [T, hd]
+                picked = lat[sel.clamp_min(0)]  # [n, k, hd]
+                c_scores = torch.einsum("nhd,nkd->nhk", q.float(), picked) * hd ** -0.5
+                c_scores = c_scores.masked_fill((sel < 0).unsqueeze(1), float("-inf"))
+                scores = torch.cat([scores, c_scores], dim=-1)
+                values = torch.cat([values, picked], dim=1)
+        # the sink is one more logit per head whose value row is zero: it only takes mass
+        sink = w.sink.float().view(1, H, 1).expand(n, H, 1)
+        probs = torch.softmax(torch.cat([scores, sink], dim=-1), dim=-1)[..., :-1]
+        o = torch.einsum("nhm,nmd->nhd", probs.to(x.dtype).float(), values).to(x.dtype)
+        o = rope.rotate_pairs(o, rd, cq, sq, inverse=True)  # undo the query's rotation
+        G, r = self.cfg.o_groups, self.cfg.o_lora_rank
+        og = o.reshape(n, G, -1).transpose(0, 1)  # [G, n, H*hd/G]
+        low = torch.bmm(og, w.wo_a.view(G, r, -1).transpose(1, 2))  # [G, n, r]
+        return self.backend.linear(low.transpose(0, 1).reshape(n, G * r), w.wo_b, None)

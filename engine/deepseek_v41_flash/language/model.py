@@ -1,0 +1,278 @@
+"""The language backbone as an engine: weights prepared once, then sequences run chunk by chunk.
+
+    lm = LanguageModel.load(checkpoint, dtype=torch.float32, backend=backend)
+    seq = lm.sequence(input_ids, token_types, image=lambda: aligner_rows, cells=(h, w))
+    seq.prefill(chunk=16, taps=rec)        # any chunking; the image span may cross chunks
+    seq.decode(steps=4, taps=rec)          # one position at a time against the KV cache
+
+A `Sequence` owns every per-sequence state: the KV caches, the pending compressor groups, the
+Engram n-gram window and the position. The vision rows are asked for once, by the first chunk
+that touches the image span, and never again (decode never reaches the tower).
+
+Taps (when `taps` is given and enabled): prefill records `embeddings`, per layer `engram.L.gate`,
+`attn.L`, `router.L.ids` (ascending per row) and `router.L.weights` (aligned to those ids),
+`hidden.L` and `logits`, each over the whole prompt (chunks are concatenated before recording,
+so a chunked run is compared row for row with a single-shot one); decode records
+`logits.step.K`.
+
+Fault (off by default): `overlay-chunk-shift` overlays the span as if every chunk started at
+position 0 (the span's absolute offset applied inside each chunk).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+import torch
+
+from ...errors import EngineInputError
+from ...runtime.embedding import Span, overlay
+from .. import weights as W
+from ..config import Config
+from ..span import span_rows
+from . import hyper
+from .attention import Attention, AttnWeights, ChunkShared, LayerCache
+from .engram import EngramHashState, EngramLayer, EngramTables
+from .moe import ExpertBank, GateWeights, MoE
+from .tokens import compressed_token_map
+
+FAULTS = ("router-text-bias-for-images", "router-biased-weights", "engram-ngram-across-image",
+          "overlay-chunk-shift")
+
+
+@dataclass(frozen=True)
+class BlockWeights:
+    attn_norm: torch.Tensor
+    ffn_norm: torch.Tensor
+    attn_mix: hyper.MixWeights
+    ffn_mix: hyper.MixWeights
+
+
+class LanguageModel:
+    def __init__(self, cfg: Config, t: dict[str, torch.Tensor], dtype: torch.dtype, backend,
+                 fault: str | None = None):
+        self.cfg, self.dtype, self.backend, self.fault = cfg, dtype, backend, fault
+        f32 = torch.float32
+        act = lambda n: t[n].to(dtype).contiguous()  # noqa: E731
+        fp = lambda n: t[n].to(f32).contiguous()  # noqa: E731
+        self.embed = act("embed.weight")
+        self.markers = {n: act(n) for n in ("image_start", "image_end", "image_newline")}
+        self.norm = act("norm.weight")
+        self.head = fp("head.weight")
+        token_map, n_comp = compressed_token_map(cfg.vocab_size)
+        if cfg.engram_layer_ids and n_comp != cfg.engram_compressed_vocab_size:
+            raise EngineInputError(f"engram_compressed_vocab_size is {cfg.engram_compressed_vocab_size} but the "
+                                   f"tokenizer compresses to {n_comp}")
+        self.engram_tables = EngramTables.build(cfg, token_map, n_comp) if cfg.engram_layer_ids else None
+        self.blocks, self.attn, self.moe, self.engram = [], [], [], {}
+        for i in range(cfg.n_layers):
+            p = f"layers.{i}."
+            mix = lambda s: hyper.MixWeights(fp(p + f"hc_{s}_fn"), fp(p + f"hc_{s}_base"), fp(p + f"hc_{s}_scale"))  # noqa: E731
+            self.blocks.append(BlockWeights(act(p + "attn_norm.weight"), act(p + "ffn_norm.weight"),
+                                            mix("attn"), mix("ffn")))
+            a = p + "attn."
+            opt = lambda n, conv=act: conv(a + n) if a + n in t else None  # noqa: E731
+            ratio = cfg.compress_ratios[i]
+            cdt = fp if ratio > 1 else act  # the pooling compressor runs in fp32
+            aw = AttnWeights(fp(a + "attn_sink"), act(a + "wq_a.weight"), act(a + "q_norm.weight"),
+                             act(a + "wq_b.weight"), act(a + "wkv.weight"), act(a + "kv_norm.weight"),
+                             act(a + "wo_a.weight"), act(a + "wo_b.weight"),
+                             opt("compressor.wkv.weight", cdt), opt("compressor.wgate.weight", fp),
+                             opt("compressor.norm.weight"), opt("indexer.wq_b.weight"),
+                             opt("indexer.weights_proj.weight"), opt("indexer.wk.weight"),
+                             opt("indexer.k_norm.weight"))
+            self.attn.append(Attention(i, cfg, aw, backend))
+            f = p + "ffn."
+            E = cfg.n_routed_experts
+            stack = lambda k: torch.stack([act(f + f"experts.{e}.{k}.weight") for e in range(E)])  # noqa: E731
+            bank = ExpertBank(stack("w1"), stack("w3"), stack("w2"))
+            shared = ExpertBank(*(act(f + f"shared_experts.{k}.weight").unsqueeze(0) for k in ("w1", "w3", "w2")))
+            gate = GateWeights(fp(f + "gate.weight"), fp(f + "gate.bias"),
+                               fp(f + "gate.bias_vl") if f + "gate.bias_vl" in t else None)
+            self.moe.append(MoE(gate, bank, shared, topk=cfg.n_activated_experts, route_scale=cfg.route_scale,
+                                gate_temp=cfg.gate_temp, swiglu_limit=cfg.swiglu_limit, score_func=cfg.score_func,
+                                norm_topk_prob=cfg.norm_topk_prob, backend=backend, fault=fault))
+            if i in cfg.engram_layer_ids:
+                g = p + "engram."
+                self.engram[i] = EngramLayer(act(g + "embed.weight"), act(g + "wkv.weight"),
+                                             fp(g + "q_weight") * fp(g + "k_weight"), cfg.hc_mult, cfg.dim,
+                                             cfg.norm_eps)
+
+    @staticmethod
+    def tensor_names(cfg: Config) -> list[str]:
+        names = ["embed.weight", "norm.weight", "head.weight", "image_start", "image_end", "image_newline"]
+        for i in range(cfg.n_layers):
+            p = f"layers.{i}."
+            names += [p + "attn_norm.weight", p + "ffn_norm.weight"]
+            names += [p + f"hc_{s}_{k}" for s in ("attn", "ffn") for k in ("fn", "base", "scale")]
+            a = p + "attn."
+            names += [a + n for n in ("attn_sink", "wq_a.weight", "q_norm.weight", "wq_b.weight", "wkv.weight",
+                                      "kv_norm.weight", "wo_a.weight", "wo_b.weight")]
+            if i in cfg.kv_source_layers:
+                names += [a + "compressor.wkv.weight", a + "compressor.norm.weight"]
+                if cfg.compress_ratios[i] > 1:
+                    names.append(a + "compressor.wgate.weight")
+            if i in cfg.index_source_layers:
+                names += [a + "indexer.wq_b.weight", a + "indexer.weights_proj.weight"]
+                if i in cfg.kv_source_layers:
+                    names += [a + "indexer.wk.weight", a + "indexer.k_norm.weight"]
+            f = p + "ffn."
+            names += [f + "gate.weight", f + "gate.bias", f + "gate.bias_vl"]
+            for e in [f"experts.{j}." for j in range(cfg.n_routed_experts)] + ["shared_experts."]:
+                names += [f + e + f"{k}.weight" for k in ("w1", "w2", "w3")]
+            if i in cfg.engram_layer_ids:
+                names += [p + "engram." + n for n in ("embed.weight", "wkv.weight", "q_weight", "k_weight")]
+        return names
+
+    @classmethod
+    def load(cls, checkpoint: str | Path, *, dtype: torch.dtype, backend, fault: str | None = None) -> "LanguageModel":
+        if fault is not None and fault not in FAULTS:
+            fault = None  # a vision fault: the language path runs clean
+        cfg = Config.load(checkpoint)
+        for key, value in (("candidate_source_layer", cfg.candidate_source_layer),):
+            if value >= 0:
+                raise EngineInputError(f"{key} = {value}: the indexer's candidate pre-filter is not implemented")
+        return cls(cfg, W.read(checkpoint, cls.tensor_names(cfg)), dtype, backend, fault)
+
+    def sequence(self, input_ids: torch.Tensor, token_types: torch.Tensor,
+                 image: Callable[[], torch.Tensor] | None = None, cells: tuple[int, int] | None = None) -> "Sequence":
+        return Sequence(self, input_ids, token_types, image, cells)
+
+
+class Sequence:
+    """One prompt's run: prefill in chunks, then greedy decode."""
+
+    def __init__(self, lm: LanguageModel, input_ids, token_types, image, cells):
+        self.lm = lm
+        self.ids = input_ids.clone()
+        self.types = token_types.clone()
+        if self.ids.numel() > lm.cfg.max_seq_len:
+            raise EngineInputError(f"prompt of {self.ids.numel()} tokens exceeds max_seq_len {lm.cfg.max_seq_len}")
+        self.pos = 0
+        self.caches = [a.new_cache(lm.dtype, "cpu") for a in lm.attn]
+        self.engram_state = EngramHashState(lm.engram_tables, lm.fault) if lm.engram_tables else None
+        self._image, self._cells = image, cells
+        self._span: Span | None = None
+        self.vision_calls = 0
+        starts = (token_types == 0).nonzero().flatten().tolist()  # IMAGE_START
+        if len(starts) > 1:
+            raise EngineInputError("one image per prompt is supported")
+        self.span_start = starts[0] if starts else None
+        self.span_len = int((token_types >= 0).sum())
+        self.generated: list[int] = []
+        self.stop = "steps"
+
+    def _spans(self, lo: int, hi: int) -> list[Span]:
+        """The image span, its rows built the first time a chunk touches it."""
+        if self.span_start is None:
+            return []
+        if hi <= self.span_start or lo >= self.span_start + self.span_len:
+            return []
+        if self._span is None:
+            if self._image is None:
+                raise EngineInputError("the prompt has an image span but no image rows were given")
+            self.vision_calls += 1
+            rows = self._image().to(self.lm.dtype)
+            self._span = Span(self.span_start, span_rows(rows, self.lm.markers["image_start"],
+                                                         self.lm.markers["image_end"],
+                                                         self.lm.markers["image_newline"], self._cells))
+        return [self._span]
+
+    def _forward(self, lo: int, hi: int, out: dict | None) -> torch.Tensor:
+        """Positions lo..hi-1 through the stack; returns logits [n, vocab] fp32."""
+        lm, cfg, be = self.lm, self.lm.cfg, self.lm.backend
+        ids, types = self.ids[lo:hi], self.types[lo:hi]
+        image = types >= 0
+        emb = lm.embed[ids].clone()
+        spans = self._spans(lo, hi)
+        if lm.fault == "overlay-chunk-shift":
+            spans = [s for s in ([self._span] if self._span is not None else [])]
+            emb = overlay(emb, 0, spans, be)  # wrong: the chunk's own start is ignored
+        else:
+            emb = overlay(emb, lo, spans, be)
+        keep = out is not None
+        if keep:
+            out.setdefault("embeddings", []).append(emb)
+        hashes = self.engram_state.hash(ids, image) if self.engram_state is not None else None
+        hc = cfg.hc_mult
+        x = emb.unsqueeze(1).repeat(1, hc, 1)  # [n, hc, D]
+        pre = torch.zeros(x.shape[0], hc, dtype=torch.float32)
+        pre[:, 0] = 1.0
+        shared = ChunkShared()
+        mix_args = (hc, cfg.hc_sinkhorn_iters, cfg.hc_eps, cfg.norm_eps, be)
+        for i, bw in enumerate(lm.blocks):
+            if i in lm.engram:
+                k = lm.engram_tables.layer_ids.index(i)
+                x, gate = lm.engram[i](x, hashes[:, k], image, be)
+                if keep:
+                    out.setdefault(f"engram.{i}.gate", []).append(gate)
+            a_pre, a_post, a_comb = hyper.mixes(x, bw.attn_mix, *mix_args)
+            h = lm.attn[i](be.rms_norm(hyper.collapse(x, pre), bw.attn_norm, cfg.norm_eps), lo, self.caches[i], shared)
+            x = hyper.expand(h, x, a_post, a_comb)
+            f_pre, f_post, f_comb = hyper.mixes(x, bw.ffn_mix, *mix_args)
+            y, weights, chosen = lm.moe[i](be.rms_norm(hyper.collapse(x, a_pre), bw.ffn_norm, cfg.norm_eps), image)
+            x = hyper.expand(y, x, f_post, f_comb)
+            pre = f_pre
+            if keep:
+                ids_sorted, order = chosen.sort(dim=-1)
+                out.setdefault(f"attn.{i}", []).append(h)
+                out.setdefault(f"router.{i}.ids", []).append(ids_sorted)
+                out.setdefault(f"router.{i}.weights", []).append(weights.gather(-1, order))
+                out.setdefault(f"hidden.{i}", []).append(x)
+        final = be.rms_norm(hyper.collapse(x, pre), lm.norm, cfg.norm_eps)
+        self.pos = hi
+        return be.linear(final.float(), lm.head, None)
+
+    @torch.inference_mode()
+    def prefill(self, chunk: int | None = None, taps=None) -> torch.Tensor:
+        """The whole prompt in chunks of `chunk` positions (None: one chunk). Returns the last
+        position's logits [vocab]."""
+        n = self.ids.numel()
+        if chunk is not None and chunk < 1:
+            raise EngineInputError(f"chunk must be at least 1 (got {chunk})")
+        step = n if chunk is None else chunk
+        record = taps is not None and taps.enabled
+        out: dict | None = {} if record else None
+        logits = []
+        for lo in range(0, n, step):
+            logits.append(self._forward(lo, min(n, lo + step), out))
+        if record:
+            for name, parts in out.items():
+                taps.record(name, torch.cat(parts), boundary=boundary_of(name))
+            taps.record("logits", torch.cat(logits))
+        return logits[-1][-1]
+
+    @torch.inference_mode()
+    def decode(self, steps: int, last_logits: torch.Tensor, taps=None) -> list[int]:
+        """Greedy: feed argmax tokens back `steps` times; a generated image token stops it (it is
+        never fed: an image can only enter through the image path). Returns every generated id."""
+        record = taps is not None and taps.enabled
+        image_id = self.lm.cfg.image_token_id
+        nxt = int(last_logits.argmax())
+        self.generated = [nxt]
+        for k in range(1, steps + 1):
+            if nxt == image_id:
+                self.stop = "image-token"
+                break
+            if self.pos >= self.lm.cfg.max_seq_len:
+                raise EngineInputError(f"decode ran past max_seq_len {self.lm.cfg.max_seq_len}")
+            self.ids = torch.cat([self.ids, torch.tensor([nxt])])
+            self.types = torch.cat([self.types, torch.tensor([-1])])
+            logits = self._forward(self.pos, self.pos + 1, None)
+            if record:
+                taps.record(f"logits.step.{k}", logits, boundary=f"logits.step.{k}")
+            nxt = int(logits[-1].argmax())
+            self.generated.append(nxt)
+        else:
+            if nxt == image_id:
+                self.stop = "image-token"
+        return self.generated
+
+
+def boundary_of(name: str) -> str:
+    """`router.3.ids` -> `router.3.ids`, `engram.1.gate` -> `engram.1`, `hidden.2` -> `hidden.2`."""
+    parts = name.split(".")
+    if parts[0] == "engram":
+        return ".".join(parts[:2])
+    return name

@@ -1,0 +1,109 @@
+"""The engine runner, and `VisionEngine`, the reusable vision path.
+
+    run(RunRequest(weights=..., weights_dir=..., image=..., device="cuda", dtype="bfloat16"), rec)
+
+Taps at the five boundaries are explicit `rec.record` calls guarded by `rec.enabled`, so a
+`NullRecorder` costs a branch. Options (`req.options`): `attention` = a list of SDPA kernel names
+to prefer on CUDA (see `engine.runtime.attention.KERNELS`).
+"""
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+
+import torch
+
+from .. import backend as backends
+from ..errors import EngineInputError
+from ..runtime import image as rimage
+from . import faults as F
+from . import weights as W
+from .aligner import AlignerWeights, align, cell_index
+from .config import Config
+from .preprocess import ImagePlan, patch_rows, plan_image, render
+from .span import image_span
+from .vision import VisionTower, prepare_tower, tower_names
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+ALIGNER = ["aligner.w1.weight", "aligner.w1.bias", "aligner.w2.weight", "aligner.w2.bias"]
+MARKERS = ["image_start", "image_end", "image_newline"]
+
+
+class VisionEngine:
+    """Weights prepared once on `device`; then `preprocess(path)` and `encode(patches, plan)`."""
+
+    def __init__(self, checkpoint: str | Path, *, device="cpu", dtype="float32", backend="torch",
+                 fault: str | None = None, attention_prefer=None):
+        if dtype not in DTYPES:
+            raise EngineInputError(f"dtype {dtype!r} is not supported (float32 or bfloat16)")
+        self.fault = F.check(fault)
+        self.device = torch.device(device)
+        self.dtype = DTYPES[dtype]
+        self.backend = backends.get(backend)
+        self.checkpoint = Path(checkpoint)
+        self.cfg = Config.load(self.checkpoint)
+        t = W.read(self.checkpoint, tower_names(self.cfg) + ALIGNER + MARKERS)
+        tw = prepare_tower(t, self.cfg, self.dtype, self.device, pad_nonzero=fault == "patch-pad-nonzero")
+        self.tower = VisionTower(self.cfg, tw, self.backend, rope_interleaved=fault == "rope-interleaved",
+                                 pad_nonzero=fault == "patch-pad-nonzero", attention_prefer=attention_prefer)
+        cast = lambda n: t[n].to(device=self.device, dtype=self.dtype).contiguous()  # noqa: E731
+        self.aligner = AlignerWeights(*(cast(n) for n in ALIGNER))
+        self.markers = {n: cast(n) for n in MARKERS}
+
+    def plan(self, width: int, height: int) -> ImagePlan:
+        rounding = "ceil" if self.fault == "contain-ceil" else "round"
+        return plan_image(width, height, self.cfg, contain_rounding=rounding)
+
+    def preprocess(self, path) -> tuple[ImagePlan, torch.Tensor]:
+        """Image file -> (plan, patches [N, 588] bf16 on the device)."""
+        picture = rimage.open_rgb(path)
+        plan = self.plan(*picture.size)
+        return plan, patch_rows(render(picture, plan), self.cfg, self.device)
+
+    def encode(self, patches: torch.Tensor, plan: ImagePlan, rec=None) -> torch.Tensor:
+        """patches [N, 588] bf16 -> aligner rows [T, dim]; taps into `rec` when given and enabled."""
+        taps = rec is not None and rec.enabled
+        if taps:
+            rec.record("patches", patches)
+        x = self.tower.forward(patches, plan.grid, rec)
+        index = cell_index(*plan.grid, self.cfg.vision_downsample_ratio, x.device,
+                           flat_pad=self.fault == "aligner-flat-pad")
+        out = align(x, index, self.aligner, self.backend, gelu_tanh=self.fault == "gelu-tanh")
+        if taps:
+            rec.record("aligner", out)
+        return out
+
+    def span(self, position: int, aligned: torch.Tensor, plan: ImagePlan):
+        """The overlay span (rows for the whole image span) starting at sequence `position`."""
+        return image_span(position, aligned, self.markers, plan.cells)
+
+
+def versions() -> dict:
+    import PIL
+
+    return {"torch": torch.__version__, "pillow": PIL.__version__}
+
+
+def run(req, rec) -> None:
+    if req.weights_dir is None or req.image is None:
+        raise EngineInputError("the DeepSeek V4.1 Flash engine needs a weights directory and an image")
+    prefer = req.options.get("attention") if req.options else None
+    eng = VisionEngine(req.weights_dir, device=req.device, dtype=req.dtype, backend=req.backend,
+                       fault=req.fault, attention_prefer=prefer)
+    plan, patches = eng.preprocess(req.image)
+    data = Path(req.image).read_bytes()
+    rec.update_run(
+        inputs={"image": {"sha256": hashlib.sha256(data).hexdigest(), "size": list(plan.source),
+                          "mode": _mode(req.image)},
+                "grid": list(plan.grid), "cells": list(plan.cells), "span": plan.span},
+        dtype=req.dtype, device=req.device, weights=W.fingerprint(req.weights_dir), versions=versions(),
+        fault=req.fault, backend=eng.backend.name)
+    with torch.inference_mode():
+        eng.encode(patches, plan, rec if req.taps else None)
+
+
+def _mode(path) -> str:
+    from PIL import Image
+
+    with Image.open(path) as im:
+        return im.mode

@@ -1,0 +1,68 @@
+"""DeepSeek V4.1 Flash: the boundary contract of the vision path, its faults and both runners.
+
+Data flow (the contract's DAG):
+
+    patches ──┐
+              ├─> block0 -> final_norm -> aligner
+    rope ─────┘
+
+The runners are imported only when asked for (no torch at import: the core compare must work
+without model code).
+"""
+from __future__ import annotations
+
+from ..adapter import Fault, ModelAdapter
+from ..contract import Boundary, Contract
+
+NAME = "deepseek-v4.1-flash"
+
+CONTRACT = Contract(NAME, (
+    Boundary("patches", (), "pixel rows [N, 588] bf16, (c, y, x) per 14x14 patch, raster order over the "
+             "patch grid (the logical 588 columns, never the backend's 592)", layout="grid", probes=("within-unit",)),
+    Boundary("rope", (), "2D RoPE tables rope.cos / rope.sin [N, 32] fp32, blocked: 16 row angles then "
+             "16 column angles per patch", layout="grid", probes=("unit-circle",)),
+    Boundary("block0", ("patches", "rope"), "output of vision block 0 [N, 1024]", layout="grid"),
+    Boundary("final_norm", ("block0",), "vision.norm output [N, 1024] (after all blocks)", layout="grid"),
+    Boundary("aligner", ("final_norm",), "aligner output [tokens, 5120]: 3x3 cells, right/bottom zero pad, "
+             "channel-major unfold, w2(gelu(w1(x)))", layout="cells"),
+))
+
+FAULTS = (
+    Fault("contain-ceil", "patches", "contain rounds the short side with ceil instead of round",
+          needs="an aspect ratio where ceil and round differ (e.g. 1024x701)"),
+    Fault("rope-interleaved", "rope", "2D RoPE angles interleaved (row, col, ...) instead of blocked"),
+    Fault("aligner-flat-pad", "aligner", "zero rows appended to the flattened patches instead of a "
+          "right/bottom grid pad", needs="a patch grid whose width is not a multiple of 3"),
+    Fault("gelu-tanh", "aligner", "tanh-approximated GELU in the aligner instead of exact erf",
+          needs="float32 (the change is ~1e-4 relative, under bf16 resolution)"),
+    Fault("patch-pad-nonzero", "block0", "non-zero padding columns in the 592-wide patch projection"),
+)
+
+
+def _oracle():
+    from oracle.deepseek_v41_flash.run import run
+
+    return run
+
+
+def _engine():
+    from engine.deepseek_v41_flash.run import run
+
+    return run
+
+
+def _weights(spec: str):
+    from ..synthetic.deepseek_v41_flash import resolve
+
+    return resolve(spec)
+
+
+ADAPTER = ModelAdapter(
+    name=NAME,
+    contract=CONTRACT,
+    faults=FAULTS,
+    oracle=_oracle,
+    engine=_engine,
+    weights=_weights,
+    description="DeepSeek V4.1 Flash vision path: preprocessing, 32-layer ViT with 2D RoPE, 3x3 aligner",
+)
