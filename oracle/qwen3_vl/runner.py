@@ -69,13 +69,14 @@ def run(req, rec) -> None:
         versions["torchvision"] = torchvision.__version__
     except ImportError:
         pass
+    prior = getattr(rec, "run", {}) or {}
     rec.update_run(
-        inputs={"image": {"sha256": hashlib.sha256(data).hexdigest(), "width": image.width, "height": image.height},
+        inputs={**(prior.get("inputs") or {}), "image": {"sha256": hashlib.sha256(data).hexdigest(), "width": image.width, "height": image.height},
                 "resized": [gh * cfg.vision_config.patch_size, gw * cfg.vision_config.patch_size],
                 "grid": [gh, gw], "cells": [gh // m, gw // m], "grid_thw": [t, gh, gw],
                 "processor": ran, "processor_class": type(proc).__name__, "prompt": req.prompt,
                 "tokens": int(ids.shape[1]), "decode": req.decode},
         weights=model_mod.fingerprint(req.weights_dir),
-        versions=versions,
+        versions={**(prior.get("versions") or {}), **versions},
         dtype=req.dtype, device=req.device, attn=model.config._attn_implementation,
     )

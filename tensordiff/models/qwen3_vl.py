@@ -1,0 +1,113 @@
+"""Qwen3-VL: the boundary contract of the vision path and image positions, its faults, both runners.
+
+Data flow (the contract's DAG):
+
+    patches ───┐
+    pos_embed ─┼─> block0 ─┬─> final_norm -> aligner
+    rope ──────┘           └─> deepstack.0 -> deepstack.1 -> deepstack.2
+    positions (M-RoPE ids of the prompt with its image span; a separate root)
+
+Rows of the per-patch boundaries are in 2x2-merge order over run.inputs.grid ("merge"); the
+aligner and DeepStack rows are merged tokens in raster order of the cell grid ("merged").
+The runners are imported only when asked for (no torch at import time).
+"""
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Sequence
+
+from ..adapter import Fault, ModelAdapter
+from ..contract import Boundary, Contract, TensorRule
+from ..errors import BadInput
+
+NAME = "qwen3-vl"
+DEEPSTACK = re.compile(r"^deepstack\.(\d+)$")
+
+BASE = (
+    Boundary("patches", (), "pixel_values [N, 1536] fp32: (c, t, py, px) per 16x16 patch over T=2 repeated frames, "
+             "rows in 2x2-merge order", layout="merge", probes=("within-unit",)),
+    Boundary("pos_embed", (), "learned 48x48 position table, bilinear (align_corners) to the patch grid, as added "
+             "to the patch embedding [N, hidden], merge order", layout="merge"),
+    Boundary("rope", (), "2D RoPE rope.cos / rope.sin [N, head_dim] fp32: cat(row·f, col·f) twice, merge order",
+             layout="merge", probes=("unit-circle",)),
+    Boundary("block0", ("patches", "pos_embed", "rope"), "output of vision block 0 [N, hidden]", layout="merge"),
+    Boundary("final_norm", ("block0",), "merger.norm output [N, hidden] (per patch, before the 2x2 shuffle; "
+             "there is no separate final norm)", layout="merge"),
+    Boundary("aligner", ("final_norm",), "merger output [N/4, out_hidden]: LN, 2x2 shuffle, fc1, erf-GELU, fc2",
+             layout="merged"),
+)
+POSITIONS = Boundary("positions", (), "M-RoPE ids of the prompt: positions.ids [3, S] (t, h, w), "
+                     "positions.rope_deltas [1] (what decoding adds), positions.decode [3, K]", layout="plain")
+
+
+def deepstack(k: int) -> Boundary:
+    return Boundary(f"deepstack.{k}", ("block0",) if k == 0 else (f"deepstack.{k - 1}",),
+                    f"DeepStack merger {k} output [N/4, out_hidden] (shuffle, LN(4·hidden), fc1, GELU, fc2)",
+                    layout="merged")
+
+
+def boundaries_for(present: Sequence[str]) -> tuple[Boundary, ...]:
+    ks = sorted({int(m.group(1)) for p in present if (m := DEEPSTACK.match(p))} or {0, 1, 2})
+    n = max(ks) + 1
+    return BASE + tuple(deepstack(k) for k in range(n)) + (POSITIONS,)
+
+
+def boundary_of(tensor: str) -> str:
+    if DEEPSTACK.match(tensor):
+        return tensor
+    return tensor.split(".", 1)[0]
+
+
+CONTRACT = Contract(NAME, boundaries_for(()), rules=(TensorRule("positions.*", "exact"),),
+                    resolver=boundaries_for, boundary_of=boundary_of)
+
+FAULTS = (
+    Fault("merge-order-raster", "patches", "pixel rows in plain raster order instead of 2x2 merge groups",
+          needs="a patch grid more than 2 patches wide"),
+    Fault("posembed-align-corners-false", "pos_embed", "position table resampled with half-pixel centres "
+          "(align_corners=False) instead of corner-aligned", needs="a patch grid other than 48 on a side"),
+    Fault("rope-hw-swap", "rope", "height and width swapped in the 2D RoPE positions"),
+    Fault("deepstack-drop", "deepstack.*", "DeepStack features not produced (zeroed)"),
+    Fault("mrope-no-delta", "positions", "decode positions continue from the sequence length instead of "
+          "rope_deltas", needs="an image of more than one merged cell (rope_deltas != 0)"),
+)
+
+
+def _oracle():
+    from oracle.qwen3_vl.runner import run
+
+    return run
+
+
+def _engine():
+    from engine.qwen3_vl.runner import run
+
+    return run
+
+
+def _weights(spec: str) -> Path:
+    if spec.startswith("synthetic:"):
+        from ..synthetic.qwen3_vl import ensure
+
+        return ensure(spec.split(":", 1)[1])
+    p = Path(spec).expanduser()
+    if not p.is_dir():
+        raise BadInput(f"weights {spec!r} is neither synthetic:<tiny|full|full-2b> nor a checkpoint directory")
+    if not (p / "config.json").is_file():
+        raise BadInput(f"checkpoint {p} has no config.json")
+    if not ((p / "model.safetensors.index.json").is_file() or (p / "model.safetensors").is_file()):
+        raise BadInput(f"checkpoint {p} has neither model.safetensors.index.json nor model.safetensors")
+    return p
+
+
+ADAPTER = ModelAdapter(
+    name=NAME,
+    contract=CONTRACT,
+    faults=FAULTS,
+    oracle=_oracle,
+    engine=_engine,
+    weights=_weights,
+    description="Qwen3-VL vision path (smart_resize, merge-order patches, interpolated position table, 2D RoPE, "
+                "ViT, merger, DeepStack) and the M-RoPE positions of the image span; oracle = transformers",
+)

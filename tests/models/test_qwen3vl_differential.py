@@ -1,0 +1,76 @@
+"""The clean engine matches transformers on several pictures; every planted fault is named at its
+boundary by the comparator (fp32, CPU, synthetic:tiny)."""
+from __future__ import annotations
+
+import dataclasses
+import fnmatch
+
+import pytest
+
+from qwen3vl_images import make_images
+from tensordiff.adapter import RunRequest
+from tensordiff.capture import Recorder
+from tensordiff.compare import compare_dumps
+from tensordiff.models.qwen3_vl import ADAPTER
+
+PROMPT = "Look at <image> and then at <image>, please."
+
+
+@pytest.fixture(scope="module")
+def setup(tmp_path_factory):
+    root = tmp_path_factory.mktemp("qwen3vl")
+    return root, make_images(root / "images"), ADAPTER.weights("synthetic:tiny")
+
+
+def dump(root, side, req, tag):
+    out = root / f"{tag}-{side}"
+    if out.exists():
+        return out
+    rec = Recorder(out, model=ADAPTER.name, producer={"name": f"test-{side}", "side": side})
+    ADAPTER.runner(side)(req, rec)
+    return rec.close()
+
+
+def request(images, wdir, name, **kw):
+    return RunRequest(weights="synthetic:tiny", weights_dir=wdir, image=images[name], prompt=PROMPT, decode=2, **kw)
+
+
+@pytest.mark.parametrize("name", ["astronaut", "chelsea", "coffee", "tiny", "wide", "tall", "rounding"])
+def test_clean_engine_matches_oracle(setup, name):
+    root, images, wdir = setup
+    req = request(images, wdir, name)
+    a = dump(root, "oracle", req, name)
+    b = dump(root, "engine", req, name)
+    report = compare_dumps(a, b)
+    assert report.verdict == "match", str(report)
+    names = {bd.name for bd in report.boundaries}
+    assert {"patches", "pos_embed", "rope", "block0", "final_norm", "aligner", "deepstack.0", "deepstack.1",
+            "deepstack.2", "positions"} <= names
+
+
+def test_grids_cover_the_cases(setup):
+    import json
+
+    root, images, wdir = setup
+    grids = {}
+    for name in ("tiny", "wide", "tall", "rounding"):
+        dump(root, "engine", request(images, wdir, name), name)
+        grids[name] = json.loads((root / f"{name}-engine" / "manifest.json").read_text())["run"]["inputs"]["grid"]
+    assert grids["tiny"] == [4, 6]  # 21x27 grows to the 64x64 floor: ceil to 64x96
+    assert grids["wide"][1] > 4 * grids["wide"][0]
+    assert grids["tall"][0] > 4 * grids["tall"][1]
+    assert grids["rounding"] == [4, 8]  # 80 -> 64 (down), 112 -> 128 (up)
+
+
+@pytest.mark.parametrize("fault", [f.name for f in ADAPTER.faults])
+def test_fault_is_named_at_its_boundary(setup, fault):
+    root, images, wdir = setup
+    req = request(images, wdir, "chelsea")
+    a = dump(root, "oracle", req, "chelsea")
+    b = dump(root, "engine", dataclasses.replace(req, fault=fault), f"chelsea-{fault}")
+    report = compare_dumps(a, b)
+    expected = ADAPTER.fault(fault).boundary
+    assert report.verdict == "diverged", str(report)
+    assert any(fnmatch.fnmatchcase(e, expected) for e in report.earliest), (fault, report.earliest, str(report))
+    # the fault is localised: no other root than its own boundary
+    assert all(fnmatch.fnmatchcase(e, expected) for e in report.earliest), (fault, report.earliest)
