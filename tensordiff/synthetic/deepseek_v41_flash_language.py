@@ -19,7 +19,7 @@ from pathlib import Path
 from . import generator
 
 TINY_VOCAB = 512
-SYNTH_VERSION = 1  # bump when `synth` changes, so cached checkpoints are rewritten
+SYNTH_VERSION = 2  # bump when `synth` changes, so cached checkpoints are rewritten
 
 
 def _is_prime(n: int) -> bool:
@@ -74,7 +74,7 @@ def language_config(dim: int = 64, *, vision: bool = True) -> dict:
         "compress_ratios": [0, 0, 2, 2, 1, 1], "kv_source_layers": [2, 4], "index_source_layers": [2, 4, 5],
         "compress_rope_theta": 160000.0, "original_seq_len": 32, "rope_theta": 10000.0, "rope_factor": 4.0,
         "beta_fast": 32, "beta_slow": 1,
-        "index_n_heads": 2, "index_head_dim": 16, "index_topk": 4,
+        "index_n_heads": 8, "index_head_dim": 16, "index_topk": 4,
         "candidate_source_layer": -1, "candidate_topk_blocks": 0, "candidate_block_size": 0,
         "hc_mult": 4, "hc_sinkhorn_iters": 20, "hc_eps": 1e-6,
         "engram_layer_ids": layer_ids, "engram_max_ngram_size": 4, "engram_vocab_size": 64,
@@ -169,6 +169,10 @@ def synth(name: str, shape: tuple[int, ...], dtype: str):
     elif leaf == "attn_sink" or name in ("embed.weight", "image_start", "image_end", "image_newline") \
             or name.endswith("engram.embed.weight"):
         t = torch.randn(shape, generator=g)
+    elif name.endswith("indexer.weights_proj.weight"):
+        # non-negative head weights: an index score is then 0 only when every head's ReLU is,
+        # so exact ties at the top-k boundary (whose order torch.topk leaves open) stay rare
+        t = torch.randn(shape, generator=g).abs() / shape[-1] ** 0.5
     else:  # a projection [out, in]
         t = torch.randn(shape, generator=g) / shape[-1] ** 0.5
     return t.to(getattr(torch, dtype))
