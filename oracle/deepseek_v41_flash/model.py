@@ -570,3 +570,32 @@ def run_language(args, checkpoint: Path, dtype: torch.dtype, prompt: str | None,
         images.append(ImageSpan(start, span_types, image_rows))
     out = generate(model, ids, types, images, decode, rec)
     return {"prompt_tokens": int(ids.numel()), "span_start": start, **out}
+
+
+def run(req, rec) -> None:
+    """A language-only oracle run; the image rows stand in for the tower's aligner output
+    (`req.options["image_rows"]` [cells_h*cells_w, dim], `req.options["cells"]`)."""
+    import hashlib
+
+    from .checkpoint import fingerprint
+    from .config import ModelArgs
+
+    if req.weights_dir is None:
+        raise BadInput("the DeepSeek V4.1 Flash language oracle needs a weights directory")
+    dtypes = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+    if req.dtype not in dtypes:
+        raise BadInput(f"dtype {req.dtype!r} is not supported (float32 or bfloat16)")
+    opts = req.options or {}
+    rows, cells = opts.get("image_rows"), opts.get("cells")
+    args = ModelArgs.from_dir(req.weights_dir)
+    facts = run_language(args, Path(req.weights_dir), dtypes[req.dtype], req.prompt, rows,
+                         tuple(cells) if cells is not None else None, req.decode, rec)
+    ids, _, _ = build_prompt(req.prompt if req.prompt is not None else DEFAULT_PROMPT, args,
+                             tuple(cells) if rows is not None else None)
+    rec.update_run(inputs={"language": {"prompt": req.prompt if req.prompt is not None else DEFAULT_PROMPT,
+                                        "prompt_tokens": facts["prompt_tokens"],
+                                        "input_ids_sha256": hashlib.sha256(ids.numpy().tobytes()).hexdigest(),
+                                        "span_start": facts["span_start"]}},
+                   outputs={"generated": facts["generated"], "stop": facts["stop"]},
+                   dtype=req.dtype, device=req.device, weights=fingerprint(req.weights_dir),
+                   versions={"torch": torch.__version__})

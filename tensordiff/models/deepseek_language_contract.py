@@ -1,0 +1,103 @@
+"""DeepSeek V4.1 Flash language boundaries: a per-layer DAG, built from the names a run dumped.
+
+    aligner ─> embeddings ─> [engram.L] ─> attn.L ─> router.L.ids ─> router.L.weights ─> hidden.L ─> ...
+                                                                           ... hidden.(n-1) ─> logits ─> logits.step.1 ─> ...
+
+Every tensor is its own boundary except `engram.L.gate` (boundary `engram.L`), so the report
+names the earliest divergent layer AND stage: a wrong bias choice roots at `router.L.ids`, wrong
+mixture weights at `router.L.weights`, a wrong n-gram at `engram.L`. Router ids are dumped sorted
+ascending per row with the weights aligned to them, and compared as sets per row.
+
+No torch here: the core compare imports this without model code.
+"""
+from __future__ import annotations
+
+import re
+from typing import Sequence
+
+from ..adapter import Fault
+from ..contract import Boundary, TensorRule
+
+RULES = (TensorRule("router.*.ids", "topk-sets"),)
+
+FAULTS = (
+    Fault("router-text-bias-for-images", "router.*.ids",
+          "image-span rows ranked with the text `bias` instead of `bias_vl`", needs="an image in the prompt"),
+    Fault("router-biased-weights", "router.*.weights",
+          "mixture weights taken from the biased scores (score + bias) instead of the raw scores"),
+    Fault("engram-ngram-across-image", "engram.*",
+          "image positions not cached as DEAD, so the n-grams after an image reach into it",
+          needs="text right after the image span and a layer with Engram"),
+    Fault("overlay-chunk-shift", "embeddings",
+          "chunked prefill overlays the image span at its absolute offset inside every chunk",
+          needs="--chunk smaller than the span's start + length, so a chunk boundary cuts or precedes the span"),
+)
+
+_LAYERED = re.compile(r"^(engram|attn|router|hidden)\.(\d+)(?:\.(ids|weights|gate))?$")
+_STEP = re.compile(r"^logits\.step\.(\d+)$")
+
+
+def boundary_of(name: str) -> str:
+    """Tensor name -> boundary: `engram.3.gate` -> `engram.3`; every other name is its own."""
+    m = _LAYERED.match(name)
+    if m and m.group(1) == "engram":
+        return f"engram.{m.group(2)}"
+    if "." not in name:
+        return name
+    if m or _STEP.match(name):
+        return name
+    return name.split(".", 1)[0]  # the vision side's rule (rope.cos -> rope)
+
+
+def language_boundaries(present: Sequence[str], upstream: str | None = "aligner") -> tuple[Boundary, ...]:
+    """The language part of the DAG for the boundaries present; `upstream` feeds `embeddings`
+    (the aligner when a vision path ran)."""
+    layers: set[int] = set()
+    steps: set[int] = set()
+    names = set(present)
+    for n in names:
+        m = _LAYERED.match(n)
+        if m:
+            layers.add(int(m.group(2)))
+        s = _STEP.match(n)
+        if s:
+            steps.add(int(s.group(1)))
+    out: list[Boundary] = []
+    if "embeddings" in names or layers:
+        ups = (upstream,) if upstream and upstream in names else ()
+        out.append(Boundary("embeddings", ups, "token embeddings after the image-span overlay [S, dim]: START/END/"
+                            "NEWLINE learned rows, IMAGE rows = aligner rows in reading order", layout="tokens"))
+    prev = "embeddings"
+    for L in sorted(layers):
+        if f"engram.{L}" in names:
+            out.append(Boundary(f"engram.{L}", (prev,), f"Engram gate of layer {L} [S, hc_mult]: sigmoid(signed sqrt "
+                                "of the normalised stream·key dot), 0 on image rows", layout="tokens"))
+            prev = f"engram.{L}"
+        out.append(Boundary(f"attn.{L}", (prev,), f"attention output of layer {L} [S, dim] (window + compressed "
+                            "KV, before the hyper-connection expand)", layout="tokens"))
+        out.append(Boundary(f"router.{L}.ids", (f"attn.{L}",), f"experts chosen per row at layer {L} [S, top-k], "
+                            "ascending; image-span rows ranked with bias_vl, text rows with bias", layout="tokens"))
+        out.append(Boundary(f"router.{L}.weights", (f"router.{L}.ids",), f"mixture weights at layer {L} [S, top-k] "
+                            "aligned to the ascending ids: unbiased scores, normalised, times route_scale",
+                            layout="tokens"))
+        out.append(Boundary(f"hidden.{L}", (f"router.{L}.weights",), f"residual stream after block {L} "
+                            "[S, hc_mult, dim]", layout="tokens"))
+        prev = f"hidden.{L}"
+    if "logits" in names:
+        out.append(Boundary("logits", (prev,), "LM head logits for every prompt position [S, vocab] fp32",
+                            layout="tokens"))
+        prev = "logits"
+    for k in sorted(steps):
+        out.append(Boundary(f"logits.step.{k}", (prev,), f"logits after feeding generated token {k} [1, vocab] "
+                            "(engine: KV cache; oracle: full recomputation)", layout="tokens"))
+        prev = f"logits.step.{k}"
+    return tuple(out)
+
+
+def make_resolver(base: tuple[Boundary, ...], upstream: str | None = "aligner"):
+    """A `Contract.resolver`: the fixed `base` boundaries (the vision path), then the language
+    boundaries of this run."""
+    def resolve(present: Sequence[str]) -> tuple[Boundary, ...]:
+        return tuple(base) + language_boundaries(present, upstream if any(b.name == upstream for b in base) else None)
+
+    return resolve

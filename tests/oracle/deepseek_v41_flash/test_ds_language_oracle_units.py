@@ -1,0 +1,103 @@
+"""Oracle language units: the dual-bias gate's hand-worked table, Engram's DEAD image
+positions, the Sinkhorn mix, the image-span overlay."""
+import math
+
+import pytest
+import torch
+
+from oracle.deepseek_v41_flash.config import ModelArgs
+from oracle.deepseek_v41_flash.engram import EngramLayout, NgramHasher
+from oracle.deepseek_v41_flash.model import Gate, hc_split_sinkhorn
+from oracle.deepseek_v41_flash.tokens import build_prompt, compressed_token_map
+from tensordiff.synthetic.deepseek_v41_flash_language import language_config
+
+
+def logit_for(score: float) -> float:
+    """The gate logit whose sqrt(softplus(.)) is `score`."""
+    return math.log(math.expm1(score * score))
+
+
+def four_expert_gate() -> Gate:
+    args = ModelArgs(dim=4, n_routed_experts=4, n_activated_experts=2, route_scale=1.5)
+    gate = Gate(args)
+    raw = [0.60, 0.55, 0.50, 0.45]
+    with torch.no_grad():
+        gate.weight.copy_(torch.diag(torch.tensor([logit_for(s) for s in raw])))
+        gate.bias.copy_(torch.tensor([0.0, 0.10, 0.0, 0.0]))
+        gate.bias_vl.copy_(torch.tensor([0.0, 0.0, 0.20, 0.0]))
+    return gate
+
+
+def test_routing_table_text_and_image_rows():
+    gate = four_expert_gate()
+    x = torch.ones(2, 4)  # row 0 text, row 1 image
+    weights, ids = gate(x, torch.tensor([False, True]))
+    order = ids.sort(-1)
+    assert order.values.tolist() == [[0, 1], [0, 2]]
+    w = weights.gather(-1, order.indices)
+    # weights from the UNBIASED scores: E2 weighs 0.50 (not 0.70), E1 0.55 (not 0.65)
+    torch.testing.assert_close(w[0], torch.tensor([0.60, 0.55]) / 1.15 * 1.5)
+    torch.testing.assert_close(w[1], torch.tensor([0.60, 0.50]) / 1.10 * 1.5)
+    assert not torch.allclose(w[1], torch.tensor([0.60, 0.70]) / 1.30 * 1.5)
+
+
+def test_routing_without_mask_uses_text_bias_everywhere():
+    weights, ids = four_expert_gate()(torch.ones(2, 4), None)
+    assert ids.sort(-1).values.tolist() == [[0, 1], [0, 1]]
+
+
+def test_start_newline_end_rows_count_as_image():
+    args = ModelArgs(**{k: v for k, v in language_config(64).items()})
+    ids, types, start = build_prompt("x <image> y", args, (2, 3))
+    span = types[start:start + 10]
+    assert span.tolist() == [0, 1, 1, 1, 2, 1, 1, 1, 2, 3]
+    assert ((types >= 0).nonzero().flatten() == torch.arange(start, start + 10)).all()
+    assert (ids[start:start + 10] == args.image_token_id).all()
+
+
+@pytest.fixture(scope="module")
+def hasher():
+    args = ModelArgs(**language_config(64))
+    token_map, n = compressed_token_map(args.vocab_size)
+    assert n == args.engram_compressed_vocab_size
+    return NgramHasher(EngramLayout.from_args(args), token_map, args.engram_pad_id, n), args
+
+
+def test_engram_no_ngram_crosses_an_image(hasher):
+    h, args = hasher
+    ids, types, start = build_prompt("ab <image> cd", args, (1, 2))
+    mask = types < 0
+    out = h(ids[None], mask[None])[0]  # [S, layers, cols]
+    after = start + int((types >= 0).sum())  # first text position after the span
+    # the first token after an image hashes as if it opened a sequence: look-back stops at DEAD
+    fresh = h(ids[after:after + 1][None], None)[0, 0]
+    torch.testing.assert_close(out[after], fresh)
+    # without the DEAD state the same position would hash differently
+    crossed = h(ids[None], None)[0]
+    assert not torch.equal(crossed[after], out[after])
+    # the text before the image is untouched by it
+    torch.testing.assert_close(out[:start], crossed[:start])
+
+
+def test_engram_folds_case_like_the_normaliser(hasher):
+    h, args = hasher
+    a, _, _ = build_prompt("Hello World", args, None)
+    b, _, _ = build_prompt("hello\tworld", args, None)
+    torch.testing.assert_close(h(a[None], None), h(b[None], None))
+
+
+def test_hash_ids_stay_inside_each_layers_table(hasher):
+    h, args = hasher
+    ids = torch.randint(0, args.vocab_size, (1, 64), generator=torch.Generator().manual_seed(1))
+    out = h(ids, None)[0]
+    for k, rows in enumerate(args.engram_num_embeddings):
+        assert int(out[:, k].min()) >= 0 and int(out[:, k].max()) < rows
+
+
+def test_sinkhorn_comb_is_doubly_stochastic():
+    g = torch.Generator().manual_seed(0)
+    mixes = torch.randn(5, 24, generator=g)
+    pre, post, comb = hc_split_sinkhorn(mixes, torch.ones(3), torch.zeros(24), 4, 20, 1e-6)
+    torch.testing.assert_close(comb.sum(-2), torch.ones(5, 4), atol=1e-4, rtol=0)
+    torch.testing.assert_close(comb.sum(-1), torch.ones(5, 4), atol=1e-3, rtol=0)
+    assert (pre > 0).all() and (pre < 1 + 1e-5).all() and (post > 0).all() and (post < 2).all()
