@@ -1,0 +1,85 @@
+// Aligner grid assembly on the device: y[t, c*9 + j] = x[index[t, j], c], zero where
+// index[t, j] < 0 (the right/bottom padding of the grid to multiples of 3).
+//
+// A pure copy, so the element type is only a width (2 or 4 bytes). One block per (token, slab of
+// kSlab channels): the 9 source rows of the slab are read coalesced into shared memory, then
+// the channel-major output span (kSlab * 9 contiguous elements) is written coalesced, 16 bytes
+// per thread when the span is aligned. The shared tile is 32-bit and its rows padded by one word
+// so that the transposed reads do not fall into one bank.
+#include "common.h"
+
+namespace {
+
+constexpr int kThreads = 256;
+constexpr int kSlab = 256;  // channels per block
+
+template <typename T, bool VEC>
+__global__ void __launch_bounds__(kThreads)
+aligner_gather(const T* __restrict__ x, const int32_t* __restrict__ index, T* __restrict__ y, int64_t c,
+               int64_t n_src) {
+  __shared__ uint32_t tile[9][kSlab + 1];
+  const int64_t t = blockIdx.y;
+  const int64_t c0 = (int64_t)blockIdx.x * kSlab;
+  const int cn = (int)(c - c0 < kSlab ? c - c0 : kSlab);
+#pragma unroll
+  for (int j = 0; j < 9; ++j) {
+    const int32_t src = index[t * 9 + j];
+    const bool real = src >= 0 && src < n_src;  // out of range is an engine bug: read nothing
+    const T* row = x + (real ? (int64_t)src * c + c0 : 0);
+    for (int i = threadIdx.x; i < cn; i += kThreads) tile[j][i] = real ? (uint32_t)row[i] : 0u;
+  }
+  __syncthreads();
+
+  T* out = y + t * c * 9 + c0 * 9;
+  const int n_out = cn * 9;
+  if constexpr (VEC) {
+    constexpr int W = 16 / sizeof(T);
+    for (int o = threadIdx.x * W; o < n_out; o += kThreads * W) {
+      uint32_t v[W];
+#pragma unroll
+      for (int q = 0; q < W; ++q) {
+        const int e = o + q, ch = e / 9;
+        v[q] = tile[e - ch * 9][ch];
+      }
+      uint4 packed;
+      if constexpr (sizeof(T) == 2)
+        packed = make_uint4(v[0] | (v[1] << 16), v[2] | (v[3] << 16), v[4] | (v[5] << 16), v[6] | (v[7] << 16));
+      else
+        packed = make_uint4(v[0], v[1], v[2], v[3]);
+      *reinterpret_cast<uint4*>(out + o) = packed;
+    }
+  } else {
+    for (int e = threadIdx.x; e < n_out; e += kThreads) {
+      const int ch = e / 9;
+      out[e] = (T)tile[e - ch * 9][ch];
+    }
+  }
+}
+
+template <typename T>
+int launch(const void* x, const int32_t* index, void* y, int64_t t, int64_t c, int64_t n_src, hipStream_t s) {
+  constexpr int W = 16 / sizeof(T);
+  // Every block's output span starts at (t*c + c0) * 9 elements and is a multiple of W long
+  // when c is a multiple of W (kSlab is).
+  const bool vec = c % W == 0 && td::aligned16(y);
+  const dim3 grid(td::blocks_for(c, kSlab), (unsigned int)t), block(kThreads);
+  const T* xs = static_cast<const T*>(x);
+  T* ys = static_cast<T*>(y);
+  if (vec) hipLaunchKernelGGL(HIP_KERNEL_NAME(aligner_gather<T, true>), grid, block, 0, s, xs, index, ys, c, n_src);
+  else hipLaunchKernelGGL(HIP_KERNEL_NAME(aligner_gather<T, false>), grid, block, 0, s, xs, index, ys, c, n_src);
+  return td::launch_status();
+}
+
+}  // namespace
+
+extern "C" int td_aligner_gather(const void* x, const int32_t* index, void* y, int64_t t, int64_t c,
+                                 int64_t n_src, int elem_bytes, void* stream) {
+  if (t < 0 || c <= 0 || n_src < 0 || t > 65535) return TD_BAD_SHAPE;
+  if (t == 0) return TD_OK;
+  hipStream_t s = static_cast<hipStream_t>(stream);
+  switch (elem_bytes) {
+    case 2: return launch<uint16_t>(x, index, y, t, c, n_src, s);
+    case 4: return launch<uint32_t>(x, index, y, t, c, n_src, s);
+    default: return TD_BAD_DTYPE;
+  }
+}

@@ -1,0 +1,57 @@
+// The few names that differ between HIP (hipcc, AMD) and CUDA (nvcc, NVIDIA).
+//
+// Kernels are written in HIP; this header lets nvcc compile the same file. Kernels call only
+// port_* names for anything that differs (warp shuffles, lane masks); the HIP runtime names they
+// use (hipLaunchKernelGGL, hipGetLastError, hipStream_t, ...) are mapped to CUDA here, and only
+// here, so a ROCm torch's hipify pass finds nothing to rewrite in the kernel sources.
+//
+// Wavefronts: 64 lanes on CDNA (gfx9), 32 on RDNA and NVIDIA. Nothing is sized by a constant
+// warp of 32: use warpSize at run time (ROCm 7 made it non-constexpr), size shared arrays for
+// PORT_MAX_WARPS_PER_BLOCK, launch blocks of a multiple of 64 threads.
+#pragma once
+#include <stdint.h>
+
+#if defined(__HIP__) || defined(__HIPCC__) || defined(__HIP_PLATFORM_AMD__)
+  #include <hip/hip_runtime.h>
+  #define PORT_HIP 1
+  // A ballot is 64 bits wide on AMD whatever the wave size.
+  typedef unsigned long long port_lanemask_t;
+  template <typename T> __device__ inline T port_shfl_xor(T v, int lane_mask, int width)
+  { return __shfl_xor(v, lane_mask, width); }
+  template <typename T> __device__ inline T port_shfl(T v, int src_lane, int width)
+  { return __shfl(v, src_lane, width); }
+  __device__ inline port_lanemask_t port_ballot(int pred) { return __ballot(pred); }
+#elif defined(__CUDACC__)
+  #include <cuda_runtime.h>
+  // cuda_fp16.h / cuda_bf16.h declare their own shuffles: include them before any macro.
+  #include <cuda_fp16.h>
+  #include <cuda_bf16.h>
+  #define PORT_CUDA 1
+  typedef unsigned int port_lanemask_t;
+  #define hipError_t           cudaError_t
+  #define hipSuccess           cudaSuccess
+  #define hipStream_t          cudaStream_t
+  #define hipGetLastError      cudaGetLastError
+  #define hipGetErrorString    cudaGetErrorString
+  #define hipDeviceSynchronize cudaDeviceSynchronize
+  #define HIP_KERNEL_NAME(...) __VA_ARGS__
+  #define hipLaunchKernelGGL(k, grid, block, shmem, stream, ...) \
+    do { k<<<(grid), (block), (shmem), (stream)>>>(__VA_ARGS__); } while (0)
+  // Full-mask *_sync: every call site must be reached by all lanes of the warp (no shuffles in
+  // divergent branches); a warp is 32 lanes here, so the full mask is exact.
+  template <typename T> __device__ inline T port_shfl_xor(T v, int lane_mask, int width)
+  { return __shfl_xor_sync(0xffffffffu, v, lane_mask, width); }
+  template <typename T> __device__ inline T port_shfl(T v, int src_lane, int width)
+  { return __shfl_sync(0xffffffffu, v, src_lane, width); }
+  __device__ inline port_lanemask_t port_ballot(int pred) { return __ballot_sync(0xffffffffu, pred); }
+#else
+  #error "compile with hipcc (-x hip) or nvcc (-x cu)"
+#endif
+
+// 1024 threads / the narrowest wave (32): enough slots for one value per warp of any block.
+#define PORT_MAX_WARPS_PER_BLOCK 32
+
+// IEEE single-rounding multiply and add: keeps the compiler from contracting a*b + c*d into an
+// FMA, so a kernel rounds exactly as the unfused torch reference does.
+__device__ inline float port_mul_rn(float a, float b) { return __fmul_rn(a, b); }
+__device__ inline float port_add_rn(float a, float b) { return __fadd_rn(a, b); }
