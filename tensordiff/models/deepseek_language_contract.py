@@ -69,19 +69,25 @@ def language_boundaries(present: Sequence[str], upstream: str | None = "aligner"
                             "NEWLINE learned rows, IMAGE rows = aligner rows in reading order", layout="tokens"))
     prev = "embeddings"
     for L in sorted(layers):
+        # every stage also reads the residual stream itself (the Engram gate and the attention
+        # output do not capture it), so each lists the previous layer's stream as an input
+        stream = (prev,)
+        first = prev
         if f"engram.{L}" in names:
-            out.append(Boundary(f"engram.{L}", (prev,), f"Engram gate of layer {L} [S, hc_mult]: sigmoid(signed sqrt "
-                                "of the normalised stream·key dot), 0 on image rows", layout="tokens"))
-            prev = f"engram.{L}"
-        out.append(Boundary(f"attn.{L}", (prev,), f"attention output of layer {L} [S, dim] (window + compressed "
+            out.append(Boundary(f"engram.{L}", stream, f"Engram gate of layer {L} [S, hc_mult]: sigmoid(signed "
+                                "sqrt of the normalised stream·key dot), 0 on image rows", layout="tokens"))
+            first = f"engram.{L}"
+        attn_in = (first,) if first == prev else (first, prev)
+        out.append(Boundary(f"attn.{L}", attn_in, f"attention output of layer {L} [S, dim] (window + compressed "
                             "KV, before the hyper-connection expand)", layout="tokens"))
-        out.append(Boundary(f"router.{L}.ids", (f"attn.{L}",), f"experts chosen per row at layer {L} [S, top-k], "
-                            "ascending; image-span rows ranked with bias_vl, text rows with bias", layout="tokens"))
-        out.append(Boundary(f"router.{L}.weights", (f"router.{L}.ids",), f"mixture weights at layer {L} [S, top-k] "
-                            "aligned to the ascending ids: unbiased scores, normalised, times route_scale",
+        out.append(Boundary(f"router.{L}.ids", (f"attn.{L}",) + attn_in, f"experts chosen per row at layer {L} "
+                            "[S, top-k], ascending; image-span rows ranked with bias_vl, text rows with bias",
                             layout="tokens"))
-        out.append(Boundary(f"hidden.{L}", (f"router.{L}.weights",), f"residual stream after block {L} "
-                            "[S, hc_mult, dim]", layout="tokens"))
+        out.append(Boundary(f"router.{L}.weights", (f"router.{L}.ids", f"attn.{L}") + attn_in,
+                            f"mixture weights at layer {L} [S, top-k] aligned to the ascending ids: unbiased "
+                            "scores, normalised, times route_scale", layout="tokens"))
+        out.append(Boundary(f"hidden.{L}", (f"router.{L}.weights", f"attn.{L}") + attn_in,
+                            f"residual stream after block {L} [S, hc_mult, dim]", layout="tokens"))
         prev = f"hidden.{L}"
     if "logits" in names:
         out.append(Boundary("logits", (prev,), "LM head logits for every prompt position [S, vocab] fp32",

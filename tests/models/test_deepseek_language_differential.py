@@ -1,0 +1,88 @@
+"""DeepSeek V4.1 Flash language backbone: engine against oracle, boundary by boundary.
+
+A fixed random aligner output stands in for the vision tower (its own tests cover it), so the
+prompt is text - image - text on the tiny language config (8 experts, top-2, Engram at layers 1
+and 3, window 8, compressed KV with an indexer). The clean engine must match in one chunk, in
+chunks that cut the image span, and over several decode steps; every language fault must be
+named at its own boundary by the comparator.
+"""
+import fnmatch
+
+import pytest
+import torch
+
+from tensordiff.adapter import RunRequest
+from tensordiff.capture import Recorder
+from tensordiff.compare import compare_dumps
+from tensordiff.contract import Contract
+from tensordiff.models import deepseek_language_contract as C
+from tensordiff.synthetic.deepseek_v41_flash_language import tiny_language_checkpoint
+
+CELLS = (2, 3)
+PROMPT = "A picture: <image> What does it show?"  # span starts at 12, length 10
+DECODE = 3
+CONTRACT = Contract("deepseek-v4.1-flash", (), C.RULES, resolver=C.make_resolver(()), boundary_of=C.boundary_of)
+
+
+@pytest.fixture(scope="module")
+def checkpoint():
+    return tiny_language_checkpoint()
+
+
+@pytest.fixture(scope="module")
+def rows():
+    return torch.randn(CELLS[0] * CELLS[1], 64, generator=torch.Generator().manual_seed(7))
+
+
+def request(checkpoint, rows, **kw):
+    return RunRequest(weights="synthetic:tiny-language", weights_dir=checkpoint, prompt=PROMPT, decode=DECODE,
+                      options={"image_rows": rows, "cells": CELLS}, **kw)
+
+
+def dump(side, req, path):
+    if side == "oracle":
+        from oracle.deepseek_v41_flash.model import run
+    else:
+        from engine.deepseek_v41_flash.language.run import run
+    rec = Recorder(path, model="deepseek-v4.1-flash", producer={"name": side, "side": side})
+    run(req, rec)
+    rec.close()
+    return path
+
+
+@pytest.fixture(scope="module")
+def oracle_dump(checkpoint, rows, tmp_path_factory):
+    return dump("oracle", request(checkpoint, rows), tmp_path_factory.mktemp("lang") / "oracle")
+
+
+@pytest.mark.parametrize("chunk", [None, 7, 5])
+def test_clean_engine_matches(oracle_dump, checkpoint, rows, tmp_path, chunk):
+    eng = dump("engine", request(checkpoint, rows, chunk=chunk), tmp_path / "engine")
+    report = compare_dumps(oracle_dump, eng, contract=CONTRACT)
+    assert report.verdict == "match", [(b.name, b.status, b.reason) for b in report.boundaries if b.status != "match"]
+    names = {b.name for b in report.boundaries}
+    assert {"embeddings", "engram.1", "engram.3", "router.0.ids", "router.5.weights", "hidden.5", "logits",
+            f"logits.step.{DECODE}"} <= names
+
+
+@pytest.mark.parametrize("fault,chunk", [
+    ("router-text-bias-for-images", None),
+    ("router-biased-weights", None),
+    ("engram-ngram-across-image", None),
+    ("overlay-chunk-shift", 7),
+])
+def test_fault_is_localised(oracle_dump, checkpoint, rows, tmp_path, fault, chunk):
+    eng = dump("engine", request(checkpoint, rows, chunk=chunk, fault=fault), tmp_path / "engine")
+    report = compare_dumps(oracle_dump, eng, contract=CONTRACT)
+    assert report.verdict == "diverged"
+    want = next(f.boundary for f in C.FAULTS if f.name == fault)
+    assert len(report.earliest) == 1 and fnmatch.fnmatchcase(report.earliest[0], want), report.earliest
+    if fault == "engram-ngram-across-image":
+        assert report.earliest == ["engram.1"]  # the first Engram layer, not a later symptom
+    if fault.startswith("router"):
+        assert report.earliest == [want.replace("*", "0")]  # the first MoE layer
+
+
+def test_overlay_fault_is_invisible_in_one_chunk(oracle_dump, checkpoint, rows, tmp_path):
+    eng = dump("engine", request(checkpoint, rows, fault="overlay-chunk-shift"), tmp_path / "engine")
+    assert compare_dumps(oracle_dump, eng, contract=CONTRACT).verdict == "match"
