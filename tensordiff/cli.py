@@ -89,12 +89,17 @@ def cli():
               help="TOML tolerance file (default: [tool.tensordiff] of the nearest pyproject.toml).")
 @click.option("--fail-fast", is_flag=True, help="Stop at the first diverged boundary (in DAG order).")
 @click.option("--verify", is_flag=True, help="Check every tensor's sha256 while streaming it.")
-def compare(a, b, json_path, tolerances, fail_fast, verify):
+@click.option("--junit", "junit_path", type=click.Path(path_type=Path), help="Also write a JUnit XML report here.")
+@click.option("--html", "html_path", type=click.Path(path_type=Path),
+              help="Also write a self-contained HTML report (boundary table, error heatmaps) here.")
+def compare(a, b, json_path, tolerances, fail_fast, verify, junit_path=None, html_path=None):
     """Compare dump A (reference, e.g. the oracle) with dump B (candidate, e.g. your engine)."""
     from .compare import compare_dumps
     from .dump import open_dump
 
     _writable(json_path)
+    _writable(junit_path)
+    _writable(html_path)
     da, db = open_dump(a), open_dump(b)
     prog, cb = _progress_factory(da.nbytes + db.nbytes, "comparing")
     if prog:
@@ -102,6 +107,7 @@ def compare(a, b, json_path, tolerances, fail_fast, verify):
             report = compare_dumps(da, db, tolerances, fail_fast=fail_fast, verify=verify, progress=cb)
     else:
         report = compare_dumps(da, db, tolerances, fail_fast=fail_fast, verify=verify)
+    _emit_ci_reports(report, junit_path, html_path, da)
     sys.exit(_emit_report(report, json_path))
 
 
@@ -189,14 +195,34 @@ def dump(model, side, out, fmt, force, **kw):
 @click.option("--oracle-dtype", type=click.Choice(["float32", "bfloat16"]), default=None,
               help="Run the oracle at another dtype than the engine (default: the engine's dtype).")
 @click.option("--no-cache", is_flag=True, help="Run the oracle even when a cached dump for these inputs exists.")
-def check(model, json_path, tolerances, out, oracle_dtype, no_cache, **kw):
+@click.option("--junit", "junit_path", type=click.Path(path_type=Path), help="Also write a JUnit XML report here.")
+@click.option("--html", "html_path", type=click.Path(path_type=Path),
+              help="Also write a self-contained HTML report (boundary table, error heatmaps) here.")
+def check(model, json_path, tolerances, out, oracle_dtype, no_cache, junit_path=None, html_path=None, **kw):
     """Run the oracle and the engine on one image, compare, and name the earliest divergence."""
     from .runs import check as run_check
 
     _writable(json_path)
+    _writable(junit_path)
+    _writable(html_path)
+    keep = None
+    if html_path is not None and out is None:  # the heatmap's picture comes from the oracle dump
+        import tempfile
 
-    report = run_check(model, json_path=json_path, tolerances=tolerances, out=out, oracle_dtype=oracle_dtype,
-                       use_cache=not no_cache, **kw)
+        keep = Path(tempfile.mkdtemp(prefix="tensordiff-check-html-"))
+        out = keep / "dumps"
+    try:
+        report = run_check(model, json_path=json_path, tolerances=tolerances, out=out, oracle_dtype=oracle_dtype,
+                           use_cache=not no_cache, **kw)
+        if junit_path or html_path:
+            from .dump import open_dump
+
+            _emit_ci_reports(report, junit_path, html_path, open_dump(report.a) if html_path else None)
+    finally:
+        if keep is not None:
+            import shutil
+
+            shutil.rmtree(keep, ignore_errors=True)
     sys.exit(_emit_report(report, json_path))
 
 
@@ -214,6 +240,142 @@ def faults(model):
         click.echo(f"{a.name}:")
         for f in a.faults:
             click.echo(f"  {f.name:<32} -> {f.boundary:<16} {f.description}")
+
+
+def _emit_ci_reports(report, junit_path, html_path, dump_a=None) -> None:
+    """--junit / --html for compare and check: one case, the report's two dumps."""
+    from .report_junit import case_of, write_junit
+
+    case = case_of(report)
+    if junit_path:
+        write_junit([case], junit_path)
+    if html_path:
+        from .report_html import heat_views, write_html
+
+        case.views = heat_views(report, dump_a)
+        write_html([case], html_path, title=f"tensordiff: {report.model}")
+
+
+EPILOG_GATE = """\b
+Exit status: 0 every case within tolerance, 1 a material divergence (end to end or local), 2 bad
+input (config, images, weights).
+Examples:
+  tensordiff gate gates/deepseek-v4.1-flash.toml --junit gate.xml --html gate.html
+  tensordiff gate gates/qwen3-vl.toml --fault rope-hw-swap      # must exit 1
+  tensordiff gate gates/deepseek-v4.1-flash.toml --device cuda --weights synthetic:full --json gate.json
+"""
+
+
+@cli.command(epilog=EPILOG_GATE)
+@click.argument("config", type=click.Path(path_type=Path))
+@click.option("--json", "json_path", type=click.Path(path_type=Path), help="Write the machine report (all cases, timings).")
+@click.option("--junit", "junit_path", type=click.Path(path_type=Path),
+              help="Write JUnit XML: one test case per model x image x boundary.")
+@click.option("--html", "html_path", type=click.Path(path_type=Path),
+              help="Write one self-contained HTML page with error heatmaps over the input pictures.")
+@click.option("--out", type=click.Path(path_type=Path), default=None, help="Keep every case's dumps here.")
+@click.option("--model", "models", multiple=True, help="Run only this model's cases (repeatable).")
+@click.option("--fault", default=None, help="Plant a named engine fault in every model that has it.")
+@click.option("--weights", default=None, help="Override every model's weights SPEC.")
+@click.option("--device", default=None, help="Override every model's device (cpu, cuda[:N]).")
+@click.option("--dtype", type=click.Choice(["float32", "bfloat16"]), default=None, help="Override the engine dtype.")
+@click.option("--backend", type=click.Choice(["torch", "hip"]), default=None, help="Override the engine kernels.")
+@click.option("--no-cache", is_flag=True, help="Run the oracle even when a cached dump exists.")
+@click.option("--no-local-error", is_flag=True, help="Skip the per-stage local error runs.")
+@click.option("-q", "--quiet", is_flag=True, help="Only the summary line per case and the verdict.")
+def gate(config, json_path, junit_path, html_path, out, models, fault, weights, device, dtype, backend, no_cache,
+         no_local_error, quiet):
+    """Run a CI gate: every model x image x prompt of CONFIG, oracle beside engine, compared at every
+    boundary and stage; fails with the earliest divergence."""
+    import time
+
+    from .gate import load_gate, render_breakdown, run_gate
+    from .report import render_text
+
+    for p in (json_path, junit_path, html_path):
+        _writable(p)
+    cfg = load_gate(config)
+    if weights is not None and not weights.startswith("synthetic:"):
+        if not Path(weights).is_dir():
+            raise BadInput(f"--weights {weights!r} is neither synthetic:<variant> nor a checkpoint directory")
+        weights = str(Path(weights).resolve())
+    overrides = {"weights": weights, "device": device, "dtype": dtype, "backend": backend}
+    res = run_gate(cfg, fault=fault, models=list(models) or None, out=out, use_cache=False if no_cache else None,
+                   local=False if no_local_error else None, overrides=overrides, html=html_path is not None,
+                   echo=click.echo)
+    t0 = time.perf_counter()
+    if junit_path:
+        from .report_junit import write_junit
+
+        write_junit(res.cases, junit_path, name=cfg.name)
+    if html_path:
+        from .report_html import write_html
+
+        write_html(res.cases, html_path, title=cfg.name)
+    res.timings["report"] = time.perf_counter() - t0
+    res.timings["total"] = res.timings.get("total", 0.0) + res.timings["report"]
+    if json_path:
+        import json
+
+        from .result import _finite
+
+        data = json.dumps(_finite(res.as_json()), indent=1)
+        try:
+            Path(json_path).write_text(data + "\n")
+        except OSError as e:
+            raise BadInput(f"cannot write the JSON report to {json_path}: {e.strerror}") from None
+    if not quiet:
+        for c in res.cases:
+            if not c.passed and c.report is not None:
+                click.echo("")
+                click.echo(f"== {c.label}")
+                click.echo(render_text(c.report))
+                if c.local is not None:
+                    click.echo(f"local error: {c.local.summary()}")
+        click.echo("")
+        click.echo(render_breakdown(res))
+    failed = [c for c in res.cases if not c.passed]
+    if failed:
+        click.echo(f"GATE FAIL: {len(failed)} of {len(res.cases)} case(s) diverged ({cfg.name})")
+    else:
+        click.echo(f"GATE PASS: {len(res.cases)} case(s) within tolerance ({cfg.name})")
+    sys.exit(res.exit_code)
+
+
+@cli.command()
+@click.argument("config", type=click.Path(path_type=Path))
+@click.option("--out", type=click.Path(path_type=Path), required=True,
+              help="Tolerance file to write; with several models put {model} in the name.")
+@click.option("--model", "models", multiple=True, help="Calibrate only this model (repeatable).")
+@click.option("--variant", "variants", multiple=True,
+              help="KEY=VALUE the oracle changes against itself: dtype=bfloat16 (default), sdpa=math|flash|"
+                   "efficient|cudnn, or a runner option such as attn=eager. Repeatable.")
+@click.option("--multiple", type=float, default=4.0, show_default=True, help="Tolerance = this many times the floor.")
+@click.option("--dtype", type=click.Choice(["float32", "bfloat16"]), default="float32", show_default=True,
+              help="The reference oracle's dtype.")
+@click.option("--device", default=None, help="Override the gate's device.")
+@click.option("--no-cache", is_flag=True, help="Run the oracle even when a cached dump exists.")
+def calibrate(config, out, models, variants, multiple, dtype, device, no_cache):
+    """Measure each boundary's noise floor (the oracle against itself at another precision or
+    attention kernel, on the gate's images) and write tolerances as a multiple of it."""
+    from .calibrate import DEFAULT_VARIANTS, calibrate as run_calibrate, write
+    from .gate import load_gate
+
+    cfg = load_gate(config)
+    mcs = [m for m in cfg.models if not models or m.name in models]
+    if not mcs:
+        raise BadInput(f"no model of {config} matches --model {', '.join(models)}")
+    if len(mcs) > 1 and "{model}" not in str(out):
+        raise BadInput(f"{config} has {len(mcs)} models: put {{model}} in --out (e.g. tol-{{model}}.toml) or pick --model")
+    for m in mcs:
+        path = Path(str(out).replace("{model}", m.name))
+        _writable(path)
+        cal = run_calibrate(m.name, list(m.images), weights=m.weights, device=device or m.device, dtype=dtype,
+                            variants=list(variants) or list(DEFAULT_VARIANTS), multiple=multiple,
+                            use_cache=cfg.cache and not no_cache, echo=lambda s: click.echo(s, err=True))
+        write(cal, path)
+        click.echo(cal.render_text())
+        click.echo(f"wrote {path}")
 
 
 def main(argv=None) -> None:

@@ -1,0 +1,272 @@
+"""`tensordiff calibrate`: measure each boundary's noise floor and write tolerances from it.
+
+The floor is how far the ORACLE moves from itself under a change that is not a bug: another
+precision (fp32 -> bf16) or another attention kernel (SDPA math -> flash / efficient). Measured
+on the gate's images, per boundary and per comparison unit (the narrower dtype of the two sides,
+as the comparator judges), a floor becomes a tolerance that is a stated multiple of it:
+
+    atol = multiple × floor (floor = max |Δ| seen),  rtol = 0,  no element allowed outside,
+    min_cosine = 1 − multiple × (1 − worst cosine seen)
+
+written as `[tolerances.boundaries.<b>.<dtype>]` with `floor` set, so the report prints every
+error also as "× floor". A boundary whose floor cannot be measured (identical in every variant,
+missing, or the variant could not run) keeps the dtype default, and the file says so.
+
+Variants (`--variant KEY=VALUE`, repeatable): `dtype=bfloat16|float32` changes the oracle's
+dtype; `sdpa=math|flash|efficient|cudnn` runs the oracle under `torch.nn.attention.sdpa_kernel`
+with only that kernel allowed (and records it in `RunRequest.options["sdpa"]`, so the oracle
+cache keeps them apart); any other key is passed through `RunRequest.options` to the oracle
+runner (e.g. `attn=eager` for the Qwen3-VL oracle, `processor=pil`).
+"""
+from __future__ import annotations
+
+import json
+import math
+import tempfile
+import time
+from contextlib import contextmanager
+from dataclasses import dataclass, field, replace
+from datetime import datetime, timezone
+from pathlib import Path
+
+from .errors import BadInput
+
+DEFAULT_VARIANTS = ("dtype=bfloat16",)
+DEFAULT_MULTIPLE = 4.0
+SDPA = {"math": "MATH", "flash": "FLASH_ATTENTION", "efficient": "EFFICIENT_ATTENTION", "cudnn": "CUDNN_ATTENTION"}
+
+
+@dataclass(frozen=True)
+class Variant:
+    key: str
+    value: str
+
+    @property
+    def label(self) -> str:
+        return f"{self.key}={self.value}"
+
+
+def parse_variant(s: str) -> Variant:
+    if "=" not in s:
+        raise BadInput(f"--variant {s!r}: expected KEY=VALUE (dtype=bfloat16, sdpa=math, attn=eager, ...)")
+    k, v = (x.strip() for x in s.split("=", 1))
+    if not k or not v:
+        raise BadInput(f"--variant {s!r}: expected KEY=VALUE")
+    if k == "dtype" and v not in ("float32", "bfloat16"):
+        raise BadInput(f"--variant {s!r}: dtype must be float32 or bfloat16")
+    if k == "sdpa" and v not in SDPA:
+        raise BadInput(f"--variant {s!r}: sdpa must be one of {', '.join(SDPA)}")
+    return Variant(k, v)
+
+
+@dataclass
+class Floor:
+    boundary: str
+    unit: str  # comparison dtype
+    max_abs: float = 0.0
+    cosine: float = 1.0
+    variant: str = ""  # the variant that set max_abs
+    samples: int = 0
+
+
+@dataclass
+class Calibration:
+    model: str
+    weights: str
+    reference: str
+    variants: list[str]
+    multiple: float
+    images: list[str]
+    floors: dict[tuple[str, str], Floor] = field(default_factory=dict)
+    boundaries: list[str] = field(default_factory=list)
+    failed: dict[str, str] = field(default_factory=dict)  # variant -> why it could not run
+    timings: dict[str, float] = field(default_factory=dict)
+
+    def measured(self) -> list[Floor]:
+        return [f for f in self.floors.values() if f.max_abs > 0 and math.isfinite(f.max_abs)]
+
+    def unmeasured(self) -> dict[str, str]:
+        """boundary -> why no floor (for boundaries without any measured unit)."""
+        out = {}
+        have = {f.boundary for f in self.measured()}
+        for b in self.boundaries:
+            if b in have:
+                continue
+            fl = [f for f in self.floors.values() if f.boundary == b]
+            if any(not math.isfinite(f.max_abs) for f in fl):
+                out[b] = "non-finite difference (NaN/Inf on one side): the dtype default applies"
+            elif fl:
+                units = ", ".join(sorted({f.unit for f in fl}))
+                out[b] = f"identical in every variant (floor 0, {units}): the dtype default applies"
+            else:
+                out[b] = "no float tensor compared in any variant: the dtype default applies"
+        return out
+
+    def tolerance(self, f: Floor) -> dict:
+        from .tolerance import DEFAULTS
+
+        d = DEFAULTS.get(f.unit, DEFAULTS["float32"])
+        k = self.multiple
+        # a cosine floor of exactly 1 says nothing about direction: keep the dtype default there
+        cos = d.min_cosine if f.cosine >= 1.0 else max(0.0, 1.0 - k * (1.0 - f.cosine))
+        return {"atol": k * f.max_abs, "rtol": 0.0, "max_mismatch": 0.0, "min_cosine": cos, "floor": f.max_abs}
+
+    def to_toml(self) -> str:
+        q = json.dumps  # a TOML basic string is a JSON string for these characters
+        now = datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+        L = ["# Noise floors measured by `tensordiff calibrate`, and tolerances derived from them.",
+             f"# Each tolerance is {self.multiple:g}x the floor: the largest |difference| of the oracle against",
+             "# itself under the variants below, per boundary and comparison dtype (atol = multiple x floor,",
+             "# rtol = 0, no element outside; min_cosine likewise from the worst cosine seen).",
+             "# Boundaries without a measurable floor keep the dtype defaults (see [calibration.unmeasured]).",
+             "# Use it as a tolerance file: `tensordiff gate CONFIG` (tolerances = \"this file\"),",
+             "# `tensordiff compare A B --tolerances this.toml`.", "",
+             "[calibration]", f"model = {q(self.model)}", f"weights = {q(self.weights)}",
+             f"reference = {q(self.reference)}", f"variants = [{', '.join(q(v) for v in self.variants)}]",
+             f"multiple = {_num(self.multiple)}", f"images = [{', '.join(q(i) for i in self.images)}]",
+             f"created = {q(now)}", ""]
+        un = self.unmeasured()
+        if un:
+            L.append("[calibration.unmeasured]")
+            L += [f"{q(b)} = {q(why)}" for b, why in un.items()]
+            L.append("")
+        if self.failed:
+            L.append("[calibration.failed_variants]")
+            L += [f"{q(v)} = {q(why)}" for v, why in self.failed.items()]
+            L.append("")
+        for f in self.measured():
+            L += [f"[floors.{q(f.boundary)}.{f.unit}]", f"max_abs = {_num(f.max_abs)}",
+                  f"cosine = {_num(f.cosine)}", f"variant = {q(f.variant)}", f"samples = {f.samples}", ""]
+        if self.measured():
+            L.append("[tolerances]")
+            L.append("")
+        for f in self.measured():
+            t = self.tolerance(f)
+            L.append(f"[tolerances.boundaries.{q(f.boundary)}.{f.unit}]")
+            L += [f"{k} = {_num(v)}" for k, v in t.items() if v is not None]
+            L.append("")
+        return "\n".join(L)
+
+    def render_text(self) -> str:
+        lines = [f"calibration of {self.model} ({self.weights}): reference {self.reference}; "
+                 f"variants {', '.join(self.variants)}; tolerance = {self.multiple:g}x floor"]
+        for v, why in self.failed.items():
+            lines.append(f"  variant {v} could not run: {why}")
+        for f in sorted(self.floors.values(), key=lambda f: (self.boundaries.index(f.boundary)
+                                                                if f.boundary in self.boundaries else 0, f.unit)):
+            if f.max_abs > 0 and math.isfinite(f.max_abs):
+                t = self.tolerance(f)
+                lines.append(f"  {f.boundary:<16} {f.unit:<9} floor max|Δ| {f.max_abs:.3g} (cos {f.cosine:.7f}, "
+                             f"{f.variant}) -> atol {t['atol']:.3g}")
+        for b, why in self.unmeasured().items():
+            lines.append(f"  {b:<16} no floor: {why}")
+        return "\n".join(lines)
+
+
+def _num(x: float) -> str:
+    if isinstance(x, bool):
+        return "true" if x else "false"
+    if isinstance(x, int):
+        return str(x)
+    r = repr(float(x))
+    return r if ("e" in r or "." in r) else r + ".0"
+
+
+@contextmanager
+def _sdpa_only(name: str | None):
+    if name is None:
+        yield
+        return
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    backend = getattr(SDPBackend, SDPA[name], None)
+    if backend is None:
+        raise BadInput(f"this torch has no SDPA backend {name!r}")
+    with sdpa_kernel([backend]):
+        yield
+
+
+def variant_request(req, v: Variant):
+    if v.key == "dtype":
+        return replace(req, dtype=v.value)
+    return replace(req, options={**req.options, v.key: v.value})
+
+
+def calibrate(model: str, images, *, weights: str = "synthetic:tiny", device: str = "cpu",
+              dtype: str = "float32", variants=DEFAULT_VARIANTS, multiple: float = DEFAULT_MULTIPLE,
+              use_cache: bool = True, echo=None) -> Calibration:
+    """The oracle at `dtype` (the reference) against itself under each variant, on every image."""
+    from . import registry
+    from .compare import compare_dumps
+    from .gate import oracle_dump
+    from .runs import make_request
+
+    if not (isinstance(multiple, (int, float)) and multiple > 0 and math.isfinite(multiple)):
+        raise BadInput(f"--multiple must be a positive number, not {multiple!r}")
+    vs = [v if isinstance(v, Variant) else parse_variant(v) for v in variants]
+    if not vs:
+        raise BadInput("calibrate needs at least one --variant")
+    for v in vs:
+        if v.key == "dtype" and v.value == dtype:
+            raise BadInput(f"--variant {v.label} is the reference itself (reference dtype {dtype}); pick the other dtype")
+    echo = echo or (lambda s: None)
+    adapter = registry.adapter(model)
+    cal = Calibration(model, weights, f"oracle {dtype}, default attention", [v.label for v in vs], float(multiple),
+                      [str(i) for i in images])
+    order: dict[str, None] = {}
+    t0 = time.perf_counter()
+    with tempfile.TemporaryDirectory(prefix="tensordiff-calibrate-") as tmp:
+        for i, img in enumerate(images):
+            _, req = make_request(model, image=img, weights=weights, device=device, dtype=dtype)
+            ref, _ = oracle_dump(adapter, req, Path(tmp) / f"ref-{i}", use_cache)
+            for j, v in enumerate(vs):
+                if v.label in cal.failed:
+                    continue
+                vreq = variant_request(req, v)
+                try:
+                    vdir, _ = oracle_dump(adapter, vreq, Path(tmp) / f"var-{i}-{j}", use_cache,
+                                          wrap=(lambda v=v: _sdpa_only(v.value)) if v.key == "sdpa" else None)
+                except BadInput:
+                    raise
+                except RuntimeError as e:  # e.g. no kernel for this backend on this device/shape
+                    cal.failed[v.label] = str(e).splitlines()[0][:300]
+                    echo(f"variant {v.label} could not run: {cal.failed[v.label]}")
+                    continue
+                rep = compare_dumps(ref, vdir)
+                for b in rep.boundaries:
+                    order.setdefault(b.name, None)
+                    for t in b.tensors:
+                        unit = t.dtype.get("unit")
+                        m = t.metrics
+                        if unit is None or "max_abs" not in m:
+                            continue
+                        f = cal.floors.setdefault((b.name, unit), Floor(b.name, unit))
+                        f.samples += 1
+                        ma = m["max_abs"]
+                        if not (isinstance(ma, float) and math.isfinite(ma)) or ma > f.max_abs:
+                            f.max_abs, f.variant = (ma if isinstance(ma, float) else math.inf), v.label
+                        if isinstance(m.get("cosine"), float) and math.isfinite(m["cosine"]):
+                            f.cosine = min(f.cosine, m["cosine"])
+                echo(f"{Path(img).name}: {v.label}: measured {len(rep.boundaries)} boundaries")
+    cal.boundaries = list(order)
+    cal.timings["total"] = time.perf_counter() - t0
+    if not cal.boundaries and cal.failed:
+        raise BadInput("no variant could run: " + "; ".join(f"{k}: {v}" for k, v in cal.failed.items()))
+    return cal
+
+
+def write(cal: Calibration, path: str | Path) -> Path:
+    p = Path(path)
+    text = cal.to_toml()
+    import tomllib
+
+    from .tolerance import from_mapping
+
+    from_mapping(tomllib.loads(text), str(p))  # what we write must load as a tolerance file
+    try:
+        tmp = p.with_name(f".{p.name}.tmp")
+        tmp.write_text(text + "\n", encoding="utf-8")
+        tmp.replace(p)
+    except OSError as e:
+        raise BadInput(f"cannot write the calibration to {p}: {e.strerror}") from None
+    return p

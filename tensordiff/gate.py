@@ -1,0 +1,472 @@
+"""`tensordiff gate CONFIG`: the CI gate. Every model × image × prompt of a TOML file runs the
+oracle and the engine, is compared boundary by boundary (and stage by stage: local error), and
+the build fails with the earliest divergence in its report.
+
+    [gate]
+    name = "DeepSeek V4.1 Flash vision"
+    images = ["tensordiff:default", "images/"]   # files or folders, relative to this file
+    tolerances = "calibration.toml"             # optional; a `tensordiff calibrate` file works
+
+    [[model]]
+    name = "deepseek-v4.1-flash"
+    weights = "synthetic:tiny"                  # or a checkpoint directory
+    dtype = "float32"
+
+Keys under [gate] are defaults for every [[model]]; a model's own keys win (see `KEYS`).
+`load_gate` validates everything (names, types, files, images) before anything runs, so a bad
+file is one line and exit 2, never a half-run gate.
+"""
+from __future__ import annotations
+
+import shutil
+import sys
+import tempfile
+import time
+import tomllib
+from contextlib import contextmanager
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any, Callable
+
+from .errors import BadInput
+
+IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".webp", ".bmp", ".gif", ".tif", ".tiff")
+DEFAULT_IMAGE = "tensordiff:default"
+
+# key -> (type check, description); valid under [gate] (as defaults) and in each [[model]]
+KEYS: dict[str, tuple[Callable[[Any], bool], str]] = {
+    "weights": (lambda v: isinstance(v, str) and v != "", "a SPEC string (synthetic:tiny, synthetic:full, a checkpoint directory)"),
+    "images": (lambda v: isinstance(v, list) and v and all(isinstance(x, str) and x for x in v), "a non-empty list of image files or folders"),
+    "prompts": (lambda v: isinstance(v, list) and all(isinstance(x, str) for x in v), "a list of strings"),
+    "dtype": (lambda v: v in ("float32", "bfloat16"), "float32 or bfloat16"),
+    "oracle_dtype": (lambda v: v in ("float32", "bfloat16"), "float32 or bfloat16"),
+    "device": (lambda v: isinstance(v, str) and (v == "cpu" or v.startswith("cuda")), "cpu or cuda[:N]"),
+    "backend": (lambda v: v in ("torch", "hip"), "torch or hip"),
+    "tolerances": (lambda v: isinstance(v, str) and v != "", "a path to a TOML tolerance or calibration file"),
+    "local_error": (lambda v: isinstance(v, bool), "true or false"),
+    "chunk": (lambda v: isinstance(v, int) and not isinstance(v, bool) and v >= 1, "a positive integer"),
+    "decode": (lambda v: isinstance(v, int) and not isinstance(v, bool) and v >= 0, "a non-negative integer"),
+}
+GATE_ONLY = {"name": (lambda v: isinstance(v, str), "a string"), "cache": (lambda v: isinstance(v, bool), "true or false")}
+DEFAULTS = {"weights": "synthetic:tiny", "images": [DEFAULT_IMAGE], "prompts": [], "dtype": "float32",
+            "oracle_dtype": None, "device": "cpu", "backend": "torch", "tolerances": None, "local_error": True,
+            "chunk": None, "decode": 0}
+
+
+@dataclass(frozen=True)
+class ModelCase:
+    """One [[model]] table, defaults applied, paths resolved."""
+
+    name: str
+    weights: str
+    images: tuple[Path, ...]
+    prompts: tuple[str, ...] = ()
+    dtype: str = "float32"
+    oracle_dtype: str | None = None
+    device: str = "cpu"
+    backend: str = "torch"
+    tolerances: Path | None = None
+    local_error: bool = True
+    chunk: int | None = None
+    decode: int = 0
+
+
+@dataclass(frozen=True)
+class GateConfig:
+    path: Path | None
+    name: str
+    models: tuple[ModelCase, ...]
+    cache: bool = True
+
+
+def _check(table: dict, allowed: dict, where: str) -> None:
+    for k, v in table.items():
+        if k not in allowed:
+            raise BadInput(f"{where}: unknown key {k!r} (known: {', '.join(sorted(allowed))})")
+        ok, what = allowed[k]
+        if not ok(v):
+            raise BadInput(f"{where}: {k} must be {what}, not {v!r}")
+
+
+def _resolve(base: Path, p: str) -> Path:
+    q = Path(p).expanduser()
+    return q if q.is_absolute() else base / q
+
+
+def expand_images(specs, base: Path, where: str) -> tuple[Path, ...]:
+    """Files as given, folders as their image files in name order; every image is validated."""
+    from .inputs import check_image, default_image_path
+
+    out: list[Path] = []
+    for s in specs:
+        if s == DEFAULT_IMAGE:
+            out.append(default_image_path())
+            continue
+        p = _resolve(base, s)
+        if p.is_dir():
+            found = sorted(q for q in p.iterdir() if q.is_file() and q.suffix.lower() in IMAGE_SUFFIXES)
+            if not found:
+                raise BadInput(f"{where}: image folder {p} holds no image files ({', '.join(IMAGE_SUFFIXES)})")
+            out.extend(found)
+        elif p.exists():
+            out.append(p)
+        else:
+            raise BadInput(f"{where}: image {p} does not exist")
+    for p in out:
+        check_image(p)
+    seen: dict[Path, None] = {}
+    for p in out:
+        seen.setdefault(p.resolve(), None)
+    return tuple(seen)
+
+
+def from_mapping(data: dict, path: Path | None = None, known_models=None) -> GateConfig:
+    where = str(path) if path else "gate config"
+    base = path.parent if path else Path.cwd()
+    top = set(data) - {"gate", "model"}
+    if top:
+        raise BadInput(f"{where}: unknown table {sorted(top)[0]!r} (a gate file has [gate] and [[model]])")
+    gate = data.get("gate", {})
+    if not isinstance(gate, dict):
+        raise BadInput(f"{where}: [gate] must be a table")
+    _check(gate, {**KEYS, **GATE_ONLY}, f"{where} [gate]")
+    models = data.get("model")
+    if not isinstance(models, list) or not models or not all(isinstance(m, dict) for m in models):
+        raise BadInput(f"{where}: needs at least one [[model]] table (with name = \"deepseek-v4.1-flash\" or another model)")
+    if known_models is None:
+        from . import registry
+
+        known_models = registry.names()
+    cases = []
+    for i, m in enumerate(models):
+        w = f"{where} [[model]] #{i + 1}"
+        if "name" not in m or not isinstance(m["name"], str):
+            raise BadInput(f"{w}: needs name = \"<model>\" (known: {', '.join(known_models) or 'none installed'})")
+        _check({k: v for k, v in m.items() if k != "name"}, KEYS, f"{w} ({m['name']})")
+        if m["name"] not in known_models:
+            raise BadInput(f"{w}: unknown model {m['name']!r} (known: {', '.join(known_models) or 'none installed'})")
+        merged = {**DEFAULTS, **{k: v for k, v in gate.items() if k in KEYS}, **m}
+        tol = merged["tolerances"]
+        tol_path = _resolve(base, tol) if tol else None
+        if tol_path is not None:
+            from .tolerance import load
+
+            load(tol_path)  # validate now: a bad tolerance file must not surface after an hour of runs
+        weights = merged["weights"]
+        if not weights.startswith("synthetic:"):
+            wp = _resolve(base, weights)
+            if not wp.is_dir():
+                raise BadInput(f"{w}: weights {weights!r} is neither synthetic:<variant> nor a checkpoint directory ({wp})")
+            weights = str(wp)
+        cases.append(ModelCase(
+            name=m["name"], weights=weights, images=expand_images(merged["images"], base, w),
+            prompts=tuple(merged["prompts"]), dtype=merged["dtype"], oracle_dtype=merged["oracle_dtype"],
+            device=merged["device"], backend=merged["backend"], tolerances=tol_path,
+            local_error=merged["local_error"], chunk=merged["chunk"], decode=merged["decode"]))
+    name = gate.get("name") or (path.stem if path else "gate")
+    return GateConfig(path, name, tuple(cases), gate.get("cache", True))
+
+
+def load_gate(path: str | Path, known_models=None) -> GateConfig:
+    p = Path(path)
+    if not p.is_file():
+        raise BadInput(f"gate config {p} does not exist" if not p.exists() else f"gate config {p} is not a file")
+    try:
+        data = tomllib.loads(p.read_text(encoding="utf-8"))
+    except tomllib.TOMLDecodeError as e:
+        raise BadInput(f"{p} is not valid TOML ({e})") from None
+    except UnicodeDecodeError:
+        raise BadInput(f"{p} is not UTF-8 text") from None
+    return from_mapping(data, p, known_models)
+
+
+# ----------------------------------------------------------------------------- running
+
+STAGES = ("weights", "oracle", "engine", "compare", "local_error", "report")
+
+
+@dataclass
+class CaseResult:
+    model: str
+    image: Path
+    prompt: str | None
+    dtype: str
+    label: str
+    report: Any = None  # Report
+    local: Any = None  # LocalReport | None
+    timings: dict[str, float] = field(default_factory=dict)
+    runner_timings: dict[str, dict] = field(default_factory=dict)  # what runners put in run.timings
+    error: str | None = None
+    oracle_cached: bool = False
+    views: list = field(default_factory=list)
+    dumps: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def passed(self) -> bool:
+        return (self.report is not None and self.report.verdict == "match"
+                and (self.local is None or self.local.origin is None))
+
+    def summary_line(self) -> str:
+        t = self.timings
+        total = sum(t.values())
+        parts = ", ".join(f"{k} {v:.2f}" for k, v in t.items())
+        timing = f"({total:.2f} s: {parts}{'; oracle cached' if self.oracle_cached else ''})"
+        if self.report is None:
+            return f"ERROR {self.label}: {self.error} {timing}"
+        from .report import headline
+
+        r = self.report
+        local = ""
+        if self.local is not None:
+            local = (f"; local origin `{self.local.origin}`" if self.local.origin
+                     else "; local: every stage within tolerance" if self.local.available else "; local: n/a")
+        if self.passed:
+            return f"PASS  {self.label}: {len(r.boundaries)} boundaries within tolerance{local} {timing}"
+        return f"FAIL  {self.label}: {headline(r)}{local} {timing}"
+
+    def as_json(self) -> dict:
+        return {"model": self.model, "image": str(self.image), "prompt": self.prompt, "dtype": self.dtype,
+                "label": self.label, "passed": self.passed, "error": self.error,
+                "timings": {k: round(v, 4) for k, v in self.timings.items()},
+                "runner_timings": self.runner_timings, "oracle_cached": self.oracle_cached, "dumps": self.dumps,
+                "report": self.report.as_json() if self.report is not None else None,
+                "local_error": self.local.as_json() if self.local is not None else None}
+
+
+@dataclass
+class GateResult:
+    config: GateConfig
+    cases: list[CaseResult]
+    timings: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def passed(self) -> bool:
+        return all(c.passed for c in self.cases)
+
+    @property
+    def exit_code(self) -> int:
+        return 0 if self.passed else 1
+
+    def breakdown(self) -> dict[str, float]:
+        out = {"setup": self.timings.get("setup", 0.0), **{k: 0.0 for k in STAGES}}
+        for c in self.cases:
+            for k, v in c.timings.items():
+                out[k] = out.get(k, 0.0) + v
+        out["report"] = out.get("report", 0.0) + self.timings.get("report", 0.0)
+        out["total"] = self.timings.get("total", sum(out.values()))
+        return out
+
+    def as_json(self) -> dict:
+        return {"gate": self.config.name, "config": str(self.config.path) if self.config.path else None,
+                "verdict": "pass" if self.passed else "fail", "passed": self.passed,
+                "failed": [c.label for c in self.cases if not c.passed],
+                "timings": {k: round(v, 4) for k, v in self.breakdown().items()},
+                "cases": [c.as_json() for c in self.cases]}
+
+
+class _Progress:
+    """A rich progress display on a terminal (cases bar + the running stage); silent otherwise."""
+
+    def __init__(self, total: int, enabled: bool):
+        self.p = None
+        if enabled:
+            from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TimeElapsedColumn
+
+            self.p = Progress(SpinnerColumn(), "[progress.description]{task.description}", BarColumn(),
+                              MofNCompleteColumn(), TimeElapsedColumn(), transient=True)
+            self.cases = self.p.add_task("gate", total=total)
+            self.stage = self.p.add_task("", total=len(STAGES) - 1)
+
+    def __enter__(self):
+        if self.p:
+            self.p.__enter__()
+        return self
+
+    def __exit__(self, *a):
+        if self.p:
+            self.p.__exit__(*a)
+
+    def case(self, label: str) -> None:
+        if self.p:
+            self.p.update(self.stage, completed=0, description=f"{label}")
+
+    def step(self, label: str, what: str) -> None:
+        if self.p:
+            self.p.update(self.stage, description=f"{label}: {what}")
+
+    def done_step(self) -> None:
+        if self.p:
+            self.p.advance(self.stage)
+
+    def done_case(self) -> None:
+        if self.p:
+            self.p.advance(self.cases)
+
+    def log(self, line: str) -> None:
+        if self.p:
+            self.p.console.print(line, markup=False, highlight=False)
+
+
+@contextmanager
+def _timed(timings: dict, key: str, prog: _Progress | None = None, label: str = ""):
+    if prog:
+        prog.step(label, key.replace("_", " "))
+    t0 = time.perf_counter()
+    try:
+        yield
+    finally:
+        timings[key] = timings.get(key, 0.0) + time.perf_counter() - t0
+        if prog:
+            prog.done_step()
+
+
+def oracle_dump(adapter, oreq, scratch: Path, use_cache: bool, wrap=None) -> tuple[Path, bool]:
+    """The oracle's dump for `oreq`: from the cache when its key matches, else run (and cache).
+    Returns (directory, cached?). The cached directory is read in place, never modified."""
+    from .runs import oracle_key, run_side
+    from .synthetic import cache_root
+
+    cached = cache_root() / "oracle" / oracle_key(adapter, oreq) if use_cache else None
+    if cached is not None and (cached / "manifest.json").is_file():
+        return cached, True
+    target = cached.with_name(cached.name + f".tmp-{id(oreq)}") if cached is not None else scratch
+    shutil.rmtree(target, ignore_errors=True)
+    if wrap is not None:
+        with wrap():
+            run_side(adapter, "oracle", oreq, target)
+    else:
+        run_side(adapter, "oracle", oreq, target)
+    if cached is None:
+        return target, False
+    try:
+        target.rename(cached)
+    except OSError:  # another process cached it first: theirs is as good
+        shutil.rmtree(target, ignore_errors=True)
+    return cached, False
+
+
+def _label(model: str, image: Path, prompt: str | None, dtype: str, base: Path | None, fault: str | None) -> str:
+    from .inputs import default_image_path
+
+    if image == default_image_path().resolve():
+        img = "default image"
+    else:
+        try:
+            img = str(image.relative_to(base.resolve())) if base else image.name
+        except ValueError:
+            img = image.name
+    parts = [model, img, dtype]
+    if prompt is not None:
+        parts.append(f"prompt {prompt[:40]!r}")
+    if fault:
+        parts.append(f"fault {fault}")
+    return " / ".join(parts)
+
+
+def run_gate(cfg: GateConfig, *, fault: str | None = None, models: list[str] | None = None, out: Path | None = None,
+             use_cache: bool | None = None, local: bool | None = None, overrides: dict | None = None,
+             html: bool = False, progress: bool | None = None, echo=None) -> GateResult:
+    """Run every case. `overrides` replaces ModelCase fields (device, dtype, weights, backend);
+    `fault` plants a named engine fault in every model that has it; `html` computes heatmaps."""
+    from . import registry
+    from .compare import compare_dumps
+    from .dump import open_dump
+    from .local_error import local_error, unavailable
+    from .runs import make_request, run_side
+    from .tolerance import load as load_tolerances
+
+    t_start = time.perf_counter()
+    use_cache = cfg.cache if use_cache is None else use_cache
+    mcs = [m for m in cfg.models if not models or m.name in models]
+    if models:
+        unknown = set(models) - {m.name for m in cfg.models}
+        if unknown:
+            raise BadInput(f"--model {sorted(unknown)[0]!r} is not in {cfg.path or 'the gate'} "
+                           f"(it has: {', '.join(m.name for m in cfg.models)})")
+    if overrides:
+        mcs = [replace(m, **{k: v for k, v in overrides.items() if v is not None}) for m in mcs]
+    adapters = {m.name: registry.adapter(m.name) for m in mcs}
+    if fault is not None:
+        having = [n for n, a in adapters.items() if any(f.name == fault for f in a.faults)]
+        if not having:
+            known = sorted({f.name for a in adapters.values() for f in a.faults})
+            raise BadInput(f"no model in this gate has a fault {fault!r} (known: {', '.join(known) or 'none'})")
+    if out is not None:
+        out = Path(out)
+        if out.exists() and any(out.iterdir()):
+            raise BadInput(f"{out} exists and is not empty; refusing to overwrite dumps there")
+    plan = [(m, img, pr) for m in mcs for img in m.images for pr in (m.prompts or (None,))]
+    t0 = time.perf_counter()
+    for a in adapters.values():  # import both sides (torch, model code) once, outside the per-case clocks
+        a.oracle(), a.engine()
+    setup = time.perf_counter() - t0
+    echo = echo or (lambda s: print(s, flush=True))
+    show = sys.stderr.isatty() if progress is None else progress
+    tmp = Path(tempfile.mkdtemp(prefix="tensordiff-gate-"))
+    results: list[CaseResult] = []
+    base = cfg.path.parent if cfg.path else None
+    try:
+        with _Progress(len(plan), show) as prog:
+            for i, (m, img, prompt) in enumerate(plan):
+                adapter = adapters[m.name]
+                f = fault if fault and any(x.name == fault for x in adapter.faults) else None
+                label = _label(m.name, img, prompt, m.dtype, base, f)
+                prog.case(label)
+                case = CaseResult(m.name, img, prompt, m.dtype, label)
+                results.append(case)
+                work = (out / f"case-{i:03d}") if out is not None else tmp / f"case-{i:03d}"
+                work.mkdir(parents=True, exist_ok=True)
+                tols = load_tolerances(m.tolerances) if m.tolerances else load_tolerances(None)
+                with _timed(case.timings, "weights", prog, label):
+                    _, req = make_request(m.name, image=img, weights=m.weights, device=m.device, dtype=m.dtype,
+                                          backend=m.backend, fault=f, prompt=prompt, chunk=m.chunk, decode=m.decode)
+                oreq = replace(req, fault=None, backend="torch", chunk=None, dtype=m.oracle_dtype or m.dtype)
+                with _timed(case.timings, "oracle", prog, label):
+                    odir, case.oracle_cached = oracle_dump(adapter, oreq, work / "oracle", use_cache)
+                if out is not None and odir != work / "oracle":
+                    shutil.copytree(odir, work / "oracle")
+                with _timed(case.timings, "engine", prog, label):
+                    edir = run_side(adapter, "engine", req, work / "engine")
+                case.dumps = {"oracle": str(odir), "engine": str(edir)}
+                with _timed(case.timings, "compare", prog, label):
+                    case.report = compare_dumps(odir, edir, tols)
+                do_local = m.local_error if local is None else local
+                if do_local:
+                    with _timed(case.timings, "local_error", prog, label):
+                        case.local = (local_error(adapter, req, odir, case.report, tols, work)
+                                      if adapter.stages is not None else unavailable(adapter.name))
+                else:
+                    prog.done_step()
+                if html:
+                    from .report_html import heat_views
+
+                    with _timed(case.timings, "report", prog, label):
+                        case.views = heat_views(case.report, open_dump(odir))
+                for side, d in (("oracle", odir), ("engine", edir)):
+                    rt = open_dump(d).run.get("timings")
+                    if isinstance(rt, dict):
+                        case.runner_timings[side] = rt
+                prog.done_case()
+                line = case.summary_line()
+                prog.log(line) if prog.p else echo(line)
+    finally:
+        if out is None:
+            shutil.rmtree(tmp, ignore_errors=True)
+    return GateResult(cfg, results, {"setup": setup, "total": time.perf_counter() - t_start})
+
+
+def render_breakdown(res: GateResult) -> str:
+    b = res.breakdown()
+    total = b.get("total", 0.0) or 1e-9
+    lines = ["time per stage (all cases):"]
+    for k, v in b.items():
+        if k == "total":
+            continue
+        lines.append(f"  {k:<12} {v:8.3f} s  {100 * v / total:5.1f}%")
+    lines.append(f"  {'total':<12} {b['total']:8.3f} s")
+    for c in res.cases:
+        for side, rt in c.runner_timings.items():
+            inner = ", ".join(f"{k} {v:.3f} s" for k, v in rt.items() if isinstance(v, (int, float)))
+            if inner:
+                lines.append(f"  {c.label}: {side} runner: {inner}")
+    return "\n".join(lines)

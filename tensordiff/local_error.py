@@ -1,0 +1,231 @@
+"""Local error: each engine stage run on the ORACLE's tensors at its input boundaries.
+
+End-to-end, a boundary's error is everything upstream plus its own stage. Feeding the engine's
+stage the oracle's inputs isolates the stage: its output against the oracle's is the stage's own
+(local) error. The earliest boundary whose local error is material is the ORIGIN, even when the
+end-to-end walk names a later boundary (upstream drift within tolerance, amplified) or an
+earlier one cannot be told apart.
+
+The hook an adapter provides (optional; a third-party adapter may omit it and the report says so):
+
+    ModelAdapter.stages: () -> make_stages            # lazy import of the engine, like `engine`
+    make_stages(req: RunRequest, run: dict) -> dict[str, Stage]
+    Stage(inputs: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]
+
+`run` is the oracle dump's run record (`inputs.grid`, `inputs.cells`, ...). The dict is keyed by
+the boundary a stage PRODUCES; `inputs` holds every oracle tensor of every boundary the contract
+lists as that boundary's inputs, by tensor name, as stored (dtype kept, on the CPU); the stage
+casts and moves them as the engine would under `req` (device, dtype, backend, fault) and returns
+the engine's tensors of its boundary, by tensor name. A boundary with no inputs has no stage:
+its local error is its end-to-end error.
+"""
+from __future__ import annotations
+
+import time
+import traceback
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from .capture import Recorder
+from .compare import compare_tensor
+from .contract import Contract, topological
+from .dump import Dump, open_dump
+from .errors import BadInput
+from .result import Report, TensorResult, _finite
+from .tolerance import Tolerances
+
+LOCAL_FAILING = ("diverged", "missing", "incomparable", "error")
+
+
+@dataclass
+class LocalResult:
+    boundary: str
+    status: str  # match | diverged | missing | incomparable | error | no-stage | no-input
+    reason: str = ""
+    tensors: list[TensorResult] = field(default_factory=list)
+    seconds: float = 0.0
+    end_to_end: str = ""  # this boundary's end-to-end status, for the side-by-side
+    detail: str = ""  # a short traceback when the stage raised
+
+    @property
+    def failing(self) -> bool:
+        return self.status in LOCAL_FAILING
+
+    @property
+    def summary(self) -> str:
+        ms = [t.metrics.get("max_abs") for t in self.tensors if isinstance(t.metrics.get("max_abs"), float)]
+        if self.status in ("no-stage", "no-input", "error", "same"):
+            return self.reason
+        return f"max|Δ| {max(ms):.3g}" if ms else self.reason
+
+    def as_json(self) -> dict:
+        return _finite({"boundary": self.boundary, "status": self.status, "reason": self.reason,
+                        "end_to_end": self.end_to_end, "seconds": round(self.seconds, 4),
+                        "tensors": [t.as_json() for t in self.tensors]})
+
+
+@dataclass
+class LocalReport:
+    available: bool
+    boundaries: list[LocalResult] = field(default_factory=list)
+    note: str = ""
+    earliest_end_to_end: list[str] = field(default_factory=list)
+
+    @property
+    def origin(self) -> str | None:
+        """The earliest boundary (topological) whose stage alone diverges."""
+        for r in self.boundaries:
+            if r.failing:
+                return r.boundary
+        return None
+
+    def get(self, boundary: str) -> LocalResult | None:
+        for r in self.boundaries:
+            if r.boundary == boundary:
+                return r
+        return None
+
+    def summary(self) -> str:
+        if not self.available:
+            return self.note
+        o = self.origin
+        e2e = self.earliest_end_to_end
+        missing = [r.boundary for r in self.boundaries if r.status in ("no-stage", "no-input")]
+        tail = f" (no stage for {', '.join(missing)})" if missing else ""
+        if o is None:
+            if e2e:
+                return ("every engine stage is within tolerance on the oracle's inputs: the end-to-end divergence at "
+                        + ", ".join(f"`{n}`" for n in e2e)
+                        + " is drift accumulated upstream within tolerance, not one stage's bug" + tail)
+            return "every engine stage is within tolerance on the oracle's inputs" + tail
+        r = self.get(o)
+        msg = f"origin `{o}`: the engine's stage producing `{o}` {r.status} on the oracle's own inputs"
+        if r.reason:
+            msg += f" ({r.reason})"
+        if e2e and o not in e2e:
+            msg += (f"; end-to-end names {', '.join(f'`{n}`' for n in e2e)}, which the local error attributes "
+                    f"to `{o}`")
+        return msg + tail
+
+    def as_json(self) -> dict:
+        return {"available": self.available, "note": self.note, "origin": self.origin, "summary": self.summary(),
+                "boundaries": [r.as_json() for r in self.boundaries]}
+
+
+def unavailable(model: str) -> LocalReport:
+    return LocalReport(False, note=f"local error not available: the {model!r} adapter exposes no engine stages "
+                                   "(ModelAdapter.stages)")
+
+
+def _by_boundary(d: Dump, contract: Contract) -> dict[str, list]:
+    out: dict[str, list] = {}
+    for e in d.entries:
+        b = contract.boundary_of(e.name) if contract.boundary_of else e.boundary
+        out.setdefault(b, []).append(e)
+    return out
+
+
+def _to_torch(d: Dump, entry):
+    import torch
+
+    from .dtypes import BY_NAME
+
+    r = entry.stored.reader()
+    try:
+        raw = r.read(0, entry.stored.numel).reshape(entry.shape)
+    finally:
+        r.close()
+    if entry.dtype.name == "bfloat16":  # stored as uint16 bits
+        return torch.from_numpy(raw.view("int16").copy()).view(torch.bfloat16)
+    assert entry.dtype.name in BY_NAME
+    return torch.from_numpy(raw.copy())
+
+
+def local_error(adapter, req, oracle_dir: str | Path, report: Report, tolerances: Tolerances, workdir: str | Path,
+                make_stages=None) -> LocalReport:
+    """Run each engine stage on the oracle's tensors and compare with the oracle's outputs.
+
+    `report` is the end-to-end report of the same case (for the side-by-side and the boundaries
+    present); `workdir` receives the local dump (`<workdir>/local`)."""
+    if make_stages is None:
+        if adapter.stages is None:
+            return unavailable(adapter.name)
+        make_stages = adapter.stages()
+    od = open_dump(oracle_dir)
+    contract = adapter.contract
+    bounds = topological(contract.resolve(list(_by_boundary(od, contract))))
+    present = {b.name for b in report.boundaries}
+    e2e = {b.name: b.status for b in report.boundaries}
+    stages = make_stages(req, od.run)
+    if not isinstance(stages, dict):
+        raise TypeError(f"{adapter.name}: stages factory must return a dict boundary -> stage, not {type(stages).__name__}")
+    ents = _by_boundary(od, contract)
+    results: list[LocalResult] = []
+    out_dir = Path(workdir) / "local"
+    rec = Recorder(out_dir, model=od.model, producer={"name": "tensordiff-local", "side": "engine-stages"},
+                   run=dict(od.run), overwrite=True)
+    produced: dict[str, list[str]] = {}
+    for b in bounds:
+        if b.name not in present:
+            continue
+        lr = LocalResult(b.name, "match", end_to_end=e2e[b.name])
+        results.append(lr)
+        if not b.inputs:
+            # nothing upstream: the stage from the raw input IS the end-to-end path
+            br = report.boundary(b.name)
+            lr.status = {"consequent": "diverged", "skipped": "match"}.get(br.status, br.status)
+            lr.reason = "first boundary: local error = end-to-end error"
+            lr.tensors = br.tensors
+            continue
+        stage = stages.get(b.name)
+        if stage is None:
+            lr.status, lr.reason = "no-stage", "the engine exposes no stage for this boundary"
+            continue
+        lacking = [i for i in b.inputs if i not in ents]
+        if lacking:
+            lr.status, lr.reason = "no-input", f"the oracle dump lacks input boundary {', '.join(lacking)}"
+            continue
+        inputs = {e.name: _to_torch(od, e) for i in b.inputs for e in ents[i]}
+        t0 = time.perf_counter()
+        try:
+            outs = stage(inputs)
+        except BadInput:
+            raise
+        except Exception as e:  # an engine bug in one stage must not hide the others
+            lr.status = "error"
+            lr.reason = f"the stage raised {type(e).__name__}: {e}"
+            lr.seconds = time.perf_counter() - t0
+            lr.detail = traceback.format_exc(limit=4)
+            continue
+        lr.seconds = time.perf_counter() - t0
+        if not isinstance(outs, dict):
+            lr.status, lr.reason = "error", f"the stage returned {type(outs).__name__}, not a dict of tensors"
+            continue
+        produced[b.name] = []
+        for name, t in outs.items():
+            rec.record(name, t, boundary=b.name)
+            produced[b.name].append(name)
+    rec.close()
+    ld = open_dump(out_dir)
+    run = od.run
+    by = {b.name: b for b in bounds}
+    for lr in results:
+        if lr.boundary not in produced:
+            continue
+        want = {e.name: e for e in ents.get(lr.boundary, [])}
+        got = {n: ld.entry(n) for n in produced[lr.boundary]}
+        for name, ea in want.items():
+            if name not in got:
+                lr.tensors.append(TensorResult(name, lr.boundary, "missing", reason="the stage did not return it"))
+                continue
+            lr.tensors.append(compare_tensor(ea, got[name], by[lr.boundary], contract, tolerances, run))
+        for name in got:
+            if name not in want:
+                lr.tensors.append(TensorResult(name, lr.boundary, "missing", reason="not in the oracle dump"))
+        for s in ("incomparable", "missing", "diverged"):
+            bad = [t for t in lr.tensors if t.status == s]
+            if bad:
+                lr.status = s
+                lr.reason = "; ".join(f"{t.name}: {t.reason}" for t in bad)
+                break
+    return LocalReport(True, results, earliest_end_to_end=report.earliest)
