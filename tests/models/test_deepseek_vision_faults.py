@@ -1,0 +1,50 @@
+"""Every planted engine fault is named by the comparator at its own boundary, and only there.
+
+The default picture (1024x701) is chosen so that every fault changes numbers: its contain
+rounding differs between round (709 rows) and ceil (710), and its 51x74 patch grid is not a
+multiple of 3 wide (the flat-pad fault shifts rows).
+"""
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from tensordiff.compare import compare_dumps
+from tensordiff.registry import adapter
+from tensordiff.runs import make_request, run_side
+
+MODEL = "deepseek-v4.1-flash"
+FAULTS = [(f.name, f.boundary) for f in adapter(MODEL).faults]
+
+
+@pytest.fixture(scope="module")
+def oracle_dump(tmp_path_factory):
+    ad, req = make_request(MODEL, weights="synthetic:tiny")
+    return run_side(ad, "oracle", req, tmp_path_factory.mktemp("ds-oracle") / "oracle")
+
+
+def test_adapter_lists_the_engine_faults():
+    from engine.deepseek_v41_flash.faults import FAULTS as ENGINE
+
+    assert {n: b for n, b in FAULTS} == {n: b for n, (b, _) in ENGINE.items()}
+    assert len(FAULTS) == 5
+
+
+@pytest.mark.parametrize("fault,boundary", FAULTS)
+def test_fault_is_localised(fault, boundary, oracle_dump, tmp_path):
+    ad, req = make_request(MODEL, weights="synthetic:tiny", fault=fault)
+    engine = run_side(ad, "engine", req, tmp_path / "engine")
+    report = compare_dumps(oracle_dump, engine)
+    assert report.verdict == "diverged"
+    assert report.earliest == [boundary], str(report)
+    order = [b.name for b in report.boundaries]
+    for b in report.boundaries:  # everything before the root matches
+        if order.index(b.name) < order.index(boundary) and b.name not in ("rope", "patches"):
+            assert b.status == "match", (fault, b.name, b.status)
+
+
+def test_clean_engine_on_the_same_picture_matches(oracle_dump, tmp_path):
+    ad, req = make_request(MODEL, weights="synthetic:tiny")
+    engine = run_side(ad, "engine", dataclasses.replace(req), tmp_path / "engine")
+    assert compare_dumps(oracle_dump, engine).verdict == "match"
