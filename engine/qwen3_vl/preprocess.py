@@ -62,8 +62,9 @@ def normalise(img: np.ndarray, cfg: ProcessorConfig, processor: str) -> torch.Te
     if processor == "pil":
         x = (x.double() * cfg.rescale_factor).float()  # rescale in float64, then float32
         return (x - mean) / std
-    # the fast processor folds the rescale into mean and std
-    return (x.float() - mean / cfg.rescale_factor) / (std / cfg.rescale_factor)
+    # the fast processor folds the rescale into mean and std: mean·(1/scale), 127.5 exactly
+    # (mean / scale in fp32 would round the divisor first and land one ulp below)
+    return (x.float() - mean * (1.0 / cfg.rescale_factor)) / (std * (1.0 / cfg.rescale_factor))
 
 
 def patchify(image: torch.Tensor, cfg: ProcessorConfig, raster: bool = False) -> torch.Tensor:
