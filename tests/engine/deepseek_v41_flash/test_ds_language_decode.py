@@ -1,0 +1,68 @@
+"""Engine decode: the vision rows are asked for once (at prefill, never per generated token),
+the KV-cached decode equals re-running the whole sequence, and a generated image token ends
+generation without being fed back."""
+import pytest
+import torch
+
+import engine.backend as backends
+from engine.deepseek_v41_flash.language.model import LanguageModel
+from engine.deepseek_v41_flash.language.tokens import tokenize
+from tensordiff.capture import MemoryRecorder
+from tensordiff.synthetic.deepseek_v41_flash_language import tiny_language_checkpoint
+
+CELLS = (2, 3)
+PROMPT = "Look <image> then tell."
+
+
+@pytest.fixture(scope="module")
+def lm():
+    return LanguageModel.load(tiny_language_checkpoint(), dtype=torch.float32, backend=backends.get("torch"))
+
+
+@pytest.fixture(scope="module")
+def rows():
+    return torch.randn(CELLS[0] * CELLS[1], 64, generator=torch.Generator().manual_seed(11))
+
+
+def test_vision_runs_once_across_chunks_and_decode(lm, rows):
+    calls = []
+
+    def vision():
+        calls.append(1)
+        return rows
+
+    ids, types = tokenize(PROMPT, lm.cfg, CELLS)
+    seq = lm.sequence(ids, types, image=vision, cells=CELLS)
+    last = seq.prefill(chunk=3)
+    seq.decode(4, last)
+    assert len(calls) == 1 and seq.vision_calls == 1
+
+
+def test_cached_decode_equals_recomputing_the_sequence(lm, rows):
+    ids, types = tokenize(PROMPT, lm.cfg, CELLS)
+    seq = lm.sequence(ids, types, image=lambda: rows, cells=CELLS)
+    rec = MemoryRecorder()
+    gen = seq.decode(3, seq.prefill(chunk=4), rec)
+    # the same tokens as a prompt, prefilled in one go: its last rows are the decode steps' logits
+    full_ids = torch.cat([ids, torch.tensor(gen[:3])])
+    full_types = torch.cat([types, torch.full((3,), -1)])
+    again = lm.sequence(full_ids, full_types, image=lambda: rows, cells=CELLS)
+    rec2 = MemoryRecorder()
+    again.prefill(None, rec2)
+    for k in (1, 2, 3):
+        torch.testing.assert_close(rec.tensors[f"logits.step.{k}"][0], rec2.tensors["logits"][ids.numel() + k - 1],
+                                   atol=1e-4, rtol=1e-4)
+
+
+def test_generated_image_token_stops_generation(rows):
+    lm = LanguageModel.load(tiny_language_checkpoint(), dtype=torch.float32, backend=backends.get("torch"))
+    ids, types = tokenize(PROMPT, lm.cfg, CELLS)
+    last = lm.sequence(ids, types, image=lambda: rows, cells=CELLS).prefill()
+    winner = int(last.argmax())
+    lm.head[lm.cfg.image_token_id] = 2 * lm.head[winner]  # the image token now wins
+    seq = lm.sequence(ids, types, image=lambda: rows, cells=CELLS)
+    rec = MemoryRecorder()
+    gen = seq.decode(3, seq.prefill(None, rec), rec)
+    assert gen == [lm.cfg.image_token_id] and seq.stop == "image-token"
+    assert not [n for n in rec.tensors if n.startswith("logits.step")]
+    assert seq.pos == ids.numel()  # never fed back
