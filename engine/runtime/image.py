@@ -44,7 +44,7 @@ def resize(image: Image.Image, size: tuple[int, int], resample: str = "bicubic")
 
 def to_array(image: Image.Image) -> np.ndarray:
     """An RGB picture as uint8 [H, W, 3] (C-contiguous)."""
-    return np.ascontiguousarray(np.asarray(image, dtype=np.uint8))
+    return np.array(image, dtype=np.uint8, copy=True, order="C")  # writable: torch shares it
 
 
 def paste_on_canvas(pixels: np.ndarray, size: tuple[int, int], offset: tuple[int, int],
