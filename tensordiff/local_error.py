@@ -13,8 +13,9 @@ The hook an adapter provides (optional; a third-party adapter may omit it and th
     Stage(inputs: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]
 
 `run` is the oracle dump's run record (`inputs.grid`, `inputs.cells`, ...). The dict is keyed by
-the boundary a stage PRODUCES; `inputs` holds every oracle tensor of every boundary the contract
-lists as that boundary's inputs, by tensor name, as stored (dtype kept, on the CPU); the stage
+the boundary a stage PRODUCES; `inputs` holds every oracle tensor of the boundary's contract
+inputs AND of everything upstream of them (a tower's later blocks still consume the RoPE
+tables), by tensor name, as stored (dtype kept, on the CPU); the stage
 casts and moves them as the engine would under `req` (device, dtype, backend, fault) and returns
 the engine's tensors of its boundary, by tensor name. A boundary with no inputs has no stage:
 its local error is its end-to-end error.
@@ -28,7 +29,7 @@ from pathlib import Path
 
 from .capture import Recorder
 from .compare import compare_tensor
-from .contract import Contract, topological
+from .contract import Contract, ancestors, topological
 from .dump import Dump, open_dump
 from .errors import BadInput
 from .result import Report, TensorResult, _finite
@@ -185,7 +186,8 @@ def local_error(adapter, req, oracle_dir: str | Path, report: Report, tolerances
         if lacking:
             lr.status, lr.reason = "no-input", f"the oracle dump lacks input boundary {', '.join(lacking)}"
             continue
-        inputs = {e.name: _to_torch(od, e) for i in b.inputs for e in ents[i]}
+        upstream = [x.name for x in bounds if x.name in ancestors(bounds, b.name) and x.name in ents]
+        inputs = {e.name: _to_torch(od, e) for i in upstream for e in ents[i]}
         t0 = time.perf_counter()
         try:
             outs = stage(inputs)

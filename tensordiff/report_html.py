@@ -108,9 +108,18 @@ def error_grid(row_error, layout: str, run: dict) -> tuple[np.ndarray, tuple[int
     np.fmax.at(small, (pos[ok, 0], pos[ok, 1]), err[ok])
     if not g:
         return small, cells
-    fy, fx = math.ceil(g[0] / ch), math.ceil(g[1] / cw)
+    fy, fx = _cell_factor(g, cells)
     big = np.repeat(np.repeat(small, fy, 0), fx, 1)[: g[0], : g[1]]
     return big, g
+
+
+def _cell_factor(g: tuple[int, int], cells: tuple[int, int]) -> tuple[int, int]:
+    """Patches per token cell side: the smallest r with ceil(g / r) == cells on both axes (a
+    partial cell at the right/bottom edge still makes a token), else per axis."""
+    for r in range(1, max(g) + 1):
+        if math.ceil(g[0] / r) == cells[0] and math.ceil(g[1] / r) == cells[1]:
+            return r, r
+    return math.ceil(g[0] / cells[0]), math.ceil(g[1] / cells[1])
 
 
 def canvas_from_patches(patches: np.ndarray, layout: str, run: dict) -> np.ndarray | None:

@@ -1,0 +1,158 @@
+"""Local error: engine stages on the oracle's tensors name the stage that broke."""
+from __future__ import annotations
+
+import pytest
+
+from tensordiff.compare import compare_dumps
+from tensordiff.gate import load_gate, run_gate
+from tensordiff.inputs import default_image_path
+from tensordiff.local_error import local_error
+from tensordiff.runs import make_request, run_side
+from tensordiff.tolerance import Tolerances
+
+import test_gate_toy as toy
+
+
+@pytest.fixture(autouse=True)
+def _toys(monkeypatch, tmp_path):
+    monkeypatch.setenv("TENSORDIFF_CACHE", str(tmp_path / "cache"))
+    toy.install(monkeypatch)
+
+
+def _case(tmp_path, fault=None, adapter=toy.ADAPTER, make_stages=None):
+    _, req = make_request(adapter.name, image=default_image_path(), fault=fault)
+    from dataclasses import replace
+
+    odir = run_side(adapter, "oracle", replace(req, fault=None), tmp_path / "oracle")
+    edir = run_side(adapter, "engine", req, tmp_path / "engine")
+    tols = Tolerances({}, {})
+    report = compare_dumps(odir, edir, tols)
+    return report, local_error(adapter, req, odir, report, tols, tmp_path, make_stages=make_stages)
+
+
+def test_local_error_localises_a_fault_behind_a_drift_within_tolerance(tmp_path):
+    # block0 drifts within tolerance; GAIN makes final_norm exceed it end to end, so the DAG walk
+    # blames final_norm. The aligner carries the real bug. Local error: final_norm's stage is
+    # exact on the oracle's block0, the aligner's is not -> origin aligner.
+    report, local = _case(tmp_path, "drift-and-aligner-bias")
+    assert report.boundary("block0").status == "match"
+    assert report.earliest == ["final_norm"]
+    assert local.get("block0").status == "match"  # the drift is within tolerance there too
+    assert local.get("final_norm").status == "match"
+    assert local.get("aligner").status == "diverged"
+    assert local.origin == "aligner"
+    assert "end-to-end names `final_norm`" in local.summary()
+
+
+def test_drift_alone_has_no_origin_and_says_it_is_accumulated(tmp_path):
+    report, local = _case(tmp_path, "oracle-like-drift")
+    assert report.earliest == ["final_norm"]
+    assert local.origin is None
+    assert "drift accumulated upstream within tolerance" in local.summary()
+
+
+@pytest.mark.parametrize("fault, origin", [("rope-flip", "rope"), ("aligner-bias", "aligner"),
+                                           ("patches-shift", "patches")])
+def test_origin_is_the_faulty_stage(tmp_path, fault, origin):
+    report, local = _case(tmp_path, fault)
+    assert local.origin == origin
+    # a stage fed the oracle's inputs is clean downstream of a first-boundary fault
+    if origin in ("rope", "patches"):
+        assert local.get("aligner").status == "match"
+        assert report.boundary("aligner").status == "consequent"
+
+
+def test_clean_engine_every_stage_matches(tmp_path):
+    report, local = _case(tmp_path)
+    assert local.available and local.origin is None
+    assert [r.status for r in local.boundaries] == ["match"] * 5
+    assert local.get("patches").reason.startswith("first boundary")
+    assert local.as_json()["origin"] is None
+
+
+def test_adapter_without_stages_is_reported_not_failed(tmp_path):
+    report, local = _case(tmp_path, adapter=toy.NO_STAGES)
+    assert not local.available and local.origin is None
+    assert "exposes no engine stages" in local.summary()
+    res = run_gate(load_gate(toy.write_gate(tmp_path, model="toy-nostages")), progress=False, echo=lambda s: None)
+    assert res.passed and not res.cases[0].local.available
+    assert "local: n/a" in res.cases[0].summary_line()
+
+
+def test_a_raising_stage_is_an_error_at_its_boundary_and_others_still_run(tmp_path):
+    def make(req, run):
+        st = toy.engine_stages(req, run)
+
+        def boom(inputs):
+            raise RuntimeError("kernel exploded")
+
+        st["final_norm"] = boom
+        return st
+
+    _, local = _case(tmp_path, make_stages=make)
+    assert local.get("final_norm").status == "error"
+    assert "kernel exploded" in local.get("final_norm").reason
+    assert local.get("aligner").status == "match"
+    assert local.origin == "final_norm"
+
+
+def test_missing_stage_and_missing_output_tensor(tmp_path):
+    def make(req, run):
+        st = toy.engine_stages(req, run)
+        del st["block0"]
+        st["aligner"] = lambda i: {"aligner_typo": toy.aligner(i["final_norm"])}
+        return st
+
+    _, local = _case(tmp_path, make_stages=make)
+    assert local.get("block0").status == "no-stage"
+    assert local.get("aligner").status == "missing"
+    assert local.origin == "aligner"
+    assert "no stage for block0" in local.summary()
+
+
+def test_stage_gets_the_oracle_tensors_in_their_stored_dtype(tmp_path):
+    seen = {}
+
+    def make(req, run):
+        st = toy.engine_stages(req, run)
+        inner = st["block0"]
+
+        def spy(inputs):
+            seen.update({k: v.dtype for k, v in inputs.items()})
+            return inner(inputs)
+
+        st["block0"] = spy
+        return st
+
+    _case(tmp_path, make_stages=make)
+    import torch
+
+    assert seen == {"patches": torch.bfloat16, "rope.cos": torch.float32, "rope.sin": torch.float32}
+
+
+def test_gate_fails_on_a_local_origin_even_if_end_to_end_passes(tmp_path):
+    # a stage error that the end-to-end comparison cannot see (a stage only the local run uses)
+    def make(req, run):
+        st = toy.engine_stages(req, run)
+        st["final_norm"] = lambda i: {"final_norm": toy.final_norm(i["block0"]) + 1.0}
+        return st
+
+    report, local = _case(tmp_path, make_stages=make)
+    assert report.verdict == "match" and local.origin == "final_norm"
+    from tensordiff.gate import CaseResult
+
+    case = CaseResult(toy.NAME, default_image_path(), None, "float32", "x", report=report, local=local)
+    assert not case.passed and "local origin `final_norm`" in case.summary_line()
+
+
+def test_later_stages_also_get_everything_upstream(tmp_path):
+    seen = {}
+
+    def make(req, run):
+        st = toy.engine_stages(req, run)
+        inner = st["final_norm"]
+        st["final_norm"] = lambda i: (seen.update(i), inner(i))[1]
+        return st
+
+    _case(tmp_path, make_stages=make)
+    assert set(seen) == {"patches", "rope.cos", "rope.sin", "block0"}
