@@ -3,33 +3,53 @@
 // width. Each product and the sum round once (no FMA), exactly as the unfused torch reference.
 //
 // One work item = P consecutive elements of the first half and the matching P of the second;
-// P = 16 bytes of x when the half splits into aligned vectors, else 1.
+// P is the widest access (16, 8, 4 bytes, or one element) that the half and the tables allow:
+// DeepSeek's head of 64 moves in 16-byte pieces, Qwen3-VL's head of 72 in 8-byte ones.
 #include "common.h"
 
 namespace {
 
 constexpr int kThreads = 256;
 
+// P consecutive elements of x as one access of P * sizeof(raw) bytes (16, 8 or 4) when that
+// width exists, else element by element; the caller guarantees alignment.
 template <int DT, int P>
 __device__ inline void load_x(const typename td::Elem<DT>::raw* p, float* f) {
-  if constexpr (P == td::Elem<DT>::kPer16) td::load16<DT>(p, f);
-  else {
+  typedef td::Elem<DT> E;
+  constexpr int bytes = P * (int)sizeof(typename E::raw);
+  if constexpr (bytes == 16) {
+    E::unpack(*reinterpret_cast<const uint4*>(p), f);
+  } else if constexpr (bytes == 8 && DT == TD_BF16) {
+    const uint2 u = *reinterpret_cast<const uint2*>(p);
+    E::unpack2(u.x, f);
+    E::unpack2(u.y, f + 2);
+  } else {
 #pragma unroll
-    for (int i = 0; i < P; ++i) f[i] = td::Elem<DT>::get(p[i]);
+    for (int i = 0; i < P; ++i) f[i] = E::get(p[i]);
   }
 }
 template <int DT, int P>
 __device__ inline void store_x(typename td::Elem<DT>::raw* p, const float* f) {
-  if constexpr (P == td::Elem<DT>::kPer16) td::store16<DT>(p, f);
-  else {
+  typedef td::Elem<DT> E;
+  constexpr int bytes = P * (int)sizeof(typename E::raw);
+  if constexpr (bytes == 16) {
+    *reinterpret_cast<uint4*>(p) = E::pack(f);
+  } else if constexpr (bytes == 8 && DT == TD_BF16) {
+    *reinterpret_cast<uint2*>(p) = make_uint2(E::pack2(f[0], f[1]), E::pack2(f[2], f[3]));
+  } else {
 #pragma unroll
-    for (int i = 0; i < P; ++i) p[i] = td::Elem<DT>::put(f[i]);
+    for (int i = 0; i < P; ++i) p[i] = E::put(f[i]);
   }
 }
 template <int P>
 __device__ inline void load_table(const float* p, float* f) {
-  if constexpr (P % 4 == 0) td::load_f32(p, f, P);
-  else {
+  if constexpr (P % 4 == 0) {
+    td::load_f32(p, f, P);
+  } else if constexpr (P == 2) {
+    const float2 v = *reinterpret_cast<const float2*>(p);
+    f[0] = v.x;
+    f[1] = v.y;
+  } else {
 #pragma unroll
     for (int i = 0; i < P; ++i) f[i] = p[i];
   }
@@ -68,19 +88,33 @@ rope_rotate_half(const void* __restrict__ x, const float* __restrict__ cos, cons
   store_x<DT, P>(yr + half + i0, o2);
 }
 
+// Can P-element accesses be used? Every row, both halves and every table row must start on the
+// access width (tables are read min(P, 4) floats at a time).
+inline bool fits(int p, size_t es, const void* x, const void* y, const float* cos, const float* sin,
+                 int64_t half, int64_t table_w) {
+  const uintptr_t xa = (uintptr_t)p * es, ta = (uintptr_t)(p < 4 ? p : 4) * 4;
+  return half % p == 0 && (reinterpret_cast<uintptr_t>(x) % xa) == 0 && (reinterpret_cast<uintptr_t>(y) % xa) == 0 &&
+         table_w % (p < 4 ? p : 4) == 0 && (reinterpret_cast<uintptr_t>(cos) % ta) == 0 &&
+         (reinterpret_cast<uintptr_t>(sin) % ta) == 0;
+}
+
 template <int DT>
 int launch(const void* x, const float* cos, const float* sin, void* y, int64_t rows, int64_t heads,
            int64_t n_pos, int64_t hd, int64_t table_w, hipStream_t s) {
-  constexpr int P = td::Elem<DT>::kPer16;
-  const int64_t half = hd / 2;
-  // 16-byte vectors need every row, both halves and every table row to start aligned.
+  constexpr int P16 = td::Elem<DT>::kPer16;  // 16 bytes of x: 8 bf16 or 4 fp32
   const size_t es = sizeof(typename td::Elem<DT>::raw);
-  const bool vec = half % P == 0 && (half * es) % 16 == 0 && table_w % 4 == 0 && td::aligned16(x) &&
-                   td::aligned16(y) && td::aligned16(cos) && td::aligned16(sin) && P % 4 == 0;
-  const int p = vec ? P : 1;
+  const int64_t half = hd / 2;
+  int p = 1;
+  for (int c = P16; c > 1; c /= 2)
+    if (fits(c, es, x, y, cos, sin, half, table_w)) { p = c; break; }
   const dim3 grid(td::blocks_for(rows * (half / p), kThreads)), block(kThreads);
-  if (vec) hipLaunchKernelGGL(HIP_KERNEL_NAME(rope_rotate_half<DT, P>), grid, block, 0, s, x, cos, sin, y, rows, heads, n_pos, hd, table_w);
-  else hipLaunchKernelGGL(HIP_KERNEL_NAME(rope_rotate_half<DT, 1>), grid, block, 0, s, x, cos, sin, y, rows, heads, n_pos, hd, table_w);
+#define TD_ROPE(P) hipLaunchKernelGGL(HIP_KERNEL_NAME(rope_rotate_half<DT, P>), grid, block, 0, s, x, cos, sin, y, \
+                                      rows, heads, n_pos, hd, table_w)
+  if (p == 8) TD_ROPE(8);
+  else if (p == 4) TD_ROPE(4);
+  else if (p == 2) TD_ROPE(2);
+  else TD_ROPE(1);
+#undef TD_ROPE
   return td::launch_status();
 }
 

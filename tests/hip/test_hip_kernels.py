@@ -90,9 +90,11 @@ def rope_tables(n, width, gen):
     return ang.cos(), ang.sin()
 
 
-# (x shape [..., N, H, hd]): DeepSeek's [N, 16, 64], odd N and H, a head too small for vectors,
+# (x shape [..., N, H, hd]): DeepSeek's [N, 16, 64], Qwen3-VL's head of 72 (8-byte pieces), odd N and
+# H, heads whose halves take 4-byte or single-element access,
 # leading batch dims.
-ROPE_SHAPES = [(1, 1, 64), (97, 16, 64), (7, 3, 64), (5, 2, 12), (11, 5, 8), (2, 9, 4, 32), (3, 1, 128)]
+ROPE_SHAPES = [(1, 1, 64), (97, 16, 64), (7, 3, 64), (9, 16, 72), (5, 2, 12), (4, 3, 20), (11, 5, 8), (2, 9, 4, 32),
+               (3, 1, 128), (6, 2, 2)]
 
 
 @pytest.mark.parametrize("table", ["half", "full"])
