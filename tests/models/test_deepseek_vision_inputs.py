@@ -1,0 +1,100 @@
+"""Bad images and bad checkpoints reach the user as one line and exit status 2."""
+from __future__ import annotations
+
+import json
+import shutil
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from tensordiff.cli import main
+from tensordiff.errors import BadInput
+from tensordiff.synthetic.deepseek_v41_flash import resolve, vision_tensor_names
+
+MODEL = "deepseek-v4.1-flash"
+
+
+def cli(args, capsys):
+    with pytest.raises(SystemExit) as e:
+        main([str(a) for a in args])
+    out, err = capsys.readouterr()
+    return e.value.code, out, err
+
+
+def bad_images(d):
+    ok = d / "ok.png"
+    Image.fromarray(np.zeros((64, 64, 3), np.uint8)).save(ok)
+    data = ok.read_bytes()
+    (d / "empty.png").write_bytes(b"")
+    (d / "corrupt.png").write_bytes(b"this is not a picture at all")
+    (d / "truncated.png").write_bytes(data[: len(data) // 2])
+    Image.fromarray(np.zeros((1, 1, 3), np.uint8)).save(d / "one.png")
+    # a PNG header claiming 20000 x 20000 pixels: Pillow refuses it as a decompression bomb
+    Image.new("1", (20000, 20000)).save(d / "bomb.png")
+    return ["empty", "corrupt", "truncated", "one", "bomb"]
+
+
+@pytest.mark.parametrize("side", ["oracle", "engine"])
+def test_bad_images_exit_2(side, tmp_path, capsys):
+    for name in bad_images(tmp_path):
+        code, _, err = cli(["dump", MODEL, "--side", side, "--image", tmp_path / f"{name}.png",
+                            "--out", tmp_path / f"out-{side}-{name}"], capsys)
+        assert code == 2, (name, err)
+        assert err.startswith("tensordiff: error:") and len(err.strip().splitlines()) == 1, err
+        assert not (tmp_path / f"out-{side}-{name}").exists()
+
+
+def test_checkpoint_missing_vision_tensors_is_named(tmp_path, capsys):
+    src = resolve("synthetic:tiny")
+    for f in src.iterdir():
+        shutil.copy(f, tmp_path / f.name)
+    index = json.loads((tmp_path / "model.safetensors.index.json").read_text())
+    for name in ("aligner.w2.bias", "vision.blocks.0.norm1.weight"):
+        del index["weight_map"][name]
+    (tmp_path / "model.safetensors.index.json").write_text(json.dumps(index))
+    with pytest.raises(BadInput, match="aligner.w2.bias"):
+        resolve(str(tmp_path))
+    code, _, err = cli(["check", MODEL, "--weights", tmp_path], capsys)
+    assert code == 2 and "vision.blocks.0.norm1.weight" in err
+
+
+def test_unknown_weights_spec(tmp_path, capsys):
+    code, _, err = cli(["check", MODEL, "--weights", "synthetic:huge"], capsys)
+    assert code == 2 and "synthetic" in err
+    code, _, err = cli(["check", MODEL, "--weights", tmp_path / "nowhere"], capsys)
+    assert code == 2
+
+
+def test_synthetic_layout_is_official():
+    wdir = resolve("synthetic:tiny")
+    cfg = json.loads((wdir / "config.json").read_text())
+    index = json.loads((wdir / "model.safetensors.index.json").read_text())["weight_map"]
+    assert set(vision_tensor_names(cfg)) <= set(index)
+    assert len(set(index.values())) >= 2  # sharded: the loader goes through the index
+    assert resolve("synthetic:tiny") == wdir  # cached, not rewritten
+
+
+def test_full_names_and_shapes():
+    from tensordiff.synthetic.deepseek_v41_flash import FULL, vision_units
+
+    shapes = {n: s for _, t in vision_units(FULL) for n, s in t.items()}
+    assert shapes["vision.blocks.31.attn.wqkv.weight"] == (3072, 1024)
+    assert shapes["vision.blocks.0.mlp.w1.weight"] == (5632, 1024)
+    assert shapes["aligner.w1.weight"] == (5120, 9216)
+    assert shapes["vision.patch_embed.proj.weight"] == (1024, 588)
+    assert shapes["image_newline"] == (5120,)
+    assert "vision.blocks.32.norm1.weight" not in shapes
+
+
+def test_per_unit_seeding_is_independent_of_the_config():
+    import torch
+
+    from tensordiff.synthetic.deepseek_v41_flash import CONFIGS, _vision_values
+
+    small = {**CONFIGS["tiny"](), "vision_n_layers": 1}
+    two = {**CONFIGS["tiny"](), "vision_n_layers": 2}
+    # vision.norm comes after the blocks; its values must not depend on how many blocks came first
+    a = dict(_vision_values(small))["vision.norm"]["vision.norm.weight"]
+    b = dict(_vision_values(two))["vision.norm"]["vision.norm.weight"]
+    assert torch.equal(a, b)
