@@ -7,8 +7,6 @@ collapse -> final norm -> LM head. Module and parameter names are the checkpoint
 What this oracle does not model, on purpose (say so wherever numbers are compared):
 - quantised storage: experts FP4, dense layers FP8, the Engram table FP8. Weights are bf16
   (fp32 where the official module declares fp32) and Linear layers are plain matmuls;
-- the activation fake-quantisation the kernels apply inside attention (FP8 window KV, FP4
-  indexer q/k and compressed KV);
 - the indexer's candidate-block pre-filter (`candidate_source_layer`); configs here set it -1;
 - the DSpark draft layers (`mtp.*`).
 The run dtype replaces bf16 as the activation dtype (float32 by default); fp32 upcasts of the
@@ -82,6 +80,48 @@ def rotate(x: torch.Tensor, freqs: torch.Tensor, inverse: bool = False) -> torch
 def rotate_tail(x: torch.Tensor, rd: int, freqs: torch.Tensor, inverse: bool = False) -> torch.Tensor:
     """RoPE on the last `rd` channels only (the rest is the no-position part of the head)."""
     return torch.cat([x[..., :-rd], rotate(x[..., -rd:], freqs, inverse)], -1)
+
+
+FP8_MAX, FP4_MAX = 448.0, 6.0
+E2M1 = torch.tensor([0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0])
+
+
+def _pow2_ceil(v: torch.Tensor) -> torch.Tensor:
+    """2^ceil(log2(v)) for v > 0, exactly (the kernels' power-of-two `ue8m0` scales)."""
+    m, e = torch.frexp(v)  # v = m * 2^e, m in [0.5, 1)
+    return torch.ldexp(torch.ones_like(v), torch.where(m == 0.5, e - 1, e))
+
+
+def fp8_round_trip(x: torch.Tensor, block: int = 32) -> torch.Tensor:
+    """The kernels' in-place FP8 activation quantisation (`act_quant(..., inplace=True)`): per
+    `block` channels a power-of-two scale from the block's max, values to e4m3 (nearest even,
+    saturating) and back. Returns x.dtype."""
+    g = x.float().unflatten(-1, (-1, block))
+    amax = g.abs().amax(-1, keepdim=True).clamp_min(1e-4)
+    scale = _pow2_ceil(amax * torch.tensor(1.0 / FP8_MAX, dtype=torch.float32))
+    q = (g / scale).clamp(-FP8_MAX, FP8_MAX).to(torch.float8_e4m3fn).float()
+    return (q * scale).flatten(-2).to(x.dtype)
+
+
+def _e2m1(v: torch.Tensor) -> torch.Tensor:
+    """Nearest FP4 (E2M1) value, ties to the even code; v already within [-6, 6]."""
+    dist = (v.abs().unsqueeze(-1) - E2M1).abs().double()  # fp32 distances, exact in fp64
+    # a tie goes to the even code: the odd codes' distances get a nudge far below any fp32 gap
+    pick = (dist + (torch.arange(8) % 2) * 1e-12).argmin(-1)
+    return torch.copysign(E2M1[pick], v)
+
+
+def fp4_round_trip(x: torch.Tensor, block: int, e4m3_scale: bool = False) -> torch.Tensor:
+    """The kernels' in-place FP4 quantisation (`fp4_act_quant(..., inplace=True)`): power-of-two
+    scales per `block` for the indexer, e4m3-rounded amax/6 scales (block 16) for compressed KV."""
+    g = x.float().unflatten(-1, (-1, block))
+    amax = g.abs().amax(-1, keepdim=True)
+    if e4m3_scale:
+        scale = (amax.clamp_min(6 * 2.0**-9) / FP4_MAX).clamp(-FP8_MAX, FP8_MAX).to(torch.float8_e4m3fn).float()
+    else:
+        scale = _pow2_ceil(amax.clamp_min(6 * 2.0**-126) * torch.tensor(1.0 / FP4_MAX, dtype=torch.float32))
+    v = (g / scale).clamp(-FP4_MAX, FP4_MAX)
+    return (_e2m1(v) * scale).flatten(-2).to(x.dtype)
 
 
 def window_indices(seqlen: int, window: int) -> torch.Tensor:
@@ -171,9 +211,10 @@ class Indexer(nn.Module):
         if self.owns_k and latent is not None:
             k = self.k_norm(self.wk(latent))
             # a latent stands for the first token of its group: group j rotates at j * ratio
-            shared.index_k = rotate_tail(k, self.rd, freqs[: s - s % ratio : ratio])
+            k = rotate_tail(k, self.rd, freqs[: s - s % ratio : ratio])
+            shared.index_k = fp4_round_trip(k, 32)
         q = self.wq_b(qr).unflatten(-1, (self.n_heads, self.head_dim))
-        q = rotate_tail(q, self.rd, freqs[:s])
+        q = fp4_round_trip(rotate_tail(q, self.rd, freqs[:s]), 32)
         w = self.weights_proj(x) * (self.head_dim**-0.5 * self.n_heads**-0.5)
         score = torch.einsum("bshd,btd->bsht", q, shared.index_k[:, : s // ratio])
         score = (score.relu() * w.unsqueeze(-1)).sum(dim=2)  # [B, S, T]
@@ -226,7 +267,8 @@ class Attention(nn.Module):
         freqs = self.freqs[:s]
         qr = self.q_norm(self.wq_a(x))
         q = rotate_tail(self.wq_b(qr).unflatten(-1, (self.n_heads, self.head_dim)), self.rd, freqs)
-        kv = rotate_tail(self.kv_norm(self.wkv(x)), self.rd, freqs)  # [B, S, hd]
+        # K = V stays FP8-quantised over the whole post-RoPE vector
+        kv = fp8_round_trip(rotate_tail(self.kv_norm(self.wkv(x)), self.rd, freqs))  # [B, S, hd]
         idx = window_indices(s, self.window).unsqueeze(0).expand(b, -1, -1)
         if self.ratio:
             n_comp = s // self.ratio
@@ -238,7 +280,7 @@ class Attention(nn.Module):
                     shared.topk_idxs = self.indexer(x, qr, latent, self.freqs, shared, offset=s)
             if latent is not None:
                 group_freqs = self.freqs[: s - s % self.ratio : self.ratio]
-                shared.compress_kv = rotate_tail(latent, self.rd, group_freqs)
+                shared.compress_kv = fp4_round_trip(rotate_tail(latent, self.rd, group_freqs), 16, e4m3_scale=True)
             if n_comp:
                 kv = torch.cat([kv, shared.compress_kv[:, :n_comp]], dim=1)
             idx = torch.cat([idx, shared.topk_idxs], dim=-1)

@@ -7,7 +7,8 @@ compressed positions: a KV-source layer pools each completed group of r tokens i
 (an incomplete group waits in `pending` across chunks and decode steps), an index-source layer
 scores the visible latents and keeps the best `index_topk` per query; the layers after a source
 reuse its latents and its choice. A group becomes visible to a query once the query has passed
-the group's last token.
+the group's last token. The KV and the indexer's q / k go through the kernels' FP8 / FP4
+activation quantisation (`quant`).
 """
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from . import rope
+from . import quant, rope
 
 
 @dataclass(frozen=True)
@@ -107,8 +108,9 @@ class Attention:
         pos = torch.arange(first, first + new.shape[0] * r, r)
         if self.owns_keys:
             k = self._norm(self.backend.linear(new, w.i_wk, None), w.i_k_norm)
-            cache.index_k.extend(rope.rotate_pairs(k, self.rd, cos[pos], sin[pos]).unbind(0))
-        cache.latents.extend(rope.rotate_pairs(new, self.rd, cos[pos], sin[pos]).unbind(0))
+            cache.index_k.extend(quant.fp4(rope.rotate_pairs(k, self.rd, cos[pos], sin[pos]), 32).unbind(0))
+        latent = rope.rotate_pairs(new, self.rd, cos[pos], sin[pos])
+        cache.latents.extend(quant.fp4(latent, 16, e4m3_scale=True).unbind(0))
         return len(cache.latents)
 
     def _select(self, x, qr, start: int, n_groups: int, keys: LayerCache, cos, sin) -> torch.Tensor:
@@ -116,7 +118,7 @@ class Attention:
         w, n = self.w, x.shape[0]
         ih, ihd = self.cfg.index_n_heads, self.cfg.index_head_dim
         q = self.backend.linear(qr, w.i_wq_b, None).view(n, ih, ihd)
-        q = rope.rotate_pairs(q, self.rd, cos[start:start + n], sin[start:start + n])
+        q = quant.fp4(rope.rotate_pairs(q, self.rd, cos[start:start + n], sin[start:start + n]), 32)
         k = torch.stack(keys.index_k[:n_groups])  # [T, ihd]
         head_w = self.backend.linear(x, w.i_weights, None) * (ihd ** -0.5 * ih ** -0.5)  # [n, ih]
         score = torch.einsum("nhd,td->nht", q, k).relu()
@@ -136,6 +138,7 @@ class Attention:
         qr = self._norm(self.backend.linear(x, w.wq_a, None), w.q_norm)
         q = rope.rotate_pairs(self.backend.linear(qr, w.wq_b, None).view(n, H, hd), rd, cq, sq)
         kv = rope.rotate_pairs(self._norm(self.backend.linear(x, w.wkv, None), w.kv_norm), rd, cq, sq)
+        kv = quant.fp8(kv)  # the window K = V is kept FP8 (post-RoPE, the whole vector)
         cache.window_kv[start:start + n] = kv
         lo = max(0, start - self.window + 1)
         keys = cache.window_kv[lo:start + n]  # [m, hd]

@@ -115,3 +115,20 @@ def test_tokenizer_refuses_two_images_and_a_tag_without_an_image(tables):
         tokenize("<image> and <image>", cfg, (1, 1))
     with pytest.raises(EngineInputError):
         tokenize("look: <image>", cfg, None)
+
+
+def test_fp4_grid_rounds_half_to_even_codes():
+    from engine.deepseek_v41_flash.language.quant import e2m1
+
+    v = torch.tensor([0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0, -5.0, 0.26, 5.1, 6.0])
+    assert e2m1(v).tolist() == [0.0, 1.0, 1.0, 2.0, 2.0, 4.0, 4.0, -4.0, 0.5, 6.0, 6.0]
+
+
+def test_fp8_quantisation_uses_power_of_two_block_scales():
+    from engine.deepseek_v41_flash.language.quant import fp8, pow2_ceil
+
+    assert pow2_ceil(torch.tensor([1.0, 1.5, 0.25, 0.3])).tolist() == [1.0, 2.0, 0.25, 0.5]
+    x = torch.zeros(64)
+    x[0], x[1], x[32] = 448.0, 1.0 + 2 ** -6, 3.0  # 1 + 2^-6 is between e4m3 neighbours 1 and 1.125
+    y = fp8(x)
+    assert y[0] == 448.0 and y[1] == 1.0 and y[32] == 3.0
