@@ -91,7 +91,7 @@ def load_config(ckpt: Path) -> Qwen3VLConfig:
     if vision.num_position_embeddings != vision.grid_side ** 2:
         raise EngineInputError(f"num_position_embeddings {vision.num_position_embeddings} is not a square")
     pp = Path(ckpt) / "preprocessor_config.json"
-    praw = _read_json(pp) if pp.exists() else {}
+    praw = _read_json(pp)  # the processor's defaults are Qwen2-VL's (patch 14, CLIP mean): never guess
     size = dict(praw.get("size") or {})
     # the processor's constructor lets top-level min_pixels / max_pixels override `size`
     if praw.get("min_pixels") is not None:

@@ -56,14 +56,17 @@ def run(req, rec) -> None:
         rec.record("positions.decode", decode_positions(prompt.input_ids.shape[0], req.decode, carried))
 
     import PIL
-    data = Path(req.image).read_bytes()
-    prior = getattr(rec, "run", {}) or {}
+
+    prior = getattr(rec, "run", None) or {}  # keep what the caller already wrote
+    inputs = {
+        "image": {"sha256": hashlib.sha256(Path(req.image).read_bytes()).hexdigest(),
+                  "width": img.shape[1], "height": img.shape[0]},
+        "resized": [px.plan.resized_height, px.plan.resized_width],
+        "grid": list(px.plan.grid), "cells": list(px.plan.cells), "grid_thw": list(grid_thw),
+        "processor": processor, "prompt": req.prompt, "tokens": int(prompt.input_ids.shape[0]), "decode": req.decode,
+    }
     rec.update_run(
-        inputs={**(prior.get("inputs") or {}), "image": {"sha256": hashlib.sha256(data).hexdigest(), "width": img.shape[1], "height": img.shape[0]},
-                "resized": [px.plan.resized_height, px.plan.resized_width],
-                "grid": list(px.plan.grid), "cells": list(px.plan.cells), "grid_thw": list(grid_thw),
-                "processor": processor, "prompt": req.prompt, "tokens": int(prompt.input_ids.shape[0]),
-                "decode": req.decode},
+        inputs={**(prior.get("inputs") or {}), **inputs},
         weights=fingerprint(req.weights_dir),
         versions={**(prior.get("versions") or {}), "torch": torch.__version__, "pillow": PIL.__version__},
         dtype=req.dtype, device=req.device, backend=req.backend, fault=fault,

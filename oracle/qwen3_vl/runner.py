@@ -33,7 +33,10 @@ def run(req, rec) -> None:
     cfg = config_mod.load_config(req.weights_dir)
     proc, ran = processor_mod.build(req.weights_dir, req.options.get("processor"))
     image = processor_mod.load_image(Path(req.image))
-    batch = proc(images=[image], return_tensors="pt")
+    try:
+        batch = proc(images=[image], return_tensors="pt")
+    except ValueError as e:  # e.g. smart_resize's aspect-ratio limit: the user's picture, not a bug
+        raise BadInput(f"the image processor refuses {req.image}: {e}") from None
     pixel_values, grid_thw = batch["pixel_values"], batch["image_grid_thw"]
     rec.record("patches", pixel_values)
 
@@ -60,8 +63,7 @@ def run(req, rec) -> None:
         rec.record("positions.decode", dec.to(torch.int64))
 
     t, gh, gw = (int(v) for v in grid_thw[0])
-    m = cfg.vision_config.spatial_merge_size
-    data = Path(req.image).read_bytes()
+    m, patch = cfg.vision_config.spatial_merge_size, cfg.vision_config.patch_size
     versions = {"torch": torch.__version__, "transformers": transformers.__version__, "pillow": PIL.__version__}
     try:
         import torchvision
@@ -69,13 +71,16 @@ def run(req, rec) -> None:
         versions["torchvision"] = torchvision.__version__
     except ImportError:
         pass
-    prior = getattr(rec, "run", {}) or {}
+    prior = getattr(rec, "run", None) or {}  # keep what the caller already wrote
+    inputs = {
+        "image": {"sha256": hashlib.sha256(Path(req.image).read_bytes()).hexdigest(),
+                  "width": image.width, "height": image.height},
+        "resized": [gh * patch, gw * patch], "grid": [gh, gw], "cells": [gh // m, gw // m], "grid_thw": [t, gh, gw],
+        "processor": ran, "processor_class": type(proc).__name__, "prompt": req.prompt,
+        "tokens": int(ids.shape[1]), "decode": req.decode,
+    }
     rec.update_run(
-        inputs={**(prior.get("inputs") or {}), "image": {"sha256": hashlib.sha256(data).hexdigest(), "width": image.width, "height": image.height},
-                "resized": [gh * cfg.vision_config.patch_size, gw * cfg.vision_config.patch_size],
-                "grid": [gh, gw], "cells": [gh // m, gw // m], "grid_thw": [t, gh, gw],
-                "processor": ran, "processor_class": type(proc).__name__, "prompt": req.prompt,
-                "tokens": int(ids.shape[1]), "decode": req.decode},
+        inputs={**(prior.get("inputs") or {}), **inputs},
         weights=model_mod.fingerprint(req.weights_dir),
         versions={**(prior.get("versions") or {}), **versions},
         dtype=req.dtype, device=req.device, attn=model.config._attn_implementation,

@@ -94,8 +94,9 @@ def _weights(spec: str) -> Path:
     p = Path(spec).expanduser()
     if not p.is_dir():
         raise BadInput(f"weights {spec!r} is neither synthetic:<tiny|full|full-2b> nor a checkpoint directory")
-    if not (p / "config.json").is_file():
-        raise BadInput(f"checkpoint {p} has no config.json")
+    for name in ("config.json", "preprocessor_config.json"):
+        if not (p / name).is_file():
+            raise BadInput(f"checkpoint {p} has no {name}")
     if not ((p / "model.safetensors.index.json").is_file() or (p / "model.safetensors").is_file()):
         raise BadInput(f"checkpoint {p} has neither model.safetensors.index.json nor model.safetensors")
     return p

@@ -105,3 +105,18 @@ def test_units_are_seeded_by_their_own_name():
     built = dict(S.build_tensors("tiny"))
     assert torch.equal(built[first], alone)
     assert not torch.equal(built["model.visual.blocks.1.attn.qkv.weight"], built["model.visual.blocks.2.attn.qkv.weight"])
+
+
+@pytest.mark.parametrize("side", ["oracle", "engine"])
+def test_extreme_aspect_ratio_is_bad_input_on_both_sides(tmp_path, side):
+    from PIL import Image
+
+    img = tmp_path / "strip.png"
+    Image.new("RGB", (700, 3), (10, 20, 30)).save(img)
+    out = tmp_path / "dump"
+    r = subprocess.run([sys.executable, "-m", "tensordiff.cli", "dump", "qwen3-vl", "--side", side, "--image", str(img),
+                        "--out", str(out)], capture_output=True, text=True)
+    assert r.returncode == 2, r.stderr
+    errors = [ln for ln in r.stderr.splitlines() if ln.startswith("tensordiff: error")]
+    assert len(errors) == 1 and "aspect ratio" in errors[0], r.stderr
+    assert "Traceback" not in r.stderr and not out.exists()

@@ -74,3 +74,23 @@ def test_fault_is_named_at_its_boundary(setup, fault):
     assert any(fnmatch.fnmatchcase(e, expected) for e in report.earliest), (fault, report.earliest, str(report))
     # the fault is localised: no other root than its own boundary
     assert all(fnmatch.fnmatchcase(e, expected) for e in report.earliest), (fault, report.earliest)
+
+
+def test_clean_engine_matches_oracle_in_bfloat16(setup):
+    root, images, wdir = setup
+    req = dataclasses.replace(request(images, wdir, "coffee"), dtype="bfloat16")
+    report = compare_dumps(dump(root, "oracle", req, "coffee-bf16"), dump(root, "engine", req, "coffee-bf16"))
+    assert report.verdict == "match", str(report)
+    # the position table is weighted in fp32 and cast once, as transformers 5.17 does: bit-exact
+    pe = report.boundary("pos_embed").tensors[0]
+    assert pe.metrics["max_abs"] == 0, pe.metrics
+
+
+def test_processor_mismatch_is_named_at_patches(setup):
+    """The fast (torchvision) and slow (PIL) processors differ by a few levels: a real case."""
+    root, images, wdir = setup
+    req = request(images, wdir, "chelsea")
+    fast = dataclasses.replace(req, options={"processor": "torchvision"})
+    report = compare_dumps(dump(root, "oracle", req, "chelsea"), dump(root, "engine", fast, "chelsea-tv"))
+    assert report.verdict == "diverged"
+    assert report.earliest == ["patches"], report.earliest

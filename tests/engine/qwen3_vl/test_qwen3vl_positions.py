@@ -36,3 +36,25 @@ def test_single_cell_image_has_no_delta():
     pos, delta = mrope_positions(tokenize("x<image>y", (1, 2, 2), CFG), 2)
     assert delta == 0
     assert torch.equal(pos[0], torch.arange(pos.shape[1]))
+
+
+def test_config_needs_the_preprocessor_config(tmp_path):
+    import json
+    import shutil
+
+    import pytest
+
+    from engine.errors import EngineInputError
+    from engine.qwen3_vl.config import load_config
+    from tensordiff.synthetic.qwen3_vl import ensure
+
+    ckpt = tmp_path / "c"
+    shutil.copytree(ensure("tiny"), ckpt)
+    cfg = load_config(ckpt)
+    assert cfg.vision.deepstack_visual_indexes == (0, 1, 2) and cfg.processor.longest_edge == 256 * 256
+    (ckpt / "preprocessor_config.json").unlink()
+    with pytest.raises(EngineInputError, match="preprocessor_config.json"):
+        load_config(ckpt)
+    (ckpt / "config.json").write_text(json.dumps({"model_type": "llama"}))
+    with pytest.raises(EngineInputError, match="not a Qwen3-VL"):
+        load_config(ckpt)
