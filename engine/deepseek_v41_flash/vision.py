@@ -108,30 +108,43 @@ class VisionTower:
 
     def forward(self, patches: torch.Tensor, grid: tuple[int, int], rec=None) -> torch.Tensor:
         """patches: [N, 588] bf16 -> final-norm features [N, D] in the weights' dtype."""
-        cfg, be, w = self.cfg, self.backend, self.w
         taps = rec is not None and rec.enabled
-        n = patches.shape[0]
-        nh, hd = cfg.vision_n_heads, cfg.vision_head_dim
-        dtype = w.patch_w.dtype
-        x = pad_patch_rows(patches.to(dtype), w.patch_w.shape[1], self.pad_nonzero)  # [N, 592]
-        x = be.patch_linear(x, w.patch_w, w.patch_b)  # [N, D]
+        x = self.embed(patches)  # [N, D]
         cos, sin = self.rope(grid, x.device)  # [N, rd] fp32
         if taps:
             rec.record("rope.cos", cos)
             rec.record("rope.sin", sin)
-        for i, blk in enumerate(w.blocks):
-            h = be.rms_norm(x, blk.norm1, NORM_EPS)
-            qkv = be.linear(h, blk.wqkv, blk.bqkv).view(n, 3, nh, hd)
-            # q and k rotate together: [N, 2, H, hd] -> [N, 2H, hd] is a view
-            qk = be.rope_rotate_half(qkv[:, :2].reshape(n, 2 * nh, hd), cos, sin)
-            o = attention(qk[:, :nh], qk[:, nh:], qkv[:, 2], prefer=self.attention_prefer)  # [N, H, hd]
-            x = x + be.linear(o.reshape(n, nh * hd), blk.wo, blk.bo)
-            h = be.rms_norm(x, blk.norm2, NORM_EPS)
-            gate, up = be.linear(h, blk.w1, None).chunk(2, dim=-1)
-            x = x + be.linear(F.silu(gate) * up, blk.w2, None)
+        for i, blk in enumerate(self.w.blocks):
+            x = self.block(x, blk, cos, sin)
             if taps and i == 0:
                 rec.record("block0", x)
-        x = be.rms_norm(x, w.norm, NORM_EPS)
+        x = self.norm(x)
         if taps:
             rec.record("final_norm", x)
         return x
+
+    # The pieces of `forward`, also run one by one on the oracle's tensors (local error, `stages.py`).
+
+    def embed(self, patches: torch.Tensor) -> torch.Tensor:
+        """patches: [N, 588] -> [N, D] in the weights' dtype (through the 592-wide padded GEMM)."""
+        w = self.w
+        x = pad_patch_rows(patches.to(w.patch_w.dtype), w.patch_w.shape[1], self.pad_nonzero)  # [N, 592]
+        return self.backend.patch_linear(x, w.patch_w, w.patch_b)
+
+    def block(self, x: torch.Tensor, blk: BlockWeights, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        """One pre-norm block on the residual stream x: [N, D]."""
+        be = self.backend
+        n = x.shape[0]
+        nh, hd = self.cfg.vision_n_heads, self.cfg.vision_head_dim
+        h = be.rms_norm(x, blk.norm1, NORM_EPS)
+        qkv = be.linear(h, blk.wqkv, blk.bqkv).view(n, 3, nh, hd)
+        # q and k rotate together: [N, 2, H, hd] -> [N, 2H, hd] is a view
+        qk = be.rope_rotate_half(qkv[:, :2].reshape(n, 2 * nh, hd), cos, sin)
+        o = attention(qk[:, :nh], qk[:, nh:], qkv[:, 2], prefer=self.attention_prefer)  # [N, H, hd]
+        x = x + be.linear(o.reshape(n, nh * hd), blk.wo, blk.bo)
+        h = be.rms_norm(x, blk.norm2, NORM_EPS)
+        gate, up = be.linear(h, blk.w1, None).chunk(2, dim=-1)
+        return x + be.linear(F.silu(gate) * up, blk.w2, None)
+
+    def norm(self, x: torch.Tensor) -> torch.Tensor:
+        return self.backend.rms_norm(x, self.w.norm, NORM_EPS)

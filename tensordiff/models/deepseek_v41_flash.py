@@ -51,6 +51,12 @@ def _engine():
     return run
 
 
+def _stages():
+    from engine.deepseek_v41_flash.stages import make_stages
+
+    return make_stages
+
+
 def _weights(spec: str):
     from ..synthetic.deepseek_v41_flash import resolve
 
@@ -64,5 +70,6 @@ ADAPTER = ModelAdapter(
     oracle=_oracle,
     engine=_engine,
     weights=_weights,
+    stages=_stages,
     description="DeepSeek V4.1 Flash vision path: preprocessing, 32-layer ViT with 2D RoPE, 3x3 aligner",
 )

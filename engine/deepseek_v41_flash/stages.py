@@ -1,0 +1,51 @@
+"""The engine's stages, each runnable on another producer's tensors (tensordiff's local error).
+
+    stages = make_stages(req, run)        # run: the reference dump's run record (inputs.grid)
+    stages["block0"]({"patches": ..., "rope.cos": ..., "rope.sin": ...}) -> {"block0": ...}
+
+Each stage is the engine's own code (`VisionTower.embed/block/norm`, `cell_index`, `align`) under
+the request's device, dtype, backend and fault; inputs arrive as the reference stored them (on
+the CPU, any dtype) and are cast here as the engine would hold them. `patches` and `rope` have no
+upstream boundary: their stage is the whole path from the image, already compared end to end.
+"""
+from __future__ import annotations
+
+import torch
+
+from .aligner import align, cell_index
+from .run import VisionEngine
+
+
+def make_stages(req, run: dict) -> dict:
+    prefer = req.options.get("attention") if req.options else None
+    eng = VisionEngine(req.weights_dir, device=req.device, dtype=req.dtype, backend=req.backend,
+                       fault=req.fault, attention_prefer=prefer)
+    grid = tuple(int(v) for v in run["inputs"]["grid"])
+    tower = eng.tower
+
+    def act(t: torch.Tensor) -> torch.Tensor:  # the residual stream's dtype, on the device
+        return t.to(device=eng.device, dtype=eng.dtype)
+
+    def rope(i) -> tuple[torch.Tensor, torch.Tensor]:  # the tables stay fp32, as the engine keeps them
+        return i["rope.cos"].to(eng.device, torch.float32), i["rope.sin"].to(eng.device, torch.float32)
+
+    @torch.inference_mode()
+    def block0(i):
+        x = tower.embed(i["patches"].to(eng.device))
+        return {"block0": tower.block(x, tower.w.blocks[0], *rope(i))}
+
+    @torch.inference_mode()
+    def final_norm(i):
+        x = act(i["block0"])
+        cos, sin = rope(i)
+        for blk in tower.w.blocks[1:]:
+            x = tower.block(x, blk, cos, sin)
+        return {"final_norm": tower.norm(x)}
+
+    @torch.inference_mode()
+    def aligner(i):
+        x = act(i["final_norm"])
+        index = cell_index(*grid, eng.cfg.vision_downsample_ratio, x.device, flat_pad=eng.fault == "aligner-flat-pad")
+        return {"aligner": align(x, index, eng.aligner, eng.backend, gelu_tanh=eng.fault == "gelu-tanh")}
+
+    return {"block0": block0, "final_norm": final_norm, "aligner": aligner}
