@@ -103,13 +103,29 @@ def main(argv=None) -> dict:
     ap.add_argument("--iters", type=int, default=10)
     ap.add_argument("--oracle-iters", type=int, default=3)
     ap.add_argument("--warmup", type=int, default=2)
-    ap.add_argument("--backend", default="torch", help="engine kernels: torch or hip")
+    ap.add_argument("--backend", default="auto",
+                    help="engine kernels: torch, hip, or auto (hip when its kernels load on this GPU, else torch; "
+                         "on CUDA the other one is timed too)")
     ap.add_argument("--peak-tflops", type=float, default=None, help="roofline ceiling (default: measured)")
     ap.add_argument("--skip-oracle-tower", action="store_true", help="the official 3-D call is slow; skip it")
     args = ap.parse_args(argv)
 
     device = torch.device(args.device)
     dtype = DTYPES[args.dtype]
+    backends = ["torch"]
+    if device.type == "cuda":
+        from engine.backend.hip_ops import unavailable_reason
+
+        hip_ok = unavailable_reason() is None
+        if args.backend == "hip" or (args.backend == "auto" and hip_ok):
+            backends = ["hip", "torch"]
+        elif args.backend == "auto":
+            backends = ["torch"]
+        else:
+            backends = [args.backend] + (["hip"] if hip_ok else [])
+    elif args.backend == "hip":
+        sys.exit("--backend hip needs a GPU")
+    args.backend = backends[0]
     gh, gw = (int(v) for v in args.grid.lower().split("x"))
     wdir = resolve(args.weights)
     cfg = ModelArgs.from_dir(wdir)
@@ -148,6 +164,15 @@ def main(argv=None) -> dict:
                 rec.abort()
 
             tower["engine_taps"], _ = timed(with_taps, device, args.iters, args.warmup)
+            for other in backends[1:]:
+                try:
+                    alt = VisionEngine(wdir, device=device, dtype=args.dtype, backend=other)
+                    tower[f"engine_{other}_backend"], _ = timed(lambda: alt.encode(patches, plan, null), device,
+                                                                args.iters, args.warmup)
+                    del alt
+                except Exception as e:  # e.g. the hip kernels fail to build here: report, go on
+                    tower[f"engine_{other}_backend"] = None
+                    res.setdefault("errors", {})[other] = str(e).splitlines()[0] if str(e) else type(e).__name__
             if device.type == "cuda":
                 for name, prefer in (("engine_cudnn_first", ["cudnn", "flash", "efficient"]),
                                      ("engine_flash_first", ["flash", "efficient"])):
@@ -187,7 +212,7 @@ def print_table(res: dict) -> None:
     t, p = res["tower_aligner_ms"], res["preprocess_ms"]
     fmt = lambda v: "-" if v is None else f"{v:10.2f}"  # noqa: E731
     print(f"DeepSeek V4.1 Flash vision, {res['weights']}, {res['dtype']}, {res['device']}"
-          f"{' (' + res['gpu'] + ')' if res['gpu'] else ''}, grid {res['grid'][0]}x{res['grid'][1]} "
+          f"{' (' + res['gpu'] + ')' if res['gpu'] else ''}, backend {res['backend']}, grid {res['grid'][0]}x{res['grid'][1]} "
           f"= {res['patches']} patches, {res['tokens']} tokens, {res['flops']['total'] / 1e12:.3g} TFLOP")
     print(f"{'stage':28s} {'oracle ms':>10s} {'engine ms':>10s}")
     print(f"{'preprocess':28s} {fmt(p['oracle'])} {fmt(p['engine'])}")
@@ -197,6 +222,11 @@ def print_table(res: dict) -> None:
     for k in ("engine_cudnn_first", "engine_flash_first"):
         if k in t:
             print(f"{'  sdpa ' + k.split('_', 1)[1]:28s} {'':>10s} {fmt(t[k])}")
+    for k in t:
+        if k.endswith("_backend"):
+            print(f"{'  backend ' + k.split('_')[1]:28s} {'':>10s} {fmt(t[k])}")
+    for k, v in res.get("errors", {}).items():
+        print(f"  ({k}: {v})")
     line = f"engine {res['engine_tflops']:.1f} TFLOP/s"
     if res.get("peak_tflops"):
         line += (f"; roofline {res['roofline_ms']:.2f} ms at {res['peak_tflops']:.0f} TFLOP/s "

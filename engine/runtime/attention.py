@@ -20,6 +20,14 @@ except ImportError:  # pragma: no cover - older torch: let PyTorch choose
     SDPBackend = None
     sdpa_kernel = None
 
+
+def _kernel_context(backends):
+    """The allowed kernels, tried in the given order where torch supports an order."""
+    try:
+        return sdpa_kernel(backends, set_priority=True)
+    except TypeError:  # torch < 2.6: the set only, in PyTorch's own order
+        return sdpa_kernel(backends)
+
 # Names accepted by `prefer`, in the default CUDA order.
 KERNELS = ("cudnn", "flash", "efficient", "math")
 
@@ -30,16 +38,23 @@ def _backends(prefer: Sequence[str]):
     return [getattr(SDPBackend, table[name]) for name in prefer if hasattr(SDPBackend, table[name])]
 
 
+_BROKEN: set[str] = set()  # kernels that raised at run time in this process: not asked for again
+
+
 def _sdpa(q4, k4, v4, scale, prefer):
     if sdpa_kernel is None or q4.device.type != "cuda":
         return F.scaled_dot_product_attention(q4, k4, v4, scale=scale)
-    backends = _backends(prefer or KERNELS)
+    names = [n for n in (prefer or KERNELS) if n not in _BROKEN]
     try:
-        with sdpa_kernel(backends, set_priority=True):
+        with _kernel_context(_backends(names)):
             return F.scaled_dot_product_attention(q4, k4, v4, scale=scale)
-    except TypeError:  # sdpa_kernel without set_priority: the set, in PyTorch's own order
-        with sdpa_kernel(backends):
-            return F.scaled_dot_product_attention(q4, k4, v4, scale=scale)
+    except RuntimeError:
+        # a kernel that accepted the call can still fail inside (cuDNN graph build): drop the
+        # first choice for this process and let the next one take the call
+        if len(names) < 2:
+            raise
+        _BROKEN.add(names[0])
+        return _sdpa(q4, k4, v4, scale, [n for n in names if n != names[0]])
 
 
 def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, scale: float | None = None,
@@ -49,7 +64,8 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, scale: float
     cu_seqlens: optional host list of sequence boundaries [0, n1, n1+n2, ..., N]; each sequence
     attends only within itself (several images packed in one call). Default scale 1/sqrt(hd).
     prefer: CUDA kernel names from KERNELS to try, in order.
-    Returns [N, H, hd] (a view of the kernel's output, which is laid out [1, N, H, hd]).
+    Returns [N, H, hd], a view of the kernel's output (the fused kernels lay it out [1, N, H, hd],
+    so a following reshape to [N, H * hd] is free there).
     """
     if cu_seqlens is None:
         bounds = [0, q.shape[0]]

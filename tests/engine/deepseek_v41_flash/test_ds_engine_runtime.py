@@ -125,3 +125,36 @@ def test_chunked_overlay_equals_one_chunk(chunk):
     assert torch.equal(torch.cat(parts), whole)
     assert torch.equal(whole[5:22], spans[0].rows) and torch.equal(whole[:5], text[:5])
     assert torch.equal(whole[22:30], text[22:30]) and torch.equal(whole[34:], text[34:])
+
+
+def test_cuda_kernel_order_and_fallback(monkeypatch):
+    """On CUDA, the kernels are offered in order; one that fails at run time is dropped."""
+    import types
+
+    import engine.runtime.attention as A
+
+    calls = []
+
+    def fake_sdpa(q, k, v, scale=None):
+        names = tuple(calls[-1])
+        if names[0] == "cudnn":
+            raise RuntimeError("cuDNN graph build failed")
+        return "ran with " + names[0]
+
+    class Ctx:
+        def __init__(self, backends, set_priority=False):
+            calls.append([b.name.split("_")[0].lower() for b in backends])
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *a):
+            return False
+
+    monkeypatch.setattr(A, "sdpa_kernel", Ctx)
+    monkeypatch.setattr(A.F, "scaled_dot_product_attention", fake_sdpa)
+    monkeypatch.setattr(A, "_BROKEN", set())
+    q4 = types.SimpleNamespace(device=types.SimpleNamespace(type="cuda"))
+    assert A._sdpa(q4, q4, q4, None, None) == "ran with flash"
+    assert calls[0] == ["cudnn", "flash", "efficient", "math"] and "cudnn" in A._BROKEN
+    assert A._sdpa(q4, q4, q4, None, ["cudnn", "efficient"]) == "ran with efficient"
