@@ -8,8 +8,13 @@ POSEMBED_ALIGN_CORNERS_FALSE = "posembed-align-corners-false"  # half-pixel cent
 ROPE_HW_SWAP = "rope-hw-swap"  # (col, row) rope positions
 DEEPSTACK_DROP = "deepstack-drop"  # DeepStack features zeroed
 MROPE_NO_DELTA = "mrope-no-delta"  # decode positions continue from the sequence length
+VISION_GELU_ERF = "vision-gelu-erf"  # block MLPs with exact GELU instead of the tanh form
+TOWER_SKIP_LAST_BLOCK = "tower-skip-last-block"  # off by one: the last block never runs
+MERGER_GELU_TANH = "merger-gelu-tanh"  # the merger's exact GELU replaced by the tanh form
+DEEPSTACK_OFF_BY_ONE = "deepstack-off-by-one"  # DeepStack taps read as 1-based block numbers
 
-ALL = (MERGE_ORDER_RASTER, POSEMBED_ALIGN_CORNERS_FALSE, ROPE_HW_SWAP, DEEPSTACK_DROP, MROPE_NO_DELTA)
+ALL = (MERGE_ORDER_RASTER, POSEMBED_ALIGN_CORNERS_FALSE, ROPE_HW_SWAP, DEEPSTACK_DROP, MROPE_NO_DELTA,
+       VISION_GELU_ERF, TOWER_SKIP_LAST_BLOCK, MERGER_GELU_TANH, DEEPSTACK_OFF_BY_ONE)
 
 
 def check(fault: str | None) -> str | None:

@@ -13,7 +13,7 @@ from .layers import gelu_erf, layer_norm
 
 
 def merge(backend, w: dict[str, torch.Tensor], pre: str, x: torch.Tensor, m: int, postshuffle: bool,
-          taps: dict | None = None) -> torch.Tensor:
+          taps: dict | None = None, act=gelu_erf) -> torch.Tensor:
     """x: [N, hidden] in merge order -> [N/m², out_hidden]. `taps` receives the norm output."""
     if postshuffle:
         h = layer_norm(shuffle(x, m), w[f"{pre}.norm.weight"], w[f"{pre}.norm.bias"])
@@ -22,5 +22,5 @@ def merge(backend, w: dict[str, torch.Tensor], pre: str, x: torch.Tensor, m: int
         if taps is not None:
             taps["norm"] = normed
         h = shuffle(normed, m)
-    h = gelu_erf(backend.linear(h, w[f"{pre}.linear_fc1.weight"], w[f"{pre}.linear_fc1.bias"]))
+    h = act(backend.linear(h, w[f"{pre}.linear_fc1.weight"], w[f"{pre}.linear_fc1.bias"]))
     return backend.linear(h, w[f"{pre}.linear_fc2.weight"], w[f"{pre}.linear_fc2.bias"])

@@ -43,9 +43,9 @@ def run(req, rec) -> None:
     rec.record("patches", px.pixel_values)
 
     weights = load_visual(req.weights_dir, dtype, req.device)
-    tower = VisionTower(cfg.vision, weights, backend, dtype)
+    tower = VisionTower(cfg.vision, weights, backend, dtype, fault)
     with torch.inference_mode():
-        tower(px.pixel_values.to(req.device), grid_thw, rec, fault)
+        tower(px.pixel_values.to(req.device), grid_thw, rec)
 
     prompt = tokenize(req.prompt, grid_thw, cfg)
     pos, deltas = mrope_positions(prompt, cfg.vision.spatial_merge_size)

@@ -11,6 +11,7 @@ import math
 from dataclasses import dataclass
 
 from ..errors import EngineInputError
+from ..runtime.sizing import ceil_to, floor_to, to_int
 
 MAX_ASPECT = 200
 
@@ -39,16 +40,16 @@ def smart_resize(height: int, width: int, factor: int, min_pixels: int, max_pixe
         raise EngineInputError(f"image of {width}x{height} pixels has no area")
     if max(height, width) / min(height, width) > MAX_ASPECT:
         raise EngineInputError(f"image of {width}x{height} pixels has an aspect ratio over {MAX_ASPECT}")
-    h = round(height / factor) * factor
-    w = round(width / factor) * factor
+    h = to_int(height / factor, "round") * factor
+    w = to_int(width / factor, "round") * factor
     if h * w > max_pixels:
         beta = math.sqrt(height * width / max_pixels)
-        h = max(factor, math.floor(height / beta / factor) * factor)
-        w = max(factor, math.floor(width / beta / factor) * factor)
+        h = max(factor, floor_to(height / beta, factor))
+        w = max(factor, floor_to(width / beta, factor))
     elif h * w < min_pixels:
         beta = math.sqrt(min_pixels / (height * width))
-        h = math.ceil(height * beta / factor) * factor
-        w = math.ceil(width * beta / factor) * factor
+        h = ceil_to(height * beta, factor)
+        w = ceil_to(width * beta, factor)
     return h, w
 
 

@@ -17,7 +17,7 @@ import torch
 from ..runtime.attention import attention
 from . import faults as F
 from .config import VisionConfig
-from .layers import activation, layer_norm
+from .layers import activation, gelu_erf, gelu_tanh, layer_norm
 from .merger import merge
 from .pos_embed import interpolate_pos_embed
 from .rope import vision_rope
@@ -30,12 +30,13 @@ class TowerOutput:
 
 
 class VisionTower:
-    def __init__(self, cfg: VisionConfig, weights: dict[str, torch.Tensor], backend, dtype: torch.dtype):
-        self.cfg, self.w, self.backend, self.dtype = cfg, weights, backend, dtype
+    def __init__(self, cfg: VisionConfig, weights: dict[str, torch.Tensor], backend, dtype: torch.dtype,
+                 fault: str | None = None):
+        self.cfg, self.w, self.backend, self.dtype, self.fault = cfg, weights, backend, dtype, fault
         k = cfg.in_channels * cfg.temporal_patch_size * cfg.patch_size ** 2
         # Conv3d with kernel == stride is a matmul over flattened (c, t, py, px) columns
         self.patch_w = weights["patch_embed.proj.weight"].reshape(cfg.hidden_size, k)
-        self.act = activation(cfg.hidden_act)
+        self.act = gelu_erf if fault == F.VISION_GELU_ERF else activation(cfg.hidden_act)
 
     def block(self, i: int, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, cu: list[int]) -> torch.Tensor:
         w, b, cfg = self.w, self.backend, self.cfg
@@ -52,9 +53,8 @@ class VisionTower:
         h = self.act(b.linear(h, w[f"{p}.mlp.linear_fc1.weight"], w[f"{p}.mlp.linear_fc1.bias"]))
         return x + b.linear(h, w[f"{p}.mlp.linear_fc2.weight"], w[f"{p}.mlp.linear_fc2.bias"])
 
-    def __call__(self, pixel_values: torch.Tensor, grid_thw: tuple[int, int, int], rec, fault: str | None = None
-                 ) -> TowerOutput:
-        cfg, w, m = self.cfg, self.w, self.cfg.spatial_merge_size
+    def __call__(self, pixel_values: torch.Tensor, grid_thw: tuple[int, int, int], rec) -> TowerOutput:
+        cfg, w, m, fault = self.cfg, self.w, self.cfg.spatial_merge_size, self.fault
         t, gh, gw = grid_thw
         x = self.backend.patch_linear(pixel_values.to(self.dtype), self.patch_w, w["patch_embed.proj.bias"])
         pos = interpolate_pos_embed(w["pos_embed.weight"], gh, gw, t, m,
@@ -66,19 +66,24 @@ class VisionTower:
         rec.record("rope.cos", cos)
         rec.record("rope.sin", sin)
         cu = [i * gh * gw for i in range(t + 1)]  # one attention segment per frame group
+        taps_at = list(cfg.deepstack_visual_indexes)
+        if fault == F.DEEPSTACK_OFF_BY_ONE:
+            taps_at = [i + 1 for i in taps_at]
+        depth = cfg.depth - 1 if fault == F.TOWER_SKIP_LAST_BLOCK else cfg.depth
         deepstack = []
-        for i in range(cfg.depth):
+        for i in range(depth):
             x = self.block(i, x, cos, sin, cu)
             if i == 0:
                 rec.record("block0", x)
-            if i in cfg.deepstack_visual_indexes:
-                k = cfg.deepstack_visual_indexes.index(i)
+            if i in taps_at:
+                k = taps_at.index(i)
                 d = merge(self.backend, w, f"deepstack_merger_list.{k}", x, m, postshuffle=True)
                 if fault == F.DEEPSTACK_DROP:
                     d = torch.zeros_like(d)
                 deepstack.append(d)
         taps: dict = {}
-        embeds = merge(self.backend, w, "merger", x, m, postshuffle=False, taps=taps)
+        embeds = merge(self.backend, w, "merger", x, m, postshuffle=False, taps=taps,
+                       act=gelu_tanh if fault == F.MERGER_GELU_TANH else gelu_erf)
         rec.record("final_norm", taps["norm"])
         rec.record("aligner", embeds)
         for k, d in enumerate(deepstack):

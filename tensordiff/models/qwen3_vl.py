@@ -71,6 +71,12 @@ FAULTS = (
     Fault("deepstack-drop", "deepstack.*", "DeepStack features not produced (zeroed)"),
     Fault("mrope-no-delta", "positions", "decode positions continue from the sequence length instead of "
           "rope_deltas", needs="an image of more than one merged cell (rope_deltas != 0)"),
+    Fault("vision-gelu-erf", "block0", "vision block MLPs use exact GELU instead of gelu_pytorch_tanh",
+          needs="float32 (the change is ~1e-3 absolute, near bf16 resolution)"),
+    Fault("tower-skip-last-block", "final_norm", "off by one in the block loop: the last vision block never runs"),
+    Fault("merger-gelu-tanh", "aligner", "the merger's exact GELU replaced by the tanh approximation",
+          needs="float32 (the change is ~1e-3 absolute, near bf16 resolution)"),
+    Fault("deepstack-off-by-one", "deepstack.0", "DeepStack taps read as 1-based block numbers (one block late)"),
 )
 
 

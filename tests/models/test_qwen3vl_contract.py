@@ -120,3 +120,12 @@ def test_extreme_aspect_ratio_is_bad_input_on_both_sides(tmp_path, side):
     errors = [ln for ln in r.stderr.splitlines() if ln.startswith("tensordiff: error")]
     assert len(errors) == 1 and "aspect ratio" in errors[0], r.stderr
     assert "Traceback" not in r.stderr and not out.exists()
+
+
+def test_engine_carries_exactly_the_adapter_faults():
+    from engine.errors import EngineInputError
+    from engine.qwen3_vl import faults
+
+    assert set(faults.ALL) == {f.name for f in ADAPTER.faults}
+    with pytest.raises(EngineInputError, match="unknown qwen3-vl fault"):
+        faults.check("contain-ceil")
