@@ -109,6 +109,11 @@ def cases(g: torch.Generator):
     out.append(("rope/deepseek-half-table", "9000x16x64 bf16, table [9000,32] f32",
                 2 * 9000 * 1024 * 2 + 2 * 9000 * 32 * 4, 0, lambda: rope_inputs(32, 64),
                 lambda be, a: be.rope_rotate_half(*a)))
+    for nbytes in (8, 4):  # narrower accesses: more, smaller work items
+        out.append((f"rope/deepseek-half-table@{nbytes}B", "9000x16x64 bf16, x read/written 8 or 4 bytes at a time",
+                    2 * 9000 * 1024 * 2 + 2 * 9000 * 32 * 4, 0, lambda: rope_inputs(32, 64),
+                    lambda be, a, n=nbytes: be.rope_rotate_half(*a) if be.name != "hip"
+                    else be.narrow_rope(n).rope_rotate_half(*a)))
     out.append(("rope/qwen-full-table", "9000x16x72 bf16, table [9000,72] f32",
                 2 * 9000 * 16 * 72 * 2 + 2 * 9000 * 72 * 4, 0, lambda: rope_inputs(72, 72),
                 lambda be, a: be.rope_rotate_half(*a)))
@@ -154,15 +159,28 @@ def main(argv=None) -> int:
     ap.add_argument("--out", default="bench-kernels.json")
     ap.add_argument("--reps", type=int, default=20)
     ap.add_argument("--only", default=None, help="substring of the kernel names to run")
+    ap.add_argument("--profile", action="store_true",
+                    help="run each case a few times untimed (for a profiler such as ncu) and exit")
     args = ap.parse_args(argv)
     if not torch.cuda.is_available():
         print("bench/kernels.py needs a GPU", file=sys.stderr)
         return 2
     torch.backends.cuda.matmul.allow_tf32 = False
     hip, ref = HipBackend(), TorchBackend()
-    bw = copy_bandwidth(args.reps)
+    narrow = {n: HipBackend(rope_access_bytes=n) for n in (4, 8, 16)}
+    hip.narrow_rope = narrow.__getitem__
     g = torch.Generator(device="cuda")
     g.manual_seed(0)
+    if args.profile:
+        for name, _, _, _, make, call in cases(g):
+            if not args.only or args.only in name:
+                a = make()
+                for _ in range(3):
+                    call(hip, a)
+                    call(ref, a)
+        torch.cuda.synchronize()
+        return 0
+    bw = copy_bandwidth(args.reps)
     rows = []
     for name, shape, nbytes, flops, make, call in cases(g):
         if args.only and args.only not in name:

@@ -42,7 +42,7 @@ at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& w, double eps, int64_
 }
 
 at::Tensor rope_rotate_half(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin, int64_t n_pos,
-                            int64_t heads, int64_t stream) {
+                            int64_t heads, int64_t max_access_bytes, int64_t stream) {
   require(x, "x");
   require(cos, "cos", at::kFloat);
   require(sin, "sin", at::kFloat);
@@ -50,7 +50,8 @@ at::Tensor rope_rotate_half(const at::Tensor& x, const at::Tensor& cos, const at
   TORCH_CHECK(cos.sizes() == sin.sizes() && cos.numel() == n_pos * table_w, "cos/sin must be [n_pos, w]");
   at::Tensor y = at::empty_like(x);
   check(td_rope_rotate_half(x.data_ptr(), cos.data_ptr<float>(), sin.data_ptr<float>(), y.data_ptr(),
-                            x.numel() / hd, heads, n_pos, hd, table_w, dtype_code(x), as_stream(stream)),
+                            x.numel() / hd, heads, n_pos, hd, table_w, (int)max_access_bytes, dtype_code(x),
+                            as_stream(stream)),
         "rope_rotate_half");
   return y;
 }

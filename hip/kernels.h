@@ -32,9 +32,10 @@ int td_rms_norm(const void* x, const float* w, void* y, int64_t rows, int64_t d,
 // Rotate-half RoPE. x, y: [rows, hd] of `dtype`, rows = (batch, n_pos, heads) flattened, so
 // row r uses table row (r / heads) % n_pos. cos, sin: [n_pos, table_w] fp32, table_w = hd / 2
 // (DeepSeek's blocked half table, used for both halves) or hd (Qwen3-VL's cat(rot, rot)).
+// max_access_bytes caps the width of one access of x (16, 8, 4; 0 = the widest that fits).
 int td_rope_rotate_half(const void* x, const float* cos, const float* sin, void* y, int64_t rows,
-                        int64_t heads, int64_t n_pos, int64_t hd, int64_t table_w, int dtype,
-                        void* stream);
+                        int64_t heads, int64_t n_pos, int64_t hd, int64_t table_w, int max_access_bytes,
+                        int dtype, void* stream);
 
 // Tiled y[m, n] = x[m, k] . w[n, k] + bias[n] (bias may be NULL), fp32 accumulation; x, w, y of
 // `dtype`. Requires k % 16 == 0: the tile walks k in steps of 16 with no bounds check, which is

@@ -55,22 +55,22 @@ __device__ inline void load_table(const float* p, float* f) {
   }
 }
 
-template <int DT, int P>
+// I: the index type, 32-bit whenever rows * hd fits (three divisions per item are cheaper so).
+template <int DT, int P, typename I>
 __global__ void __launch_bounds__(kThreads)
 rope_rotate_half(const void* __restrict__ x, const float* __restrict__ cos, const float* __restrict__ sin,
-                 void* __restrict__ y, int64_t rows, int64_t heads, int64_t n_pos, int64_t hd,
-                 int64_t table_w) {
+                 void* __restrict__ y, I rows, I heads, I n_pos, I hd, I table_w) {
   typedef typename td::Elem<DT>::raw raw;
-  const int64_t half = hd / 2, chunks = half / P;
-  const int64_t item = (int64_t)blockIdx.x * kThreads + threadIdx.x;
+  const I half = hd / 2, chunks = half / P;
+  const I item = (I)blockIdx.x * kThreads + threadIdx.x;
   if (item >= rows * chunks) return;
-  const int64_t row = item / chunks, i0 = (item - row * chunks) * P;
-  const int64_t pos = (row / heads) % n_pos;
+  const I row = item / chunks, i0 = (item - row * chunks) * P;
+  const I pos = (row / heads) % n_pos;
   const raw* xr = static_cast<const raw*>(x) + row * hd;
   raw* yr = static_cast<raw*>(y) + row * hd;
   const float* cr = cos + pos * table_w;
   const float* sr = sin + pos * table_w;
-  const int64_t second = table_w == hd ? half : 0;  // where the second half's angles live
+  const I second = table_w == hd ? half : 0;  // where the second half's angles live
 
   float x1[P], x2[P], c1[P], s1[P], c2[P], s2[P], o1[P], o2[P];
   load_x<DT, P>(xr + i0, x1);
@@ -98,39 +98,51 @@ inline bool fits(int p, size_t es, const void* x, const void* y, const float* co
          (reinterpret_cast<uintptr_t>(sin) % ta) == 0;
 }
 
-template <int DT>
-int launch(const void* x, const float* cos, const float* sin, void* y, int64_t rows, int64_t heads,
-           int64_t n_pos, int64_t hd, int64_t table_w, hipStream_t s) {
-  constexpr int P16 = td::Elem<DT>::kPer16;  // 16 bytes of x: 8 bf16 or 4 fp32
-  const size_t es = sizeof(typename td::Elem<DT>::raw);
-  const int64_t half = hd / 2;
-  int p = 1;
-  for (int c = P16; c > 1; c /= 2)
-    if (fits(c, es, x, y, cos, sin, half, table_w)) { p = c; break; }
-  const dim3 grid(td::blocks_for(rows * (half / p), kThreads)), block(kThreads);
-#define TD_ROPE(P) hipLaunchKernelGGL(HIP_KERNEL_NAME(rope_rotate_half<DT, P>), grid, block, 0, s, x, cos, sin, y, \
+template <int DT, typename I>
+void launch_p(int p, dim3 grid, const void* x, const float* cos, const float* sin, void* y, I rows, I heads, I n_pos,
+              I hd, I table_w, hipStream_t s) {
+  const dim3 block(kThreads);
+#define TD_ROPE(P) hipLaunchKernelGGL(HIP_KERNEL_NAME(rope_rotate_half<DT, P, I>), grid, block, 0, s, x, cos, sin, y, \
                                       rows, heads, n_pos, hd, table_w)
   if (p == 8) TD_ROPE(8);
   else if (p == 4) TD_ROPE(4);
   else if (p == 2) TD_ROPE(2);
   else TD_ROPE(1);
 #undef TD_ROPE
+}
+
+template <int DT>
+int launch(const void* x, const float* cos, const float* sin, void* y, int64_t rows, int64_t heads,
+           int64_t n_pos, int64_t hd, int64_t table_w, int max_access_bytes, hipStream_t s) {
+  constexpr int P16 = td::Elem<DT>::kPer16;  // 16 bytes of x: 8 bf16 or 4 fp32
+  const int es = (int)sizeof(typename td::Elem<DT>::raw);
+  const int64_t half = hd / 2;
+  int p = 1;
+  for (int c = P16; c > 1; c /= 2)
+    if (c * es <= max_access_bytes && fits(c, (size_t)es, x, y, cos, sin, half, table_w)) { p = c; break; }
+  const dim3 grid(td::blocks_for(rows * (half / p), kThreads));
+  if (rows * hd + kThreads < 0x7fffffff)
+    launch_p<DT, int32_t>(p, grid, x, cos, sin, y, (int32_t)rows, (int32_t)heads, (int32_t)n_pos, (int32_t)hd,
+                          (int32_t)table_w, s);
+  else
+    launch_p<DT, int64_t>(p, grid, x, cos, sin, y, rows, heads, n_pos, hd, table_w, s);
   return td::launch_status();
 }
 
 }  // namespace
 
 extern "C" int td_rope_rotate_half(const void* x, const float* cos, const float* sin, void* y, int64_t rows,
-                                   int64_t heads, int64_t n_pos, int64_t hd, int64_t table_w, int dtype,
-                                   void* stream) {
+                                   int64_t heads, int64_t n_pos, int64_t hd, int64_t table_w, int max_access_bytes,
+                                   int dtype, void* stream) {
   if (rows < 0 || heads <= 0 || n_pos <= 0 || hd <= 0 || hd % 2 != 0 || (table_w != hd && table_w * 2 != hd))
     return TD_BAD_SHAPE;
   if (rows == 0) return TD_OK;
   if ((rows * (hd / 2) + kThreads - 1) / kThreads > 0x7fffffff) return TD_BAD_SHAPE;
+  if (max_access_bytes <= 0) max_access_bytes = 16;
   hipStream_t s = static_cast<hipStream_t>(stream);
   switch (dtype) {
-    case TD_F32: return launch<TD_F32>(x, cos, sin, y, rows, heads, n_pos, hd, table_w, s);
-    case TD_BF16: return launch<TD_BF16>(x, cos, sin, y, rows, heads, n_pos, hd, table_w, s);
+    case TD_F32: return launch<TD_F32>(x, cos, sin, y, rows, heads, n_pos, hd, table_w, max_access_bytes, s);
+    case TD_BF16: return launch<TD_BF16>(x, cos, sin, y, rows, heads, n_pos, hd, table_w, max_access_bytes, s);
     default: return TD_BAD_DTYPE;
   }
 }

@@ -119,19 +119,22 @@ def _float(t: torch.Tensor, what: str) -> None:
 class HipBackend:
     name = "hip"
 
-    def __init__(self, faults=(), patch_gemm: str = "tiled"):
+    def __init__(self, faults=(), patch_gemm: str = "tiled", rope_access_bytes: int = 0):
         unknown = set(faults) - set(KERNEL_FAULTS)
         if unknown:
             raise EngineInputError(f"unknown kernel fault(s) {sorted(unknown)} (known: {sorted(KERNEL_FAULTS)})")
         if patch_gemm not in ("tiled", "vendor"):
             raise EngineInputError(f"patch_gemm must be 'tiled' or 'vendor', not {patch_gemm!r}")
+        if rope_access_bytes not in (0, 4, 8, 16):
+            raise EngineInputError(f"rope_access_bytes must be 0 (widest), 4, 8 or 16, not {rope_access_bytes}")
         self.faults = frozenset(faults)
         self.patch_gemm = patch_gemm
+        self.rope_access_bytes = rope_access_bytes
         self._k = load_kernels()
 
     def with_faults(self, faults) -> "HipBackend":
         """The same kernels with planted faults (see KERNEL_FAULTS)."""
-        return HipBackend(faults, self.patch_gemm)
+        return HipBackend(faults, self.patch_gemm, self.rope_access_bytes)
 
     def rms_norm(self, x, weight, eps):
         _gpu(x, "x")
@@ -153,7 +156,7 @@ class HipBackend:
         c = cos.to(device=x.device, dtype=torch.float32).reshape(n_pos, width).contiguous()
         s = sin.to(device=x.device, dtype=torch.float32).reshape(n_pos, width).contiguous()
         with _on_device(x):
-            return self._k.rope_rotate_half(x.contiguous(), c, s, n_pos, heads, _stream(x))
+            return self._k.rope_rotate_half(x.contiguous(), c, s, n_pos, heads, self.rope_access_bytes, _stream(x))
 
     def linear(self, x, weight, bias):
         return F.linear(x, weight, bias)

@@ -107,6 +107,17 @@ def test_rope_rotate_half(hip, ref, gen, dtype, shape, table):
     close(hip.rope_rotate_half(x, cos, sin), ref.rope_rotate_half(x, cos, sin))
 
 
+@pytest.mark.parametrize("access", [4, 8, 16])
+@pytest.mark.parametrize("dtype", DTYPES, ids=ids_dt.get)
+def test_rope_access_width_changes_no_number(hip, gen, dtype, access):
+    from engine.backend.hip_ops import HipBackend
+
+    cos, sin = rope_tables(13, 32, gen)
+    x = randn(13, 5, 64, gen=gen, dtype=dtype)
+    assert torch.equal(HipBackend(rope_access_bytes=access).rope_rotate_half(x, cos, sin),
+                       hip.rope_rotate_half(x, cos, sin))
+
+
 def test_rope_keeps_the_norm_of_each_pair(hip, gen):
     n, h, hd = 31, 4, 64
     cos, sin = rope_tables(n, hd // 2, gen)
