@@ -4,6 +4,7 @@ from __future__ import annotations
 import hashlib
 from pathlib import Path
 
+import PIL
 import torch
 
 from .. import backend as backends
@@ -54,8 +55,6 @@ def run(req, rec) -> None:
     rec.record("positions.rope_deltas", torch.tensor([carried], dtype=torch.int64))
     if req.decode:
         rec.record("positions.decode", decode_positions(prompt.input_ids.shape[0], req.decode, carried))
-
-    import PIL
 
     prior = getattr(rec, "run", None) or {}  # keep what the caller already wrote
     inputs = {

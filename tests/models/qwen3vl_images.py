@@ -33,4 +33,10 @@ def make_images(root: Path) -> dict[str, Path]:
         p = root / f"{name}.png"
         Image.fromarray(np.ascontiguousarray(arr)).save(p)
         out[name] = p
+    # a camera JPEG stored sideways: EXIF orientation 6 turns 200x120 into 120x200 on load
+    exif = Image.Exif()
+    exif[0x0112] = 6
+    p = root / "exif.jpg"
+    Image.fromarray(_photo("chelsea")[50:170, 100:300]).save(p, quality=90, exif=exif)
+    out["exif"] = p
     return out

@@ -35,7 +35,7 @@ def request(images, wdir, name, **kw):
     return RunRequest(weights="synthetic:tiny", weights_dir=wdir, image=images[name], prompt=PROMPT, decode=2, **kw)
 
 
-@pytest.mark.parametrize("name", ["astronaut", "chelsea", "coffee", "tiny", "wide", "tall", "rounding"])
+@pytest.mark.parametrize("name", ["astronaut", "chelsea", "coffee", "tiny", "wide", "tall", "rounding", "exif"])
 def test_clean_engine_matches_oracle(setup, name):
     root, images, wdir = setup
     req = request(images, wdir, name)
@@ -53,13 +53,14 @@ def test_grids_cover_the_cases(setup):
 
     root, images, wdir = setup
     grids = {}
-    for name in ("tiny", "wide", "tall", "rounding"):
+    for name in ("tiny", "wide", "tall", "rounding", "exif"):
         dump(root, "engine", request(images, wdir, name), name)
         grids[name] = json.loads((root / f"{name}-engine" / "manifest.json").read_text())["run"]["inputs"]["grid"]
     assert grids["tiny"] == [4, 6]  # 21x27 grows to the 64x64 floor: ceil to 64x96
     assert grids["wide"][1] > 4 * grids["wide"][0]
     assert grids["tall"][0] > 4 * grids["tall"][1]
     assert grids["rounding"] == [4, 8]  # 80 -> 64 (down), 112 -> 128 (up)
+    assert grids["exif"] == [12, 8]  # 120 wide x 200 high once the EXIF rotation is applied
 
 
 @pytest.mark.parametrize("fault", [f.name for f in ADAPTER.faults])
