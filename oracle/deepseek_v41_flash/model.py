@@ -7,8 +7,12 @@ collapse -> final norm -> LM head. Module and parameter names are the checkpoint
 What this oracle does not model, on purpose (say so wherever numbers are compared):
 - quantised storage: experts FP4, dense layers FP8, the Engram table FP8. Weights are bf16
   (fp32 where the official module declares fp32) and Linear layers are plain matmuls;
-- the indexer's candidate-block pre-filter (`candidate_source_layer`); configs here set it -1;
-- the DSpark draft layers (`mtp.*`).
+- the DSpark draft layers (`mtp.*`);
+- the attention kernel's online softmax over blocks of 64 positions: probabilities here are
+  taken against the row's overall max (the same numbers whenever a row selects <= 64 positions).
+What it does model of the kernels: the FP8 window-KV and FP4 indexer / compressed-KV activation
+quantisation (values to the low-precision grid and back, in place, as `act_quant` /
+`fp4_act_quant` do), the bf16 rounding of attention probabilities before P·V.
 The run dtype replaces bf16 as the activation dtype (float32 by default); fp32 upcasts of the
 official code stay fp32. Only single-shot prefill (start_pos 0) exists here: decode is checked
 by full recomputation, and the engine's chunked prefill against slices of this result.
@@ -158,6 +162,7 @@ class SharedAttention:
     compress_kv: torch.Tensor | None = None
     index_k: torch.Tensor | None = None
     topk_idxs: torch.Tensor | None = None
+    candidates: torch.Tensor | None = None  # [B, S, T] bool, from `candidate_source_layer`
 
 
 class Compressor(nn.Module):
@@ -199,6 +204,11 @@ class Indexer(nn.Module):
         self.n_heads, self.head_dim = args.index_n_heads, args.index_head_dim
         self.rd = args.rope_head_dim
         self.topk = args.index_topk
+        # two-level top-k: the candidate source publishes its best blocks, later indexers keep
+        # their own choice inside them
+        self.is_candidate_source = layer_id == args.candidate_source_layer
+        self.uses_candidates = 0 <= args.candidate_source_layer < layer_id
+        self.candidate_topk_blocks, self.candidate_block_size = args.candidate_topk_blocks, args.candidate_block_size
         self.wq_b = linear(args.q_lora_rank, self.n_heads * self.head_dim)
         self.weights_proj = linear(args.dim, self.n_heads)
         if self.owns_k:
@@ -220,9 +230,30 @@ class Indexer(nn.Module):
         score = (score.relu() * w.unsqueeze(-1)).sum(dim=2)  # [B, S, T]
         visible = (torch.arange(1, s + 1) // ratio).unsqueeze(-1)  # [S, 1]
         score = score.masked_fill(torch.arange(s // ratio) >= visible, -torch.inf)
+        if self.is_candidate_source:
+            shared.candidates = candidate_blocks(score, visible, self.candidate_topk_blocks, self.candidate_block_size)
+        elif self.uses_candidates:
+            score = score.masked_fill(~shared.candidates, -torch.inf)
         k = min(self.topk, s // ratio)
         idx = score.topk(k, dim=-1, sorted=False).indices.sort(dim=-1).values
         return torch.where(idx < visible, idx + offset, -1)
+
+
+def candidate_blocks(score: torch.Tensor, visible: torch.Tensor, topk_blocks: int, block: int) -> torch.Tensor:
+    """Level one of the two-level top-k. score: [..., T] with unreachable positions at -inf;
+    visible: positions each query reaches (broadcasts over score's leading dims). Blocks of
+    `block` positions are scored by their best position; the block holding the query's newest
+    position is always kept (it may be partly filled); the best `topk_blocks` are kept, never a
+    block with nothing reachable. Returns a bool mask shaped like `score`."""
+    width = score.size(-1)
+    padded = F.pad(score, (0, -width % block), value=-torch.inf)
+    best = padded.unflatten(-1, (-1, block)).amax(-1)  # [..., n_blocks]
+    n_blocks = best.size(-1)
+    newest = (visible - 1) // block
+    best = best.masked_fill(torch.arange(n_blocks) == newest, torch.inf)
+    top = best.topk(min(topk_blocks, n_blocks), dim=-1)
+    keep = torch.zeros_like(best, dtype=torch.bool).scatter(-1, top.indices, top.values > -torch.inf)
+    return keep.repeat_interleave(block, dim=-1)[..., :width]
 
 
 class Attention(nn.Module):

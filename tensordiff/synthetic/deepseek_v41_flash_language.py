@@ -75,7 +75,7 @@ def language_config(dim: int = 64, *, vision: bool = True) -> dict:
         "compress_rope_theta": 160000.0, "original_seq_len": 32, "rope_theta": 10000.0, "rope_factor": 4.0,
         "beta_fast": 32, "beta_slow": 1,
         "index_n_heads": 8, "index_head_dim": 32, "index_topk": 4,
-        "candidate_source_layer": -1, "candidate_topk_blocks": 0, "candidate_block_size": 0,
+        "candidate_source_layer": 4, "candidate_topk_blocks": 2, "candidate_block_size": 4,
         "hc_mult": 4, "hc_sinkhorn_iters": 20, "hc_eps": 1e-6,
         "engram_layer_ids": layer_ids, "engram_max_ngram_size": 4, "engram_vocab_size": 64,
         "engram_n_heads": 2, "engram_head_dim": 16, "engram_pad_id": 2,

@@ -55,7 +55,7 @@ def oracle_dump(checkpoint, rows, tmp_path_factory):
     return dump("oracle", request(checkpoint, rows), tmp_path_factory.mktemp("lang") / "oracle")
 
 
-@pytest.mark.parametrize("chunk", [None, 7, 5])
+@pytest.mark.parametrize("chunk", [None, 7])
 def test_clean_engine_matches(oracle_dump, checkpoint, rows, tmp_path, chunk):
     eng = dump("engine", request(checkpoint, rows, chunk=chunk), tmp_path / "engine")
     report = compare_dumps(oracle_dump, eng, contract=CONTRACT)

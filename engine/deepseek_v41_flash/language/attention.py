@@ -57,6 +57,7 @@ class ChunkShared:
     kv_cache: LayerCache | None = None
     key_cache: LayerCache | None = None
     selection: torch.Tensor | None = None  # [n, k] group ids, -1 = none
+    candidates: torch.Tensor | None = None  # [n, T] bool: blocks the candidate source kept
 
 
 class Attention:
@@ -68,6 +69,8 @@ class Attention:
         self.kv_source = layer_id in cfg.kv_source_layers
         self.index_source = layer_id in cfg.index_source_layers
         self.owns_keys = self.index_source and self.kv_source
+        self.candidate_source = layer_id == cfg.candidate_source_layer
+        self.candidate_user = 0 <= cfg.candidate_source_layer < layer_id
         if self.ratio:
             self.rope_args = (self.rd, cfg.max_seq_len, cfg.original_seq_len, float(cfg.compress_rope_theta),
                               float(cfg.rope_factor), cfg.beta_fast, cfg.beta_slow)
@@ -113,7 +116,25 @@ class Attention:
         cache.latents.extend(quant.fp4(latent, 16, e4m3_scale=True).unbind(0))
         return len(cache.latents)
 
-    def _select(self, x, qr, start: int, n_groups: int, keys: LayerCache, cos, sin) -> torch.Tensor:
+    def _blocks(self, score: torch.Tensor, seen: torch.Tensor) -> torch.Tensor:
+        """Level one of the two-level selection: per query the `candidate_topk_blocks` blocks of
+        `candidate_block_size` groups with the best single score, the block of the query's newest
+        group always among them; a block with nothing visible is never kept. [n, T] bool."""
+        bs, n, t = self.cfg.candidate_block_size, score.shape[0], score.shape[1]
+        n_blocks = -(-t // bs)
+        full = torch.full((n, n_blocks * bs), float("-inf"))
+        full[:, :t] = score
+        best = full.view(n, n_blocks, bs).max(dim=-1).values
+        newest = (seen - 1).clamp_min(-1) // bs  # -1: nothing visible yet, nothing pinned
+        rows = torch.arange(n)[newest >= 0]
+        best[rows, newest[newest >= 0]] = float("inf")
+        top = best.topk(min(self.cfg.candidate_topk_blocks, n_blocks), dim=-1)
+        keep = torch.zeros(n, n_blocks, dtype=torch.bool)
+        keep.scatter_(1, top.indices, top.values > float("-inf"))
+        return keep.repeat_interleave(bs, dim=1)[:, :t]
+
+    def _select(self, x, qr, start: int, n_groups: int, keys: LayerCache, cos, sin,
+                shared: "ChunkShared") -> torch.Tensor:
         """[n, k] ids of the visible groups each query keeps (-1 pads a short row)."""
         w, n = self.w, x.shape[0]
         ih, ihd = self.cfg.index_n_heads, self.cfg.index_head_dim
@@ -126,6 +147,10 @@ class Attention:
         seen = (torch.arange(start, start + n) + 1) // self.ratio  # groups visible to each query
         visible = torch.arange(n_groups).unsqueeze(0) < seen.unsqueeze(1)
         score = score.masked_fill(~visible, float("-inf"))
+        if self.candidate_source:
+            shared.candidates = self._blocks(score, seen)
+        elif self.candidate_user:
+            score = score.masked_fill(~shared.candidates, float("-inf"))
         k_keep = min(self.cfg.index_topk, n_groups)
         top = score.topk(k_keep, dim=-1)
         return torch.where(torch.isfinite(top.values), top.indices, torch.full_like(top.indices, -1))
@@ -157,7 +182,7 @@ class Attention:
             n_groups = (start + n) // self.ratio
             if self.index_source:
                 shared.selection = (torch.full((n, 0), -1, dtype=torch.long) if n_groups == 0 else
-                                    self._select(x, qr, start, n_groups, shared.key_cache, cos, sin))
+                                    self._select(x, qr, start, n_groups, shared.key_cache, cos, sin, shared))
             sel = shared.selection
             if sel.shape[1]:
                 lat = torch.stack(shared.kv_cache.latents[:n_groups]).float()  # [T, hd]

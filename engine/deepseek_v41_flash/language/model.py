@@ -130,9 +130,6 @@ class LanguageModel:
         if fault is not None and fault not in FAULTS:
             fault = None  # a vision fault: the language path runs clean
         cfg = Config.load(checkpoint)
-        for key, value in (("candidate_source_layer", cfg.candidate_source_layer),):
-            if value >= 0:
-                raise EngineInputError(f"{key} = {value}: the indexer's candidate pre-filter is not implemented")
         return cls(cfg, W.read(checkpoint, cls.tensor_names(cfg)), dtype, backend, fault)
 
     def sequence(self, input_ids: torch.Tensor, token_types: torch.Tensor,

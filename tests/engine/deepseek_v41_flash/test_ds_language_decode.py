@@ -33,7 +33,7 @@ def test_vision_runs_once_across_chunks_and_decode(lm, rows):
 
     ids, types = tokenize(PROMPT, lm.cfg, CELLS)
     seq = lm.sequence(ids, types, image=vision, cells=CELLS)
-    last = seq.prefill(chunk=3)
+    last = seq.prefill(chunk=8)  # the span is [6, 16): cut at 8
     seq.decode(4, last)
     assert len(calls) == 1 and seq.vision_calls == 1
 
@@ -42,7 +42,7 @@ def test_cached_decode_equals_recomputing_the_sequence(lm, rows):
     ids, types = tokenize(PROMPT, lm.cfg, CELLS)
     seq = lm.sequence(ids, types, image=lambda: rows, cells=CELLS)
     rec = MemoryRecorder()
-    gen = seq.decode(3, seq.prefill(chunk=4), rec)
+    gen = seq.decode(3, seq.prefill(chunk=8), rec)
     # the same tokens as a prompt, prefilled in one go: its last rows are the decode steps' logits
     full_ids = torch.cat([ids, torch.tensor(gen[:3])])
     full_types = torch.cat([types, torch.full((3,), -1)])

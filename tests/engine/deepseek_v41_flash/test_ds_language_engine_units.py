@@ -132,3 +132,17 @@ def test_fp8_quantisation_uses_power_of_two_block_scales():
     x[0], x[1], x[32] = 448.0, 1.0 + 2 ** -6, 3.0  # 1 + 2^-6 is between e4m3 neighbours 1 and 1.125
     y = fp8(x)
     assert y[0] == 448.0 and y[1] == 1.0 and y[32] == 3.0
+
+
+def test_candidate_blocks_pin_the_newest_block_and_keep_the_best_other(tables):
+    from engine.deepseek_v41_flash.language.attention import Attention
+
+    _, cfg = tables
+    attn = Attention.__new__(Attention)
+    attn.cfg = cfg  # block 4, two blocks kept
+    inf = float("inf")
+    score = torch.tensor([[0.1, 0.9, 0.0, 0.2, 0.3, 0.1, 0.4, 0.2, 0.0, -inf],
+                          [0.5, -inf, -inf, -inf, -inf, -inf, -inf, -inf, -inf, -inf]])
+    keep = attn._blocks(score, torch.tensor([9, 1]))
+    assert keep[0].tolist() == [True] * 4 + [False] * 4 + [True] * 2
+    assert keep[1].tolist() == [True] * 4 + [False] * 6

@@ -113,3 +113,14 @@ def test_kernel_quantisation_round_trips():
     assert fp4_round_trip(x, 32)[:2].tolist() == [6.0, 3.0]
     x[0], x[1] = 448.0, 1.0 + 2 ** -6
     assert fp8_round_trip(x)[:2].tolist() == [448.0, 1.0]
+
+
+def test_candidate_blocks_pin_the_newest_block_and_keep_the_best_other():
+    from oracle.deepseek_v41_flash.model import candidate_blocks
+
+    inf = float("inf")
+    score = torch.tensor([[0.1, 0.9, 0.0, 0.2, 0.3, 0.1, 0.4, 0.2, 0.0, -inf],   # 9 visible
+                          [0.5, -inf, -inf, -inf, -inf, -inf, -inf, -inf, -inf, -inf]])  # 1 visible
+    keep = candidate_blocks(score, torch.tensor([[9], [1]]), topk_blocks=2, block=4)
+    assert keep[0].tolist() == [True] * 4 + [False] * 4 + [True] * 2  # block 0 (0.9) + pinned block 2
+    assert keep[1].tolist() == [True] * 4 + [False] * 6  # nothing else reachable: never kept
