@@ -8,11 +8,10 @@ What this oracle does not model, on purpose (say so wherever numbers are compare
 - quantised storage: experts FP4, dense layers FP8, the Engram table FP8. Weights are bf16
   (fp32 where the official module declares fp32) and Linear layers are plain matmuls;
 - the DSpark draft layers (`mtp.*`);
-- the attention kernel's online softmax over blocks of 64 positions: probabilities here are
-  taken against the row's overall max (the same numbers whenever a row selects <= 64 positions).
 What it does model of the kernels: the FP8 window-KV and FP4 indexer / compressed-KV activation
 quantisation (values to the low-precision grid and back, in place, as `act_quant` /
-`fp4_act_quant` do), the bf16 rounding of attention probabilities before P·V.
+`fp4_act_quant` do), and the attention kernel's online softmax over blocks of 64 selected
+positions with its bf16 rounding of the probabilities before P·V.
 The run dtype replaces bf16 as the activation dtype (float32 by default); fp32 upcasts of the
 official code stay fp32. Only single-shot prefill (start_pos 0) exists here: decode is checked
 by full recomputation, and the engine's chunked prefill against slices of this result.
@@ -135,23 +134,36 @@ def window_indices(seqlen: int, window: int) -> torch.Tensor:
     return torch.where(idx > end, -1, idx)
 
 
+ATTN_BLOCK = 64  # the kernel walks the selected positions 64 at a time
+
+
 def sparse_attention(q: torch.Tensor, kv: torch.Tensor, sink: torch.Tensor, idx: torch.Tensor,
                      scale: float) -> torch.Tensor:
-    """One shared KV head (K = V) over gathered positions, plus an attention sink.
+    """One shared KV head (K = V) over gathered positions, plus an attention sink, as the
+    kernel computes it: an online softmax over blocks of 64 selected positions, the
+    probabilities rounded to the activation dtype (bf16 in the release) against the RUNNING max
+    before P·V, the denominator in fp32; the sink adds exp(sink - max) to the denominator only.
 
-    q: [B, S, H, d]; kv: [B, N, d]; sink: [H] fp32; idx: [B, S, K] (-1 = nothing).
-    The sink adds exp(sink - max) to the denominator only. Probabilities enter P·V in the
-    activation dtype (the kernel rounds them to bf16), the denominator stays fp32."""
-    b = torch.arange(q.size(0)).view(-1, 1, 1)
-    valid = idx >= 0
-    g = kv.float()[b, idx.clamp_min(0).long()] * valid.unsqueeze(-1)  # [B, S, K, d]
-    s = torch.einsum("bshd,bskd->bshk", q.float(), g)
-    s = torch.where(valid.unsqueeze(2), s, -torch.inf) * scale
-    m = torch.maximum(torch.full_like(s[..., 0], -1e30), s.amax(-1))
-    p = torch.exp(s - m.unsqueeze(-1))
-    denom = p.sum(-1) + torch.exp(sink.float() - m)
-    o = torch.einsum("bshk,bskd->bshd", p.to(q.dtype).float(), g)
-    return (o / denom.unsqueeze(-1)).to(q.dtype)
+    q: [B, S, H, d]; kv: [B, N, d]; sink: [H] fp32; idx: [B, S, K] (-1 = nothing)."""
+    bsz, s_len, h, d = q.shape
+    b = torch.arange(bsz).view(-1, 1, 1)
+    qf = q.float()
+    acc = torch.zeros(bsz, s_len, h, d)
+    denom = torch.zeros(bsz, s_len, h)
+    m = torch.full((bsz, s_len, h), -1e30)  # finite: a row with nothing selected gives 0, not NaN
+    for t in range(0, idx.size(-1), ATTN_BLOCK):
+        blk = idx[..., t:t + ATTN_BLOCK]
+        valid = blk >= 0
+        g = kv.float()[b, blk.clamp_min(0).long()] * valid.unsqueeze(-1)  # [B, S, k, d]
+        sc = torch.where(valid.unsqueeze(2), torch.einsum("bshd,bskd->bshk", qf, g), -torch.inf) * scale
+        m_new = torch.maximum(m, sc.amax(-1))
+        shrink = torch.exp(m - m_new)
+        p = torch.exp(sc - m_new.unsqueeze(-1))
+        denom = denom * shrink + p.sum(-1)
+        acc = acc * shrink.unsqueeze(-1) + torch.einsum("bshk,bskd->bshd", p.to(q.dtype).float(), g)
+        m = m_new
+    denom = denom + torch.exp(sink.float() - m)
+    return (acc / denom.unsqueeze(-1)).to(q.dtype)
 
 
 @dataclass

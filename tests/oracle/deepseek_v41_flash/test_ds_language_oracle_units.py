@@ -124,3 +124,21 @@ def test_candidate_blocks_pin_the_newest_block_and_keep_the_best_other():
     keep = candidate_blocks(score, torch.tensor([[9], [1]]), topk_blocks=2, block=4)
     assert keep[0].tolist() == [True] * 4 + [False] * 4 + [True] * 2  # block 0 (0.9) + pinned block 2
     assert keep[1].tolist() == [True] * 4 + [False] * 6  # nothing else reachable: never kept
+
+
+def test_blocked_sparse_attention_equals_one_softmax_with_a_sink():
+    from oracle.deepseek_v41_flash.model import sparse_attention
+
+    g = torch.Generator().manual_seed(4)
+    q, kv = torch.randn(1, 3, 2, 8, generator=g), torch.randn(1, 200, 8, generator=g)
+    sink = torch.tensor([0.5, -1.0])
+    idx = torch.randint(0, 200, (1, 3, 150), generator=g)
+    idx[0, 1, 70:] = -1  # a row with fewer positions, spanning two blocks
+    idx[0, 2] = -1  # a row with nothing: zeros, not NaN
+    out = sparse_attention(q, kv, sink, idx, 0.3)
+    for r in range(2):
+        sel = idx[0, r][idx[0, r] >= 0]
+        s = (q[0, r] @ kv[0, sel].T) * 0.3  # [H, k]
+        p = torch.softmax(torch.cat([s, sink.view(2, 1)], -1), -1)[:, :-1]
+        torch.testing.assert_close(out[0, r], p @ kv[0, sel], atol=1e-5, rtol=1e-5)
+    assert torch.equal(out[0, 2], torch.zeros(2, 8))
