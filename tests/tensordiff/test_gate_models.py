@@ -87,3 +87,56 @@ def test_every_qwen_fault_fails_the_gate(fault):
         assert any(fnmatch.fnmatchcase(e, want) for e in c.report.earliest), c.summary_line()
         if c.local.available:
             assert c.local.origin is not None and fnmatch.fnmatchcase(c.local.origin, want), c.local.summary()
+
+
+def _checkpoint_copy(tmp_path) -> Path:
+    import shutil
+
+    src = registry.adapter("deepseek-v4.1-flash").weights("synthetic:tiny")
+    dst = tmp_path / "ckpt"
+    shutil.copytree(src, dst)
+    return dst
+
+
+def _shards_holding(ckpt: Path, prefixes) -> set[str]:
+    import json
+
+    wmap = json.loads((ckpt / "model.safetensors.index.json").read_text())["weight_map"]
+    return {v for k, v in wmap.items() if k.split(".")[0] in prefixes}
+
+
+def test_gate_reads_only_the_shards_the_vision_path_needs(tmp_path, small_picture):
+    _gate("deepseek-v4.1-flash")
+    from tensordiff.gate import from_mapping
+
+    ckpt = _checkpoint_copy(tmp_path)
+    vision = _shards_holding(ckpt, {"vision", "aligner", "image_start", "image_end", "image_newline"})
+    others = {p.name for p in ckpt.glob("*.safetensors")} - vision
+    assert others, "the synthetic checkpoint should have a language-only shard"
+    for name in others:  # a shard the vision path must never open: make it unreadable garbage
+        (ckpt / name).write_bytes(b"\xff" * 64)
+    cfg = from_mapping({"model": [{"name": "deepseek-v4.1-flash", "weights": str(ckpt),
+                                   "images": [str(small_picture)]}]})
+    res = run_gate(cfg, use_cache=False, progress=False, echo=lambda s: None)
+    assert res.passed, res.cases[0].summary_line()
+
+
+def test_partial_checkpoint_is_one_error_naming_the_missing_tensors(tmp_path, capsys):
+    import json
+
+    _gate("deepseek-v4.1-flash")
+    ckpt = _checkpoint_copy(tmp_path)
+    index = ckpt / "model.safetensors.index.json"
+    data = json.loads(index.read_text())
+    del data["weight_map"]["vision.norm.weight"]
+    del data["weight_map"]["aligner.w2.bias"]
+    index.write_text(json.dumps(data))
+    cfg = tmp_path / "g.toml"
+    cfg.write_text(f'[[model]]\nname = "deepseek-v4.1-flash"\nweights = "{ckpt}"\n')
+    from tensordiff.cli import main
+
+    with pytest.raises(SystemExit) as e:
+        main(["gate", str(cfg), "--no-cache"])
+    err = capsys.readouterr().err
+    assert e.value.code == 2
+    assert "vision.norm.weight" in err and "aligner.w2.bias" in err and err.count("\n") == 1
