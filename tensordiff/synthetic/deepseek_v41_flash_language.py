@@ -217,3 +217,36 @@ def tiny_language_checkpoint(dim: int = 64) -> Path:
     cfg = language_config(dim)
     key = hashlib.sha256(f"{SYNTH_VERSION}:{json.dumps(cfg, sort_keys=True)}".encode()).hexdigest()[:12]
     return write_checkpoint(cache_root() / f"deepseek-v41-flash-language-tiny-{key}", cfg)
+
+
+# Beyond this many language parameters a synthetic checkpoint leaves the language backbone out
+# (the released shapes are ~280B parameters: nothing to write to a cache or run on a CPU).
+MAX_LANGUAGE_PARAMS = 200_000_000
+
+
+def language_units(cfg: dict):
+    """(unit, {name: tensor}) in checkpoint order, for the whole-model writer's `UNIT_WRITERS`.
+    The image markers (`image_start` / `image_end` / `image_newline`) are the vision writer's."""
+    shapes = language_shapes(cfg)
+    if sum(_numel(s) for s, _ in shapes.values()) > MAX_LANGUAGE_PARAMS:
+        return
+    units: dict[str, dict] = {}
+    for name, (shape, dt) in shapes.items():
+        if name.startswith("image_"):
+            continue
+        parts = name.split(".")
+        if parts[0] == "layers":
+            # one unit per expert, per sublayer, per engram table: whole units never split shards
+            depth = 5 if parts[2] == "ffn" and parts[3] == "experts" else 3
+            unit = ".".join(parts[:depth])
+        else:
+            unit = parts[0]
+        units.setdefault(unit, {})[name] = synth(name, shape, dt)
+    yield from units.items()
+
+
+def _numel(shape: tuple[int, ...]) -> int:
+    n = 1
+    for s in shape:
+        n *= s
+    return n
