@@ -48,3 +48,16 @@ def test_clean_engine_on_the_same_picture_matches(oracle_dump, tmp_path):
     ad, req = make_request(MODEL, weights="synthetic:tiny")
     engine = run_side(ad, "engine", dataclasses.replace(req), tmp_path / "engine")
     assert compare_dumps(oracle_dump, engine).verdict == "match"
+
+
+def test_cli_check_exits_1_and_names_the_boundary(tmp_path, capsys):
+    import json
+
+    from tensordiff.cli import main
+
+    with pytest.raises(SystemExit) as e:
+        main(["check", MODEL, "--fault", "contain-ceil", "--json", str(tmp_path / "r.json")])
+    out = capsys.readouterr().out
+    assert e.value.code == 1 and "patches" in out.splitlines()[0]
+    rep = json.loads((tmp_path / "r.json").read_text())
+    assert rep["earliest"] == ["patches"]
