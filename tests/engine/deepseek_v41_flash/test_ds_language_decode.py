@@ -66,3 +66,20 @@ def test_generated_image_token_stops_generation(rows):
     assert gen == [lm.cfg.image_token_id] and seq.stop == "image-token"
     assert not [n for n in rec.tensors if n.startswith("logits.step")]
     assert seq.pos == ids.numel()  # never fed back
+
+
+@pytest.mark.parametrize("chunk", [3, 11])
+def test_any_chunking_gives_the_single_shot_tensors(lm, rows, chunk):
+    """Odd chunk lengths leave compressor groups and n-gram windows open across chunk ends."""
+    ids, types = tokenize(PROMPT, lm.cfg, CELLS)
+    recs = []
+    for c in (None, chunk):
+        rec = MemoryRecorder()
+        lm.sequence(ids, types, image=lambda: rows, cells=CELLS).prefill(c, rec)
+        recs.append(rec.tensors)
+    assert recs[0].keys() == recs[1].keys()
+    for name, t in recs[0].items():
+        if t.dtype == torch.int64:
+            assert torch.equal(t, recs[1][name]), name
+        else:
+            torch.testing.assert_close(recs[1][name], t, atol=1e-4, rtol=1e-4, msg=name)
