@@ -254,6 +254,12 @@ class GateResult:
                 out[k] = out.get(k, 0.0) + v
         out["report"] = out.get("report", 0.0) + self.timings.get("report", 0.0)
         out["total"] = self.timings.get("total", sum(out.values()))
+        # inside the runners (when they report run.timings): "oracle.load_weights", "engine.forward", ...
+        for c in self.cases:
+            for side, rt in c.runner_timings.items():
+                for k, v in rt.items():
+                    if isinstance(v, (int, float)):
+                        out[f"{side}.{k}"] = out.get(f"{side}.{k}", 0.0) + float(v)
         return out
 
     def as_json(self) -> dict:
@@ -443,6 +449,8 @@ def run_gate(cfg: GateConfig, *, fault: str | None = None, models: list[str] | N
                     with _timed(case.timings, "report", prog, label):
                         case.views = heat_views(case.report, open_dump(odir))
                 for side, d in (("oracle", odir), ("engine", edir)):
+                    if side == "oracle" and case.oracle_cached:
+                        continue  # a cached dump's timings are another run's
                     rt = open_dump(d).run.get("timings")
                     if isinstance(rt, dict):
                         case.runner_timings[side] = rt
@@ -458,15 +466,13 @@ def run_gate(cfg: GateConfig, *, fault: str | None = None, models: list[str] | N
 def render_breakdown(res: GateResult) -> str:
     b = res.breakdown()
     total = b.get("total", 0.0) or 1e-9
-    lines = ["time per stage (all cases):"]
+    names = {"setup": "setup (imports)", "weights": "weights (resolve)"}
+    lines = [f"time per stage ({len(res.cases)} case(s)):"]
     for k, v in b.items():
-        if k == "total":
+        if k == "total" or "." in k:
             continue
-        lines.append(f"  {k:<12} {v:8.3f} s  {100 * v / total:5.1f}%")
-    lines.append(f"  {'total':<12} {b['total']:8.3f} s")
-    for c in res.cases:
-        for side, rt in c.runner_timings.items():
-            inner = ", ".join(f"{k} {v:.3f} s" for k, v in rt.items() if isinstance(v, (int, float)))
-            if inner:
-                lines.append(f"  {c.label}: {side} runner: {inner}")
+        inner = [(kk.split(".", 1)[1], vv) for kk, vv in b.items() if kk.startswith(k + ".")]
+        detail = f"   ({', '.join(f'{n.replace(chr(95), chr(32))} {x:.3f} s' for n, x in inner)})" if inner else ""
+        lines.append(f"  {names.get(k, k.replace('_', ' ')):<18} {v:8.3f} s  {100 * v / total:5.1f}%{detail}")
+    lines.append(f"  {'total':<18} {b['total']:8.3f} s")
     return "\n".join(lines)

@@ -9,6 +9,7 @@ to prefer on CUDA (see `engine.runtime.attention.KERNELS`).
 from __future__ import annotations
 
 import hashlib
+import time
 from pathlib import Path
 
 import torch
@@ -88,8 +89,10 @@ def run(req, rec) -> None:
     if req.weights_dir is None or req.image is None:
         raise EngineInputError("the DeepSeek V4.1 Flash engine needs a weights directory and an image")
     prefer = req.options.get("attention") if req.options else None
+    t0 = time.perf_counter()
     eng = VisionEngine(req.weights_dir, device=req.device, dtype=req.dtype, backend=req.backend,
                        fault=req.fault, attention_prefer=prefer)
+    t1 = time.perf_counter()
     plan, patches = eng.preprocess(req.image)
     data = Path(req.image).read_bytes()
     rec.update_run(
@@ -98,8 +101,13 @@ def run(req, rec) -> None:
                 "grid": list(plan.grid), "cells": list(plan.cells), "span": plan.span},
         dtype=req.dtype, device=req.device, weights=W.fingerprint(req.weights_dir), versions=versions(),
         fault=req.fault, backend=eng.backend.name)
+    t2 = time.perf_counter()
     with torch.inference_mode():
         eng.encode(patches, plan, rec if req.taps else None)
+    if eng.device.type == "cuda":
+        torch.cuda.synchronize(eng.device)
+    # the gate's time breakdown (`tensordiff gate` reads run.timings); forward includes the taps' copies
+    rec.update_run(timings={"load_weights": t1 - t0, "preprocess": t2 - t1, "forward": time.perf_counter() - t2})
 
 
 def _mode(path) -> str:

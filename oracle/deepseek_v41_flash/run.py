@@ -9,6 +9,7 @@ actually received), `block0` [N, D], `final_norm` [N, D], `aligner` [T, dim].
 from __future__ import annotations
 
 import hashlib
+import time
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -113,7 +114,9 @@ def run(req, rec) -> None:
     device = torch.device(req.device)
     checkpoint = Path(req.weights_dir)
     args = ModelArgs.from_dir(checkpoint)
+    t0 = time.perf_counter()
     model = build(args, checkpoint, dtype, device)
+    t1 = time.perf_counter()
 
     patches, n_vit_h, n_vit_w, n_llm_h, n_llm_w = load_image(req.image, args)
     rec.update_run(
@@ -121,8 +124,13 @@ def run(req, rec) -> None:
                 "span": num_image_tokens(n_llm_h, n_llm_w)},
         dtype=req.dtype, device=req.device, weights=fingerprint(checkpoint), versions=versions())
     handles = tap(model, rec) if getattr(rec, "enabled", True) else []
+    t2 = time.perf_counter()
     try:
         model.encode_image(patches.to(device=device, dtype=dtype), n_vit_h, n_vit_w)
     finally:
         for h in handles:
             h.remove()
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    # the gate's time breakdown (`tensordiff gate` reads run.timings); forward includes the taps' copies
+    rec.update_run(timings={"load_weights": t1 - t0, "preprocess": t2 - t1, "forward": time.perf_counter() - t2})
