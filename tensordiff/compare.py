@@ -14,7 +14,7 @@ from typing import Callable
 
 import numpy as np
 
-from . import registry
+from . import registry, stream
 from .contract import Boundary, Contract, chain, topological
 from .dtypes import DType, narrower
 from .dump import Dump, Entry, open_dump
@@ -61,24 +61,8 @@ def compare_tensor(ea: Entry, eb: Entry, boundary: Boundary, contract: Contract,
     res.tolerance = tol.as_dict()
     n = ea.stored.numel
     row = ea.shape[-1] if mode == "topk-sets" and ea.shape else (int(np.prod(ea.shape[1:])) if len(ea.shape) >= 2 else 0)
-    step = _chunk_len(n, row)
-    ra, rb = ea.stored.reader(), eb.stored.reader()
-    ha = hashlib.sha256() if verify and ea.sha256 else None
-    hb = hashlib.sha256() if verify and eb.sha256 else None
-    try:
-        for s in range(0, n, step):
-            e = min(n, s + step)
-            xa, xb = ra.read(s, e), rb.read(s, e)
-            if ha:
-                ha.update(xa.tobytes())
-            if hb:
-                hb.update(xb.tobytes())
-            acc.update(s, xa, xb)
-            if progress:
-                progress(xa.nbytes + xb.nbytes)
-    finally:
-        ra.close()
-        rb.close()
+    ha, hb = stream.sha256_pair(verify, ea.sha256, eb.sha256)
+    acc = stream.stream_pair(ea.stored, eb.stored, acc, stream.chunk_len(row), progress=progress, hashes=(ha, hb))
     for h, ent, side in ((ha, ea, "A"), (hb, eb, "B")):
         if h and h.hexdigest() != ent.sha256:
             raise BadInput(f"{ent.stored.file}: tensor {ent.name!r} (side {side}) fails its sha256: the file is corrupt")

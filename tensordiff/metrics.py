@@ -4,16 +4,28 @@ whatever the tensor's size. Side A is the reference (the oracle); B the candidat
 from __future__ import annotations
 
 import math
+import threading
 
 import numpy as np
 
-from .dtypes import DType, spacing, to_float64
+from .dtypes import DType, to_float64
 from .tolerance import Tolerance
 
 # ULP histogram: quarter-ULP bins below 16 ULP, then 16 bins per octave (~4.4% wide).
 _LIN_BINS = 64
 _LOG_PER_OCTAVE = 16
 _NBINS = _LIN_BINS + _LOG_PER_OCTAVE * 128
+# A ULP distance u (float32) is binned through the top 16 bits of its bit pattern (`_KEY_SHIFT`):
+# one table lookup instead of a log2 per element. Below 16 ULP a key cell (at most 1/16 ULP
+# wide) lies inside one quarter-ULP bin, so those bins are exact; above, a cell (2**-7 relative)
+# takes the log bin of its lower edge, and `_UPPER` is the true upper edge of each bin's cells,
+# so a percentile read from the histogram is still an upper bound.
+_KEY_SHIFT = 16
+_NKEYS = 1 << (31 - _KEY_SHIFT)
+_NSUB = 4  # the native kernel counts keys into 4 interleaved sub-histograms
+_F32_EXP = 0x7F800000
+_F64_EXP = 0x7FF0000000000000
+_MIN_EXP = {"float64": -1022, "float32": -126, "float16": -14, "bfloat16": -126}
 
 
 def _ulp_bins(u: np.ndarray) -> np.ndarray:
@@ -25,149 +37,328 @@ def _ulp_bins(u: np.ndarray) -> np.ndarray:
     return np.clip(b, 0, _NBINS - 1)
 
 
+def _key_table() -> tuple[np.ndarray, np.ndarray]:
+    keys = np.arange(1 << (32 - _KEY_SHIFT - 1), dtype=np.uint32)  # sign bit clear: u >= 0
+    with np.errstate(invalid="ignore"):  # the top keys are Inf/NaN patterns
+        lower = (keys << _KEY_SHIFT).view(np.float32).astype(np.float64)
+        upper = ((keys + 1) << _KEY_SHIFT).view(np.float32).astype(np.float64)
+    finite = np.isfinite(lower)
+    lut = np.full(keys.size, _NBINS - 1, dtype=np.int64)
+    lut[finite] = _ulp_bins(lower[finite])
+    up = np.array([(b + 1) / 4.0 if b < _LIN_BINS else 16.0 * 2.0 ** ((b - _LIN_BINS + 1) / _LOG_PER_OCTAVE)
+                   for b in range(_NBINS)])
+    log = finite & (lut >= _LIN_BINS)
+    top = np.zeros(_NBINS)
+    np.maximum.at(top, lut[log], upper[log])
+    up[_LIN_BINS:] = np.where(top[_LIN_BINS:] > 0, top[_LIN_BINS:], up[_LIN_BINS:])
+    return lut.astype(np.int16), up
+
+
+_LUT, _UPPER = _key_table()
+
+
 def _bin_upper(b: int) -> float:
-    if b < _LIN_BINS:
-        return (b + 1) / 4.0
-    return 16.0 * 2.0 ** ((b - _LIN_BINS + 1) / _LOG_PER_OCTAVE)
+    return float(_UPPER[b])
 
 
-def _widen(raw: np.ndarray, dt: DType, work: np.dtype) -> np.ndarray:
+def _widen(raw: np.ndarray, dt: DType, work: np.dtype, out: np.ndarray) -> np.ndarray:
+    """Stored elements as `work` floats; `out` is used when a conversion is needed."""
     if dt.name == "bfloat16":
-        return (raw.astype(np.uint32) << 16).view(np.float32).astype(work, copy=False)
-    return raw.astype(work, copy=False)
+        bits = np.left_shift(raw, 16, dtype=np.uint32, out=out.view(np.uint32)[: raw.size]) if work == np.float32 \
+            else np.left_shift(raw.astype(np.uint32), 16)
+        return bits.view(np.float32).astype(work, copy=False)
+    if raw.dtype == work:
+        return raw
+    out = out[: raw.size]
+    np.copyto(out, raw)
+    return out
+
+
+# Counters (FloatMetrics.I) and float accumulators (FloatMetrics.D), shared with the native
+# kernel's layout (native/float_metrics.c).
+_N, _FINITE, _NAN_A, _NAN_B, _INF_A, _INF_B, _MISMATCH, _VIOL, _WORST, _FIRST_BAD = range(10)
+_MAX_ABS, _MAX_REL, _SUM_ABS, _SUM_SQ_ERR, _SUM_SQ_A, _SUM_SQ_B, _UNUSED, _MIN_A, _MAX_A, _MIN_B, _MAX_B, _ULP_MAX = range(12)
+
+
+class _Shared:
+    """What sibling accumulators (one per worker thread) share: the row maxima."""
+
+    def __init__(self, shape: tuple[int, ...]):
+        self.row = int(np.prod(shape[1:])) if len(shape) >= 2 else 0
+        self.rows = np.zeros(shape[0], dtype=np.float64) if len(shape) >= 2 and shape[0] <= 4_000_000 else None
+        self.lock = threading.Lock()
+
+    def update_rows(self, start: int, d: np.ndarray) -> None:
+        """Max of d (|a-b| at flat positions start.., 0 where not finite) into each row."""
+        if self.rows is None or not self.row or d.size == 0:
+            return
+        r0, r1 = start // self.row, (start + d.size - 1) // self.row + 1
+        head = r0 * self.row
+        if start == head and d.size % self.row == 0:
+            m = d.reshape(-1, self.row).max(axis=1)
+        else:
+            m = np.maximum.reduceat(d, np.maximum(np.arange(r0, r1) * self.row - start, 0))
+        self.merge_rows(r0, m)
+
+    def merge_rows(self, r0: int, m: np.ndarray) -> None:
+        with self.lock:
+            seg = self.rows[r0 : r0 + m.size]
+            np.maximum(seg, m, out=seg)
 
 
 class FloatMetrics:
-    """max/mean abs, max rel, RMSE, cosine, SQNR, ULP p50/p99/max, allclose violations, NaN/Inf."""
+    """max/mean abs, max rel, RMSE, cosine, SQNR, ULP p50/p99/max, allclose violations, NaN/Inf.
 
-    def __init__(self, da: DType, db: DType, unit: DType, tol: Tolerance, shape: tuple[int, ...]):
-        self.da, self.db, self.unit, self.tol = da, db, unit, tol
+    Float32 and bfloat16 inputs are compared in float32 (bf16 widens exactly), anything with a
+    float64 side in float64; sums are accumulated in float64. Per element:
+    d = |a - b|; rel = d / max(|a|, tiny); a violation is d > atol + rtol * |a|; the ULP distance
+    is d / spacing(a) with spacing(a) = 2**(max(exponent(a), min normal exponent) - mantissa bits)
+    in the narrower dtype (`unit`). NaN/Inf pairs are counted per side and are a mismatch unless
+    both sides hold NaN or the same infinity; the other metrics see finite pairs only.
+
+    One instance per worker thread: `spawn()` makes a sibling sharing the row maxima, `merge()`
+    folds a sibling's totals in. The native kernel (tensordiff.native) computes the same
+    arithmetic in one pass when it is available and both sides are float32/bfloat16.
+    """
+
+    def __init__(self, da: DType, db: DType, unit: DType, tol: Tolerance, shape: tuple[int, ...],
+                 _shared: _Shared | None = None):
+        self.da, self.db, self.unit, self.tol, self.shape = da, db, unit, tol, shape
         self.work = np.dtype(np.float64 if "float64" in (da.name, db.name) else np.float32)
-        self.n = 0
-        self.finite = 0
-        self.nan = [0, 0]
-        self.inf = [0, 0]
-        self.nonfinite_mismatch = 0
-        self.max_abs = 0.0
-        self.worst = -1
-        self.max_rel = 0.0
-        self.sum_abs = 0.0
-        self.sum_sq_err = 0.0
-        self.sum_sq_a = 0.0
-        self.sum_sq_b = 0.0
-        self.dot = 0.0
-        self.violations = 0
-        self.min = [math.inf, math.inf]
-        self.max = [-math.inf, -math.inf]
-        self.ulp_max = 0.0
+        self.shared = _shared or _Shared(shape)
+        self.I = np.zeros(10, dtype=np.int64)
+        self.I[[_WORST, _FIRST_BAD]] = -1
+        self.D = np.array([-1.0, 0, 0, 0, 0, 0, 0, math.inf, -math.inf, math.inf, -math.inf, 0])
         self.hist = np.zeros(_NBINS, dtype=np.int64)
-        self.row = int(np.prod(shape[1:])) if len(shape) >= 2 else 0
-        self.rows = np.zeros(shape[0], dtype=np.float64) if len(shape) >= 2 and shape[0] <= 4_000_000 else None
+        self.khist: np.ndarray | None = None  # native: counts per key, folded into bins by result()
+        self._bufs: dict[str, np.ndarray] = {}
+        if self.work == np.float32:
+            self._floor_bits = np.uint32((_MIN_EXP[unit.name] + 127) << 23)
+            self._mask = np.uint32(_F32_EXP)
+            self._ibits = np.uint32
+            self._floor_f32 = float(np.array(self._floor_bits, dtype=np.uint32).view(np.float32)[()])
+        else:
+            self._floor_bits = np.uint64((_MIN_EXP[unit.name] + 1023) << 52)
+            self._mask = np.uint64(_F64_EXP)
+            self._ibits = np.uint64
+        self._scale = self.work.type(2.0 ** -unit.bits_mantissa)
+        self._atol, self._rtol = self.work.type(tol.atol), self.work.type(tol.rtol)
+        self._tiny = np.finfo(self.work).tiny
+        self._native = None
+        if {da.name, db.name} <= {"float32", "bfloat16"}:
+            from .native import float_kernel
+
+            self._native = float_kernel()
+
+    def spawn(self) -> "FloatMetrics":
+        return FloatMetrics(self.da, self.db, self.unit, self.tol, self.shape, self.shared)
+
+    @property
+    def rows(self) -> np.ndarray | None:
+        return self.shared.rows
+
+    @property
+    def row(self) -> int:
+        return self.shared.row
+
+    @property
+    def worst(self) -> int:
+        return int(self.I[_FIRST_BAD] if self.I[_MISMATCH] else self.I[_WORST])
+
+    @property
+    def max_abs(self) -> float:
+        if self.I[_MISMATCH]:
+            return math.inf
+        return float(self.D[_MAX_ABS]) if self.I[_WORST] >= 0 else 0.0
+
+    # ------------------------------------------------------------------ updates
 
     def update(self, start: int, ra: np.ndarray, rb: np.ndarray) -> None:
-        a = _widen(ra, self.da, self.work)
-        b = _widen(rb, self.db, self.work)
-        self.n += a.size
-        fa, fb = np.isfinite(a), np.isfinite(b)
-        both = fa & fb
-        if not both.all():
-            na, nb = np.isnan(a), np.isnan(b)
-            self.nan[0] += int(na.sum())
-            self.nan[1] += int(nb.sum())
-            self.inf[0] += int(np.isinf(a).sum())
-            self.inf[1] += int(np.isinf(b).sum())
-            same = (na & nb) | (np.isinf(a) & np.isinf(b) & (np.sign(a) == np.sign(b)))
-            bad = ~both & ~same
-            k = int(bad.sum())
-            if k:
-                self.nonfinite_mismatch += k
-                if self.worst < 0 or math.isfinite(self.max_abs):
-                    self.worst = start + int(np.argmax(bad))
-                    self.max_abs = math.inf
-            a, b = a[both], b[both]
-            idx = np.flatnonzero(both)
-        else:
-            idx = None
-        if a.size == 0:
+        if ra.size == 0:
             return
-        self.finite += a.size
-        d = np.abs(a - b)
-        i = int(np.argmax(d))
-        if d[i] > self.max_abs or self.worst < 0:
-            if math.isfinite(self.max_abs):
-                self.max_abs = float(d[i])
-                self.worst = start + (int(idx[i]) if idx is not None else i)
-        aa = np.abs(a)
-        self.sum_abs += float(d.sum(dtype=np.float64))
-        self.sum_sq_err += float(np.dot(d.astype(np.float64, copy=False), d.astype(np.float64, copy=False)))
-        a64, b64 = a.astype(np.float64, copy=False), b.astype(np.float64, copy=False)
-        self.sum_sq_a += float(np.dot(a64, a64))
-        self.sum_sq_b += float(np.dot(b64, b64))
-        self.dot += float(np.dot(a64, b64))
-        with np.errstate(divide="ignore", invalid="ignore"):
-            rel = d / np.maximum(aa, np.finfo(self.work).tiny)
-        self.max_rel = max(self.max_rel, float(rel.max()))
-        self.violations += int((d > self.tol.atol + self.tol.rtol * aa).sum())
-        self.min[0] = min(self.min[0], float(a.min()))
-        self.max[0] = max(self.max[0], float(a.max()))
-        self.min[1] = min(self.min[1], float(b.min()))
-        self.max[1] = max(self.max[1], float(b.max()))
-        u = d / spacing(a, self.unit).astype(self.work)
-        self.ulp_max = max(self.ulp_max, float(u.max()))
-        self.hist += np.bincount(_ulp_bins(u), minlength=_NBINS)
-        if self.rows is not None and idx is None and self.row:
-            r0 = start // self.row
-            if start % self.row == 0 and d.size % self.row == 0:
-                m = d.reshape(-1, self.row).max(axis=1)
-                self.rows[r0 : r0 + m.size] = np.maximum(self.rows[r0 : r0 + m.size], m)
-            else:
-                rr = (start + np.arange(d.size)) // self.row
-                np.maximum.at(self.rows, rr, d)
+        if self._native is not None:
+            self._update_native(start, np.ascontiguousarray(ra), np.ascontiguousarray(rb))
+        else:
+            with np.errstate(all="ignore"):  # Inf - Inf, overflowing quotients: counted, not warned
+                self._update_numpy(start, ra, rb)
 
-    def _percentile(self, q: float) -> float:
-        total = int(self.hist.sum())
+    def _update_native(self, start: int, ra: np.ndarray, rb: np.ndarray) -> None:
+        row, rows, r0, rbuf = self.row, None, 0, None
+        if self.rows is not None and row:
+            r0 = start // row
+            rbuf = np.zeros((start + ra.size - 1) // row + 1 - r0)
+            rows = rbuf.ctypes.data
+        if self.khist is None:
+            self.khist = np.zeros(_NSUB * _NKEYS, dtype=np.int64)
+        rc = self._native(ra.ctypes.data, int(self.da.name == "bfloat16"), rb.ctypes.data,
+                          int(self.db.name == "bfloat16"), ra.size, start, self.tol.atol, self.tol.rtol,
+                          self._floor_f32, float(self._scale), self.khist.ctypes.data, _NKEYS, rows, row, r0,
+                          self.I.ctypes.data, self.D.ctypes.data)
+        if rc:
+            raise RuntimeError(f"native float kernel failed ({rc})")
+        if rbuf is not None:
+            self.shared.merge_rows(r0, rbuf)
+
+    def _buf(self, name: str, n: int, dtype) -> np.ndarray:
+        b = self._bufs.get(name)
+        if b is None or b.size < n or b.dtype != dtype:
+            b = self._bufs[name] = np.empty(max(n, 1), dtype=dtype)
+        return b[:n]
+
+    def _update_numpy(self, start: int, ra: np.ndarray, rb: np.ndarray) -> None:
+        n = ra.size
+        a = _widen(ra, self.da, self.work, self._buf("a", n, self.work))
+        b = _widen(rb, self.db, self.work, self._buf("b", n, self.work))
+        self.I[_N] += n
+        d = np.subtract(a, b, out=self._buf("d", n, self.work))
+        np.abs(d, out=d)
+        i = int(np.argmax(d))
+        idx = None
+        if not math.isfinite(d[i]):  # NaN/Inf somewhere (or an overflowing difference)
+            fa, fb = np.isfinite(a), np.isfinite(b)
+            both = fa & fb
+            if not both.all():
+                na, nb = np.isnan(a), np.isnan(b)
+                ia, ib = np.isinf(a), np.isinf(b)
+                self.I[_NAN_A] += int(na.sum())
+                self.I[_NAN_B] += int(nb.sum())
+                self.I[_INF_A] += int(ia.sum())
+                self.I[_INF_B] += int(ib.sum())
+                same = (na & nb) | (ia & ib & (np.signbit(a) == np.signbit(b)))
+                bad = ~both & ~same
+                k = int(bad.sum())
+                if k:
+                    self.I[_MISMATCH] += k
+                    if self.I[_FIRST_BAD] < 0:
+                        self.I[_FIRST_BAD] = start + int(np.argmax(bad))
+                idx = np.flatnonzero(both)
+                a, b, d = a[idx], b[idx], d[idx]
+                if d.size == 0:
+                    return
+                i = int(np.argmax(d))
+        self._finite(start, a, b, d, i, idx)
+        if idx is None:
+            self.shared.update_rows(start, d)
+        elif self.rows is not None:
+            full = np.zeros(n, dtype=self.work)
+            full[idx] = d
+            self.shared.update_rows(start, full)
+
+    def _finite(self, start: int, a: np.ndarray, b: np.ndarray, d: np.ndarray, i: int, idx) -> None:
+        I, D, k, w = self.I, self.D, d.size, self.work
+        I[_FINITE] += k
+        m = float(d[i])
+        if m > D[_MAX_ABS] or I[_WORST] < 0:
+            D[_MAX_ABS] = m
+            I[_WORST] = start + (int(idx[i]) if idx is not None else i)
+        D[_SUM_ABS] += float(np.add.reduce(d, dtype=np.float64))
+        t64 = self._buf("t64", k, np.float64)
+        for slot, x in ((_SUM_SQ_ERR, d), (_SUM_SQ_A, a), (_SUM_SQ_B, b)):
+            np.multiply(x, x, out=t64, dtype=np.float64)  # exact: float32 squares fit a double
+            D[slot] += float(np.add.reduce(t64))
+        aa = np.abs(a, out=self._buf("aa", k, w))
+        r = np.maximum(aa, self._tiny, out=self._buf("r", k, w))
+        np.divide(d, r, out=r)
+        mr = float(r.max())
+        D[_MAX_REL] = max(D[_MAX_REL], mr)
+        # No element can violate when every d <= atol, or (with margin for rounding) every
+        # d/|a| < rtol; otherwise count d > atol + rtol*|a| in the work precision.
+        if not (m <= self._atol or (self._atol >= 2.0 ** -90 and mr <= self._rtol * (1 - 2.0 ** -20))):
+            np.multiply(aa, self._rtol, out=r)
+            np.add(r, self._atol, out=r)
+            I[_VIOL] += int(np.count_nonzero(np.greater(d, r, out=self._buf("m", k, np.bool_))))
+        D[_MIN_A] = min(D[_MIN_A], float(a.min()))
+        D[_MAX_A] = max(D[_MAX_A], float(a.max()))
+        D[_MIN_B] = min(D[_MIN_B], float(b.min()))
+        D[_MAX_B] = max(D[_MAX_B], float(b.max()))
+        # ULP distance: spacing(a) from a's exponent bits, floored at the minimum normal exponent
+        sb = np.bitwise_and(a.view(self._ibits), self._mask, out=self._buf("sp", k, self._ibits))
+        np.maximum(sb, self._floor_bits, out=sb)
+        sp = sb.view(w)
+        np.multiply(sp, self._scale, out=sp)
+        u = np.divide(d, sp, out=sp)
+        D[_ULP_MAX] = max(D[_ULP_MAX], float(u.max()))
+        u32 = u if w == np.float32 else u.astype(np.float32)
+        key = np.right_shift(u32.view(np.uint32), _KEY_SHIFT, out=self._buf("key", k, np.uint32))
+        self.hist += np.bincount(np.take(_LUT, key), minlength=_NBINS)
+
+    def merge(self, other: "FloatMetrics") -> None:
+        I, D, oI, oD = self.I, self.D, other.I, other.D
+        I[:_WORST] += oI[:_WORST]
+        if oI[_WORST] >= 0 and (I[_WORST] < 0 or oD[_MAX_ABS] > D[_MAX_ABS]
+                                or (oD[_MAX_ABS] == D[_MAX_ABS] and oI[_WORST] < I[_WORST])):
+            D[_MAX_ABS], I[_WORST] = oD[_MAX_ABS], oI[_WORST]
+        if oI[_FIRST_BAD] >= 0 and (I[_FIRST_BAD] < 0 or oI[_FIRST_BAD] < I[_FIRST_BAD]):
+            I[_FIRST_BAD] = oI[_FIRST_BAD]
+        D[_SUM_ABS:_SUM_SQ_B + 1] += oD[_SUM_ABS:_SUM_SQ_B + 1]
+        for j in (_MAX_REL, _MAX_A, _MAX_B, _ULP_MAX):
+            D[j] = max(D[j], oD[j])
+        for j in (_MIN_A, _MIN_B):
+            D[j] = min(D[j], oD[j])
+        self.hist += other.hist
+        if other.khist is not None:
+            if self.khist is None:
+                self.khist = other.khist.copy()
+            else:
+                self.khist += other.khist
+
+    # ------------------------------------------------------------------ results
+
+    def _percentile(self, hist: np.ndarray, q: float) -> float:
+        total = int(hist.sum())
         if total == 0:
             return 0.0
-        c = np.cumsum(self.hist)
+        c = np.cumsum(hist)
         b = int(np.searchsorted(c, math.ceil(q * total)))
-        return min(_bin_upper(b), self.ulp_max) if b > 0 or self.hist[0] < total else 0.0
+        return min(_bin_upper(b), float(self.D[_ULP_MAX])) if b > 0 or hist[0] < total else 0.0
 
     def result(self) -> dict:
-        na = math.sqrt(self.sum_sq_a)
-        nb = math.sqrt(self.sum_sq_b)
+        I, D = self.I, self.D
+        sum_sq_a, sum_sq_b, sum_sq_err = float(D[_SUM_SQ_A]), float(D[_SUM_SQ_B]), float(D[_SUM_SQ_ERR])
+        na, nb = math.sqrt(sum_sq_a), math.sqrt(sum_sq_b)
         if na == 0 and nb == 0:
             cos = 1.0
         elif na == 0 or nb == 0:
             cos = 0.0
         else:
-            cos = self.dot / (na * nb)
-        sqnr = math.inf if self.sum_sq_err == 0 else (10 * math.log10(self.sum_sq_a / self.sum_sq_err) if self.sum_sq_a > 0 else -math.inf)
-        f = max(self.finite, 1)
+            # |a-b|^2 = |a|^2 + |b|^2 - 2 a.b, written so that 1 - cos comes from the small
+            # quantities: accurate near cos = 1 (where it matters) even from float partial sums
+            cos = max(-1.0, min(1.0, 1.0 - (sum_sq_err - (na - nb) ** 2) / (2 * na * nb)))
+        sqnr = math.inf if sum_sq_err == 0 else (10 * math.log10(sum_sq_a / sum_sq_err) if sum_sq_a > 0 else -math.inf)
+        f = max(int(I[_FINITE]), 1)
+        n = int(I[_N])
+        bad = int(I[_VIOL] + I[_MISMATCH])
+        hist = self.hist
+        if self.khist is not None:
+            per_key = self.khist.reshape(_NSUB, _NKEYS).sum(axis=0)
+            hist = hist + np.bincount(_LUT, weights=per_key, minlength=_NBINS).astype(np.int64)
         return {
-            "numel": self.n,
+            "numel": n,
             "max_abs": self.max_abs,
-            "mean_abs": self.sum_abs / f,
-            "max_rel": self.max_rel,
-            "rmse": math.sqrt(self.sum_sq_err / f),
+            "mean_abs": float(D[_SUM_ABS]) / f,
+            "max_rel": float(D[_MAX_REL]),
+            "rmse": math.sqrt(sum_sq_err / f),
             "cosine": cos,
             "sqnr_db": sqnr,
-            "ulp_p50": self._percentile(0.5),
-            "ulp_p99": self._percentile(0.99),
-            "ulp_max": self.ulp_max,
+            "ulp_p50": self._percentile(hist, 0.5),
+            "ulp_p99": self._percentile(hist, 0.99),
+            "ulp_max": float(D[_ULP_MAX]),
             "ulp_unit": self.unit.name,
-            "mismatch_fraction": (self.violations + self.nonfinite_mismatch) / max(self.n, 1),
-            "mismatches": self.violations + self.nonfinite_mismatch,
-            "nan": {"a": self.nan[0], "b": self.nan[1]},
-            "inf": {"a": self.inf[0], "b": self.inf[1]},
-            "nonfinite_mismatch": self.nonfinite_mismatch,
-            "range": {"a": [self.min[0], self.max[0]], "b": [self.min[1], self.max[1]]},
+            "mismatch_fraction": bad / max(n, 1),
+            "mismatches": bad,
+            "nan": {"a": int(I[_NAN_A]), "b": int(I[_NAN_B])},
+            "inf": {"a": int(I[_INF_A]), "b": int(I[_INF_B])},
+            "nonfinite_mismatch": int(I[_MISMATCH]),
+            "range": {"a": [float(D[_MIN_A]), float(D[_MAX_A])], "b": [float(D[_MIN_B]), float(D[_MAX_B])]},
         }
 
     def verdict(self) -> tuple[bool, str]:
         r = self.result()
         t = self.tol
-        if self.nonfinite_mismatch:
-            return True, f"NaN/Inf on one side only ({self.nonfinite_mismatch} elements; A nan={self.nan[0]} inf={self.inf[0]}, B nan={self.nan[1]} inf={self.inf[1]})"
+        I = self.I
+        if I[_MISMATCH]:
+            return True, (f"NaN/Inf on one side only ({I[_MISMATCH]} elements; A nan={I[_NAN_A]} inf={I[_INF_A]}, "
+                          f"B nan={I[_NAN_B]} inf={I[_INF_B]})")
         if r["mismatch_fraction"] > t.max_mismatch:
             return True, (f"{r['mismatches']} of {r['numel']} elements ({100 * r['mismatch_fraction']:.3g}%) outside "
                           f"atol={t.atol:g} rtol={t.rtol:g} (allowed {100 * t.max_mismatch:.3g}%); max abs {r['max_abs']:.4g}")
@@ -180,6 +371,7 @@ class ExactMetrics:
     """Integer and bool tensors: equal or not, with the first difference."""
 
     def __init__(self, da: DType, db: DType):
+        self.da, self.db = da, db
         self.n = 0
         self.diff = 0
         self.first = -1
@@ -194,6 +386,16 @@ class ExactMetrics:
                 self.first = start + int(np.argmax(ne))
             self.diff += k
             self.max_abs = max(self.max_abs, int(np.abs(ra.astype(np.int64) - rb.astype(np.int64)).max()))
+
+    def spawn(self) -> "ExactMetrics":
+        return ExactMetrics(self.da, self.db)
+
+    def merge(self, o: "ExactMetrics") -> None:
+        self.n += o.n
+        self.diff += o.diff
+        self.max_abs = max(self.max_abs, o.max_abs)
+        if o.first >= 0 and (self.first < 0 or o.first < self.first):
+            self.first = o.first
 
     @property
     def worst(self) -> int:
@@ -233,6 +435,16 @@ class TopKSetMetrics:
         for j in range(self.k):
             col = b[:, j : j + 1]
             self.overlap += int((a == col).any(axis=1).sum())
+
+    def spawn(self) -> "TopKSetMetrics":
+        return TopKSetMetrics(self.k, self.tol)
+
+    def merge(self, o: "TopKSetMetrics") -> None:
+        self.rows += o.rows
+        self.diff_rows += o.diff_rows
+        self.overlap += o.overlap
+        if o.first >= 0 and (self.first < 0 or o.first < self.first):
+            self.first = o.first
 
     @property
     def worst(self) -> int:

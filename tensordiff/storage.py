@@ -8,6 +8,7 @@ as uint16 with a `dtype` attribute. Nothing here can unpickle.
 from __future__ import annotations
 
 import json
+import mmap
 import os
 import struct
 from dataclasses import dataclass
@@ -57,6 +58,9 @@ class FlatReader:
     def read(self, start: int, stop: int) -> np.ndarray:  # pragma: no cover - interface
         raise NotImplementedError
 
+    def release(self, start: int, stop: int) -> None:
+        """Done with [start, stop): a reader may drop what it holds of those elements."""
+
     def close(self) -> None:
         pass
 
@@ -71,6 +75,19 @@ class _MemmapReader(FlatReader):
 
     def read(self, start: int, stop: int) -> np.ndarray:
         return np.asarray(self.mm[start:stop])
+
+    def release(self, start: int, stop: int) -> None:
+        # Unmap the pages wholly inside [start, stop) from this process (the page cache keeps
+        # them; a later read faults them back in), so streaming a tensor larger than RAM keeps
+        # resident memory one chunk deep instead of the whole mapping.
+        m = getattr(self.mm, "_mmap", None)
+        if m is None or not hasattr(mmap, "MADV_DONTNEED"):
+            return
+        base = self.t.offset % mmap.ALLOCATIONGRANULARITY  # np.memmap maps from an aligned offset
+        b0 = -(-(base + start * self.t.dtype.itemsize) // mmap.PAGESIZE) * mmap.PAGESIZE
+        b1 = (base + stop * self.t.dtype.itemsize) // mmap.PAGESIZE * mmap.PAGESIZE
+        if b1 > b0:
+            m.madvise(mmap.MADV_DONTNEED, b0, b1 - b0)
 
     def close(self) -> None:
         self.mm = None

@@ -1,0 +1,170 @@
+"""FloatMetrics against a whole-array reference written from the documented definitions:
+chunked, split over sibling accumulators (worker threads), numpy path and native kernel."""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from tensordiff import metrics as M
+from tensordiff.dtypes import BY_NAME, narrower
+from tensordiff.native import float_kernel
+from tensordiff.tolerance import DEFAULTS
+
+NATIVE = float_kernel() is not None
+MIN_EXP = {"float64": -1022, "float32": -126, "float16": -14, "bfloat16": -126}
+
+
+def bf16_bits(x: np.ndarray) -> np.ndarray:
+    u = x.astype(np.float32).view(np.uint32)
+    return ((u + 0x7FFF + ((u >> 16) & 1)) >> 16).astype(np.uint16)
+
+
+def stored(x: np.ndarray, name: str) -> np.ndarray:
+    return bf16_bits(x) if name == "bfloat16" else x.astype(BY_NAME[name].storage)
+
+
+def widen(raw: np.ndarray, name: str, work) -> np.ndarray:
+    if name == "bfloat16":
+        return (raw.astype(np.uint32) << 16).view(np.float32).astype(work)
+    return raw.astype(work)
+
+
+def reference(ra, rb, na, nb, shape):
+    """Every metric of one tensor pair from whole arrays, straight from the definitions."""
+    unit = narrower(BY_NAME[na], BY_NAME[nb])
+    tol = DEFAULTS[unit.name]
+    work = np.float64 if "float64" in (na, nb) else np.float32
+    a, b = widen(ra, na, work), widen(rb, nb, work)
+    fa, fb = np.isfinite(a), np.isfinite(b)
+    both = fa & fb
+    same = (np.isnan(a) & np.isnan(b)) | (np.isinf(a) & np.isinf(b) & (np.sign(a) == np.sign(b)))
+    bad = ~both & ~same
+    with np.errstate(all="ignore"):
+        d = np.abs(a - b)  # in the work precision
+    x, y, dd = a[both], b[both], d[both]
+    x64, y64, d64 = x.astype(np.float64), y.astype(np.float64), dd.astype(np.float64)
+    ax = np.abs(x)
+    with np.errstate(all="ignore"):
+        rel = dd / np.maximum(ax, np.finfo(work).tiny)
+        viol = int((dd > work(tol.atol) + work(tol.rtol) * ax).sum())
+        e = np.where(ax > 0, np.frexp(ax.astype(np.float64))[1] - 1, MIN_EXP[unit.name])
+        sp = np.ldexp(1.0, np.maximum(e, MIN_EXP[unit.name]) - unit.bits_mantissa).astype(work)
+        u = dd / sp
+    nrm_a, nrm_b = math.sqrt(float(x64 @ x64)), math.sqrt(float(y64 @ y64))
+    cos = 1.0 if nrm_a == nrm_b == 0 else (0.0 if 0 in (nrm_a, nrm_b) else float(x64 @ y64) / (nrm_a * nrm_b))
+    full = np.where(both, d, 0).astype(np.float64)
+    rows = full.reshape(shape[0], -1).max(axis=1) if len(shape) >= 2 and full.size else None
+    worst = int(np.argmax(bad)) if bad.any() else (int(np.flatnonzero(both)[np.argmax(dd)]) if dd.size else -1)
+    k = max(dd.size, 1)
+    return {
+        "numel": a.size, "max_abs": math.inf if bad.any() else (float(dd.max()) if dd.size else 0.0),
+        "mean_abs": float(d64.sum()) / k, "rmse": math.sqrt(float(d64 @ d64) / k), "cosine": cos,
+        "max_rel": float(rel.max()) if dd.size else 0.0, "mismatches": viol + int(bad.sum()),
+        "nonfinite_mismatch": int(bad.sum()), "ulp_max": float(u.max()) if dd.size else 0.0,
+        "nan": {"a": int(np.isnan(a).sum()), "b": int(np.isnan(b).sum())},
+        "inf": {"a": int(np.isinf(a).sum()), "b": int(np.isinf(b).sum())},
+        "range": {"a": [float(x.min()), float(x.max())], "b": [float(y.min()), float(y.max())]} if dd.size else None,
+        "_u": u.astype(np.float64), "_worst": worst, "_rows": rows,
+    }
+
+
+def streamed(ra, rb, na, nb, shape, step, native: bool):
+    da, db = BY_NAME[na], BY_NAME[nb]
+    unit = narrower(da, db)
+    acc = M.FloatMetrics(da, db, unit, DEFAULTS[unit.name], shape)
+    sib = acc.spawn()
+    for m in (acc, sib):
+        if not native:
+            m._native = None
+    for j, s in enumerate(range(0, ra.size, step)):  # alternate chunks, as two workers would
+        (acc, sib)[j % 2].update(s, ra[s : s + step], rb[s : s + step])
+    acc.merge(sib)
+    return acc
+
+
+def make_case(seed: int, na: str, nb: str, nonfinite: bool, rows: int = 37, cols: int = 53):
+    rng = np.random.default_rng(seed)
+    a = (rng.standard_normal(rows * cols) * 3).astype(np.float32)
+    b = (a * (1 + 1e-3 * rng.standard_normal(a.size))).astype(np.float32)
+    a[rng.integers(0, a.size, 5)] = 0.0
+    b[7] = a[7] + 0.5  # one planted large difference
+    if nonfinite:
+        a[[3, 100, 200]] = [np.nan, np.inf, -np.inf]
+        b[[3, 100, 200, 300]] = [np.nan, np.inf, np.inf, np.nan]  # matching, matching, sign flip, one-sided
+    return stored(a, na), stored(b, nb), (rows, cols)
+
+
+PAIRS = [("float32", "float32"), ("bfloat16", "float32"), ("float32", "bfloat16"), ("bfloat16", "bfloat16"),
+         ("float16", "float32"), ("float64", "float32")]
+
+
+def check(res: dict, acc, ref: dict, rel_sums: float) -> None:
+    for k in ("numel", "mismatches", "nonfinite_mismatch", "nan", "inf", "max_abs", "max_rel", "ulp_max"):
+        assert res[k] == ref[k], (k, res[k], ref[k])
+    if ref["range"] is not None:
+        assert res["range"] == ref["range"]
+    for k in ("mean_abs", "rmse"):
+        assert res[k] == pytest.approx(ref[k], rel=rel_sums, abs=1e-300)
+    assert res["cosine"] == pytest.approx(ref["cosine"], abs=1e-9)
+    assert acc.worst == ref["_worst"]
+    if ref["_rows"] is not None:
+        np.testing.assert_array_equal(acc.rows, ref["_rows"])
+    u = ref["_u"]
+    for q in (0.5, 0.99):
+        true = float(np.quantile(u, q, method="inverted_cdf"))
+        got = res[f"ulp_p{round(q * 100)}"]
+        assert got >= true - 1e-12, (q, got, true)  # an upper bound of the bin holding it
+        assert got <= max(true * 1.05, true + 0.25) + 1e-12, (q, got, true)
+
+
+@pytest.mark.parametrize("na,nb", PAIRS)
+@pytest.mark.parametrize("nonfinite", [False, True])
+@pytest.mark.parametrize("step", [1, 64, 500, 10_000])
+def test_numpy_path_matches_reference(na, nb, nonfinite, step):
+    ra, rb, shape = make_case(step + len(na), na, nb, nonfinite)
+    acc = streamed(ra, rb, na, nb, shape, step, native=False)
+    check(acc.result(), acc, reference(ra, rb, na, nb, shape), 1e-12)
+
+
+@pytest.mark.skipif(not NATIVE, reason="no C compiler: the native kernel is not built here")
+@pytest.mark.parametrize("na,nb", PAIRS[:4])
+@pytest.mark.parametrize("nonfinite", [False, True])
+@pytest.mark.parametrize("step", [1, 700, 5000, 10_000])
+def test_native_kernel_matches_reference(na, nb, nonfinite, step):
+    ra, rb, shape = make_case(step, na, nb, nonfinite, rows=61, cols=97)  # > 1 kernel block per chunk
+    acc = streamed(ra, rb, na, nb, shape, step, native=True)
+    assert acc._native is not None
+    check(acc.result(), acc, reference(ra, rb, na, nb, shape), 1e-6)
+
+
+def test_identical_tensors_are_exact_and_a_one_ulp_change_is_one_ulp():
+    a = np.linspace(-3, 3, 1001, dtype=np.float32)
+    for native in (False, True):
+        r = streamed(a, a.copy(), "float32", "float32", (1001,), 256, native).result()
+        assert r["max_abs"] == 0 and r["cosine"] == 1.0 and r["sqnr_db"] == math.inf and r["ulp_max"] == 0
+        b = a.copy()
+        b[500 + 17] = np.nextafter(b[517], np.float32(np.inf))
+        acc = streamed(a, b, "float32", "float32", (1001,), 256, native)
+        assert acc.worst == 517 and acc.result()["ulp_max"] == 1.0 and acc.result()["mismatches"] == 0
+
+
+def test_cosine_stays_accurate_near_one():
+    rng = np.random.default_rng(5)
+    a = rng.standard_normal(200_000).astype(np.float32)
+    b = (a * (1 + 1e-6 * rng.standard_normal(a.size))).astype(np.float32)
+    ref = reference(a, b, "float32", "float32", (a.size,))
+    for native in (False, True):
+        cos = streamed(a, b, "float32", "float32", (a.size,), 65536, native).result()["cosine"]
+        assert abs((1 - cos) - (1 - ref["cosine"])) <= 1e-2 * (1 - ref["cosine"]) + 1e-14  # 1 - cos ~ 5e-13
+
+
+def test_key_table_bins_agree_with_the_log_formula_below_the_cells_edges():
+    # linear bins below 16 ULP are exact; above, a value lands in its own bin or the one below
+    u = np.concatenate([np.arange(0, 16, 1 / 64), np.geomspace(16, 1e30, 5000)]).astype(np.float32)
+    want = M._ulp_bins(u.astype(np.float64))
+    got = M._LUT[u.view(np.uint32) >> M._KEY_SHIFT].astype(np.int64)
+    assert np.array_equal(got[u < 16], want[u < 16])
+    assert np.all((got == want) | (got == want - 1))
+    assert np.all(u.astype(np.float64) <= M._UPPER[got])  # bin uppers stay upper bounds
