@@ -191,10 +191,15 @@ class Attention:
                 c_scores = c_scores.masked_fill((sel < 0).unsqueeze(1), float("-inf"))
                 scores = torch.cat([scores, c_scores], dim=-1)
                 values = torch.cat([values, picked], dim=1)
-        # the sink is one more logit per head whose value row is zero: it only takes mass
-        sink = w.sink.float().view(1, H, 1).expand(n, H, 1)
-        probs = torch.softmax(torch.cat([scores, sink], dim=-1), dim=-1)[..., :-1]
-        o = torch.einsum("nhm,nmd->nhd", probs.to(x.dtype).float(), values).to(x.dtype)
+        # exp against the row max (the sink is not part of it), rounded to the activation dtype
+        # before P·V as the kernel does; the fp32 denominator also takes exp(sink - max), so the
+        # sink only takes mass. (The kernel's max is a running one over blocks of 64 positions:
+        # identical whenever a row selects <= 64, within a bf16 ulp beyond.)
+        top = scores.amax(-1, keepdim=True).clamp_min(-1e30)
+        p = torch.exp(scores - top)
+        denom = p.sum(-1) + torch.exp(w.sink.float().view(1, H) - top.squeeze(-1))
+        o = torch.einsum("nhm,nmd->nhd", p.to(x.dtype).float(), values) / denom.unsqueeze(-1)
+        o = o.to(x.dtype)
         o = rope.rotate_pairs(o, rd, cq, sq, inverse=True)  # undo the query's rotation
         G, r = self.cfg.o_groups, self.cfg.o_lora_rank
         og = o.reshape(n, G, -1).transpose(0, 1)  # [G, n, H*hd/G]
