@@ -92,6 +92,12 @@ def _engine():
     return run
 
 
+def _stages():
+    from engine.qwen3_vl.stages import make_stages
+
+    return make_stages
+
+
 def _weights(spec: str) -> Path:
     if spec.startswith("synthetic:"):
         from ..synthetic.qwen3_vl import ensure
@@ -115,6 +121,7 @@ ADAPTER = ModelAdapter(
     oracle=_oracle,
     engine=_engine,
     weights=_weights,
+    stages=_stages,
     description="Qwen3-VL vision path (smart_resize, merge-order patches, interpolated position table, 2D RoPE, "
                 "ViT, merger, DeepStack) and the M-RoPE positions of the image span; oracle = transformers",
 )

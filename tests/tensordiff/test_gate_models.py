@@ -34,9 +34,8 @@ def test_example_gate_passes_on_the_clean_engine(model, tmp_path):
     res = run_gate(cfg, progress=False, echo=lambda s: None, html=True)
     assert res.passed, [c.summary_line() for c in res.cases]
     for c in res.cases:
-        assert c.local is not None
-        if c.local.available:
-            assert c.local.origin is None
+        assert c.local is not None and c.local.available
+        assert c.local.origin is None, c.local.summary()
         assert c.views, "image boundaries get heatmaps"
     from tensordiff.report_junit import write_junit
 
@@ -85,8 +84,8 @@ def test_every_qwen_fault_fails_the_gate(fault):
     want = registry.adapter("qwen3-vl").fault(fault).boundary
     for c in res.cases:
         assert any(fnmatch.fnmatchcase(e, want) for e in c.report.earliest), c.summary_line()
-        if c.local.available:
-            assert c.local.origin is not None and fnmatch.fnmatchcase(c.local.origin, want), c.local.summary()
+        assert c.local.available and c.local.origin is not None, c.local.summary()
+        assert fnmatch.fnmatchcase(c.local.origin, want), c.local.summary()
 
 
 def _checkpoint_copy(tmp_path) -> Path:
