@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import time
+import warnings
 from contextlib import contextmanager
 from pathlib import Path
 
