@@ -11,7 +11,7 @@
 namespace {
 
 constexpr int kThreads = 256;
-constexpr int kSlab = 256;  // channels per block
+constexpr int kSlab = 1024;  // channels per block: a whole 1024-wide token, 36 loads in flight per thread
 
 template <typename T, bool VEC>
 __global__ void __launch_bounds__(kThreads)
@@ -21,13 +21,28 @@ aligner_gather(const T* __restrict__ x, const int32_t* __restrict__ index, T* __
   const int64_t t = blockIdx.y;
   const int64_t c0 = (int64_t)blockIdx.x * kSlab;
   const int cn = (int)(c - c0 < kSlab ? c - c0 : kSlab);
+  // Issue every load of the slab before the first shared store: 9 rows x kPerThread channels in
+  // flight per thread (a load feeding a store at once would leave one in flight).
+  constexpr int kPerThread = kSlab / kThreads;
+  T v[9][kPerThread];
 #pragma unroll
   for (int j = 0; j < 9; ++j) {
     const int32_t src = index[t * 9 + j];
     const bool real = src >= 0 && src < n_src;  // out of range is an engine bug: read nothing
     const T* row = x + (real ? (int64_t)src * c + c0 : 0);
-    for (int i = threadIdx.x; i < cn; i += kThreads) tile[i * 9 + j] = real ? row[i] : (T)0;
+#pragma unroll
+    for (int q = 0; q < kPerThread; ++q) {
+      const int i = threadIdx.x + q * kThreads;
+      v[j][q] = real && i < cn ? row[i] : (T)0;
+    }
   }
+#pragma unroll
+  for (int j = 0; j < 9; ++j)
+#pragma unroll
+    for (int q = 0; q < kPerThread; ++q) {
+      const int i = threadIdx.x + q * kThreads;
+      if (i < cn) tile[i * 9 + j] = v[j][q];
+    }
   __syncthreads();
 
   T* out = y + t * c * 9 + c0 * 9;

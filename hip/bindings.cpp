@@ -89,7 +89,7 @@ at::Tensor aligner_gather(const at::Tensor& x, const at::Tensor& index, int64_t 
 std::vector<at::Tensor> moe_route(const at::Tensor& logits, const at::Tensor& bias,
                                   const c10::optional<at::Tensor>& bias_vl,
                                   const c10::optional<at::Tensor>& image_rows, int64_t topk, double route_scale,
-                                  bool fault_text_bias_for_images, int64_t stream) {
+                                  bool fault_text_bias_for_images, int64_t threads_per_row, int64_t stream) {
   require(logits, "logits");
   TORCH_CHECK(logits.dim() == 2, "logits must be [rows, experts]");
   const int64_t rows = logits.size(0), experts = logits.size(1);
@@ -111,7 +111,7 @@ std::vector<at::Tensor> moe_route(const at::Tensor& logits, const at::Tensor& bi
   at::Tensor ids = at::empty({rows, topk}, logits.options().dtype(at::kLong));
   check(td_moe_route(logits.data_ptr(), bias.data_ptr<float>(), bvl, img, w.data_ptr<float>(), ids.data_ptr<int64_t>(),
                      rows, experts, (int)topk, (float)route_scale, dtype_code(logits), fault_text_bias_for_images ? 1 : 0,
-                     as_stream(stream)),
+                     (int)threads_per_row, as_stream(stream)),
         "moe_route");
   return {w, ids};
 }

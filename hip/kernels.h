@@ -53,11 +53,12 @@ int td_aligner_gather(const void* x, const int32_t* index, void* y, int64_t t, i
 // ids / (sum + 1e-20) * route_scale. logits: [rows, experts] of `dtype`; bias, bias_vl: fp32
 // [experts]; image_rows: uint8 [rows] or NULL; weights: fp32 [rows, topk]; ids: int64
 // [rows, topk] in descending biased score (ties to the lower id). topk <= 8, experts <= 1024.
-// fault_text_bias_for_images != 0 plants the fault `router-text-bias-for-images`.
+// fault_text_bias_for_images != 0 plants the fault `router-text-bias-for-images`;
+// threads_per_row is 64, 128, 256 or 0 (chosen from the number of experts).
 int td_moe_route(const void* logits, const float* bias, const float* bias_vl,
                  const uint8_t* image_rows, float* weights, int64_t* ids, int64_t rows,
                  int64_t experts, int topk, float route_scale, int dtype,
-                 int fault_text_bias_for_images, void* stream);
+                 int fault_text_bias_for_images, int threads_per_row, void* stream);
 
 // emb[rows[i]] = src[i] (converted to emb's dtype) for rows[i] in [0, n_emb); others skipped.
 // emb: [n_emb, d]; src: [m, d]; rows: int64 [m].

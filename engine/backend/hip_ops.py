@@ -119,7 +119,7 @@ def _float(t: torch.Tensor, what: str) -> None:
 class HipBackend:
     name = "hip"
 
-    def __init__(self, faults=(), patch_gemm: str = "tiled", rope_access_bytes: int = 0):
+    def __init__(self, faults=(), patch_gemm: str = "tiled", rope_access_bytes: int = 0, router_threads: int = 0):
         unknown = set(faults) - set(KERNEL_FAULTS)
         if unknown:
             raise EngineInputError(f"unknown kernel fault(s) {sorted(unknown)} (known: {sorted(KERNEL_FAULTS)})")
@@ -127,6 +127,9 @@ class HipBackend:
             raise EngineInputError(f"patch_gemm must be 'tiled' or 'vendor', not {patch_gemm!r}")
         if rope_access_bytes not in (0, 4, 8, 16):
             raise EngineInputError(f"rope_access_bytes must be 0 (widest), 4, 8 or 16, not {rope_access_bytes}")
+        if router_threads not in (0, 64, 128, 256):
+            raise EngineInputError(f"router_threads must be 0 (auto), 64, 128 or 256, not {router_threads}")
+        self.router_threads = router_threads
         self.faults = frozenset(faults)
         self.patch_gemm = patch_gemm
         self.rope_access_bytes = rope_access_bytes
@@ -134,7 +137,7 @@ class HipBackend:
 
     def with_faults(self, faults) -> "HipBackend":
         """The same kernels with planted faults (see KERNEL_FAULTS)."""
-        return HipBackend(faults, self.patch_gemm, self.rope_access_bytes)
+        return HipBackend(faults, self.patch_gemm, self.rope_access_bytes, self.router_threads)
 
     def rms_norm(self, x, weight, eps):
         _gpu(x, "x")
@@ -206,7 +209,7 @@ class HipBackend:
         fault = "router-text-bias-for-images" in self.faults
         with _on_device(logits):
             w, ids = self._k.moe_route(logits.contiguous(), b, bvl, img, int(topk), float(route_scale), fault,
-                                       _stream(logits))
+                                       self.router_threads, _stream(logits))
         return w, ids
 
     def embed_scatter(self, emb, rows, src):

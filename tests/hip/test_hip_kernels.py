@@ -220,6 +220,14 @@ def test_aligner_gather(hip, ref, gen, dtype, c, grid):
         assert torch.equal(got, official_aligner_layout(x, n_h, n_w))
 
 
+@pytest.mark.parametrize("dtype", DTYPES, ids=ids_dt.get)
+@pytest.mark.parametrize("c", [1100, 2048, 4])
+def test_aligner_gather_several_slabs_and_narrow_rows(hip, ref, gen, dtype, c):
+    x = randn(4 * 7, c, gen=gen, dtype=dtype)
+    index = aligner_index(4, 7)
+    assert torch.equal(hip.aligner_gather(x, index), ref.aligner_gather(x, index))
+
+
 # --- MoE router ----------------------------------------------------------------------------
 
 ROUTER_CASES = [(1, 8, 1), (5, 64, 2), (64, 100, 6), (257, 384, 6), (33, 384, 8), (16, 1000, 8), (3, 65, 7)]
@@ -239,6 +247,20 @@ def test_moe_route(hip, ref, gen, dtype, rows, experts, k, mode):
     w, ids = hip.moe_route(*args)
     w_ref, ids_ref = ref.moe_route(*args)
     assert ids.dtype == torch.int64 and w.dtype == torch.float32
+    assert torch.equal(ids, ids_ref)
+    torch.testing.assert_close(w, w_ref)
+
+
+@pytest.mark.parametrize("threads", [64, 128, 256])
+@pytest.mark.parametrize("experts", [8, 384, 1000, 1024])
+def test_moe_route_threads_per_row(ref, gen, threads, experts):
+    from engine.backend.hip_ops import HipBackend
+
+    logits = randn(37, experts, gen=gen)
+    bias, bias_vl = randn(experts, gen=gen), randn(experts, gen=gen)
+    image = torch.arange(37, device="cuda") % 2 == 0
+    w, ids = HipBackend(router_threads=threads).moe_route(logits, bias, bias_vl, image, 8, 1.5)
+    w_ref, ids_ref = ref.moe_route(logits, bias, bias_vl, image, 8, 1.5)
     assert torch.equal(ids, ids_ref)
     torch.testing.assert_close(w, w_ref)
 
