@@ -35,8 +35,7 @@ def make_stages(req, run: dict) -> dict:
     t, gh, gw = (int(v) for v in run["inputs"]["grid_thw"])
     m = vc.spatial_merge_size
     cu = [i * gh * gw for i in range(t + 1)]
-    depth = vc.depth - 1 if fault == F.TOWER_SKIP_LAST_BLOCK else vc.depth
-    taps_at = [i + 1 if fault == F.DEEPSTACK_OFF_BY_ONE else i for i in vc.deepstack_visual_indexes]
+    depth, taps_at = tower.depth, tower.deepstack_taps
     trail: dict[int, torch.Tensor] = {}  # block index -> output, from the reference's block0
 
     def act(x: torch.Tensor) -> torch.Tensor:

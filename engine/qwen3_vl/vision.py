@@ -38,6 +38,17 @@ class VisionTower:
         self.patch_w = weights["patch_embed.proj.weight"].reshape(cfg.hidden_size, k)
         self.act = gelu_erf if fault == F.VISION_GELU_ERF else activation(cfg.hidden_act)
 
+    @property
+    def depth(self) -> int:
+        """Blocks that run (the planted off-by-one skips the last)."""
+        return self.cfg.depth - 1 if self.fault == F.TOWER_SKIP_LAST_BLOCK else self.cfg.depth
+
+    @property
+    def deepstack_taps(self) -> list[int]:
+        """Block index whose output each DeepStack merger reads (0-based, as the config says)."""
+        one_late = 1 if self.fault == F.DEEPSTACK_OFF_BY_ONE else 0
+        return [i + one_late for i in self.cfg.deepstack_visual_indexes]
+
     def block(self, i: int, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, cu: list[int]) -> torch.Tensor:
         w, b, cfg = self.w, self.backend, self.cfg
         p = f"blocks.{i}"
@@ -66,12 +77,9 @@ class VisionTower:
         rec.record("rope.cos", cos)
         rec.record("rope.sin", sin)
         cu = [i * gh * gw for i in range(t + 1)]  # one attention segment per frame group
-        taps_at = list(cfg.deepstack_visual_indexes)
-        if fault == F.DEEPSTACK_OFF_BY_ONE:
-            taps_at = [i + 1 for i in taps_at]
-        depth = cfg.depth - 1 if fault == F.TOWER_SKIP_LAST_BLOCK else cfg.depth
+        taps_at = self.deepstack_taps
         deepstack = []
-        for i in range(depth):
+        for i in range(self.depth):
             x = self.block(i, x, cos, sin, cu)
             if i == 0:
                 rec.record("block0", x)
