@@ -643,7 +643,7 @@ def run_language(args, checkpoint: Path, dtype: torch.dtype, prompt: str | None,
                  cells: tuple[int, int] | None, decode: int, rec) -> dict:
     """The language half of an oracle run: tokenise, overlay the image span with `image_rows`
     (the aligner output, [n_llm_h * n_llm_w, dim], or None for a text-only prompt), prefill once,
-    decode `decode` steps by recomputation. Returns the run facts to merge into `inputs`."""
+    decode `decode` steps by recomputation. Runs on the CPU (the yardstick, not the fast path). Returns the run facts to merge into `inputs`."""
     model = build(args, Path(checkpoint), dtype)
     ids, types, start = build_prompt(prompt if prompt is not None else DEFAULT_PROMPT, args,
                                      cells if image_rows is not None else None)
@@ -652,7 +652,8 @@ def run_language(args, checkpoint: Path, dtype: torch.dtype, prompt: str | None,
     images = []
     if image_rows is not None:
         span_types = types[start:start + int((types[start:] >= 0).sum())]
-        images.append(ImageSpan(start, span_types, image_rows))
+        # the language oracle runs on the CPU whatever device the tower used
+        images.append(ImageSpan(start, span_types, image_rows.detach().to("cpu")))
     out = generate(model, ids, types, images, decode, rec)
     return {"prompt_tokens": int(ids.numel()), "span_start": start, **out}
 

@@ -69,6 +69,7 @@ class Attention:
         self.kv_source = layer_id in cfg.kv_source_layers
         self.index_source = layer_id in cfg.index_source_layers
         self.owns_keys = self.index_source and self.kv_source
+        self._tables: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
         self.candidate_source = layer_id == cfg.candidate_source_layer
         self.candidate_user = 0 <= cfg.candidate_source_layer < layer_id
         if self.ratio:
@@ -77,6 +78,13 @@ class Attention:
         else:
             self.rope_args = (self.rd, cfg.max_seq_len, 0, float(cfg.rope_theta), float(cfg.rope_factor),
                               cfg.beta_fast, cfg.beta_slow)
+
+    def _rope(self, device) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos / sin [max_seq_len, rd/2] on `device`, built once per device."""
+        key = str(device)
+        if key not in self._tables:
+            self._tables[key] = tuple(t.to(device) for t in rope.table(*self.rope_args))
+        return self._tables[key]
 
     def new_cache(self, dtype, device) -> LayerCache:
         return LayerCache(torch.zeros(self.cfg.max_seq_len, self.hd, dtype=dtype, device=device))
@@ -108,7 +116,7 @@ class Attention:
             p = torch.softmax(score[:full].view(-1, r, self.hd), dim=1)
             new = self._norm((kv_g * p).sum(1).to(x.dtype), w.c_norm)
         # a latent stands for its group's first token: group j rotates at position j * r
-        pos = torch.arange(first, first + new.shape[0] * r, r)
+        pos = torch.arange(first, first + new.shape[0] * r, r, device=x.device)
         if self.owns_keys:
             k = self._norm(self.backend.linear(new, w.i_wk, None), w.i_k_norm)
             cache.index_k.extend(quant.fp4(rope.rotate_pairs(k, self.rd, cos[pos], sin[pos]), 32).unbind(0))
@@ -122,14 +130,15 @@ class Attention:
         group always among them; a block with nothing visible is never kept. [n, T] bool."""
         bs, n, t = self.cfg.candidate_block_size, score.shape[0], score.shape[1]
         n_blocks = -(-t // bs)
-        full = torch.full((n, n_blocks * bs), float("-inf"))
+        dev = score.device
+        full = torch.full((n, n_blocks * bs), float("-inf"), device=dev)
         full[:, :t] = score
         best = full.view(n, n_blocks, bs).max(dim=-1).values
         newest = (seen - 1).clamp_min(-1) // bs  # -1: nothing visible yet, nothing pinned
-        rows = torch.arange(n)[newest >= 0]
+        rows = torch.arange(n, device=dev)[newest >= 0]
         best[rows, newest[newest >= 0]] = float("inf")
         top = best.topk(min(self.cfg.candidate_topk_blocks, n_blocks), dim=-1)
-        keep = torch.zeros(n, n_blocks, dtype=torch.bool)
+        keep = torch.zeros(n, n_blocks, dtype=torch.bool, device=dev)
         keep.scatter_(1, top.indices, top.values > float("-inf"))
         return keep.repeat_interleave(bs, dim=1)[:, :t]
 
@@ -144,8 +153,8 @@ class Attention:
         head_w = self.backend.linear(x, w.i_weights, None) * (ihd ** -0.5 * ih ** -0.5)  # [n, ih]
         score = torch.einsum("nhd,td->nht", q, k).relu()
         score = (score * head_w.unsqueeze(-1)).sum(1)  # [n, T]
-        seen = (torch.arange(start, start + n) + 1) // self.ratio  # groups visible to each query
-        visible = torch.arange(n_groups).unsqueeze(0) < seen.unsqueeze(1)
+        seen = (torch.arange(start, start + n, device=x.device) + 1) // self.ratio  # groups visible to each query
+        visible = torch.arange(n_groups, device=x.device).unsqueeze(0) < seen.unsqueeze(1)
         score = score.masked_fill(~visible, float("-inf"))
         if self.candidate_source:
             shared.candidates = self._blocks(score, seen)
@@ -158,7 +167,7 @@ class Attention:
     def __call__(self, x: torch.Tensor, start: int, cache: LayerCache, shared: ChunkShared) -> torch.Tensor:
         """x: [n, D] normalised attention input for positions start .. start+n-1 -> [n, D]."""
         w, n, H, hd, rd = self.w, x.shape[0], self.H, self.hd, self.rd
-        cos, sin = rope.table(*self.rope_args)
+        cos, sin = self._rope(x.device)
         cq, sq = cos[start:start + n], sin[start:start + n]
         qr = self._norm(self.backend.linear(x, w.wq_a, None), w.q_norm)
         q = rope.rotate_pairs(self.backend.linear(qr, w.wq_b, None).view(n, H, hd), rd, cq, sq)
@@ -167,8 +176,8 @@ class Attention:
         cache.window_kv[start:start + n] = kv
         lo = max(0, start - self.window + 1)
         keys = cache.window_kv[lo:start + n]  # [m, hd]
-        qpos = torch.arange(start, start + n).unsqueeze(1)
-        kpos = torch.arange(lo, start + n).unsqueeze(0)
+        qpos = torch.arange(start, start + n, device=x.device).unsqueeze(1)
+        kpos = torch.arange(lo, start + n, device=x.device).unsqueeze(0)
         in_window = (kpos <= qpos) & (kpos > qpos - self.window)  # [n, m]
         scores = torch.einsum("nhd,md->nhm", q.float(), keys.float()) * hd ** -0.5
         scores = scores.masked_fill(~in_window.unsqueeze(1), float("-inf"))
@@ -181,7 +190,7 @@ class Attention:
                     shared.key_cache = cache
             n_groups = (start + n) // self.ratio
             if self.index_source:
-                shared.selection = (torch.full((n, 0), -1, dtype=torch.long) if n_groups == 0 else
+                shared.selection = (torch.full((n, 0), -1, dtype=torch.long, device=x.device) if n_groups == 0 else
                                     self._select(x, qr, start, n_groups, shared.key_cache, cos, sin, shared))
             sel = shared.selection
             if sel.shape[1]:

@@ -51,11 +51,12 @@ class BlockWeights:
 
 class LanguageModel:
     def __init__(self, cfg: Config, t: dict[str, torch.Tensor], dtype: torch.dtype, backend,
-                 fault: str | None = None):
+                 fault: str | None = None, device="cpu"):
         self.cfg, self.dtype, self.backend, self.fault = cfg, dtype, backend, fault
+        self.device = torch.device(device)
         f32 = torch.float32
-        act = lambda n: t[n].to(dtype).contiguous()  # noqa: E731
-        fp = lambda n: t[n].to(f32).contiguous()  # noqa: E731
+        act = lambda n: t[n].to(device=self.device, dtype=dtype).contiguous()  # noqa: E731
+        fp = lambda n: t[n].to(device=self.device, dtype=f32).contiguous()  # noqa: E731
         self.embed = act("embed.weight")
         self.markers = {n: act(n) for n in ("image_start", "image_end", "image_newline")}
         self.norm = act("norm.weight")
@@ -126,11 +127,12 @@ class LanguageModel:
         return names
 
     @classmethod
-    def load(cls, checkpoint: str | Path, *, dtype: torch.dtype, backend, fault: str | None = None) -> "LanguageModel":
+    def load(cls, checkpoint: str | Path, *, dtype: torch.dtype, backend, fault: str | None = None,
+             device="cpu") -> "LanguageModel":
         if fault is not None and fault not in FAULTS:
             fault = None  # a vision fault: the language path runs clean
         cfg = Config.load(checkpoint)
-        return cls(cfg, W.read(checkpoint, cls.tensor_names(cfg)), dtype, backend, fault)
+        return cls(cfg, W.read(checkpoint, cls.tensor_names(cfg)), dtype, backend, fault, device)
 
     def sequence(self, input_ids: torch.Tensor, token_types: torch.Tensor,
                  image: Callable[[], torch.Tensor] | None = None, cells: tuple[int, int] | None = None) -> "Sequence":
@@ -147,7 +149,7 @@ class Sequence:
         if self.ids.numel() > lm.cfg.max_seq_len:
             raise EngineInputError(f"prompt of {self.ids.numel()} tokens exceeds max_seq_len {lm.cfg.max_seq_len}")
         self.pos = 0
-        self.caches = [a.new_cache(lm.dtype, "cpu") for a in lm.attn]
+        self.caches = [a.new_cache(lm.dtype, lm.device) for a in lm.attn]
         self.engram_state = EngramHashState(lm.engram_tables, lm.fault) if lm.engram_tables else None
         self._image, self._cells = image, cells
         self._span: Span | None = None
@@ -170,7 +172,7 @@ class Sequence:
             if self._image is None:
                 raise EngineInputError("the prompt has an image span but no image rows were given")
             self.vision_calls += 1
-            rows = self._image().to(self.lm.dtype)
+            rows = self._image().to(device=self.lm.device, dtype=self.lm.dtype)
             self._span = Span(self.span_start, span_rows(rows, self.lm.markers["image_start"],
                                                          self.lm.markers["image_end"],
                                                          self.lm.markers["image_newline"], self._cells))
@@ -179,9 +181,9 @@ class Sequence:
     def _forward(self, lo: int, hi: int, out: dict | None) -> torch.Tensor:
         """Positions lo..hi-1 through the stack; returns logits [n, vocab] fp32."""
         lm, cfg, be = self.lm, self.lm.cfg, self.lm.backend
-        ids, types = self.ids[lo:hi], self.types[lo:hi]
-        image = types >= 0
-        emb = lm.embed[ids].clone()
+        ids, types = self.ids[lo:hi], self.types[lo:hi]  # host tensors
+        image = (types >= 0).to(lm.device)
+        emb = lm.embed[ids.to(lm.device)].clone()
         spans = self._spans(lo, hi)
         if lm.fault == "overlay-chunk-shift":
             spans = [s for s in ([self._span] if self._span is not None else [])]
@@ -191,10 +193,11 @@ class Sequence:
         keep = out is not None
         if keep:
             out.setdefault("embeddings", []).append(emb)
-        hashes = self.engram_state.hash(ids, image) if self.engram_state is not None else None
+        # n-gram hashing is host integer work; only the hash rows go to the device
+        hashes = self.engram_state.hash(ids, types >= 0).to(lm.device) if self.engram_state is not None else None
         hc = cfg.hc_mult
         x = emb.unsqueeze(1).repeat(1, hc, 1)  # [n, hc, D]
-        pre = torch.zeros(x.shape[0], hc, dtype=torch.float32)
+        pre = torch.zeros(x.shape[0], hc, dtype=torch.float32, device=lm.device)
         pre[:, 0] = 1.0
         shared = ChunkShared()
         mix_args = (hc, cfg.hc_sinkhorn_iters, cfg.hc_eps, cfg.norm_eps, be)

@@ -30,7 +30,7 @@ def run_language(req, rec, image: Callable[[], torch.Tensor] | None, cells: tupl
     if req.decode < 0:
         raise EngineInputError(f"decode must be >= 0 (got {req.decode})")
     lm = LanguageModel.load(Path(req.weights_dir), dtype=DTYPES[req.dtype], backend=backends.get(req.backend),
-                            fault=req.fault)
+                            fault=req.fault, device=req.device)
     prompt = req.prompt if req.prompt is not None else DEFAULT_PROMPT
     ids, types = tokenize(prompt, lm.cfg, cells if image is not None else None)
     if ids.numel() + req.decode > lm.cfg.max_seq_len:
