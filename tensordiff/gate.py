@@ -273,7 +273,7 @@ class GateResult:
 class _Progress:
     """A rich progress display on a terminal (cases bar + the running stage); silent otherwise."""
 
-    def __init__(self, total: int, enabled: bool):
+    def __init__(self, total: int, enabled: bool, steps: int = len(STAGES) - 1):
         self.p = None
         if enabled:
             from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TimeElapsedColumn
@@ -281,7 +281,7 @@ class _Progress:
             self.p = Progress(SpinnerColumn(), "[progress.description]{task.description}", BarColumn(),
                               MofNCompleteColumn(), TimeElapsedColumn(), transient=True)
             self.cases = self.p.add_task("gate", total=total)
-            self.stage = self.p.add_task("", total=len(STAGES) - 1)
+            self.stage = self.p.add_task("", total=steps)
 
     def __enter__(self):
         if self.p:
@@ -412,7 +412,7 @@ def run_gate(cfg: GateConfig, *, fault: str | None = None, models: list[str] | N
     results: list[CaseResult] = []
     base = cfg.path.parent if cfg.path else None
     try:
-        with _Progress(len(plan), show) as prog:
+        with _Progress(len(plan), show, steps=len(STAGES) - (0 if html else 1)) as prog:
             for i, (m, img, prompt) in enumerate(plan):
                 adapter = adapters[m.name]
                 f = fault if fault and any(x.name == fault for x in adapter.faults) else None
