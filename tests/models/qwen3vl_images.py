@@ -39,4 +39,9 @@ def make_images(root: Path) -> dict[str, Path]:
     p = root / "exif.jpg"
     Image.fromarray(_photo("chelsea")[50:170, 100:300]).save(p, quality=90, exif=exif)
     out["exif"] = p
+    # RGBA and palette pictures: both sides take Pillow's convert("RGB") (alpha dropped)
+    rgba = np.concatenate([_photo("coffee")[:200, :300], rng.integers(0, 256, (200, 300, 1), dtype=np.uint8)], -1)
+    Image.fromarray(rgba, "RGBA").save(root / "rgba.png")
+    Image.fromarray(_photo("chelsea")).quantize(64).save(root / "palette.png")
+    out["rgba"], out["palette"] = root / "rgba.png", root / "palette.png"
     return out

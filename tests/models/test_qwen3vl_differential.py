@@ -35,7 +35,8 @@ def request(images, wdir, name, **kw):
     return RunRequest(weights="synthetic:tiny", weights_dir=wdir, image=images[name], prompt=PROMPT, decode=2, **kw)
 
 
-@pytest.mark.parametrize("name", ["astronaut", "chelsea", "coffee", "tiny", "wide", "tall", "rounding", "exif"])
+@pytest.mark.parametrize("name", ["astronaut", "chelsea", "coffee", "tiny", "wide", "tall", "rounding", "exif",
+                                  "rgba", "palette"])
 def test_clean_engine_matches_oracle(setup, name):
     root, images, wdir = setup
     req = request(images, wdir, name)
