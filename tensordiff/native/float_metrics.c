@@ -7,8 +7,8 @@
  * sums agree to ~1e-7 relative and every other statistic exactly.
  *
  * Inputs are raw storage: kind 0 = float32, kind 1 = bfloat16 bits (widened by a 16-bit shift,
- * exact). Blocks of BLOCK elements that hold no NaN/Inf take a vectorised path; a block with
- * any takes the scalar path, which also does the NaN/Inf bookkeeping.
+ * exact). Each block of BLOCK elements runs a vectorised pass; if that pass saw any NaN/Inf,
+ * its results are dropped and the scalar path, which does the NaN/Inf bookkeeping, redoes it.
  *
  * I[]: 0 n, 1 finite, 2 nan_a, 3 nan_b, 4 inf_a, 5 inf_b, 6 nonfinite mismatches,
  *      7 allclose violations, 8 worst (index of the first max |a-b|, -1 none),
@@ -48,7 +48,9 @@ static inline void row_max(const params *P, int64_t g, int64_t r, double v) {
     if (v > *slot) *slot = v;
 }
 
-static inline __attribute__((always_inline)) void
+/* Returns 0, or the number of NaN/Inf elements seen, in which case nothing was recorded and the
+   caller runs block_slow on the block instead. */
+static inline __attribute__((always_inline)) int64_t
 block_fast(const void *a, int ka, const void *b, int kb, int64_t off, int64_t n, int64_t start,
            const params *P, int64_t *I, double *D) {
     float d[BLOCK];
@@ -57,12 +59,13 @@ block_fast(const void *a, int ka, const void *b, int kb, int64_t off, int64_t n,
        relative), added to the double totals per block */
     float s_abs = 0, s_err = 0, s_aa = 0, s_bb = 0;
     float mx = 0, mrel = 0, mu = 0, mina = INFINITY, maxa = -INFINITY, minb = INFINITY, maxb = -INFINITY;
-    int64_t viol = 0;
+    int64_t viol = 0, bad = 0;
     const float atol = P->atol, rtol = P->rtol, floor_ = P->floor, scale = P->scale;
-#pragma omp simd reduction(+ : s_abs, s_err, s_aa, s_bb, viol) reduction(max : mx, mrel, mu, maxa, maxb) \
+#pragma omp simd reduction(+ : s_abs, s_err, s_aa, s_bb, viol, bad) reduction(max : mx, mrel, mu, maxa, maxb) \
     reduction(min : mina, minb)
     for (int64_t i = 0; i < n; i++) {
         float x = load(a, ka, off + i), y = load(b, kb, off + i);
+        bad += ((u_of(x) & EXP) == EXP) | ((u_of(y) & EXP) == EXP);
         float di = fabsf(x - y);
         d[i] = di;
         s_abs += di;
@@ -86,6 +89,7 @@ block_fast(const void *a, int ka, const void *b, int kb, int64_t off, int64_t n,
         mu = u > mu ? u : mu;
         key[i] = (uint16_t)(u_of(u) >> KEY_SHIFT);
     }
+    if (bad) return bad; /* NaN/Inf in the block: the partial results above are garbage, drop them */
     I[1] += n;
     I[7] += viol;
     D[2] += s_abs;
@@ -128,6 +132,7 @@ block_fast(const void *a, int ka, const void *b, int kb, int64_t off, int64_t n,
             j = end;
         }
     }
+    return 0;
 }
 
 static void block_slow(const void *a, int ka, const void *b, int kb, int64_t off, int64_t n, int64_t start,
@@ -182,16 +187,8 @@ run(const void *a, int ka, const void *b, int kb, int64_t n, int64_t start, cons
     double *D) {
     for (int64_t off = 0; off < n; off += BLOCK) {
         int64_t m = n - off < BLOCK ? n - off : BLOCK;
-        int64_t bad = 0;
-#pragma omp simd reduction(+ : bad)
-        for (int64_t i = 0; i < m; i++) {
-            uint32_t ex = u_of(load(a, ka, off + i)) & EXP, ey = u_of(load(b, kb, off + i)) & EXP;
-            bad += (ex == EXP) | (ey == EXP);
-        }
-        if (bad)
+        if (block_fast(a, ka, b, kb, off, m, start, P, I, D))
             block_slow(a, ka, b, kb, off, m, start, P, I, D);
-        else
-            block_fast(a, ka, b, kb, off, m, start, P, I, D);
     }
 }
 

@@ -19,7 +19,7 @@ def test_bench_tiny_writes_its_report(tmp_path):
     rep = json.loads(out.read_text())
     assert 2.5e6 < rep["dumps"]["bytes"] < 3.5e6
     warm = rep["warm"]
-    for route in ("read", "compare", "naive"):
+    for route in ("read", "read1", "compare", "naive"):
         for k in ("wall_s", "gb_per_s", "peak_rss_mb", "rss_after_import_mb"):
             assert warm[route][k] > 0, (route, k)
         assert warm[route]["cpu_s"] >= 0
@@ -27,7 +27,8 @@ def test_bench_tiny_writes_its_report(tmp_path):
     assert warm["compare"]["verdict"] == "match"  # B is A plus a few ULP: within the defaults
     assert set(warm["compare"]["statuses"]) == {"patches", "rope.cos", "rope.sin", "block0", "final_norm",
                                                 "aligner", "router.0.ids"}
-    assert warm["ratio_compare_to_read"] > 0 and "speedup_vs_naive" in warm
+    assert warm["ratio_compare_to_read"] > 0 and warm["cpu_ratio_compare_to_read"] > 0
+    assert "speedup_vs_naive" in warm and "ratio_compare_to_read1" in warm
     assert set(rep["met"]) == {"ratio", "rss"}
     assert rep["comparator"]["kernel"]
 
