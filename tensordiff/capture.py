@@ -65,6 +65,11 @@ def to_raw(tensor: Any) -> tuple[np.ndarray, DType]:
     return np.ascontiguousarray(arr).astype(dt.storage, copy=False), dt
 
 
+def _on_accelerator(tensor: Any) -> bool:
+    dev = getattr(tensor, "device", None)
+    return dev is not None and getattr(dev, "type", "cpu") not in ("cpu", "meta")
+
+
 def sha256_of(arr: np.ndarray) -> str:
     return hashlib.sha256(np.ascontiguousarray(arr).data).hexdigest()
 
@@ -83,6 +88,8 @@ class Recorder:
         self.fmt = fmt
         self.overwrite = overwrite
         self._tensors: dict[str, tuple[np.ndarray, DType, str]] = {}
+        self._pending: dict[str, tuple[Any, str]] = {}  # device copies not yet on the host
+        self._names: list[str] = []
         self._closed = False
         self._check_target()
 
@@ -106,15 +113,35 @@ class Recorder:
         if self._closed:
             raise RuntimeError("recorder is closed")
         check_name(name)
-        if name in self._tensors:
+        if name in self._tensors or name in self._pending:
             raise BadInput(f"tensor {name!r} recorded twice")
-        arr, dt = to_raw(tensor)
         b = boundary or default_boundary(name)
         check_name(b)
+        self._names.append(name)
+        if _on_accelerator(tensor):
+            # A device-side copy, queued on the producer's stream: it sees the buffer as it is
+            # now (later kernels on that stream run after it) and costs microseconds, so taps
+            # do not stall the model with a host round trip per tensor. Moved to the host at close.
+            self._pending[name] = (tensor.detach().clone(), b)
+            return
+        arr, dt = to_raw(tensor)
         self._tensors[name] = (arr, dt, b)
 
+    def _drain(self) -> None:
+        if not self._pending:
+            return
+        pending, self._pending = self._pending, {}
+        done = dict(self._tensors)
+        self._tensors.clear()
+        for name, (t, b) in pending.items():
+            arr, dt = to_raw(t)
+            done[name] = (arr, dt, b)
+        # keep the order in which the producer recorded
+        order = [n for n in self._names if n in done]
+        self._tensors = {n: done[n] for n in order}
+
     def names(self) -> list[str]:
-        return list(self._tensors)
+        return list(self._names)
 
     def update_run(self, **fields: Any) -> None:
         self.run.update(fields)
@@ -124,6 +151,7 @@ class Recorder:
             return self.path
         self._closed = True
         self._check_target()
+        self._drain()
         parent = self.path.resolve().parent
         tmp = Path(tempfile.mkdtemp(prefix=f".{self.path.name}.tmp-", dir=parent))
         try:
@@ -164,6 +192,7 @@ class Recorder:
     def abort(self) -> None:
         self._closed = True
         self._tensors.clear()
+        self._pending.clear()
 
     def __enter__(self) -> "Recorder":
         return self
