@@ -3,6 +3,7 @@ boundary by the comparator (fp32, CPU, synthetic:tiny)."""
 from __future__ import annotations
 
 import dataclasses
+import importlib.util
 import fnmatch
 
 import pytest
@@ -96,3 +97,13 @@ def test_processor_mismatch_is_named_at_patches(setup):
     report = compare_dumps(dump(root, "oracle", req, "chelsea"), dump(root, "engine", fast, "chelsea-tv"))
     assert report.verdict == "diverged"
     assert report.earliest == ["patches"], report.earliest
+
+
+@pytest.mark.skipif(importlib.util.find_spec("torchvision") is None,
+                    reason="torchvision is not installed (the GPU machine has it)")
+@pytest.mark.parametrize("name", ["chelsea", "tiny", "wide"])
+def test_fast_processor_matches_on_both_sides(setup, name):
+    root, images, wdir = setup
+    req = dataclasses.replace(request(images, wdir, name), options={"processor": "torchvision"})
+    report = compare_dumps(dump(root, "oracle", req, f"{name}-tv"), dump(root, "engine", req, f"{name}-tv"))
+    assert report.verdict == "match", str(report)
