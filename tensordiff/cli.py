@@ -350,7 +350,7 @@ def gate(config, json_path, junit_path, html_path, out, models, fault, weights, 
 @click.option("--variant", "variants", multiple=True,
               help="KEY=VALUE the oracle changes against itself: dtype=bfloat16 (default), sdpa=math|flash|"
                    "efficient|cudnn, or a runner option such as attn=eager. Repeatable.")
-@click.option("--multiple", type=float, default=4.0, show_default=True, help="Tolerance = this many times the floor.")
+@click.option("--multiple", type=float, default=10.0, show_default=True, help="Tolerance = this many times the floor.")
 @click.option("--dtype", type=click.Choice(["float32", "bfloat16"]), default="float32", show_default=True,
               help="The reference oracle's dtype.")
 @click.option("--device", default=None, help="Override the gate's device.")

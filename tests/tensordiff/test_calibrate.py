@@ -42,7 +42,7 @@ def test_toy_floors_are_finite_positive_and_tolerances_are_the_multiple(toys, tm
         t = tols.for_(b, "bfloat16")
         assert t.atol == pytest.approx(3.0 * f.max_abs) and t.floor == pytest.approx(f.max_abs)
         assert t.rtol == 0 and t.max_mismatch == 0
-        assert t.min_cosine == pytest.approx(1 - 3.0 * (1 - f.cosine))
+        assert t.min_cosine == pytest.approx(min(1 - 3.0 * (1 - f.cosine), 0.999))  # never above the default
     assert tols.for_("patches", "bfloat16").floor is None  # the default stays
     assert tols.for_("block0", "float32").floor is None  # a floor applies to its own unit only
 
@@ -58,7 +58,7 @@ def test_calibrated_gate_reports_errors_as_multiples_of_the_floor(toys, tmp_path
     assert "× floor" in text
     t = c.report.boundary("block0").tensors[0]
     assert t.tolerance["floor"] > 0 and "cal.toml" in t.tolerance["source"]
-    # the engine in bf16 against the fp32 oracle IS the floor's own experiment: within 4x of it
+    # the engine in bf16 against the fp32 oracle IS the floor's own experiment: within 10x of it
     assert c.passed, c.summary_line()
     # and a real bug is still far outside
     bad = run_gate(cfg, fault="aligner-bias", progress=False, echo=lambda s: None)
