@@ -41,10 +41,14 @@ def _build() -> Path:
     from ..synthetic import cache_root
 
     cc = os.environ.get("CC") or "cc"
-    if not shutil.which(cc):
+    path = shutil.which(cc)
+    if not path:
         raise OSError(f"no C compiler ({cc})")
-    ver = subprocess.run([cc, "--version"], capture_output=True, text=True, timeout=30).stdout
-    key = hashlib.sha256("\0".join([SOURCE.read_text(), " ".join(FLAGS), ver, _cpu_key()]).encode()).hexdigest()[:16]
+    # the compiler by its resolved file and stamp: no subprocess on the cached path
+    real = os.path.realpath(path)
+    st = os.stat(real)
+    stamp = f"{real}:{st.st_size}:{st.st_mtime_ns}"
+    key = hashlib.sha256("\0".join([SOURCE.read_text(), " ".join(FLAGS), stamp, _cpu_key()]).encode()).hexdigest()[:16]
     out = cache_root() / "native" / f"float_metrics-{key}.so"
     if out.is_file():
         return out
