@@ -167,7 +167,7 @@ def cases(g: torch.Generator):
                     lambda dt=dt: (rn(1024, 384, dtype=dt, scale=2.0), rn(384, dtype=torch.float32),
                                    rn(384, dtype=torch.float32), torch.arange(1024, device="cuda") % 2 == 1),
                     lambda be, a: be.moe_route(a[0], a[1], a[2], a[3], 6, 1.5)))
-    for tpr in (64, 128, 256):  # threads per row: the automatic choice for 384 experts is 128
+    for tpr in (64, 128, 256):  # threads per row: the automatic choice for 384 experts is 64
         out.append((f"moe_route/f32@{tpr}t", "1024x384 top-6, image rows interleaved",
                     1024 * 384 * 4 + 2 * 384 * 4 + 1024 + 1024 * 6 * (4 + 8), 0,
                     lambda: (rn(1024, 384, dtype=torch.float32, scale=2.0), rn(384, dtype=torch.float32),
