@@ -34,7 +34,7 @@ CELLS = (2, 2)
 P = 14
 GAIN = 300.0
 DRIFT = 3e-5  # under the fp32 atol (1e-4) at block0, over it after GAIN at final_norm
-BIAS = 2.0  # the aligner fault: far outside fp32 tolerances and outside 4x the bf16 noise floor
+BIAS = 25.0  # the aligner fault: far outside fp32 tolerances and outside 10x the bf16 noise floor
 
 CONTRACT = Contract(NAME, (
     Boundary("patches", (), "pixel rows [24, 588], (c, y, x) per patch", layout="grid", probes=("within-unit",)),
