@@ -6,7 +6,8 @@
 #   hip/gpu_check.sh [OUTDIR]      (default: ./out/gpu-check)
 #
 # Writes OUTDIR/gpu.log, junit-hip.xml, bench-kernels.json, check-*.json. Exit status: the
-# first stage that failed (build 10, tests 11, bench 12, check 13), else 0.
+# first stage that failed (build 10, tests 11, bench 12, check 13, fault not named at block0 14,
+# Qwen3-VL check 15), else 0.
 set -u -o pipefail
 out="${1:-${OUT:-out/gpu-check}}"
 mkdir -p "$out"
@@ -49,5 +50,23 @@ for dt in float32 bfloat16; do
   echo "check $dt: exit $rc" | tee -a "$log"
   [ "$rc" = 0 ] || [ "$status" != 0 ] || status=13
 done
+
+# A fault must still be named under the hip backend: the 592-wide padding carrying non-zeros
+# reaches the tiled patch kernel, and the comparator must root it at block0 (exit 1).
+stage "tensordiff check --backend hip --fault patch-pad-nonzero (must diverge at block0)"
+timeout 240 "${td[@]}" check deepseek-v4.1-flash --weights synthetic:tiny --backend hip --device cuda \
+  --fault patch-pad-nonzero --json "$out/check-fault.json" 2>&1 | tee -a "$log" | head -4
+rc=${PIPESTATUS[0]}
+earliest=$("$py" -c 'import json,sys; print(",".join(json.load(open(sys.argv[1])).get("earliest", [])))' \
+  "$out/check-fault.json" 2>/dev/null)
+echo "fault check: exit $rc, earliest [$earliest]" | tee -a "$log"
+{ [ "$rc" = 1 ] && [ "$earliest" = block0 ]; } || [ "$status" != 0 ] || status=14
+
+stage "tensordiff check qwen3-vl --backend hip"
+timeout 240 "${td[@]}" check qwen3-vl --weights synthetic:tiny --backend hip --device cuda 2>&1 \
+  | tee -a "$log" | head -3
+rc=${PIPESTATUS[0]}
+echo "qwen3-vl check: exit $rc" | tee -a "$log"
+[ "$rc" = 0 ] || [ "$status" != 0 ] || status=15
 stage "done: status $status"
 exit "$status"
