@@ -364,7 +364,8 @@ def _case_html(case, idx: int) -> str:
                      "patches), over the picture as the model saw it; a white box marks the worst patch of a "
                      "failing tensor.</p><div class=heats>")
         for v in views:
-            where = f"worst at patch (y={v.worst[0]}, x={v.worst[1]})" if v.worst else "no finite error"
+            where = ("no difference" if v.max_err == 0 else
+                     f"worst at patch (y={v.worst[0]}, x={v.worst[1]})" if v.worst else "no finite error")
             note = f"<br><span class=dim>{esc(v.note)}</span>" if v.note else ""
             parts.append(f"<figure><img alt='heatmap of {esc(v.tensor)}' src='{_jpeg_uri(v.jpeg)}'>"
                          f"<figcaption><code>{esc(v.tensor)}</code> ({esc(v.boundary)}, {esc(v.layout)} "
