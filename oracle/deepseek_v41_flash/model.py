@@ -8,10 +8,13 @@ What this oracle does not model, on purpose (say so wherever numbers are compare
 - quantised storage: experts FP4, dense layers FP8, the Engram table FP8. Weights are bf16
   (fp32 where the official module declares fp32) and Linear layers are plain matmuls;
 - the DSpark draft layers (`mtp.*`);
-What it does model of the kernels: the FP8 window-KV and FP4 indexer / compressed-KV activation
-quantisation (values to the low-precision grid and back, in place, as `act_quant` /
-`fp4_act_quant` do), and the attention kernel's online softmax over blocks of 64 selected
-positions with its bf16 rounding of the probabilities before P·V.
+What it does model of the kernels: the attention kernel's online softmax over blocks of 64
+selected positions with its bf16 rounding of the probabilities before P·V; and, when
+`kernel_quant` is on, the FP8 window-KV and FP4 indexer / compressed-KV activation quantisation
+(values to the low-precision grid and back, in place, as `act_quant` / `fp4_act_quant` do). It is
+OFF by default: two independent fp32 routes differ by ~1e-7, and a value that lands on a rounding
+midpoint flips by a whole FP8/FP4 step on one side only (measured: one flip in a 475-token
+prompt, attn.2 off by 1.9e-3 over the 8 window rows, 0.19 by attn.4), a false divergence.
 The run dtype replaces bf16 as the activation dtype (float32 by default); fp32 upcasts of the
 official code stay fp32. Only single-shot prefill (start_pos 0) exists here: decode is checked
 by full recomputation, and the engine's chunked prefill against slices of this result.
@@ -175,6 +178,13 @@ class SharedAttention:
     index_k: torch.Tensor | None = None
     topk_idxs: torch.Tensor | None = None
     candidates: torch.Tensor | None = None  # [B, S, T] bool, from `candidate_source_layer`
+    kernel_quant: bool = False  # the kernels' FP8 / FP4 activation round trips (see the module doc)
+
+    def fp8(self, x: torch.Tensor) -> torch.Tensor:
+        return fp8_round_trip(x) if self.kernel_quant else x
+
+    def fp4(self, x: torch.Tensor, block: int, e4m3_scale: bool = False) -> torch.Tensor:
+        return fp4_round_trip(x, block, e4m3_scale) if self.kernel_quant else x
 
 
 class Compressor(nn.Module):
@@ -234,9 +244,9 @@ class Indexer(nn.Module):
             k = self.k_norm(self.wk(latent))
             # a latent stands for the first token of its group: group j rotates at j * ratio
             k = rotate_tail(k, self.rd, freqs[: s - s % ratio : ratio])
-            shared.index_k = fp4_round_trip(k, 32)
+            shared.index_k = shared.fp4(k, 32)
         q = self.wq_b(qr).unflatten(-1, (self.n_heads, self.head_dim))
-        q = fp4_round_trip(rotate_tail(q, self.rd, freqs[:s]), 32)
+        q = shared.fp4(rotate_tail(q, self.rd, freqs[:s]), 32)
         w = self.weights_proj(x) * (self.head_dim**-0.5 * self.n_heads**-0.5)
         score = torch.einsum("bshd,btd->bsht", q, shared.index_k[:, : s // ratio])
         score = (score.relu() * w.unsqueeze(-1)).sum(dim=2)  # [B, S, T]
@@ -311,7 +321,7 @@ class Attention(nn.Module):
         qr = self.q_norm(self.wq_a(x))
         q = rotate_tail(self.wq_b(qr).unflatten(-1, (self.n_heads, self.head_dim)), self.rd, freqs)
         # K = V stays FP8-quantised over the whole post-RoPE vector
-        kv = fp8_round_trip(rotate_tail(self.kv_norm(self.wkv(x)), self.rd, freqs))  # [B, S, hd]
+        kv = shared.fp8(rotate_tail(self.kv_norm(self.wkv(x)), self.rd, freqs))  # [B, S, hd]
         idx = window_indices(s, self.window).unsqueeze(0).expand(b, -1, -1)
         if self.ratio:
             n_comp = s // self.ratio
@@ -323,7 +333,7 @@ class Attention(nn.Module):
                     shared.topk_idxs = self.indexer(x, qr, latent, self.freqs, shared, offset=s)
             if latent is not None:
                 group_freqs = self.freqs[: s - s % self.ratio : self.ratio]
-                shared.compress_kv = fp4_round_trip(rotate_tail(latent, self.rd, group_freqs), 16, e4m3_scale=True)
+                shared.compress_kv = shared.fp4(rotate_tail(latent, self.rd, group_freqs), 16, e4m3_scale=True)
             if n_comp:
                 kv = torch.cat([kv, shared.compress_kv[:, :n_comp]], dim=1)
             idx = torch.cat([idx, shared.topk_idxs], dim=-1)
@@ -503,9 +513,10 @@ class LanguageModel(nn.Module):
     state-dict keys are the checkpoint's (`embed.*`, `layers.N.*`, `norm.*`, `head.*`,
     `image_start` / `image_end` / `image_newline`)."""
 
-    def __init__(self, args, dtype: torch.dtype):
+    def __init__(self, args, dtype: torch.dtype, kernel_quant: bool = False):
         super().__init__()
         self.args = args
+        self.kernel_quant = kernel_quant
         self.hc_mult = args.hc_mult
         self.layout = EngramLayout.from_args(args)
         self.hasher: NgramHasher | None = None  # set by `build`: it holds tables, not parameters
@@ -543,7 +554,7 @@ class LanguageModel(nn.Module):
         h = h.unsqueeze(2).repeat(1, 1, self.hc_mult, 1)
         pre_mix = torch.zeros(*h.shape[:3], dtype=torch.float32)
         pre_mix[..., 0] = 1.0  # the first block collapses onto copy 0
-        shared = SharedAttention()
+        shared = SharedAttention(kernel_quant=self.kernel_quant)
         for i, layer in enumerate(self.layers):
             if layer.engram is not None:
                 h, gate = layer.engram(h, hashes[:, :, layer.engram.layer_hash_index], engram_mask)
@@ -585,7 +596,7 @@ def _default_dtype(dtype: torch.dtype):
         torch.set_default_dtype(prev)
 
 
-def build(args, checkpoint: Path, dtype: torch.dtype) -> LanguageModel:
+def build(args, checkpoint: Path, dtype: torch.dtype, kernel_quant: bool = False) -> LanguageModel:
     """The language model with the checkpoint's tensors, each cast to its parameter's dtype
     (the activation dtype, or fp32 where the official module declares fp32)."""
     token_map, n_compressed = compressed_token_map(args.vocab_size)
@@ -594,7 +605,7 @@ def build(args, checkpoint: Path, dtype: torch.dtype) -> LanguageModel:
         raise BadInput(f"{checkpoint}: engram_compressed_vocab_size is {args.engram_compressed_vocab_size} but the "
                        f"tokenizer compresses to {n_compressed}: every Engram hash would differ")
     with _default_dtype(dtype), torch.device("meta"):
-        model = LanguageModel(args, dtype)
+        model = LanguageModel(args, dtype, kernel_quant)
     params = dict(model.named_parameters())
     stored = load_tensors(checkpoint, list(params))
     state = {}
@@ -640,11 +651,11 @@ def generate(model: LanguageModel, input_ids: torch.Tensor, token_types: torch.T
 
 
 def run_language(args, checkpoint: Path, dtype: torch.dtype, prompt: str | None, image_rows: torch.Tensor | None,
-                 cells: tuple[int, int] | None, decode: int, rec) -> dict:
+                 cells: tuple[int, int] | None, decode: int, rec, kernel_quant: bool = False) -> dict:
     """The language half of an oracle run: tokenise, overlay the image span with `image_rows`
     (the aligner output, [n_llm_h * n_llm_w, dim], or None for a text-only prompt), prefill once,
     decode `decode` steps by recomputation. Runs on the CPU (the yardstick, not the fast path). Returns the run facts to merge into `inputs`."""
-    model = build(args, Path(checkpoint), dtype)
+    model = build(args, Path(checkpoint), dtype, kernel_quant)
     ids, types, start = build_prompt(prompt if prompt is not None else DEFAULT_PROMPT, args,
                                      cells if image_rows is not None else None)
     if ids.numel() + decode > args.max_seq_len:
@@ -675,7 +686,8 @@ def run(req, rec) -> None:
     rows, cells = opts.get("image_rows"), opts.get("cells")
     args = ModelArgs.from_dir(req.weights_dir)
     facts = run_language(args, Path(req.weights_dir), dtypes[req.dtype], req.prompt, rows,
-                         tuple(cells) if cells is not None else None, req.decode, rec)
+                         tuple(cells) if cells is not None else None, req.decode, rec,
+                         kernel_quant=bool(opts.get("kernel_quant", False)))
     ids, _, _ = build_prompt(req.prompt if req.prompt is not None else DEFAULT_PROMPT, args,
                              tuple(cells) if rows is not None else None)
     rec.update_run(inputs={"language": {"prompt": req.prompt if req.prompt is not None else DEFAULT_PROMPT,

@@ -64,7 +64,7 @@ def language_config(dim: int = 64, *, vision: bool = True) -> dict:
     layers 1 and 3, YaRN on the compressed layers, a window of 8 so prompts outgrow it."""
     layer_ids = [1, 3]
     cfg = {
-        "max_seq_len": 256, "dtype": "bf16", "expert_dtype": None,
+        "max_seq_len": 2048, "dtype": "bf16", "expert_dtype": None,
         "vocab_size": TINY_VOCAB, "image_token_id": 500,
         "dim": dim, "moe_inter_dim": 32, "n_layers": 6, "n_mtp_layers": 0, "n_heads": 4,
         "n_routed_experts": 8, "n_shared_experts": 1, "n_activated_experts": 2,

@@ -86,3 +86,18 @@ def test_fault_is_localised(oracle_dump, checkpoint, rows, tmp_path, fault, chun
 def test_overlay_fault_is_invisible_in_one_chunk(oracle_dump, checkpoint, rows, tmp_path):
     eng = dump("engine", request(checkpoint, rows, fault="overlay-chunk-shift"), tmp_path / "engine")
     assert compare_dumps(oracle_dump, eng, contract=CONTRACT).verdict == "match"
+
+
+def test_kernel_quantisation_matches_on_both_sides(checkpoint, rows, tmp_path):
+    """The kernels' FP8 / FP4 activation round trips, on for both sides (off by default: on long
+    prompts an isolated rounding flip between two fp32 routes is a false divergence)."""
+    import dataclasses
+
+    req = dataclasses.replace(request(checkpoint, rows, chunk=7), decode=1,
+                              options={"image_rows": rows, "cells": CELLS, "kernel_quant": True})
+    odir = dump("oracle", dataclasses.replace(req, chunk=None), tmp_path / "oracle")
+    edir = dump("engine", req, tmp_path / "engine")
+    report = compare_dumps(odir, edir, contract=CONTRACT)
+    assert report.verdict == "match", [(b.name, b.reason) for b in report.boundaries if b.status != "match"]
+    plain = dump("engine", dataclasses.replace(req, options={"image_rows": rows, "cells": CELLS}), tmp_path / "plain")
+    assert compare_dumps(odir, plain, contract=CONTRACT).earliest == ["attn.0"]  # the switch is live

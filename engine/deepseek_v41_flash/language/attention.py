@@ -7,8 +7,8 @@ compressed positions: a KV-source layer pools each completed group of r tokens i
 (an incomplete group waits in `pending` across chunks and decode steps), an index-source layer
 scores the visible latents and keeps the best `index_topk` per query; the layers after a source
 reuse its latents and its choice. A group becomes visible to a query once the query has passed
-the group's last token. The KV and the indexer's q / k go through the kernels' FP8 / FP4
-activation quantisation (`quant`).
+the group's last token. With `kernel_quant` the KV and the indexer's q / k go through the
+kernels' FP8 / FP4 activation quantisation (`quant`); it is off by default, as in the oracle.
 """
 from __future__ import annotations
 
@@ -61,8 +61,9 @@ class ChunkShared:
 
 
 class Attention:
-    def __init__(self, layer_id: int, cfg, w: AttnWeights, backend):
+    def __init__(self, layer_id: int, cfg, w: AttnWeights, backend, kernel_quant: bool = False):
         self.cfg, self.w, self.backend = cfg, w, backend
+        self.kernel_quant = kernel_quant
         self.H, self.hd, self.rd = cfg.n_heads, cfg.head_dim, cfg.rope_head_dim
         self.window = cfg.window_size
         self.ratio = cfg.compress_ratios[layer_id]
@@ -78,6 +79,9 @@ class Attention:
         else:
             self.rope_args = (self.rd, cfg.max_seq_len, 0, float(cfg.rope_theta), float(cfg.rope_factor),
                               cfg.beta_fast, cfg.beta_slow)
+
+    def _fp4(self, x: torch.Tensor, block: int, e4m3_scale: bool = False) -> torch.Tensor:
+        return quant.fp4(x, block, e4m3_scale) if self.kernel_quant else x
 
     def _rope(self, device) -> tuple[torch.Tensor, torch.Tensor]:
         """cos / sin [max_seq_len, rd/2] on `device`, built once per device."""
@@ -119,9 +123,9 @@ class Attention:
         pos = torch.arange(first, first + new.shape[0] * r, r, device=x.device)
         if self.owns_keys:
             k = self._norm(self.backend.linear(new, w.i_wk, None), w.i_k_norm)
-            cache.index_k.extend(quant.fp4(rope.rotate_pairs(k, self.rd, cos[pos], sin[pos]), 32).unbind(0))
+            cache.index_k.extend(self._fp4(rope.rotate_pairs(k, self.rd, cos[pos], sin[pos]), 32).unbind(0))
         latent = rope.rotate_pairs(new, self.rd, cos[pos], sin[pos])
-        cache.latents.extend(quant.fp4(latent, 16, e4m3_scale=True).unbind(0))
+        cache.latents.extend(self._fp4(latent, 16, e4m3_scale=True).unbind(0))
         return len(cache.latents)
 
     def _blocks(self, score: torch.Tensor, seen: torch.Tensor) -> torch.Tensor:
@@ -148,7 +152,7 @@ class Attention:
         w, n = self.w, x.shape[0]
         ih, ihd = self.cfg.index_n_heads, self.cfg.index_head_dim
         q = self.backend.linear(qr, w.i_wq_b, None).view(n, ih, ihd)
-        q = quant.fp4(rope.rotate_pairs(q, self.rd, cos[start:start + n], sin[start:start + n]), 32)
+        q = self._fp4(rope.rotate_pairs(q, self.rd, cos[start:start + n], sin[start:start + n]), 32)
         k = torch.stack(keys.index_k[:n_groups])  # [T, ihd]
         head_w = self.backend.linear(x, w.i_weights, None) * (ihd ** -0.5 * ih ** -0.5)  # [n, ih]
         score = torch.einsum("nhd,td->nht", q, k).relu()
@@ -172,7 +176,8 @@ class Attention:
         qr = self._norm(self.backend.linear(x, w.wq_a, None), w.q_norm)
         q = rope.rotate_pairs(self.backend.linear(qr, w.wq_b, None).view(n, H, hd), rd, cq, sq)
         kv = rope.rotate_pairs(self._norm(self.backend.linear(x, w.wkv, None), w.kv_norm), rd, cq, sq)
-        kv = quant.fp8(kv)  # the window K = V is kept FP8 (post-RoPE, the whole vector)
+        if self.kernel_quant:
+            kv = quant.fp8(kv)  # the window K = V is kept FP8 (post-RoPE, the whole vector)
         cache.window_kv[start:start + n] = kv
         lo = max(0, start - self.window + 1)
         keys = cache.window_kv[lo:start + n]  # [m, hd]

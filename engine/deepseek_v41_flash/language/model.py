@@ -51,7 +51,7 @@ class BlockWeights:
 
 class LanguageModel:
     def __init__(self, cfg: Config, t: dict[str, torch.Tensor], dtype: torch.dtype, backend,
-                 fault: str | None = None, device="cpu"):
+                 fault: str | None = None, device="cpu", kernel_quant: bool = False):
         self.cfg, self.dtype, self.backend, self.fault = cfg, dtype, backend, fault
         self.device = torch.device(device)
         f32 = torch.float32
@@ -83,7 +83,7 @@ class LanguageModel:
                              opt("compressor.norm.weight"), opt("indexer.wq_b.weight"),
                              opt("indexer.weights_proj.weight"), opt("indexer.wk.weight"),
                              opt("indexer.k_norm.weight"))
-            self.attn.append(Attention(i, cfg, aw, backend))
+            self.attn.append(Attention(i, cfg, aw, backend, kernel_quant))
             f = p + "ffn."
             E = cfg.n_routed_experts
             stack = lambda k: torch.stack([act(f + f"experts.{e}.{k}.weight") for e in range(E)])  # noqa: E731
@@ -128,11 +128,11 @@ class LanguageModel:
 
     @classmethod
     def load(cls, checkpoint: str | Path, *, dtype: torch.dtype, backend, fault: str | None = None,
-             device="cpu") -> "LanguageModel":
+             device="cpu", kernel_quant: bool = False) -> "LanguageModel":
         if fault is not None and fault not in FAULTS:
             fault = None  # a vision fault: the language path runs clean
         cfg = Config.load(checkpoint)
-        return cls(cfg, W.read(checkpoint, cls.tensor_names(cfg)), dtype, backend, fault, device)
+        return cls(cfg, W.read(checkpoint, cls.tensor_names(cfg)), dtype, backend, fault, device, kernel_quant)
 
     def sequence(self, input_ids: torch.Tensor, token_types: torch.Tensor,
                  image: Callable[[], torch.Tensor] | None = None, cells: tuple[int, int] | None = None) -> "Sequence":
