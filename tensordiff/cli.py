@@ -161,6 +161,10 @@ def _model_options(f):
         click.option("--chunk", type=click.IntRange(min=1), default=None, help="Engine prefill chunk length."),
         click.option("--decode", type=click.IntRange(min=0), default=0, show_default=True,
                      help="Decode steps after the prompt."),
+        click.option("--processor", type=click.Choice(["pil", "torchvision"]), default=None,
+                     help="Qwen3-VL image processor for both sides (default: torchvision when importable, else PIL)."),
+        click.option("--option", "-o", "extra", multiple=True, metavar="KEY=VALUE",
+                     help="A model-specific run option, repeatable (e.g. -o attention=math)."),
     ]
     for o in reversed(opts):
         f = o(f)
@@ -262,7 +266,8 @@ input (config, images, weights).
 Examples:
   tensordiff gate gates/deepseek-v4.1-flash.toml --junit gate.xml --html gate.html
   tensordiff gate gates/qwen3-vl.toml --fault rope-hw-swap      # must exit 1
-  tensordiff gate gates/deepseek-v4.1-flash.toml --device cuda --weights synthetic:full --json gate.json
+  tensordiff gate gates/deepseek-v4.1-flash.toml --device cuda --weights synthetic:full \\
+      --dtype bfloat16 --oracle-dtype float32 --json gate.json
 """
 
 
@@ -279,12 +284,14 @@ Examples:
 @click.option("--weights", default=None, help="Override every model's weights SPEC.")
 @click.option("--device", default=None, help="Override every model's device (cpu, cuda[:N]).")
 @click.option("--dtype", type=click.Choice(["float32", "bfloat16"]), default=None, help="Override the engine dtype.")
+@click.option("--oracle-dtype", type=click.Choice(["float32", "bfloat16"]), default=None,
+              help="Override the oracle dtype (default: the file's, else the engine's).")
 @click.option("--backend", type=click.Choice(["torch", "hip"]), default=None, help="Override the engine kernels.")
 @click.option("--no-cache", is_flag=True, help="Run the oracle even when a cached dump exists.")
 @click.option("--no-local-error", is_flag=True, help="Skip the per-stage local error runs.")
 @click.option("-q", "--quiet", is_flag=True, help="Only the summary line per case and the verdict.")
-def gate(config, json_path, junit_path, html_path, out, models, fault, weights, device, dtype, backend, no_cache,
-         no_local_error, quiet):
+def gate(config, json_path, junit_path, html_path, out, models, fault, weights, device, dtype, oracle_dtype, backend,
+         no_cache, no_local_error, quiet):
     """Run a CI gate: every model x image x prompt of CONFIG, oracle beside engine, compared at every
     boundary and stage; fails with the earliest divergence."""
     import time
@@ -299,7 +306,7 @@ def gate(config, json_path, junit_path, html_path, out, models, fault, weights, 
         if not Path(weights).is_dir():
             raise BadInput(f"--weights {weights!r} is neither synthetic:<variant> nor a checkpoint directory")
         weights = str(Path(weights).resolve())
-    overrides = {"weights": weights, "device": device, "dtype": dtype, "backend": backend}
+    overrides = {"weights": weights, "device": device, "dtype": dtype, "oracle_dtype": oracle_dtype, "backend": backend}
     res = run_gate(cfg, fault=fault, models=list(models) or None, out=out, use_cache=False if no_cache else None,
                    local=False if no_local_error else None, overrides=overrides, html=html_path is not None,
                    echo=click.echo)

@@ -416,7 +416,8 @@ def run_gate(cfg: GateConfig, *, fault: str | None = None, models: list[str] | N
             for i, (m, img, prompt) in enumerate(plan):
                 adapter = adapters[m.name]
                 f = fault if fault and any(x.name == fault for x in adapter.faults) else None
-                label = _label(m.name, img, prompt, m.dtype, base, f)
+                dt = m.dtype if m.oracle_dtype in (None, m.dtype) else f"{m.dtype} (oracle {m.oracle_dtype})"
+                label = _label(m.name, img, prompt, dt, base, f)
                 prog.case(label)
                 case = CaseResult(m.name, img, prompt, m.dtype, label)
                 results.append(case)
