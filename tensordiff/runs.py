@@ -22,8 +22,16 @@ from .inputs import check_image, default_image_path
 
 
 def make_request(model: str, *, image=None, weights="synthetic:tiny", device="cpu", dtype="float32",
-                 backend="torch", fault=None, prompt=None, chunk=None, decode=0, **options) -> tuple[ModelAdapter, RunRequest]:
+                 backend="torch", fault=None, prompt=None, chunk=None, decode=0, processor=None, extra=(),
+                 **options) -> tuple[ModelAdapter, RunRequest]:
     adapter = registry.adapter(model)
+    for item in extra:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise BadInput(f"--option takes KEY=VALUE, not {item!r}")
+        options[key] = value
+    if processor is not None:
+        options["processor"] = processor
     if fault is not None:
         known = [f.name for f in adapter.faults]
         if fault not in known:
