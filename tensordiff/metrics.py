@@ -179,7 +179,8 @@ class FloatMetrics:
         if ra.size == 0:
             return
         if self._native is not None:
-            self._update_native(start, np.ascontiguousarray(ra), np.ascontiguousarray(rb))
+            # the kernel needs C-contiguous, aligned elements (a foreign writer may misalign data)
+            self._update_native(start, np.require(ra, requirements="CA"), np.require(rb, requirements="CA"))
         else:
             with np.errstate(all="ignore"):  # Inf - Inf, overflowing quotients: counted, not warned
                 self._update_numpy(start, ra, rb)

@@ -15,6 +15,7 @@ import os
 import platform
 import shutil
 import subprocess
+import sys
 import tempfile
 import threading
 from pathlib import Path
@@ -73,7 +74,9 @@ def float_kernel():
         with _lock:
             if _kernel is None:
                 if os.environ.get("TENSORDIFF_NATIVE", "1") == "0":
-                    _kernel, status = False, "disabled by TENSORDIFF_NATIVE=0"
+                    _kernel, status = False, "numpy (native kernel disabled by TENSORDIFF_NATIVE=0)"
+                elif sys.byteorder != "little":  # the kernel reads the dump's little-endian bytes as they are
+                    _kernel, status = False, "numpy (native kernel needs a little-endian host)"
                 else:
                     try:
                         lib = ctypes.CDLL(str(_build()))
