@@ -26,6 +26,7 @@ _NSUB = 4  # the native kernel counts keys into 4 interleaved sub-histograms
 _F32_EXP = 0x7F800000
 _F64_EXP = 0x7FF0000000000000
 _MIN_EXP = {"float64": -1022, "float32": -126, "float16": -14, "bfloat16": -126}
+_NUMPY_STEP = 1 << 18  # the numpy path's work arrays stay cache-sized whatever the chunk
 
 
 def _ulp_bins(u: np.ndarray) -> np.ndarray:
@@ -183,7 +184,8 @@ class FloatMetrics:
             self._update_native(start, np.require(ra, requirements="CA"), np.require(rb, requirements="CA"))
         else:
             with np.errstate(all="ignore"):  # Inf - Inf, overflowing quotients: counted, not warned
-                self._update_numpy(start, ra, rb)
+                for s in range(0, ra.size, _NUMPY_STEP):
+                    self._update_numpy(start + s, ra[s : s + _NUMPY_STEP], rb[s : s + _NUMPY_STEP])
 
     def _update_native(self, start: int, ra: np.ndarray, rb: np.ndarray) -> None:
         row, rows, r0, rbuf = self.row, None, 0, None

@@ -168,3 +168,11 @@ def test_key_table_bins_agree_with_the_log_formula_below_the_cells_edges():
     assert np.array_equal(got[u < 16], want[u < 16])
     assert np.all((got == want) | (got == want - 1))
     assert np.all(u.astype(np.float64) <= M._UPPER[got])  # bin uppers stay upper bounds
+
+
+def test_numpy_path_splits_large_chunks_without_changing_results(monkeypatch):
+    ra, rb, shape = make_case(11, "bfloat16", "float32", True)
+    ref = reference(ra, rb, "bfloat16", "float32", shape)
+    monkeypatch.setattr(M, "_NUMPY_STEP", 97)  # sub-steps that cut rows and blocks anywhere
+    acc = streamed(ra, rb, "bfloat16", "float32", shape, 1000, native=False)
+    check(acc.result(), acc, ref, 1e-12)
