@@ -65,7 +65,9 @@ class ModelAdapter:
     # raises BadInput for an unknown spec or an incomplete checkpoint.
     weights: Callable[[str], Path] | None = None
     description: str = ""
-    # Optional: the engine's stages, for local error (engine stage on oracle inputs).
+    # Optional: the engine's stages, for local error (each engine stage run on the ORACLE's
+    # tensors upstream of its boundary). Returns `make_stages(req, run) -> {boundary: stage}`,
+    # `stage(inputs: {name: tensor}) -> {name: tensor}`; see `tensordiff/local_error.py`.
     stages: Callable[[], Any] | None = None
 
     def runner(self, side: str) -> Runner:
