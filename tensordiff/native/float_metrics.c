@@ -59,7 +59,7 @@ block_fast(const void *a, int ka, const void *b, int kb, int64_t off, int64_t n,
        relative), added to the double totals per block */
     float s_abs = 0, s_err = 0, s_aa = 0, s_bb = 0;
     float mx = 0, mrel = 0, mu = 0, mina = INFINITY, maxa = -INFINITY, minb = INFINITY, maxb = -INFINITY;
-    int64_t viol = 0, bad = 0;
+    int32_t viol = 0, bad = 0; /* per block: fits, and packs 16 lanes per vector */
     const float atol = P->atol, rtol = P->rtol, floor_ = P->floor, scale = P->scale;
 #pragma omp simd reduction(+ : s_abs, s_err, s_aa, s_bb, viol, bad) reduction(max : mx, mrel, mu, maxa, maxb) \
     reduction(min : mina, minb)
