@@ -257,8 +257,17 @@ class Indexer(nn.Module):
         elif self.uses_candidates:
             score = score.masked_fill(~shared.candidates, -torch.inf)
         k = min(self.topk, s // ratio)
-        idx = score.topk(k, dim=-1, sorted=False).indices.sort(dim=-1).values
+        idx = top_k_earliest(score, k).indices.sort(dim=-1).values
         return torch.where(idx < visible, idx + offset, -1)
+
+
+def top_k_earliest(score: torch.Tensor, k: int):
+    """torch.topk with a defined order among EXACT ties: the earlier position wins. Ties are
+    common here (the ReLU'd index score is exactly 0 wherever every positively weighted head's dot
+    is negative), and torch.topk leaves their order open, so without a rule two correct
+    implementations keep different positions."""
+    order = torch.sort(score, dim=-1, descending=True, stable=True)
+    return torch.return_types.topk((order.values[..., :k], order.indices[..., :k]))
 
 
 def candidate_blocks(score: torch.Tensor, visible: torch.Tensor, topk_blocks: int, block: int) -> torch.Tensor:
@@ -273,7 +282,7 @@ def candidate_blocks(score: torch.Tensor, visible: torch.Tensor, topk_blocks: in
     n_blocks = best.size(-1)
     newest = (visible - 1) // block
     best = best.masked_fill(torch.arange(n_blocks) == newest, torch.inf)
-    top = best.topk(min(topk_blocks, n_blocks), dim=-1)
+    top = top_k_earliest(best, min(topk_blocks, n_blocks))
     keep = torch.zeros_like(best, dtype=torch.bool).scatter(-1, top.indices, top.values > -torch.inf)
     return keep.repeat_interleave(block, dim=-1)[..., :width]
 

@@ -19,7 +19,7 @@ from pathlib import Path
 from . import generator
 
 TINY_VOCAB = 512
-SYNTH_VERSION = 2  # bump when `synth` changes, so cached checkpoints are rewritten
+SYNTH_VERSION = 3  # bump when `synth` changes, so cached checkpoints are rewritten
 
 
 def _is_prime(n: int) -> bool:
@@ -169,10 +169,6 @@ def synth(name: str, shape: tuple[int, ...], dtype: str):
     elif leaf == "attn_sink" or name in ("embed.weight", "image_start", "image_end", "image_newline") \
             or name.endswith("engram.embed.weight"):
         t = torch.randn(shape, generator=g)
-    elif name.endswith("indexer.weights_proj.weight"):
-        # non-negative head weights: an index score is then 0 only when every head's ReLU is,
-        # so exact ties at the top-k boundary (whose order torch.topk leaves open) stay rare
-        t = torch.randn(shape, generator=g).abs() / shape[-1] ** 0.5
     else:  # a projection [out, in]
         t = torch.randn(shape, generator=g) / shape[-1] ** 0.5
     return t.to(getattr(torch, dtype))

@@ -19,6 +19,13 @@ import torch
 from . import quant, rope
 
 
+def _best_first(score: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Scores sorted best first, EXACT ties in position order (earlier first). Index scores tie
+    often (ReLU'd to exactly 0), and a top-k that leaves tie order open keeps different positions
+    for different chunkings."""
+    return torch.sort(score, dim=-1, descending=True, stable=True)
+
+
 @dataclass(frozen=True)
 class AttnWeights:
     sink: torch.Tensor  # [H] fp32
@@ -141,9 +148,10 @@ class Attention:
         newest = (seen - 1).clamp_min(-1) // bs  # -1: nothing visible yet, nothing pinned
         rows = torch.arange(n, device=dev)[newest >= 0]
         best[rows, newest[newest >= 0]] = float("inf")
-        top = best.topk(min(self.cfg.candidate_topk_blocks, n_blocks), dim=-1)
+        kb = min(self.cfg.candidate_topk_blocks, n_blocks)
+        values, order = _best_first(best)
         keep = torch.zeros(n, n_blocks, dtype=torch.bool, device=dev)
-        keep.scatter_(1, top.indices, top.values > float("-inf"))
+        keep.scatter_(1, order[:, :kb], values[:, :kb] > float("-inf"))
         return keep.repeat_interleave(bs, dim=1)[:, :t]
 
     def _select(self, x, qr, start: int, n_groups: int, keys: LayerCache, cos, sin,
@@ -165,8 +173,9 @@ class Attention:
         elif self.candidate_user:
             score = score.masked_fill(~shared.candidates, float("-inf"))
         k_keep = min(self.cfg.index_topk, n_groups)
-        top = score.topk(k_keep, dim=-1)
-        return torch.where(torch.isfinite(top.values), top.indices, torch.full_like(top.indices, -1))
+        values, order = _best_first(score)
+        values, order = values[:, :k_keep], order[:, :k_keep]
+        return torch.where(torch.isfinite(values), order, torch.full_like(order, -1))
 
     def __call__(self, x: torch.Tensor, start: int, cache: LayerCache, shared: ChunkShared) -> torch.Tensor:
         """x: [n, D] normalised attention input for positions start .. start+n-1 -> [n, D]."""
