@@ -22,7 +22,8 @@ _NBINS = _LIN_BINS + _LOG_PER_OCTAVE * 128
 # so a percentile read from the histogram is still an upper bound.
 _KEY_SHIFT = 16
 _NKEYS = 1 << (31 - _KEY_SHIFT)
-_NSUB = 4  # the native kernel counts keys into 4 interleaved sub-histograms
+_NSUB = 4  # the native kernel counts keys into 4 interleaved sub-histograms,
+_HSTRIDE = _NKEYS + 24  # padded so that they do not alias (native/float_metrics.c)
 _F32_EXP = 0x7F800000
 _F64_EXP = 0x7FF0000000000000
 _MIN_EXP = {"float64": -1022, "float32": -126, "float16": -14, "bfloat16": -126}
@@ -194,10 +195,10 @@ class FloatMetrics:
             rbuf = np.zeros((start + ra.size - 1) // row + 1 - r0)
             rows = rbuf.ctypes.data
         if self.khist is None:
-            self.khist = np.zeros(_NSUB * _NKEYS, dtype=np.int64)
+            self.khist = np.zeros(_NSUB * _HSTRIDE, dtype=np.int64)
         rc = self._native(ra.ctypes.data, int(self.da.name == "bfloat16"), rb.ctypes.data,
                           int(self.db.name == "bfloat16"), ra.size, start, self.tol.atol, self.tol.rtol,
-                          self._floor_f32, float(self._scale), self.khist.ctypes.data, _NKEYS, rows, row, r0,
+                          self._floor_f32, float(self._scale), self.khist.ctypes.data, _HSTRIDE, rows, row, r0,
                           self.I.ctypes.data, self.D.ctypes.data)
         if rc:
             raise RuntimeError(f"native float kernel failed ({rc})")
@@ -335,7 +336,7 @@ class FloatMetrics:
         bad = int(I[_VIOL] + I[_MISMATCH])
         hist = self.hist
         if self.khist is not None:
-            per_key = self.khist.reshape(_NSUB, _NKEYS).sum(axis=0)
+            per_key = self.khist.reshape(_NSUB, _HSTRIDE)[:, :_NKEYS].sum(axis=0)
             hist = hist + np.bincount(_LUT, weights=per_key, minlength=_NBINS).astype(np.int64)
         return {
             "numel": n,

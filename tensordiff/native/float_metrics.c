@@ -25,11 +25,13 @@
 #define EXP 0x7f800000u
 #define KEY_SHIFT 16 /* histogram key: the top 16 bits of the float32 ULP distance */
 #define NKEYS (1 << (31 - KEY_SHIFT)) /* keys of non-negative floats */
+#define HSTRIDE (NKEYS + 24)          /* sub-histogram stride: not a multiple of 4 KiB, so the
+                                        sub-histograms do not alias each other's stores */
 #define NSUB 4                        /* interleaved sub-histograms: no store-forwarding chain on one key */
 
 typedef struct {
     float atol, rtol, floor, scale;
-    int64_t *hist; /* NSUB * NKEYS counts per key; tensordiff/metrics.py folds keys into bins */
+    int64_t *hist; /* NSUB * HSTRIDE counts per key; tensordiff/metrics.py folds keys into bins */
     double *rows; /* row maxima for rows r0.., or NULL */
     int64_t row, r0;
 } params;
@@ -114,9 +116,9 @@ block_fast(const void *a, int ka, const void *b, int kb, int64_t off, int64_t n,
     int64_t i = 0;
     for (; i + NSUB <= n; i += NSUB) {
         h[key[i]]++;
-        h[NKEYS + key[i + 1]]++;
-        h[2 * NKEYS + key[i + 2]]++;
-        h[3 * NKEYS + key[i + 3]]++;
+        h[HSTRIDE + key[i + 1]]++;
+        h[2 * HSTRIDE + key[i + 2]]++;
+        h[3 * HSTRIDE + key[i + 3]]++;
     }
     for (; i < n; i++) h[key[i]]++;
     if (P->rows) {
@@ -193,10 +195,10 @@ run(const void *a, int ka, const void *b, int kb, int64_t n, int64_t start, cons
 }
 
 int td_float_update(const void *a, int ka, const void *b, int kb, int64_t n, int64_t start, float atol, float rtol,
-                    float floor_, float scale, int64_t *hist, int64_t nkeys, double *rows, int64_t row,
+                    float floor_, float scale, int64_t *hist, int64_t hstride, double *rows, int64_t row,
                     int64_t r0, int64_t *I, double *D) {
     params P = {atol, rtol, floor_, scale, hist, rows, row, r0};
-    if (nkeys != NKEYS) return -2;
+    if (hstride != HSTRIDE) return -2; /* tensordiff/metrics.py lays the histogram out the same way */
     if (ka < 0 || ka > 1 || kb < 0 || kb > 1) return -1;
     I[0] += n;
     /* constant kinds: each call below is its own specialised, vectorised loop */
