@@ -146,3 +146,10 @@ def test_candidate_blocks_pin_the_newest_block_and_keep_the_best_other(tables):
     keep = attn._blocks(score, torch.tensor([9, 1]))
     assert keep[0].tolist() == [True] * 4 + [False] * 4 + [True] * 2
     assert keep[1].tolist() == [True] * 4 + [False] * 6
+
+
+def test_index_ties_go_to_the_earlier_position():
+    from engine.deepseek_v41_flash.language.attention import _best_first
+
+    values, order = _best_first(torch.tensor([[-1.0, 0.0, 0.0, 0.5, 0.0, 0.0]]))
+    assert order[0, :3].tolist() == [3, 1, 2]

@@ -142,3 +142,10 @@ def test_blocked_sparse_attention_equals_one_softmax_with_a_sink():
         p = torch.softmax(torch.cat([s, sink.view(2, 1)], -1), -1)[:, :-1]
         torch.testing.assert_close(out[0, r], p @ kv[0, sel], atol=1e-5, rtol=1e-5)
     assert torch.equal(out[0, 2], torch.zeros(2, 8))
+
+
+def test_index_ties_go_to_the_earlier_position():
+    from oracle.deepseek_v41_flash.model import top_k_earliest
+
+    score = torch.tensor([[-1.0, 0.0, 0.0, 0.5, 0.0, 0.0]])
+    assert top_k_earliest(score, 3).indices.tolist() == [[3, 1, 2]]
