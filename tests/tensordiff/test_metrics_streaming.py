@@ -97,7 +97,7 @@ def make_case(seed: int, na: str, nb: str, nonfinite: bool, rows: int = 37, cols
 
 
 PAIRS = [("float32", "float32"), ("bfloat16", "float32"), ("float32", "bfloat16"), ("bfloat16", "bfloat16"),
-         ("float16", "float32"), ("float64", "float32")]
+         ("float16", "float32"), ("float64", "float32"), ("bfloat16", "float64"), ("float16", "float16")]
 
 
 def check(res: dict, acc, ref: dict, rel_sums: float) -> None:
@@ -176,3 +176,84 @@ def test_numpy_path_splits_large_chunks_without_changing_results(monkeypatch):
     monkeypatch.setattr(M, "_NUMPY_STEP", 97)  # sub-steps that cut rows and blocks anywhere
     acc = streamed(ra, rb, "bfloat16", "float32", shape, 1000, native=False)
     check(acc.result(), acc, ref, 1e-12)
+
+
+def _stored_pair(tmp_path, a: np.ndarray, b: np.ndarray, dt: str):
+    from tensordiff.storage import read_safetensors_header, write_safetensors
+
+    out = []
+    for side, x in (("a", a), ("b", b)):
+        p = tmp_path / f"{side}.safetensors"
+        write_safetensors(p, {"t": (x, BY_NAME[dt])})
+        out.append(read_safetensors_header(p)[0]["t"])
+    return out
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_stream_pair_threads_give_the_sequential_answer(tmp_path, workers):
+    from tensordiff.stream import stream_pair
+
+    rng = np.random.default_rng(3)
+    ids_a = np.argsort(rng.random((4000, 16)), axis=1)[:, :4].astype(np.int32)
+    ids_b = ids_a.copy()
+    ids_b[[5, 1700, 3999]] = ids_b[[5, 1700, 3999]][:, ::-1]  # same sets, other order
+    ids_b[2500, 0] = 15 if ids_b[2500, 0] != 15 else 14  # a different set
+    sa, sb = _stored_pair(tmp_path, ids_a, ids_b, "int32")
+    topk = stream_pair(sa, sb, M.TopKSetMetrics(4, DEFAULTS["int"]), 400, workers=workers)
+    assert (topk.rows, topk.diff_rows, topk.first) == (4000, 1, 2500 * 4)
+    exact = stream_pair(sa, sb, M.ExactMetrics(BY_NAME["int32"], BY_NAME["int32"]), 400, workers=workers)
+    assert exact.first == 5 * 4 and exact.diff == int((ids_a != ids_b).sum())
+
+    a = rng.standard_normal((300, 1000)).astype(np.float32)
+    b = a + np.float32(1e-3) * (rng.random(a.shape) < 0.01)
+    b[123, 456] = np.nan
+    sa, sb = _stored_pair(tmp_path, a, b, "float32")
+    acc = M.FloatMetrics(BY_NAME["float32"], BY_NAME["float32"], BY_NAME["float32"], DEFAULTS["float32"], a.shape)
+    acc = stream_pair(sa, sb, acc, 7000, workers=workers)
+    check(acc.result(), acc, reference(a, b, "float32", "float32", a.shape), 1e-6)
+    assert acc.worst == 123 * 1000 + 456
+
+
+def test_stream_pair_reraises_a_worker_error(tmp_path):
+    from tensordiff.stream import stream_pair
+
+    sa, sb = _stored_pair(tmp_path, np.zeros(10_000, np.float32), np.zeros(10_000, np.float32), "float32")
+
+    class Boom:
+        def update(self, start, a, b):
+            if start >= 5000:
+                raise ValueError("planted")
+
+        def spawn(self):
+            return Boom()
+
+        def merge(self, other):
+            pass
+
+    with pytest.raises(ValueError, match="planted"):
+        stream_pair(sa, sb, Boom(), 1000, workers=2)
+
+
+def _rss_mb() -> float:
+    for line in open("/proc/self/status"):
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    pytest.skip("no /proc/self/status")
+
+
+def test_release_drops_pages_and_later_reads_still_see_the_data(tmp_path):
+    n = 8 << 20  # 32 MB of float32
+    a = np.arange(n, dtype=np.float32)
+    sa, _ = _stored_pair(tmp_path, a, a[:1], "float32")
+    del a
+    r = sa.reader()
+    try:
+        before = _rss_mb()
+        assert float(r.read(0, n).max()) == n - 1  # every page touched: resident in this process
+        touched = _rss_mb()
+        r.release(0, n)  # the mapping's pages go; the file's bytes do not
+        released = _rss_mb()
+        assert touched - before > 24 and touched - released > 24, (before, touched, released)
+        assert r.read(n - 3, n).tolist() == [n - 3, n - 2, n - 1]
+    finally:
+        r.close()
