@@ -59,7 +59,7 @@ class LanguageModel:
         fp = lambda n: t[n].to(device=self.device, dtype=f32).contiguous()  # noqa: E731
         self.embed = act("embed.weight")
         self.markers = {n: act(n) for n in ("image_start", "image_end", "image_newline")}
-        self.norm = act("norm.weight")
+        self.norm = fp("norm.weight")  # norm weights fp32, as the backend protocol takes them
         self.head = fp("head.weight")
         token_map, n_comp = compressed_token_map(cfg.vocab_size)
         if cfg.engram_layer_ids and n_comp != cfg.engram_compressed_vocab_size:
@@ -70,19 +70,19 @@ class LanguageModel:
         for i in range(cfg.n_layers):
             p = f"layers.{i}."
             mix = lambda s: hyper.MixWeights(fp(p + f"hc_{s}_fn"), fp(p + f"hc_{s}_base"), fp(p + f"hc_{s}_scale"))  # noqa: E731
-            self.blocks.append(BlockWeights(act(p + "attn_norm.weight"), act(p + "ffn_norm.weight"),
+            self.blocks.append(BlockWeights(fp(p + "attn_norm.weight"), fp(p + "ffn_norm.weight"),
                                             mix("attn"), mix("ffn")))
             a = p + "attn."
             opt = lambda n, conv=act: conv(a + n) if a + n in t else None  # noqa: E731
             ratio = cfg.compress_ratios[i]
             cdt = fp if ratio > 1 else act  # the pooling compressor runs in fp32
-            aw = AttnWeights(fp(a + "attn_sink"), act(a + "wq_a.weight"), act(a + "q_norm.weight"),
-                             act(a + "wq_b.weight"), act(a + "wkv.weight"), act(a + "kv_norm.weight"),
+            aw = AttnWeights(fp(a + "attn_sink"), act(a + "wq_a.weight"), fp(a + "q_norm.weight"),
+                             act(a + "wq_b.weight"), act(a + "wkv.weight"), fp(a + "kv_norm.weight"),
                              act(a + "wo_a.weight"), act(a + "wo_b.weight"),
                              opt("compressor.wkv.weight", cdt), opt("compressor.wgate.weight", fp),
-                             opt("compressor.norm.weight"), opt("indexer.wq_b.weight"),
+                             opt("compressor.norm.weight", fp), opt("indexer.wq_b.weight"),
                              opt("indexer.weights_proj.weight"), opt("indexer.wk.weight"),
-                             opt("indexer.k_norm.weight"))
+                             opt("indexer.k_norm.weight", fp))
             self.attn.append(Attention(i, cfg, aw, backend, kernel_quant))
             f = p + "ffn."
             E = cfg.n_routed_experts
