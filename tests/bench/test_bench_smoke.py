@@ -28,6 +28,7 @@ def test_bench_tiny_writes_its_report(tmp_path):
     assert set(warm["compare"]["statuses"]) == {"patches", "rope.cos", "rope.sin", "block0", "final_norm",
                                                 "aligner", "router.0.ids"}
     assert warm["ratio_compare_to_read"] > 0 and warm["cpu_ratio_compare_to_read"] > 0
+    assert warm["ratio_run_by_run"]["median"] > 0
     assert "speedup_vs_naive" in warm and "ratio_compare_to_read1" in warm
     assert set(rep["met"]) == {"ratio", "rss"}
     assert rep["comparator"]["kernel"]
