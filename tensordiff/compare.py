@@ -8,7 +8,6 @@ A is the reference (usually the oracle), B the candidate (usually the engine).
 """
 from __future__ import annotations
 
-import hashlib
 from pathlib import Path
 from typing import Callable
 
