@@ -570,10 +570,22 @@ class LanguageModel(nn.Module):
                 if rec is not None:
                     rec.record(f"engram.{i}.gate", gate[0], boundary=f"engram.{i}")
             h, pre_mix = layer(h, pre_mix, image_mask, shared)
+            if rec is not None and layer.attn.is_index_source:
+                rec.record(f"index.{i}.ids", index_record(shared.topk_idxs[0], h.size(1), self.args.index_topk),
+                           boundary=f"index.{i}.ids")
             if rec is not None:
                 rec.record(f"hidden.{i}", h[0], boundary=f"hidden.{i}")
         h = self.layers[-1].hc_pre(h, pre_mix)
         return self.head(self.norm(h))
+
+
+def index_record(idx: torch.Tensor, offset: int, width: int) -> torch.Tensor:
+    """The indexer's choice as dumped: compressed-group ids per query [S, index_topk], ascending,
+    -1 where fewer were visible (the kv-concat offset removed, padded to a fixed width)."""
+    ids = torch.where(idx >= 0, idx - offset, -1).long()
+    if ids.size(-1) < width:
+        ids = F.pad(ids, (0, width - ids.size(-1)), value=-1)
+    return ids.sort(dim=-1).values
 
 
 def tap(model: LanguageModel, rec) -> list:

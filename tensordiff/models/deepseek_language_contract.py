@@ -1,6 +1,6 @@
 """DeepSeek V4.1 Flash language boundaries: a per-layer DAG, built from the names a run dumped.
 
-    aligner ─> embeddings ─> [engram.L] ─> attn.L ─> router.L.ids ─> router.L.weights ─> hidden.L ─> ...
+    aligner ─> embeddings ─> [engram.L] ─> [index.L.ids] ─> attn.L ─> router.L.ids ─> router.L.weights ─> hidden.L ─> ...
                                                                            ... hidden.(n-1) ─> logits ─> logits.step.1 ─> ...
 
 Every tensor is its own boundary except `engram.L.gate` (boundary `engram.L`), so the report
@@ -18,7 +18,7 @@ from typing import Sequence
 from ..adapter import Fault
 from ..contract import Boundary, TensorRule
 
-RULES = (TensorRule("router.*.ids", "topk-sets"),)
+RULES = (TensorRule("router.*.ids", "topk-sets"), TensorRule("index.*.ids", "topk-sets"))
 
 FAULTS = (
     Fault("router-text-bias-for-images", "router.*.ids",
@@ -33,7 +33,7 @@ FAULTS = (
           needs="--chunk smaller than the span's start + length, so a chunk boundary cuts or precedes the span"),
 )
 
-_LAYERED = re.compile(r"^(engram|attn|router|hidden)\.(\d+)(?:\.(ids|weights|gate))?$")
+_LAYERED = re.compile(r"^(engram|index|attn|router|hidden)\.(\d+)(?:\.(ids|weights|gate))?$")
 _STEP = re.compile(r"^logits\.step\.(\d+)$")
 
 
@@ -78,7 +78,13 @@ def language_boundaries(present: Sequence[str], upstream: str | None = "aligner"
                                 "sqrt of the normalised stream·key dot), 0 on image rows", layout="tokens"))
             first = f"engram.{L}"
         attn_in = (first,) if first == prev else (first, prev)
-        out.append(Boundary(f"attn.{L}", attn_in, f"attention output of layer {L} [S, dim] (window + compressed "
+        idx_in = ()
+        if f"index.{L}.ids" in names:
+            out.append(Boundary(f"index.{L}.ids", attn_in, f"compressed groups each query keeps at layer {L} "
+                                "[S, index_topk], ascending, -1 padded: the indexer's top-k (ties to the earlier "
+                                "group), within the candidate blocks where a candidate source runs", layout="tokens"))
+            idx_in = (f"index.{L}.ids",)
+        out.append(Boundary(f"attn.{L}", idx_in + attn_in, f"attention output of layer {L} [S, dim] (window + compressed "
                             "KV, before the hyper-connection expand)", layout="tokens"))
         out.append(Boundary(f"router.{L}.ids", (f"attn.{L}",) + attn_in, f"experts chosen per row at layer {L} "
                             "[S, top-k], ascending; image-span rows ranked with bias_vl, text rows with bias",

@@ -61,7 +61,7 @@ def test_clean_engine_matches(oracle_dump, checkpoint, rows, tmp_path, chunk):
     report = compare_dumps(oracle_dump, eng, contract=CONTRACT)
     assert report.verdict == "match", [(b.name, b.status, b.reason) for b in report.boundaries if b.status != "match"]
     names = {b.name for b in report.boundaries}
-    assert {"embeddings", "engram.1", "engram.3", "router.0.ids", "router.5.weights", "hidden.5", "logits",
+    assert {"embeddings", "engram.1", "engram.3", "index.2.ids", "index.5.ids", "router.0.ids", "router.5.weights", "hidden.5", "logits",
             f"logits.step.{DECODE}"} <= names
 
 

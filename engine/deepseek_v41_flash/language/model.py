@@ -10,7 +10,7 @@ Engram n-gram window and the position. The vision rows are asked for once, by th
 that touches the image span, and never again (decode never reaches the tower).
 
 Taps (when `taps` is given and enabled): prefill records `embeddings`, per layer `engram.L.gate`,
-`attn.L`, `router.L.ids` (ascending per row) and `router.L.weights` (aligned to those ids),
+`index.L.ids` (index-source layers: the compressed groups each query kept), `attn.L`, `router.L.ids` (ascending per row) and `router.L.weights` (aligned to those ids),
 `hidden.L` and `logits`, each over the whole prompt (chunks are concatenated before recording,
 so a chunked run is compared row for row with a single-shot one); decode records
 `logits.step.K`.
@@ -215,6 +215,11 @@ class Sequence:
             x = hyper.expand(y, x, f_post, f_comb)
             pre = f_pre
             if keep:
+                if lm.attn[i].index_source:  # the indexer's choice, [n, index_topk] ascending, -1 padded
+                    sel = shared.selection
+                    pad = torch.full((sel.shape[0], cfg.index_topk - sel.shape[1]), -1, dtype=sel.dtype,
+                                     device=sel.device)
+                    out.setdefault(f"index.{i}.ids", []).append(torch.cat([sel, pad], 1).sort(dim=-1).values)
                 ids_sorted, order = chosen.sort(dim=-1)
                 out.setdefault(f"attn.{i}", []).append(h)
                 out.setdefault(f"router.{i}.ids", []).append(ids_sorted)
