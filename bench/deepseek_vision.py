@@ -177,6 +177,15 @@ def main(argv=None) -> dict:
                 rec.abort()
 
             tower["engine_taps"], _ = timed(with_taps, device, args.iters, args.warmup)
+
+            # The host transfer and file write happen once, after the forward, at close():
+            # not model latency, but the whole cost of a dump, so measure it too.
+            def with_dump():
+                rec = Recorder(tmp / "dump", model="deepseek-v4.1-flash", overwrite=True)
+                eng.encode(patches, plan, rec)
+                rec.close()
+
+            tower["engine_taps_and_write"], _ = timed(with_dump, device, max(1, args.iters // 4), 1)
             for other in backends[1:]:
                 try:
                     alt = VisionEngine(wdir, device=device, dtype=args.dtype, backend=other)

@@ -15,7 +15,7 @@ import numpy as np
 
 from . import registry, stream
 from .contract import Boundary, Contract, chain, topological
-from .dtypes import DType, narrower
+from .dtypes import narrower
 from .dump import Dump, Entry, open_dump
 from .errors import BadInput, IncomparableDumps
 from .layout import describe
@@ -27,12 +27,6 @@ from .tolerance import load as load_tolerances
 CHUNK = 1 << 20  # elements per side per step: ~4 MB of fp32, bounded whatever the tensor size
 
 Progress = Callable[[int], None]  # called with bytes consumed (both sides)
-
-
-def _chunk_len(numel: int, row: int) -> int:
-    if row <= 0 or row >= CHUNK:
-        return CHUNK
-    return max(row, (CHUNK // row) * row)
 
 
 def compare_tensor(ea: Entry, eb: Entry, boundary: Boundary, contract: Contract, tols: Tolerances,

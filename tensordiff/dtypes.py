@@ -64,15 +64,3 @@ def to_float64(raw: np.ndarray, dtype: DType) -> np.ndarray:
 def narrower(a: DType, b: DType) -> DType:
     """The float type with fewer mantissa bits: its rounding sets tolerance and ULP unit."""
     return a if a.bits_mantissa <= b.bits_mantissa else b
-
-
-def spacing(x: np.ndarray, dtype: DType) -> np.ndarray:
-    """Distance to the next representable value of `dtype` above |x| (one ULP), as float64.
-
-    Subnormals are handled by flooring the exponent at the type's minimum normal exponent.
-    """
-    min_exp = {"float64": -1022, "float32": -126, "float16": -14, "bfloat16": -126}[dtype.name]
-    ax = np.abs(x)
-    _, e = np.frexp(ax)  # ax = m * 2**e, m in [0.5, 1)
-    e = np.maximum(e - 1, min_exp)
-    return np.ldexp(1.0, e - dtype.bits_mantissa)

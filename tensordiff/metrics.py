@@ -8,7 +8,7 @@ import threading
 
 import numpy as np
 
-from .dtypes import DType, to_float64
+from .dtypes import DType
 from .tolerance import Tolerance
 
 # ULP histogram: quarter-ULP bins below 16 ULP, then 16 bins per octave (~4.4% wide).
@@ -467,7 +467,3 @@ class TopKSetMetrics:
         if frac > self.tol.max_mismatch:
             return True, f"{self.diff_rows} of {self.rows} rows choose a different set of ids"
         return False, ""
-
-
-def widen_all(raw: np.ndarray, dt: DType) -> np.ndarray:
-    return to_float64(raw, dt)

@@ -24,7 +24,7 @@ import numpy as np
 
 from .errors import BadInput
 from .layout import row_position
-from .report import headline, tensor_summary
+from .report import headline
 from .result import FAILING, Report
 
 IMAGE_LAYOUTS = ("grid", "merge", "merged", "cells")
