@@ -32,7 +32,7 @@ from .. import weights as W
 from ..config import Config
 from ..span import span_rows
 from . import hyper
-from .attention import Attention, AttnWeights, ChunkShared, LayerCache
+from .attention import Attention, AttnWeights, ChunkShared
 from .engram import EngramHashState, EngramLayer, EngramTables
 from .moe import ExpertBank, GateWeights, MoE
 from .tokens import compressed_token_map
