@@ -20,8 +20,9 @@ def interpolate_pos_embed(table: torch.Tensor, gh: int, gw: int, t: int, merge: 
     side = int(table.shape[0] ** 0.5)
     r_lo, r_hi, r_wlo, r_whi = bilinear_taps(gh, side, align_corners)
     c_lo, c_hi, c_wlo, c_whi = bilinear_taps(gw, side, align_corners)
+    # The tap tables are small host tensors: index them on the host, move the results once.
     row, col = merge_order_coords(gh, gw, merge)
-    row, col = row.to(table.device), col.to(table.device)
+    row, col = row.to(r_lo.device), col.to(c_lo.device)
     taps = [
         (r_lo[row] * side + c_lo[col], r_wlo[row] * c_wlo[col]),
         (r_lo[row] * side + c_hi[col], r_wlo[row] * c_whi[col]),
