@@ -7,8 +7,12 @@ tensors must agree as sets per row, with `max_mismatch` the fraction of rows all
 
 Defaults per dtype come from the unit roundoff u = 2**-(mantissa bits + 1) of the NARROWER of the
 two dtypes (a bf16 engine against an fp32 oracle is judged in bf16 units):
-- bfloat16 (u = 2**-8 = 3.9e-3): rtol = atol = 4u = 1.6e-2. A deep bf16 tower accumulates a few
-  roundings per layer, so up to 1% of elements may exceed that, while cosine must stay >= 0.999.
+- bfloat16 (u = 2**-8 = 3.9e-3): rtol = atol = 4u = 1.6e-2 per element, but a deep bf16 tower
+  accumulates a few roundings per layer: measured on an H200, the 32-layer DeepSeek vision tower
+  in bf16 against the fp32 oracle (synthetic:full, 8,910 patches) puts 4.6% of `final_norm`
+  elements beyond 4u with cosine 0.99989. So up to 10% of elements may exceed 4u, and the bulk
+  guard is cosine >= 0.999 (a layout or semantics bug drops it far lower). `tensordiff calibrate`
+  measures the real floor for tighter gates.
 - float16 (u = 4.9e-4): rtol = atol = 4u = 2e-3, 0.1% of elements, cosine >= 0.9999.
 - float32 (u = 6e-8): two independent fp32 routes differ by summation order and fused kernels,
   ~1e-6 relative after a few layers; rtol 1e-3, atol 1e-4 leave room for that and for TF32-free
@@ -52,7 +56,7 @@ DEFAULTS: dict[str, Tolerance] = {
     "float64": Tolerance(atol=1e-9, rtol=1e-7, max_mismatch=0.0, min_cosine=0.999999999),
     "float32": Tolerance(atol=1e-4, rtol=1e-3, max_mismatch=0.0, min_cosine=0.99999),
     "float16": Tolerance(atol=2e-3, rtol=2e-3, max_mismatch=1e-3, min_cosine=0.9999),
-    "bfloat16": Tolerance(atol=1.6e-2, rtol=1.6e-2, max_mismatch=1e-2, min_cosine=0.999),
+    "bfloat16": Tolerance(atol=1.6e-2, rtol=1.6e-2, max_mismatch=0.1, min_cosine=0.999),
     "int": Tolerance(atol=0.0, rtol=0.0, max_mismatch=0.0),
 }
 _FIELDS = {f.name for f in fields(Tolerance)} - {"source"}
