@@ -178,18 +178,22 @@ class Sequence:
                                                          self.lm.markers["image_newline"], self._cells))
         return [self._span]
 
+    def embed(self, lo: int, hi: int) -> torch.Tensor:
+        """Token embeddings of positions lo..hi-1 with the image span's rows that fall inside."""
+        lm = self.lm
+        emb = lm.embed[self.ids[lo:hi].to(lm.device)].clone()
+        spans = self._spans(lo, hi)
+        if lm.fault == "overlay-chunk-shift":
+            spans = [self._span] if self._span is not None else []
+            return overlay(emb, 0, spans, lm.backend)  # wrong: the chunk's own start is ignored
+        return overlay(emb, lo, spans, lm.backend)
+
     def _forward(self, lo: int, hi: int, out: dict | None) -> torch.Tensor:
         """Positions lo..hi-1 through the stack; returns logits [n, vocab] fp32."""
         lm, cfg, be = self.lm, self.lm.cfg, self.lm.backend
         ids, types = self.ids[lo:hi], self.types[lo:hi]  # host tensors
         image = (types >= 0).to(lm.device)
-        emb = lm.embed[ids.to(lm.device)].clone()
-        spans = self._spans(lo, hi)
-        if lm.fault == "overlay-chunk-shift":
-            spans = [s for s in ([self._span] if self._span is not None else [])]
-            emb = overlay(emb, 0, spans, be)  # wrong: the chunk's own start is ignored
-        else:
-            emb = overlay(emb, lo, spans, be)
+        emb = self.embed(lo, hi)
         keep = out is not None
         if keep:
             out.setdefault("embeddings", []).append(emb)

@@ -1,0 +1,59 @@
+"""Local error for the language backbone: each engine stage on the oracle's own tensors. The
+clean engine's stages all match; each planted fault's stage is the origin."""
+import dataclasses
+
+import pytest
+import torch
+
+from tensordiff.adapter import ModelAdapter, RunRequest
+from tensordiff.capture import Recorder
+from tensordiff.compare import compare_dumps
+from tensordiff.contract import Contract
+from tensordiff.local_error import local_error
+from tensordiff.models import deepseek_language_contract as C
+from tensordiff.synthetic.deepseek_v41_flash_language import tiny_language_checkpoint
+from tensordiff.tolerance import load
+
+CONTRACT = Contract("deepseek-v4.1-flash", (), C.RULES, resolver=C.make_resolver(()), boundary_of=C.boundary_of)
+
+
+def _runners():
+    from engine.deepseek_v41_flash.language.run import run as engine_run
+    from oracle.deepseek_v41_flash.model import run as oracle_run
+
+    return oracle_run, engine_run
+
+
+@pytest.fixture(scope="module")
+def base():
+    rows = torch.randn(6, 64, generator=torch.Generator().manual_seed(7))
+    return RunRequest(weights="synthetic:tiny-language", weights_dir=tiny_language_checkpoint(),
+                      prompt="A picture: <image> What does it show?", decode=1,
+                      options={"image_rows": rows, "cells": (2, 3)})
+
+
+@pytest.fixture(scope="module")
+def oracle_dump(base, tmp_path_factory):
+    path = tmp_path_factory.mktemp("lang-local") / "oracle"
+    rec = Recorder(path, model="deepseek-v4.1-flash")
+    _runners()[0](base, rec)
+    return rec.close()
+
+
+@pytest.mark.parametrize("fault,chunk", [(None, 7), ("router-text-bias-for-images", None),
+                                         ("router-biased-weights", None), ("engram-ngram-across-image", 5)])
+def test_local_origin(base, oracle_dump, tmp_path, fault, chunk):
+    from engine.deepseek_v41_flash.language.stages import make_language_stages
+
+    oracle_run, engine_run = _runners()
+    req = dataclasses.replace(base, fault=fault, chunk=chunk)
+    rec = Recorder(tmp_path / "engine", model="deepseek-v4.1-flash")
+    engine_run(req, rec)
+    report = compare_dumps(oracle_dump, rec.close(), contract=CONTRACT)
+    adapter = ModelAdapter("deepseek-v4.1-flash", CONTRACT, C.FAULTS, oracle=lambda: oracle_run,
+                           engine=lambda: engine_run)
+    local = local_error(adapter, req, oracle_dump, report, load(None), tmp_path, make_stages=make_language_stages)
+    want = None if fault is None else next(f.boundary for f in C.FAULTS if f.name == fault)
+    assert local.origin == want, local.summary()
+    stageless = {r.boundary for r in local.boundaries if r.status == "no-stage"}
+    assert stageless == {"logits.step.1"}  # decode steps are compared end to end only
