@@ -10,13 +10,14 @@ Engram n-gram window and the position. The vision rows are asked for once, by th
 that touches the image span, and never again (decode never reaches the tower).
 
 Taps (when `taps` is given and enabled): prefill records `embeddings`, per layer `engram.L.gate`,
-`index.L.ids` (index-source layers: the compressed groups each query kept), `attn.L`, `router.L.ids` (ascending per row) and `router.L.weights` (aligned to those ids),
-`hidden.L` and `logits`, each over the whole prompt (chunks are concatenated before recording,
-so a chunked run is compared row for row with a single-shot one); decode records
+`index.L.ids` (index-source layers: the compressed groups each query kept), `attn.L`,
+`router.L.ids` (ascending per row) and `router.L.weights` (aligned to those ids), `hidden.L`
+([S, hc_mult, dim]) and `logits`, each over the whole prompt (chunks are concatenated before
+recording, so a chunked run is compared row for row with a single-shot one); decode records
 `logits.step.K`.
 
-Fault (off by default): `overlay-chunk-shift` overlays the span as if every chunk started at
-position 0 (the span's absolute offset applied inside each chunk).
+Faults (off by default; `FAULTS`): `overlay-chunk-shift` here (the span overlaid as if every
+chunk started at position 0), the two router faults in `moe`, the Engram one in `engram`.
 """
 from __future__ import annotations
 
