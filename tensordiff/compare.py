@@ -15,7 +15,7 @@ import numpy as np
 
 from . import registry, stream
 from .contract import Boundary, Contract, chain, topological
-from .dtypes import narrower
+from .dtypes import BY_NAME, narrower
 from .dump import Dump, Entry, open_dump
 from .errors import BadInput, IncomparableDumps
 from .layout import describe
@@ -23,6 +23,7 @@ from .metrics import ExactMetrics, FloatMetrics, TopKSetMetrics
 from .result import FAILING, BoundaryResult, Report, TensorResult
 from .tolerance import Tolerances
 from .tolerance import load as load_tolerances
+from .tolerance import with_contract
 
 CHUNK = 1 << 20  # elements per side per step: ~4 MB of fp32, bounded whatever the tensor size
 
@@ -30,7 +31,8 @@ Progress = Callable[[int], None]  # called with bytes consumed (both sides)
 
 
 def compare_tensor(ea: Entry, eb: Entry, boundary: Boundary, contract: Contract, tols: Tolerances,
-                   run: dict, progress: Progress | None = None, verify: bool = False) -> TensorResult:
+                   run: dict, progress: Progress | None = None, verify: bool = False,
+                   run_dtypes: tuple[str, ...] = ()) -> TensorResult:
     da, db = ea.dtype, eb.dtype
     res = TensorResult(ea.name, boundary.name, "match", dtype={"a": da.name, "b": db.name},
                        shape={"a": list(ea.shape), "b": list(eb.shape)})
@@ -43,7 +45,12 @@ def compare_tensor(ea: Entry, eb: Entry, boundary: Boundary, contract: Contract,
     mode = contract.mode_for(ea.name) or ("values" if da.is_float else "exact")
     res.mode = mode
     if da.is_float:
+        # A tensor stored in fp32 by a bf16 run (router weights, logits) carries bf16 error:
+        # judge it in the narrowest of the two dtypes and the runs' declared compute dtypes.
         unit = narrower(da, db)
+        for name in run_dtypes:
+            if name in BY_NAME and BY_NAME[name].is_float:
+                unit = narrower(unit, BY_NAME[name])
         res.dtype["unit"] = unit.name
         tol = tols.for_(boundary.name, unit.name)
         acc = FloatMetrics(da, db, unit, tol, ea.shape) if mode == "values" else ExactMetrics(da, db)
@@ -154,7 +161,9 @@ def compare_dumps(a: str | Path | Dump, b: str | Path | Dump, tolerances: Tolera
                                 "their boundary contracts differ, so they cannot be compared")
     tols = tolerances if isinstance(tolerances, Tolerances) else load_tolerances(tolerances)
     contract, bounds = resolve_contract(da, db, contract)
+    tols = with_contract(tols, contract.tolerances)
     run = da.run or db.run
+    run_dtypes = tuple(d.run.get("dtype") for d in (da, db) if isinstance(d.run.get("dtype"), str))
     by_b: dict[str, tuple[list[Entry], list[Entry]]] = {}
     for side, d in ((0, da), (1, db)):
         for e in d.entries:
@@ -177,7 +186,8 @@ def compare_dumps(a: str | Path | Dump, b: str | Path | Dump, tolerances: Tolera
                 side = "B" if name in names_a else "A"
                 br.tensors.append(TensorResult(name, bd.name, "missing", reason=f"not in {side}"))
                 continue
-            br.tensors.append(compare_tensor(names_a[name], names_b[name], bd, contract, tols, run, progress, verify))
+            br.tensors.append(compare_tensor(names_a[name], names_b[name], bd, contract, tols, run, progress, verify,
+                                             run_dtypes=run_dtypes))
         _apply_probes(bd, br, da, db, list(names_a), list(names_b))
         statuses = [t.status for t in br.tensors]
         for s in ("incomparable", "missing", "diverged"):

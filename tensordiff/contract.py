@@ -51,6 +51,9 @@ class Contract:
     # Maps a tensor name to its boundary when the first-dot rule is not enough
     # ("router.3.ids" -> "router.3").
     boundary_of: Callable[[str], str] | None = field(default=None, compare=False)
+    # Tolerances the model itself knows it needs (fnmatch pattern -> tolerance fields), e.g. a
+    # top-k over near-tied scores. A user's file or [tool.tensordiff] overrides them.
+    tolerances: dict = field(default_factory=dict, compare=False)
 
     def resolve(self, present: Sequence[str]) -> tuple[Boundary, ...]:
         known = self.resolver(present) if self.resolver else self.boundaries

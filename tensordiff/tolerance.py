@@ -83,6 +83,14 @@ class Tolerances:
         return tol
 
 
+def with_contract(tols: Tolerances, tables: dict) -> Tolerances:
+    """The contract's own per-boundary tables first, so the user's matching tables win."""
+    if not tables:
+        return tols
+    checked = {pattern: _check_table(t, f"contract tolerances {pattern}") for pattern, t in tables.items()}
+    return replace(tols, boundaries={**checked, **tols.boundaries})
+
+
 def _check_table(t: Any, where: str) -> dict[str, Any]:
     if not isinstance(t, dict):
         raise BadInput(f"{where} must be a table")

@@ -8,6 +8,7 @@ to prefer on CUDA (see `engine.runtime.attention.KERNELS`).
 """
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import time
 from pathlib import Path
@@ -88,6 +89,8 @@ def versions() -> dict:
 def run(req, rec) -> None:
     if req.weights_dir is None or req.image is None:
         raise EngineInputError("the DeepSeek V4.1 Flash engine needs a weights directory and an image")
+    if req.chunk is not None and req.prompt is None and req.decode == 0:
+        raise EngineInputError("--chunk splits the language prefill: give a --prompt (with <image>) too")
     prefer = req.options.get("attention") if req.options else None
     t0 = time.perf_counter()
     eng = VisionEngine(req.weights_dir, device=req.device, dtype=req.dtype, backend=req.backend,
@@ -103,11 +106,20 @@ def run(req, rec) -> None:
         fault=req.fault, backend=eng.backend.name)
     t2 = time.perf_counter()
     with torch.inference_mode():
-        eng.encode(patches, plan, rec if req.taps else None)
+        aligned = eng.encode(patches, plan, rec if req.taps else None)
     if eng.device.type == "cuda":
         torch.cuda.synchronize(eng.device)
     # the gate's time breakdown (`tensordiff gate` reads run.timings); forward includes the taps' copies
     rec.update_run(timings={"load_weights": t1 - t0, "preprocess": t2 - t1, "forward": time.perf_counter() - t2})
+    if req.prompt is not None or req.decode > 0:
+        from .language.run import run_language
+
+        # the tower ran once, above; prefill asks for its rows when it first reaches the span
+        facts = run_language(dataclasses.replace(req, fault=F.language(req.fault)), rec, lambda: aligned,
+                             tuple(plan.cells))
+        rec.update_run(outputs={"generated": facts["generated"], "stop": facts["stop"]},
+                       language={"prompt_tokens": facts["prompt_tokens"], "span_start": facts["span_start"],
+                                 "vision_calls": facts["vision_calls"]})
 
 
 def _mode(path) -> str:

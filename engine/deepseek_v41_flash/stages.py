@@ -10,8 +10,11 @@ upstream boundary: their stage is the whole path from the image, already compare
 """
 from __future__ import annotations
 
+import dataclasses
+
 import torch
 
+from . import faults as F
 from .aligner import align, cell_index
 from .run import VisionEngine
 
@@ -48,4 +51,9 @@ def make_stages(req, run: dict) -> dict:
         index = cell_index(*grid, eng.cfg.vision_downsample_ratio, x.device, flat_pad=eng.fault == "aligner-flat-pad")
         return {"aligner": align(x, index, eng.aligner, eng.backend, gelu_tanh=eng.fault == "gelu-tanh")}
 
-    return {"block0": block0, "final_norm": final_norm, "aligner": aligner}
+    stages = {"block0": block0, "final_norm": final_norm, "aligner": aligner}
+    if req.prompt is not None or req.decode > 0:  # the run went on into the language backbone
+        from .language.stages import make_language_stages
+
+        stages.update(make_language_stages(dataclasses.replace(req, fault=F.language(req.fault)), run))
+    return stages

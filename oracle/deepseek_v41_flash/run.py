@@ -132,7 +132,7 @@ def run(req, rec) -> None:
     handles = tap(model, rec) if getattr(rec, "enabled", True) else []
     t2 = time.perf_counter()
     try:
-        model.encode_image(patches.to(device=device, dtype=dtype), n_vit_h, n_vit_w)
+        aligned = model.encode_image(patches.to(device=device, dtype=dtype), n_vit_h, n_vit_w)
     finally:
         for h in handles:
             h.remove()
@@ -140,3 +140,15 @@ def run(req, rec) -> None:
         torch.cuda.synchronize(device)
     # the gate's time breakdown (`tensordiff gate` reads run.timings); forward includes the taps' copies
     rec.update_run(timings={"load_weights": t1 - t0, "preprocess": t2 - t1, "forward": time.perf_counter() - t2})
+    if wants_language(req):
+        from .model import run_language
+
+        facts = run_language(args, checkpoint, dtype, req.prompt, aligned.detach(), (n_llm_h, n_llm_w), req.decode,
+                             rec, kernel_quant=bool((req.options or {}).get("kernel_quant", False)))
+        rec.update_run(outputs={"generated": facts["generated"], "stop": facts["stop"]},
+                       language={"prompt_tokens": facts["prompt_tokens"], "span_start": facts["span_start"]})
+
+
+def wants_language(req) -> bool:
+    """The language backbone runs when the user asks for text: a prompt or decode steps."""
+    return req.prompt is not None or req.decode > 0

@@ -20,6 +20,11 @@ from ..contract import Boundary, TensorRule
 
 RULES = (TensorRule("router.*.ids", "topk-sets"), TensorRule("index.*.ids", "topk-sets"))
 
+# The indexer keeps the top-k of ReLU'd scores over compressed positions; repeated image content
+# makes near-ties (seen: 0.23574823 vs 0.23574818, 2e-7 relative) that fp32 summation order
+# decides. One row in a hundred may pick a different set; a real indexer bug moves many more.
+TOLERANCES = {"index.*": {"max_mismatch": 0.01}}
+
 FAULTS = (
     # the first MoE layer (0) and the first Engram layer (1, in the released and tiny configs)
     Fault("router-text-bias-for-images", "router.0.ids",

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from ..adapter import Fault, ModelAdapter
 from ..contract import Boundary, Contract
+from . import deepseek_language_contract as language
 
 NAME = "deepseek-v4.1-flash"
 
@@ -63,10 +64,16 @@ def _weights(spec: str):
     return resolve(spec)
 
 
+# With a prompt (`--prompt/--chunk/--decode`), the language backbone's per-layer boundaries follow
+# the aligner: embeddings, engram.L, router.L.ids/weights, hidden.L, logits, logits.step.K.
+CONTRACT = Contract(NAME, CONTRACT.boundaries, rules=language.RULES,
+                    resolver=language.make_resolver(CONTRACT.boundaries), boundary_of=language.boundary_of,
+                    tolerances=language.TOLERANCES)
+
 ADAPTER = ModelAdapter(
     name=NAME,
     contract=CONTRACT,
-    faults=FAULTS,
+    faults=FAULTS + language.FAULTS,
     oracle=_oracle,
     engine=_engine,
     weights=_weights,

@@ -221,3 +221,28 @@ def test_hdf5_against_safetensors(tmp_path):
     a = write(tmp_path / "a", pipeline(), fmt="hdf5")
     b = write(tmp_path / "b", pipeline())
     assert compare_dumps(a, b, contract=TOY).verdict == "match"
+
+
+def test_contract_tolerances_apply_and_the_user_file_wins(tmp_path):
+    ids = torch.arange(400).reshape(100, 4)
+    other = ids.clone()
+    other[7] = torch.tensor([900, 901, 902, 903])  # one row in a hundred picks another set
+    a, b = write(tmp_path / "a", {"index.ids": ids}), write(tmp_path / "b", {"index.ids": other})
+    strict = Contract("toy", (), rules=(TensorRule("*.ids", "topk-sets"),))
+    assert compare_dumps(a, b, contract=strict).verdict == "diverged"
+    lenient = Contract("toy", (), rules=strict.rules, tolerances={"index*": {"max_mismatch": 0.01}})
+    assert compare_dumps(a, b, contract=lenient).verdict == "match"
+    p = tmp_path / "t.toml"
+    p.write_text("[tolerances.boundaries.index]\nmax_mismatch = 0.0\n")
+    assert compare_dumps(a, b, p, contract=lenient).verdict == "diverged"
+
+
+def test_fp32_tensors_of_a_bf16_run_are_judged_in_bf16(tmp_path):
+    x = torch.randn(64, 32)
+    y = x * (1 + 4e-3)  # about one bf16 ulp: far outside fp32 tolerance
+    run = {"dtype": "bfloat16"}
+    a, b = write(tmp_path / "a", {"w": x}, run=run), write(tmp_path / "b", {"w": y}, run=run)
+    t = compare_dumps(a, b).boundary("w").tensors[0]
+    assert t.status == "match" and t.dtype["unit"] == "bfloat16"
+    a32, b32 = write(tmp_path / "c", {"w": x}), write(tmp_path / "d", {"w": y})
+    assert compare_dumps(a32, b32).verdict == "diverged"

@@ -1,0 +1,54 @@
+"""The whole DeepSeek V4.1 Flash path in one `check`: image -> vision tower -> aligner -> image span
+-> language backbone (chunked prefill + decode), vision and language boundaries in one report."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from tensordiff.runs import check
+
+PROMPT = "Look: <image> What is in the picture?"
+
+
+@pytest.fixture(scope="module")
+def picture(tmp_path_factory):
+    # 600x386: upscaled to a 32x49 patch grid (49 is not a multiple of 3: the aligner pad matters)
+    y, x = np.mgrid[0:386, 0:600]
+    img = np.stack([x * 255 // 600, y * 255 // 386, (x ^ y) & 255], -1).astype(np.uint8)
+    p = tmp_path_factory.mktemp("pic") / "p.png"
+    Image.fromarray(img).save(p)
+    return p
+
+
+def run(picture, **kw):
+    return check("deepseek-v4.1-flash", image=picture, prompt=PROMPT, chunk=16, decode=2, **kw)
+
+
+def test_clean_whole_model_matches_with_a_chunk_cutting_the_span(picture):
+    r = run(picture)
+    names = [b.name for b in r.boundaries]
+    assert r.verdict == "match", r.earliest
+    assert names[:6] == ["patches", "rope", "block0", "final_norm", "aligner", "embeddings"]
+    assert "logits" in names and "logits.step.2" in names and any(n.startswith("router.") for n in names)
+    # the language runs once per prompt on the engine side, and the tower ran once
+    assert r.runs["b"]["language"]["vision_calls"] == 1
+
+
+@pytest.mark.parametrize("fault,boundary", [
+    ("router-text-bias-for-images", "router.0.ids"),
+    ("router-biased-weights", "router.0.weights"),
+    ("engram-ngram-across-image", "engram.1"),
+    ("overlay-chunk-shift", "embeddings"),
+    ("aligner-flat-pad", "aligner"),
+])
+def test_faults_localised_across_vision_and_language(picture, fault, boundary):
+    r = run(picture, fault=fault)
+    assert r.earliest == [boundary]
+
+
+def test_unknown_fault_names_both_halves(picture):
+    from tensordiff.errors import BadInput
+
+    with pytest.raises(BadInput, match="router-biased-weights"):
+        run(picture, fault="no-such-fault")
