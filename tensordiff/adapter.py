@@ -82,6 +82,19 @@ class ModelAdapter:
         raise KeyError(name)
 
 
+def lazy(target: str) -> Callable[[], Any]:
+    """`lazy("pkg.module:attr")`: a factory that imports the attribute when first called, so an
+    adapter module never imports model code (or torch) at import time."""
+    module, _, attr = target.partition(":")
+
+    def load():
+        import importlib
+
+        return getattr(importlib.import_module(module), attr)
+
+    return load
+
+
 def fingerprint_file(path: Path) -> str:
     import hashlib
 

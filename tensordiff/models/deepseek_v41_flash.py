@@ -11,7 +11,7 @@ without model code).
 """
 from __future__ import annotations
 
-from ..adapter import Fault, ModelAdapter
+from ..adapter import Fault, ModelAdapter, lazy
 from ..contract import Boundary, Contract
 from . import deepseek_language_contract as language
 
@@ -40,22 +40,7 @@ FAULTS = (
 )
 
 
-def _oracle():
-    from oracle.deepseek_v41_flash.run import run
 
-    return run
-
-
-def _engine():
-    from engine.deepseek_v41_flash.run import run
-
-    return run
-
-
-def _stages():
-    from engine.deepseek_v41_flash.stages import make_stages
-
-    return make_stages
 
 
 def _weights(spec: str):
@@ -74,9 +59,9 @@ ADAPTER = ModelAdapter(
     name=NAME,
     contract=CONTRACT,
     faults=FAULTS + language.FAULTS,
-    oracle=_oracle,
-    engine=_engine,
+    oracle=lazy("oracle.deepseek_v41_flash.run:run"),
+    engine=lazy("engine.deepseek_v41_flash.run:run"),
     weights=_weights,
-    stages=_stages,
-    description="DeepSeek V4.1 Flash vision path: preprocessing, 32-layer ViT with 2D RoPE, 3x3 aligner",
+    stages=lazy("engine.deepseek_v41_flash.stages:make_stages"),
+    description="DeepSeek V4.1 Flash: preprocessing, 32-layer ViT with 2D RoPE, 3x3 aligner; with a prompt, the language backbone",
 )

@@ -17,7 +17,7 @@ import re
 from pathlib import Path
 from typing import Sequence
 
-from ..adapter import Fault, ModelAdapter
+from ..adapter import Fault, ModelAdapter, lazy
 from ..contract import Boundary, Contract, TensorRule
 from ..errors import BadInput
 
@@ -80,22 +80,7 @@ FAULTS = (
 )
 
 
-def _oracle():
-    from oracle.qwen3_vl.runner import run
 
-    return run
-
-
-def _engine():
-    from engine.qwen3_vl.runner import run
-
-    return run
-
-
-def _stages():
-    from engine.qwen3_vl.stages import make_stages
-
-    return make_stages
 
 
 def _weights(spec: str) -> Path:
@@ -118,10 +103,10 @@ ADAPTER = ModelAdapter(
     name=NAME,
     contract=CONTRACT,
     faults=FAULTS,
-    oracle=_oracle,
-    engine=_engine,
+    oracle=lazy("oracle.qwen3_vl.runner:run"),
+    engine=lazy("engine.qwen3_vl.runner:run"),
     weights=_weights,
-    stages=_stages,
+    stages=lazy("engine.qwen3_vl.stages:make_stages"),
     description="Qwen3-VL vision path (smart_resize, merge-order patches, interpolated position table, 2D RoPE, "
                 "ViT, merger, DeepStack) and the M-RoPE positions of the image span; oracle = transformers",
 )
