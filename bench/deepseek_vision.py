@@ -9,8 +9,12 @@ What is timed (median of --iters after --warmup, wall clock around a device sync
 - tower + aligner: the oracle module (`encode_image`, the official 3-D SDPA call) vs the engine
   without taps (`NullRecorder`) and with taps (a real `Recorder` that copies every boundary
   tensor to the host, aborted instead of written, so disk speed stays out);
-- the engine's SDPA kernel choices (cuDNN first, flash first) and the other kernel backend when
-  on CUDA, and the oracle module with its one SDPA call made 4-D (the fused kernels' shape).
+- on CUDA, the speed paths one by one (`engine_eager`: neither; `engine_fused_only`: the compiled
+  block; `engine_graphs_only`: the whole-pass CUDA graph; `engine` is the default, both after its
+  first two passes), the SDPA kernel choices on the fused engine (cuDNN, flash, efficient first),
+  the other kernel backend (default and eager), and the oracle module with its one SDPA call made
+  4-D (the fused kernels' shape); `--profile` prints the kernel table of one eager and one fused
+  pass (which SDPA kernel runs, where the time goes).
 FLOPs are counted from the shapes (GEMMs 2mnk, attention 4 N^2 D per layer); the roofline is the
 bf16 matrix ceiling measured here with a large GEMM (or --peak-tflops). The picture is generated
 at exactly the grid's pixel size, so the plan keeps it unscaled (the 90x99 default is 1,022 span
@@ -93,6 +97,28 @@ def matmul_peak_tflops(device, dtype, iters: int) -> float | None:
     return 2 * m ** 3 / (ms * 1e-3) / 1e12
 
 
+def profile(fn, device, top: int = 18) -> list[dict]:
+    """The device kernels of one fn() by total time: [{name, ms, calls}]."""
+    from torch.profiler import ProfilerActivity
+    from torch.profiler import profile as prof
+
+    fn()
+    sync(device)
+    with prof(activities=[ProfilerActivity.CUDA]) as p:
+        fn()
+        sync(device)
+    rows = []
+    for e in p.key_averages():
+        t = getattr(e, "device_time_total", None) or getattr(e, "cuda_time_total", 0)
+        if t > 0:
+            rows.append({"name": e.key[:110], "ms": t / 1e3, "calls": e.count})
+    rows.sort(key=lambda r: -r["ms"])
+    for r in rows[:top]:
+        print(f"  {r['ms']:8.2f} ms {r['calls']:5d}x  {r['name']}")
+    print(f"  total {sum(r['ms'] for r in rows):.2f} ms (kernels may overlap: none here)")
+    return rows[:top]
+
+
 def picture(gh: int, gw: int, patch: int, directory: Path) -> Path:
     rng = np.random.default_rng(0)
     h, w = gh * patch, gw * patch
@@ -120,6 +146,7 @@ def main(argv=None) -> dict:
                     help="engine kernels: torch, hip, or auto (hip when its kernels load on this GPU, else torch; "
                          "on CUDA the other one is timed too)")
     ap.add_argument("--peak-tflops", type=float, default=None, help="roofline ceiling (default: measured)")
+    ap.add_argument("--profile", action="store_true", help="kernel time table of one eager and one fused pass")
     ap.add_argument("--skip-oracle-tower", action="store_true", help="the official 3-D call is slow; skip it")
     args = ap.parse_args(argv)
 
@@ -169,7 +196,16 @@ def main(argv=None) -> dict:
         tower: dict = {}
         with torch.inference_mode():
             null = NullRecorder()
+            t0 = time.perf_counter()
+            for _ in range(2):  # pass 1 eager; pass 2 compiles the block and captures the graph
+                eng.encode(patches, plan, null)
+            sync(device)
+            res["first_two_passes_s"] = time.perf_counter() - t0
             tower["engine"], _ = timed(lambda: eng.encode(patches, plan, null), device, args.iters, args.warmup)
+            if eng.graphs is not None and eng.graphs.error:
+                res.setdefault("errors", {})["graphs"] = eng.graphs.error
+            if eng.tower._fused is not None and eng.tower._fused.error:
+                res.setdefault("errors", {})["fuse"] = eng.tower._fused.error
 
             def with_taps():
                 rec = Recorder(tmp / "taps", model="deepseek-v4.1-flash")
@@ -186,26 +222,60 @@ def main(argv=None) -> dict:
                 rec.close()
 
             tower["engine_taps_and_write"], _ = timed(with_dump, device, max(1, args.iters // 4), 1)
+            ref = None
+            if device.type == "cuda":
+                # the speed paths one by one (fused: compiled block; graphs: whole-pass CUDA graph)
+                variants = {"engine_eager": ("off", "off"), "engine_fused_only": ("on", "off"),
+                            "engine_graphs_only": ("off", "on")}
+            else:
+                variants = {}
+            for b, (base, (fz, gr)) in ((b, v) for b in backends for v in variants.items()):
+                name = base if b == args.backend else f"{base}_{b}"
+                alt = VisionEngine(wdir, device=device, dtype=args.dtype, backend=b, fuse=fz, graphs=gr)
+                tower[name], _ = timed(lambda: alt.encode(patches, plan, null), device, args.iters, args.warmup + 1)
+                out = alt.encode(patches, plan, null).float()
+                if name == "engine_eager":
+                    ref = out
+                if base == "engine_eager" and args.profile:
+                    print(f"kernels, eager, backend {b}:")
+                    res[f"profile_eager_{b}"] = profile(lambda: alt.encode(patches, plan, null), device)
+                if base == "engine_fused_only":
+                    if args.profile:
+                        print(f"kernels, fused, backend {b}:")
+                        res[f"profile_fused_{b}"] = profile(lambda: alt.encode(patches, plan, null), device)
+                    for kname, prefer in ((f"{name}_cudnn_first", ["cudnn", "flash", "efficient"]),
+                                          (f"{name}_flash_first", ["flash", "efficient"]),
+                                          (f"{name}_efficient_first", ["efficient", "flash"])):
+                        alt.tower.attention_prefer = prefer
+                        try:
+                            tower[kname], _ = timed(lambda: alt.encode(patches, plan, null), device, args.iters,
+                                                    args.warmup)
+                        except RuntimeError as e:  # a kernel family missing in this build
+                            tower[kname] = None
+                            res.setdefault("errors", {})[kname] = str(e).splitlines()[0]
+                    alt.tower.attention_prefer = None
+                    if alt.tower._fused is not None and alt.tower._fused.full:
+                        from engine.deepseek_v41_flash.fused import FusedBlock
+
+                        alt.tower._fused = FusedBlock(alt.tower, heads_major=True)
+                        tower[f"{name}_heads_major"], _ = timed(lambda: alt.encode(patches, plan, null), device,
+                                                                     args.iters, args.warmup)
+                alt = None
             for other in backends[1:]:
                 try:
                     alt = VisionEngine(wdir, device=device, dtype=args.dtype, backend=other)
                     tower[f"engine_{other}_backend"], _ = timed(lambda: alt.encode(patches, plan, null), device,
-                                                                args.iters, args.warmup)
-                    del alt
+                                                                args.iters, args.warmup + 1)
+                    alt = None
                 except Exception as e:  # e.g. the hip kernels fail to build here: report, go on
                     tower[f"engine_{other}_backend"] = None
                     res.setdefault("errors", {})[other] = str(e).splitlines()[0] if str(e) else type(e).__name__
-            if device.type == "cuda":
-                for name, prefer in (("engine_cudnn_first", ["cudnn", "flash", "efficient"]),
-                                     ("engine_flash_first", ["flash", "efficient"])):
-                    eng.tower.attention_prefer = prefer
-                    try:
-                        tower[name], _ = timed(lambda: eng.encode(patches, plan, null), device, args.iters, args.warmup)
-                    except RuntimeError as e:  # a kernel family missing in this build
-                        tower[name] = None
-                        res.setdefault("errors", {})[name] = str(e).splitlines()[0]
-                eng.tower.attention_prefer = None
             out_e = eng.encode(patches, plan, null).float()
+            if ref is not None:  # the default (fused, graphed) engine against the plain eager one
+                d = (out_e - ref).abs()
+                res["engine_vs_eager"] = {"max_abs": d.max().item(), "ref_max_abs": ref.abs().max().item(),
+                                          "cosine": torch.nn.functional.cosine_similarity(
+                                              out_e.flatten(), ref.flatten(), dim=0).item()}
             if not args.skip_oracle_tower:
                 model = build(cfg, wdir, dtype, device)
                 o_patches = patches.view(-1, 3, cfg.vision_patch_size, cfg.vision_patch_size).to(dtype)
@@ -248,12 +318,15 @@ def print_table(res: dict) -> None:
         print(f"{'  oracle with a 4-D SDPA call':28s} {fmt(t['oracle_4d_sdpa'])}")
     print(f"{'tower + aligner, taps on':28s} {'':>10s} {fmt(t['engine_taps'])}   "
           f"(taps +{res['taps_overhead_pct']:.1f}%)")
-    for k in ("engine_cudnn_first", "engine_flash_first"):
-        if k in t:
-            print(f"{'  sdpa ' + k.split('_', 1)[1]:28s} {'':>10s} {fmt(t[k])}")
     for k in t:
-        if k.endswith("_backend"):
-            print(f"{'  backend ' + k.split('_')[1]:28s} {'':>10s} {fmt(t[k])}")
+        if k.startswith("engine_") and k not in ("engine_taps", "engine_taps_and_write"):
+            print(f"{'  ' + k[len('engine_'):]:28s} {'':>10s} {fmt(t[k])}")
+    if "first_two_passes_s" in res:
+        print(f"first two passes (eager, then compile + capture): {res['first_two_passes_s']:.1f} s")
+    if "engine_vs_eager" in res:
+        e = res["engine_vs_eager"]
+        print(f"engine (default path) vs eager engine: max|d| {e['max_abs']:.3g} of {e['ref_max_abs']:.3g}, "
+              f"cosine {e['cosine']:.6f}")
     for k, v in res.get("errors", {}).items():
         print(f"  ({k}: {v})")
     line = f"engine {res['engine_tflops']:.1f} TFLOP/s"

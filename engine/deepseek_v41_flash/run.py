@@ -22,6 +22,7 @@ from . import faults as F
 from . import weights as W
 from .aligner import AlignerWeights, align, cell_index
 from .config import Config
+from .fused import GraphCache, can_compile, policy
 from .preprocess import ImagePlan, patch_rows, plan_image, render
 from .span import image_span
 from .vision import VisionTower, prepare_tower, tower_names
@@ -35,7 +36,10 @@ class VisionEngine:
     """Weights prepared once on `device`; then `preprocess(path)` and `encode(patches, plan)`."""
 
     def __init__(self, checkpoint: str | Path, *, device="cpu", dtype="float32", backend="torch",
-                 fault: str | None = None, attention_prefer=None):
+                 fault: str | None = None, attention_prefer=None, fuse: str | None = None,
+                 graphs: str | None = None):
+        """fuse / graphs: 'off', 'on', 'auto' or None (the TENSORDIFF_FUSE / TENSORDIFF_GRAPHS
+        environment, see `fused`); both are off on the CPU whatever is asked."""
         if dtype not in DTYPES:
             raise EngineInputError(f"dtype {dtype!r} is not supported (float32 or bfloat16)")
         self.fault = F.check(fault)
@@ -47,7 +51,11 @@ class VisionEngine:
         t = W.read(self.checkpoint, tower_names(self.cfg) + ALIGNER + MARKERS)
         tw = prepare_tower(t, self.cfg, self.dtype, self.device, pad_nonzero=fault == "patch-pad-nonzero")
         self.tower = VisionTower(self.cfg, tw, self.backend, rope_interleaved=fault == "rope-interleaved",
-                                 pad_nonzero=fault == "patch-pad-nonzero", attention_prefer=attention_prefer)
+                                 pad_nonzero=fault == "patch-pad-nonzero", attention_prefer=attention_prefer,
+                                 fuse=(fuse or policy("FUSE", "auto")) if can_compile(self.device) else "off")
+        graphs = (graphs or policy("GRAPHS", "auto")) if self.device.type == "cuda" else "off"
+        # 'on' captures at a grid's first pass, 'auto' at its second (a one-shot run stays eager)
+        self.graphs = None if graphs == "off" else GraphCache(None, after=0 if graphs == "on" else 1)
         cast = lambda n: t[n].to(device=self.device, dtype=self.dtype).contiguous()  # noqa: E731
         self.aligner = AlignerWeights(*(cast(n) for n in ALIGNER))
         self.markers = {n: cast(n) for n in MARKERS}
@@ -64,6 +72,14 @@ class VisionEngine:
 
     def encode(self, patches: torch.Tensor, plan: ImagePlan, rec=None) -> torch.Tensor:
         """patches [N, 588] bf16 -> aligner rows [T, dim]; taps into `rec` when given and enabled."""
+        taps = rec is not None and rec.enabled
+        if not taps and self.graphs is not None:
+            # one CUDA graph per grid and input shape: the whole tower and aligner in one launch
+            self.graphs.fn = lambda p: self._encode(p, plan, None)
+            return self.graphs((plan.grid, tuple(patches.shape), patches.dtype), patches)
+        return self._encode(patches, plan, rec)
+
+    def _encode(self, patches: torch.Tensor, plan: ImagePlan, rec=None) -> torch.Tensor:
         taps = rec is not None and rec.enabled
         if taps:
             rec.record("patches", patches)

@@ -94,13 +94,29 @@ def pad_patch_rows(rows: torch.Tensor, width: int, nonzero: bool = False) -> tor
 
 class VisionTower:
     def __init__(self, cfg: Config, weights: TowerWeights, backend, *, rope_interleaved: bool = False,
-                 pad_nonzero: bool = False, attention_prefer=None):
+                 pad_nonzero: bool = False, attention_prefer=None, fuse: str = "off"):
+        """fuse: 'off', 'on' or 'auto' (from the second forward on): the compiled block of
+        `fused.FusedBlock`, CUDA only (the caller decides; see `fused.policy`)."""
         self.cfg = cfg
         self.w = weights
         self.backend = backend
         self.rope_interleaved = rope_interleaved
         self.pad_nonzero = pad_nonzero
         self.attention_prefer = attention_prefer
+        self.fuse = fuse
+        self.passes = 0
+        self._fused = None
+
+    def block_fn(self):
+        """The block this forward runs: the eager `block`, or the compiled one once due."""
+        self.passes += 1
+        if self.fuse == "off" or (self.fuse == "auto" and self.passes < 2):
+            return self.block
+        if self._fused is None:
+            from .fused import FusedBlock
+
+            self._fused = FusedBlock(self)
+        return self._fused
 
     def rope(self, grid: tuple[int, int], device) -> tuple[torch.Tensor, torch.Tensor]:
         return rope_tables(grid[0], grid[1], self.cfg.vision_rope_dim, self.cfg.vision_rope_theta, device,
@@ -114,8 +130,9 @@ class VisionTower:
         if taps:
             rec.record("rope.cos", cos)
             rec.record("rope.sin", sin)
+        block = self.block_fn()
         for i, blk in enumerate(self.w.blocks):
-            x = self.block(x, blk, cos, sin)
+            x = block(x, blk, cos, sin)
             if taps and i == 0:
                 rec.record("block0", x)
         x = self.norm(x)
@@ -140,11 +157,14 @@ class VisionTower:
         qkv = be.linear(h, blk.wqkv, blk.bqkv).view(n, 3, nh, hd)
         # q and k rotate together: [N, 2, H, hd] -> [N, 2H, hd] is a view
         qk = be.rope_rotate_half(qkv[:, :2].reshape(n, 2 * nh, hd), cos, sin)
-        o = attention(qk[:, :nh], qk[:, nh:], qkv[:, 2], prefer=self.attention_prefer)  # [N, H, hd]
+        o = self.attend(qk[:, :nh], qk[:, nh:], qkv[:, 2])  # [N, H, hd]
         x = x + be.linear(o.reshape(n, nh * hd), blk.wo, blk.bo)
         h = be.rms_norm(x, blk.norm2, NORM_EPS)
         gate, up = be.linear(h, blk.w1, None).chunk(2, dim=-1)
         return x + be.linear(F.silu(gate) * up, blk.w2, None)
+
+    def attend(self, q, k, v) -> torch.Tensor:
+        return attention(q, k, v, prefer=self.attention_prefer)
 
     def norm(self, x: torch.Tensor) -> torch.Tensor:
         return self.backend.rms_norm(x, self.w.norm, NORM_EPS)
