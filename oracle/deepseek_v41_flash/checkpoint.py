@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+from contextlib import contextmanager
 from pathlib import Path
 
 import torch
@@ -72,3 +73,31 @@ def fingerprint(checkpoint: str | Path) -> str:
             n = int.from_bytes(f.read(8), "little")
             h.update(f.read(n))
     return "sha256:" + h.hexdigest()
+
+
+@contextmanager
+def default_dtype(dtype: torch.dtype):
+    """Linear weights take the default dtype, as under the official `set_dtype`; RMSNorm
+    weights stay fp32 because they are created fp32 explicitly."""
+    prev = torch.get_default_dtype()
+    torch.set_default_dtype(dtype)
+    try:
+        yield
+    finally:
+        torch.set_default_dtype(prev)
+
+
+def load_into(model: torch.nn.Module, checkpoint: Path, device=None) -> torch.nn.Module:
+    """Fill a module built on the meta device with the checkpoint's tensors, by parameter name,
+    each cast to its parameter's dtype (the activation dtype, or fp32 where the official module
+    declares fp32); a shape that disagrees with the config is bad input."""
+    params = dict(model.named_parameters())
+    stored = load_tensors(checkpoint, list(params))
+    state = {}
+    for name, p in params.items():
+        t = stored[name]
+        if tuple(t.shape) != tuple(p.shape):
+            raise BadInput(f"{name} in {checkpoint} has shape {list(t.shape)}, the config implies {list(p.shape)}")
+        state[name] = t.to(device=device, dtype=p.dtype)
+    model.load_state_dict(state, assign=True)
+    return model.eval()

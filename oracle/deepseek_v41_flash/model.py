@@ -22,7 +22,6 @@ by full recomputation, and the engine's chunked prefill against slices of this r
 from __future__ import annotations
 
 import math
-from contextlib import contextmanager
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
@@ -33,7 +32,7 @@ from torch import nn
 
 from tensordiff.errors import BadInput
 
-from .checkpoint import load_tensors
+from .checkpoint import default_dtype, load_into
 from .engram import Engram, EngramLayout, NgramHasher
 from .image_processor import IMAGE, IMAGE_END, IMAGE_NEW_LINE, IMAGE_START, TEXT
 from .tokens import DEFAULT_PROMPT, build_prompt, compressed_token_map
@@ -607,16 +606,6 @@ def tap(model: LanguageModel, rec) -> list:
     return handles
 
 
-@contextmanager
-def _default_dtype(dtype: torch.dtype):
-    prev = torch.get_default_dtype()
-    torch.set_default_dtype(dtype)
-    try:
-        yield
-    finally:
-        torch.set_default_dtype(prev)
-
-
 def build(args, checkpoint: Path, dtype: torch.dtype, kernel_quant: bool = False) -> LanguageModel:
     """The language model with the checkpoint's tensors, each cast to its parameter's dtype
     (the activation dtype, or fp32 where the official module declares fp32)."""
@@ -625,20 +614,12 @@ def build(args, checkpoint: Path, dtype: torch.dtype, kernel_quant: bool = False
     if layout is not None and n_compressed != args.engram_compressed_vocab_size:
         raise BadInput(f"{checkpoint}: engram_compressed_vocab_size is {args.engram_compressed_vocab_size} but the "
                        f"tokenizer compresses to {n_compressed}: every Engram hash would differ")
-    with _default_dtype(dtype), torch.device("meta"):
+    with default_dtype(dtype), torch.device("meta"):
         model = LanguageModel(args, dtype, kernel_quant)
-    params = dict(model.named_parameters())
-    stored = load_tensors(checkpoint, list(params))
-    state = {}
-    for name, p in params.items():
-        t = stored[name]
-        if tuple(t.shape) != tuple(p.shape):
-            raise BadInput(f"{name} in {checkpoint} has shape {list(t.shape)}, the config implies {list(p.shape)}")
-        state[name] = t.to(p.dtype)
-    model.load_state_dict(state, assign=True)
+    load_into(model, checkpoint)
     if layout is not None:
         model.hasher = NgramHasher(layout, token_map, args.engram_pad_id, n_compressed)
-    return model.eval()
+    return model
 
 
 def generate(model: LanguageModel, input_ids: torch.Tensor, token_types: torch.Tensor,

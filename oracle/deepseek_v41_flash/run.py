@@ -11,7 +11,6 @@ from __future__ import annotations
 import hashlib
 import time
 import warnings
-from contextlib import contextmanager
 from pathlib import Path
 
 import torch
@@ -19,7 +18,7 @@ from torch import nn
 
 from tensordiff.errors import BadInput
 
-from .checkpoint import fingerprint, load_tensors
+from .checkpoint import default_dtype, fingerprint, load_into
 from .config import ModelArgs
 from .image_processor import load_image, num_image_tokens
 from .vision import Aligner, ViT
@@ -46,33 +45,12 @@ class VisionModel(nn.Module):
         return self.aligner(self.vision(patches, n_vit_h, n_vit_w), n_vit_h, n_vit_w)
 
 
-@contextmanager
-def default_dtype(dtype: torch.dtype):
-    """Linear weights take the default dtype, as under the official `set_dtype`; RMSNorm
-    weights stay fp32 because they are created fp32 explicitly."""
-    prev = torch.get_default_dtype()
-    torch.set_default_dtype(dtype)
-    try:
-        yield
-    finally:
-        torch.set_default_dtype(prev)
-
-
 def build(args: ModelArgs, checkpoint: Path, dtype: torch.dtype, device: torch.device) -> VisionModel:
     if not args.vision_enabled:
         raise BadInput(f"{checkpoint}/config.json has vision_n_layers = 0: the model has no vision tower")
     with default_dtype(dtype), torch.device("meta"):
         model = VisionModel(args)
-    params = dict(model.named_parameters())
-    stored = load_tensors(checkpoint, list(params))
-    state = {}
-    for name, p in params.items():
-        t = stored[name]
-        if tuple(t.shape) != tuple(p.shape):
-            raise BadInput(f"{name} in {checkpoint} has shape {list(t.shape)}, the config implies {list(p.shape)}")
-        state[name] = t.to(device=device, dtype=p.dtype)
-    model.load_state_dict(state, assign=True)
-    return model.eval()
+    return load_into(model, checkpoint, device)
 
 
 def tap(model: VisionModel, rec) -> list:
