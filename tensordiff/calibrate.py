@@ -31,6 +31,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from .errors import BadInput
+from .storage import write_text_atomic
 
 DEFAULT_VARIANTS = ("dtype=bfloat16",)
 # The engine differs from the oracle in every summation order, a variant in only one change (a
@@ -271,10 +272,5 @@ def write(cal: Calibration, path: str | Path) -> Path:
     from .tolerance import from_mapping
 
     from_mapping(tomllib.loads(text), str(p))  # what we write must load as a tolerance file
-    try:
-        tmp = p.with_name(f".{p.name}.tmp")
-        tmp.write_text(text + "\n", encoding="utf-8")
-        tmp.replace(p)
-    except OSError as e:
-        raise BadInput(f"cannot write the calibration to {p}: {e.strerror}") from None
+    write_text_atomic(p, text + "\n", "the calibration")
     return p

@@ -326,11 +326,9 @@ def gate(config, json_path, junit_path, html_path, out, models, fault, weights, 
 
         from .result import _finite
 
-        data = json.dumps(_finite(res.as_json()), indent=1)
-        try:
-            Path(json_path).write_text(data + "\n")
-        except OSError as e:
-            raise BadInput(f"cannot write the JSON report to {json_path}: {e.strerror}") from None
+        from .storage import write_text_atomic
+
+        write_text_atomic(json_path, json.dumps(_finite(res.as_json()), indent=1) + "\n", "the JSON report")
     if not quiet:
         for c in res.cases:
             if not c.passed and c.report is not None:

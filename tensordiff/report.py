@@ -119,13 +119,6 @@ def print_rich(r: Report, console) -> None:
 
 
 def write_json(r: Report, path: str | Path) -> None:
-    from .errors import BadInput
+    from .storage import write_text_atomic
 
-    p = Path(path)
-    data = json.dumps(r.as_json(), indent=1)
-    try:
-        tmp = p.with_name(f".{p.name}.tmp")
-        tmp.write_text(data + "\n")
-        tmp.replace(p)
-    except OSError as e:
-        raise BadInput(f"cannot write the JSON report to {p}: {e.strerror}") from None
+    write_text_atomic(path, json.dumps(r.as_json(), indent=1) + "\n", "the JSON report")

@@ -22,7 +22,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .errors import BadInput
+from .storage import write_text_atomic
 from .layout import row_position
 from .report import headline
 from .result import FAILING, Report
@@ -396,10 +396,4 @@ def render_html(cases, title: str = "tensordiff report") -> str:
 
 
 def write_html(cases, path: str | Path, title: str = "tensordiff report") -> None:
-    p = Path(path)
-    try:
-        tmp = p.with_name(f".{p.name}.tmp")
-        tmp.write_text(render_html(cases, title), encoding="utf-8")
-        tmp.replace(p)
-    except OSError as e:
-        raise BadInput(f"cannot write the HTML report to {p}: {e.strerror}") from None
+    write_text_atomic(path, render_html(cases, title), "the HTML report")

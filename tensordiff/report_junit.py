@@ -17,7 +17,7 @@ import xml.etree.ElementTree as ET
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .errors import BadInput
+from .storage import write_text_atomic
 from .report import headline, tensor_summary
 from .result import FAILING, Report
 
@@ -127,10 +127,4 @@ def render_junit(cases, name: str = "tensordiff") -> str:
 
 
 def write_junit(cases, path: str | Path, name: str = "tensordiff") -> None:
-    p = Path(path)
-    try:
-        tmp = p.with_name(f".{p.name}.tmp")
-        tmp.write_text(render_junit(cases, name), encoding="utf-8")
-        tmp.replace(p)
-    except OSError as e:
-        raise BadInput(f"cannot write the JUnit report to {p}: {e.strerror}") from None
+    write_text_atomic(path, render_junit(cases, name), "the JUnit report")

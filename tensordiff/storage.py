@@ -226,6 +226,19 @@ def file_kind(path: Path) -> str:
     raise BadInput(f"{path}: unknown tensor file type {suf!r} (expected .safetensors, .h5 or .hdf5)")
 
 
+def write_text_atomic(path: str | Path, text: str, what: str) -> None:
+    """Write a report file under a temporary name, then rename: a reader never sees half of it.
+    `what` names the file in the one-line error ("the JSON report")."""
+    p = Path(path)
+    tmp = p.with_name(f".{p.name}.tmp")
+    try:
+        tmp.write_text(text, encoding="utf-8")
+        tmp.replace(p)
+    except OSError as e:
+        tmp.unlink(missing_ok=True)
+        raise BadInput(f"cannot write {what} to {p}: {e.strerror}") from None
+
+
 def fsync_dir(path: Path) -> None:
     try:
         fd = os.open(path, os.O_RDONLY)
