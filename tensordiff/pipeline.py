@@ -229,6 +229,7 @@ def run_case(spec: CaseSpec, work: Path, *, kept: bool, tolerances=None, use_cac
     from .tolerance import load as load_tolerances
 
     label = label or spec.model
+    say = status if prog is None else (lambda msg: None)  # a gate shows its own progress
     case = CaseResult(spec.model, Path(spec.image) if spec.image else Path(), spec.prompt, spec.dtype, label,
                       kept=kept)
     with timed(case.timings, "weights", prog, label):
@@ -238,7 +239,7 @@ def run_case(spec: CaseSpec, work: Path, *, kept: bool, tolerances=None, use_cac
         tols = tolerances if isinstance(tolerances, Tolerances) else load_tolerances(tolerances)
     oreq = oracle_request(req, spec.oracle_dtype)
     with timed(case.timings, "oracle", prog, label):
-        status(f"running the oracle ({spec.model}, {oreq.dtype}, {oreq.device})…")
+        say(f"running the oracle ({spec.model}, {oreq.dtype}, {oreq.device})…")
         od = oracle_dump(adapter, oreq, work / "oracle", use_cache)
         case.oracle_cached, case.oracle_cache = od.cached, od.cache
         odir = od.path
@@ -246,12 +247,12 @@ def run_case(spec: CaseSpec, work: Path, *, kept: bool, tolerances=None, use_cac
             shutil.copytree(odir, work / "oracle")
             odir = work / "oracle"
     with timed(case.timings, "engine", prog, label):
-        status(f"running the engine ({req.backend}, {req.dtype}{', fault ' + req.fault if req.fault else ''})…")
+        say(f"running the engine ({req.backend}, {req.dtype}{', fault ' + req.fault if req.fault else ''})…")
         edir = run_side(adapter, "engine", req, work / "engine")
     case.dumps = {"oracle": str(odir), "engine": str(edir)}
     judge = Judge.build(adapter.contract, tols, run_dtypes=(oreq.dtype, req.dtype))
     with timed(case.timings, "compare", prog, label):
-        status("comparing…")
+        say("comparing…")
         case.report = compare_dumps(odir, edir, judge)
     if od.cache == "rejected":
         case.report.notes.append(od.note)
@@ -275,7 +276,7 @@ def run_case(spec: CaseSpec, work: Path, *, kept: bool, tolerances=None, use_cac
         rt = open_dump(d).run.get("timings")
         if isinstance(rt, dict):
             case.runner_timings[side] = rt
-    status("")
+    say("")
     return case
 
 
