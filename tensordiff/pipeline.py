@@ -50,12 +50,12 @@ class CaseSpec:
     processor: str | None = None
     extra: tuple[str, ...] = ()  # KEY=VALUE model options
 
-    def request(self) -> tuple[ModelAdapter, RunRequest]:
+    def request(self, adapter: ModelAdapter | None = None) -> tuple[ModelAdapter, RunRequest]:
         from .runs import make_request
 
         return make_request(self.model, image=self.image, weights=self.weights, device=self.device, dtype=self.dtype,
                             backend=self.backend, fault=self.fault, prompt=self.prompt, chunk=self.chunk,
-                            decode=self.decode, processor=self.processor, extra=self.extra)
+                            decode=self.decode, processor=self.processor, extra=self.extra, adapter=adapter)
 
 
 def oracle_request(req: RunRequest, oracle_dtype: str | None = None) -> RunRequest:
@@ -233,8 +233,7 @@ def run_case(spec: CaseSpec, work: Path, *, kept: bool, tolerances=None, use_cac
     case = CaseResult(spec.model, Path(spec.image) if spec.image else Path(), spec.prompt, spec.dtype, label,
                       kept=kept)
     with timed(case.timings, "weights", prog, label):
-        ad, req = spec.request()
-        adapter = adapter or ad
+        adapter, req = spec.request(adapter)
         case.image = Path(req.image)
         tols = tolerances if isinstance(tolerances, Tolerances) else load_tolerances(tolerances)
     oreq = oracle_request(req, spec.oracle_dtype)

@@ -15,8 +15,9 @@ from .inputs import check_image, default_image_path
 
 def make_request(model: str, *, image=None, weights="synthetic:tiny", device="cpu", dtype="float32",
                  backend="torch", fault=None, prompt=None, chunk=None, decode=0, processor=None, extra=(),
-                 **options) -> tuple[ModelAdapter, RunRequest]:
-    adapter = registry.adapter(model)
+                 adapter: ModelAdapter | None = None, **options) -> tuple[ModelAdapter, RunRequest]:
+    """The validated request of one run; `adapter` when the caller already looked it up."""
+    adapter = adapter or registry.adapter(model)
     for item in extra:
         key, sep, value = item.partition("=")
         if not sep or not key:
