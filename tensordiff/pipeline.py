@@ -169,7 +169,8 @@ class CaseResult:
         t = self.timings
         total = sum(t.values())
         parts = ", ".join(f"{k} {v:.2f}" for k, v in t.items())
-        timing = f"({total:.2f} s: {parts}{'; oracle cached' if self.oracle_cached else ''})"
+        cache = {"hit": "; oracle cached", "rejected": "; cached oracle failed verification, recomputed"}
+        timing = f"({total:.2f} s: {parts}{cache.get(self.oracle_cache, '')})"
         if self.report is None:
             return f"ERROR {self.label}: {self.error} {timing}"
         from .report import headline
