@@ -24,18 +24,14 @@ from .inputs import check_image, default_image_path
 def make_request(model: str, *, image=None, weights="synthetic:tiny", device="cpu", dtype="float32",
                  backend="torch", fault=None, prompt=None, chunk=None, decode=0, processor=None, extra=(),
                  **options) -> tuple[ModelAdapter, RunRequest]:
+    from .options import parse_assignments, validate_request
+
     adapter = registry.adapter(model)
-    for item in extra:
-        key, sep, value = item.partition("=")
-        if not sep or not key:
-            raise BadInput(f"--option takes KEY=VALUE, not {item!r}")
-        options[key] = value
+    raw = {**options, **parse_assignments(extra)}
     if processor is not None:
-        options["processor"] = processor
-    if fault is not None:
-        known = [f.name for f in adapter.faults]
-        if fault not in known:
-            raise BadInput(f"unknown fault {fault!r} for {model} (known: {', '.join(known)})")
+        raw["processor"] = processor
+    _, options = validate_request(adapter, fault=fault, options=raw, prompt=prompt, chunk=chunk, decode=decode,
+                                  dtype=dtype)
     if device != "cpu" and not device.startswith("cuda"):
         raise BadInput(f"unknown device {device!r} (cpu or cuda[:N])")
     if device.startswith("cuda"):
@@ -72,7 +68,8 @@ def run_side(adapter: ModelAdapter, side: str, req: RunRequest, out: Path, *, fm
     producer = {"name": f"tensordiff-{side}", "version": tensordiff.__version__, "side": side}
     run = {"inputs": {}, "dtype": req.dtype, "device": req.device, "weights": weights_fingerprint(req.weights_dir),
            "weights_spec": req.weights, "versions": _versions(), "backend": req.backend if side == "engine" else None,
-           "fault": req.fault if side == "engine" else None}
+           "fault": req.fault if side == "engine" else None,
+           "options": adapter.options.for_side(req.options, side)}
     rec = Recorder(out, model=adapter.name, producer=producer, run=run, fmt=fmt, overwrite=overwrite)
     runner = adapter.runner(side)
     try:
@@ -118,7 +115,8 @@ def oracle_key(adapter: ModelAdapter, req: RunRequest) -> str:
     img = hashlib.sha256(Path(req.image).read_bytes()).hexdigest() if req.image else "none"
     key = {"model": adapter.name, "src": _source_digest(adapter), "versions": _versions(),
            "weights": weights_fingerprint(req.weights_dir), "image": img, "dtype": req.dtype, "device": req.device,
-           "prompt": req.prompt, "decode": req.decode, "options": req.options}
+           "prompt": req.prompt, "decode": req.decode,
+           "options": adapter.options.for_side(req.options, "oracle", undeclared=True)}
     return hashlib.sha256(json.dumps(key, sort_keys=True, default=str).encode()).hexdigest()[:32]
 
 

@@ -6,6 +6,7 @@ from pathlib import Path
 
 import PIL
 import torch
+from tensordiff.models.qwen3_vl_options import OPTIONS
 
 from .. import backend as backends
 from ..errors import EngineInputError
@@ -36,7 +37,7 @@ def run(req, rec) -> None:
     dtype = torch_dtype(req.dtype)
     backend = backends.get(req.backend)
     cfg = load_config(req.weights_dir)
-    processor = req.options.get("processor") or default_processor()
+    processor = OPTIONS.resolve(req.options)["processor"] or default_processor()
 
     img = decode(Path(req.image))
     px = preprocess(img, cfg.processor, processor, raster=fault == F.MERGE_ORDER_RASTER)
