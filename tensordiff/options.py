@@ -240,13 +240,42 @@ def validate_request(adapter, *, fault: str | None = None, options: Mapping[str,
     except KeyError:
         known = ", ".join(x.name for x in adapter.faults) or "none"
         raise BadInput(f"unknown fault {fault!r} for {adapter.name} (known: {known})") from None
-    from types import SimpleNamespace
-
-    why = refusal(f, SimpleNamespace(fault=fault, prompt=prompt, chunk=chunk, decode=decode, dtype=dtype,
-                                     options=typed))
+    why = refusal(f, _Inputs(prompt, chunk, decode, dtype))
     if why is not None:
         raise BadInput(why)
     return f, typed
+
+
+@dataclass(frozen=True)
+class _Inputs:  # what a fault's needs are checked against (RunRequest's fields of the same names)
+    prompt: str | None
+    chunk: int | None
+    decode: int
+    dtype: str
+
+
+def fault_refusal(adapter, fault: str, *, prompt: str | None = None, chunk: int | None = None, decode: int = 0,
+                  dtype: str = "float32") -> str | None:
+    """Why a run of `adapter` with these inputs cannot exercise `fault` (None: it can). A gate
+    plants a fault only in the cases it can reach."""
+    try:
+        f = find(adapter.faults, fault)
+    except KeyError:
+        return f"{adapter.name} has no fault {fault!r}"
+    return refusal(f, _Inputs(prompt, chunk, decode, dtype))
+
+
+def oracle_option(adapter, key: str, value: Any, what: str) -> tuple[str, Any]:
+    """One option an oracle-only run (calibrate's `--variant KEY=VALUE`) changes: (name, typed value).
+    Refused: a key the table does not know, and an engine-only option (it would change nothing)."""
+    table = getattr(adapter, "options", None) or NO_OPTIONS
+    o = table.get(key)
+    if o is None:
+        raise BadInput(f"{what}: {key!r} is not dtype, sdpa or an option of {adapter.name} "
+                       f"(options: {table.known_text()})")
+    if o.side == "engine":
+        raise BadInput(f"{what}: option {o.name} is read by the engine only; the oracle would not change")
+    return o.name, o.parse(value, what)
 
 
 def render(adapter) -> str:
