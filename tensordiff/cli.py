@@ -180,7 +180,7 @@ class _ModelCommand(click.Command):
         from . import registry
         from .options import render
 
-        with formatter.section("Model options (-o NAME=VALUE)"):
+        with formatter.section("Model options (-o NAME=VALUE; also `tensordiff options MODEL`)"):
             for name in registry.names():
                 try:
                     text = render(registry.adapter(name))
