@@ -55,7 +55,7 @@ class Variant:
 
 def parse_variant(s: str) -> Variant:
     if "=" not in s:
-        raise BadInput(f"--variant {s!r}: expected KEY=VALUE (dtype=bfloat16, sdpa=math, attn=eager, ...)")
+        raise BadInput(f"--variant {s!r}: expected KEY=VALUE (dtype=bfloat16, sdpa=math, attention=eager, ...)")
     k, v = (x.strip() for x in s.split("=", 1))
     if not k or not v:
         raise BadInput(f"--variant {s!r}: expected KEY=VALUE")
