@@ -22,6 +22,7 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
+
 from tensordiff.models.deepseek_faults import ROUTER_TEXT_BIAS_FOR_IMAGES
 
 from ..errors import EngineInputError

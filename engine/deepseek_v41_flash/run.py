@@ -15,6 +15,7 @@ import time
 from pathlib import Path
 
 import torch
+
 from tensordiff.models.deepseek_options import OPTIONS
 
 from .. import backend as backends

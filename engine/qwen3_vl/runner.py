@@ -6,6 +6,7 @@ from pathlib import Path
 
 import PIL
 import torch
+
 from tensordiff.models.qwen3_vl_options import OPTIONS
 
 from .. import backend as backends

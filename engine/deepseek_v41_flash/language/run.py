@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Callable
 
 import torch
+
 from tensordiff.models.deepseek_options import OPTIONS
 
 from ... import backend as backends

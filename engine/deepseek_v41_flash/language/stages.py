@@ -19,6 +19,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import torch
+
 from tensordiff.models.deepseek_options import OPTIONS
 
 from ... import backend as backends
