@@ -387,7 +387,8 @@ def gate(config, json_path, junit_path, html_path, out, models, fault, weights, 
 @click.option("--model", "models", multiple=True, help="Calibrate only this model (repeatable).")
 @click.option("--variant", "variants", multiple=True,
               help="KEY=VALUE the oracle changes against itself: dtype=bfloat16 (default), sdpa=math|flash|"
-                   "efficient|cudnn, or an oracle run option (`tensordiff options MODEL`) such as attention=eager. Repeatable.")
+                   "efficient|cudnn, or an oracle run option (`tensordiff options MODEL`) such as "
+                   "attention=eager. Repeatable.")
 @click.option("--multiple", type=float, default=10.0, show_default=True, help="Tolerance = this many times the floor.")
 @click.option("--dtype", type=click.Choice(["float32", "bfloat16"]), default="float32", show_default=True,
               help="The reference oracle's dtype.")

@@ -285,6 +285,7 @@ def render(adapter) -> str:
         return f"{adapter.name}: no options"
     lines = [f"{adapter.name} options (-o NAME=VALUE; booleans: true/false, 1/0, yes/no):"]
     for name, typ, default, side, help_ in table.rows():
-        lines.append(f"  {name} = {typ}   default {default}; read by the {side if side != 'both' else 'oracle and engine'}")
+        reader = "oracle and engine" if side == "both" else side
+        lines.append(f"  {name} = {typ}   default {default}; read by the {reader}")
         lines.append(f"      {help_}")
     return "\n".join(lines)

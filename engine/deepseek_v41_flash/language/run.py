@@ -4,7 +4,8 @@
 callable that yields the aligner rows (run once, when prefill first reaches the span). `run` is a
 language-only runner whose image rows come from `req.options["image_rows"]` ([cells_h*cells_w,
 dim]) and `req.options["cells"]`, for tests that stand in a fixed aligner output for the tower.
-`req.options["kernel_quant"]` (`tensordiff.models.deepseek_options`, default off) turns on the kernels' FP8 / FP4 activation round trips.
+`req.options["kernel_quant"]` (typed and defaulted by `tensordiff.models.deepseek_options`) turns on
+the kernels' FP8 / FP4 activation round trips.
 """
 from __future__ import annotations
 
