@@ -16,8 +16,9 @@ missing, or the variant could not run) keeps the dtype default, and the file say
 Variants (`--variant KEY=VALUE`, repeatable): `dtype=bfloat16|float32` changes the oracle's
 dtype; `sdpa=math|flash|efficient|cudnn` runs the oracle under `torch.nn.attention.sdpa_kernel`
 with only that kernel allowed (and records it in `RunRequest.options["sdpa"]`, so the oracle
-cache keeps them apart); any other key is passed through `RunRequest.options` to the oracle
-runner (e.g. `attn=eager` for the Qwen3-VL oracle, `processor=pil`).
+cache keeps them apart); any other key is one of the model's run options that the oracle reads
+(`tensordiff options MODEL`; e.g. `attention=eager` for the Qwen3-VL oracle, `processor=pil`),
+typed through that table; an unknown or engine-only key is refused.
 """
 from __future__ import annotations
 
@@ -31,6 +32,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from .errors import BadInput
+from .options import oracle_option
 from .storage import write_text_atomic
 
 DEFAULT_VARIANTS = ("dtype=bfloat16",)
@@ -53,7 +55,7 @@ class Variant:
 
 def parse_variant(s: str) -> Variant:
     if "=" not in s:
-        raise BadInput(f"--variant {s!r}: expected KEY=VALUE (dtype=bfloat16, sdpa=math, attn=eager, ...)")
+        raise BadInput(f"--variant {s!r}: expected KEY=VALUE (dtype=bfloat16, sdpa=math, attention=eager, ...)")
     k, v = (x.strip() for x in s.split("=", 1))
     if not k or not v:
         raise BadInput(f"--variant {s!r}: expected KEY=VALUE")
@@ -195,10 +197,13 @@ def _sdpa_only(name: str | None):
         yield
 
 
-def variant_request(req, v: Variant):
+def variant_request(req, v: Variant, adapter=None):
     if v.key == "dtype":
         return replace(req, dtype=v.value)
-    return replace(req, options={**req.options, v.key: v.value})
+    if v.key == "sdpa" or adapter is None:
+        return replace(req, options={**req.options, v.key: v.value})
+    name, value = oracle_option(adapter, v.key, v.value, f"--variant {v.label}")  # typed by the model's table
+    return replace(req, options={**req.options, name: value})
 
 
 def calibrate(model: str, images, *, weights: str = "synthetic:tiny", device: str = "cpu",
@@ -221,6 +226,9 @@ def calibrate(model: str, images, *, weights: str = "synthetic:tiny", device: st
             raise BadInput(f"--variant {v.label} is the reference itself (reference dtype {dtype}); pick the other dtype")
     echo = echo or (lambda s: None)
     adapter = registry.adapter(model)
+    for v in vs:  # a runner option is checked against the model's table before anything runs
+        if v.key not in ("dtype", "sdpa"):
+            oracle_option(adapter, v.key, v.value, f"--variant {v.label}")
     cal = Calibration(model, weights, f"oracle {dtype}, default attention", [v.label for v in vs], float(multiple),
                       [str(i) for i in images])
     order: dict[str, None] = {}
@@ -233,7 +241,7 @@ def calibrate(model: str, images, *, weights: str = "synthetic:tiny", device: st
             for j, v in enumerate(vs):
                 if v.label in cal.failed:
                     continue
-                vreq = variant_request(req, v)
+                vreq = variant_request(req, v, adapter)
                 try:
                     vdir = oracle_dump(adapter, vreq, Path(tmp) / f"var-{i}-{j}", use_cache,
                                        wrap=(lambda v=v: _sdpa_only(v.value)) if v.key == "sdpa" else None).path

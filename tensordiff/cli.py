@@ -155,15 +155,33 @@ def _model_options(f):
                      help="Decode steps after the prompt."),
         click.option("--processor", type=click.Choice(["pil", "torchvision"]), default=None,
                      help="Qwen3-VL image processor for both sides (default: torchvision when importable, else PIL)."),
-        click.option("--option", "-o", "extra", multiple=True, metavar="KEY=VALUE",
-                     help="A model-specific run option, repeatable (e.g. -o attention=math)."),
+        click.option("--option", "-o", "extra", multiple=True, metavar="NAME=VALUE",
+                     help="A model's run option, repeatable (e.g. -o attention=math, -o kernel_quant=false); "
+                          "each model's are listed below and by `tensordiff options MODEL`."),
     ]
     for o in reversed(opts):
         f = o(f)
     return f
 
 
-@cli.command()
+class _ModelCommand(click.Command):
+    """A command taking MODEL: its --help ends with every installed model's option table."""
+
+    def format_epilog(self, ctx, formatter):
+        super().format_epilog(ctx, formatter)
+        from . import registry
+        from .options import render
+
+        with formatter.section("Model options (-o NAME=VALUE; also `tensordiff options MODEL`)"):
+            for name in registry.names():
+                try:
+                    text = render(registry.adapter(name))
+                except BadInput as e:  # an adapter that cannot load: say so, keep the help
+                    text = f"{name}: {e}"
+                formatter.write_text("\b\n" + text)
+
+
+@cli.command(cls=_ModelCommand)
 @click.argument("model")
 @click.option("--side", type=click.Choice(["oracle", "engine"]), required=True)
 @click.option("--out", type=click.Path(path_type=Path), required=True, help="Dump directory to create.")
@@ -181,7 +199,7 @@ def dump(model, side, out, fmt, force, **kw):
     click.echo(f"wrote {path}")
 
 
-@cli.command()
+@cli.command(cls=_ModelCommand)
 @click.argument("model")
 @_model_options
 @click.option("--json", "json_path", type=click.Path(path_type=Path), help="Also write the machine report here.")
@@ -221,6 +239,21 @@ def faults(model):
         click.echo(f"{a.name}:")
         for f in a.faults:
             click.echo(f"  {f.name:<32} -> {f.boundary:<16} {f.description}")
+            if f.needs_text:
+                click.echo(f"  {'':<32}    {'':<16} needs: {f.needs_text}")
+
+
+@cli.command()
+@click.argument("model", required=False)
+def options(model):
+    """List each model's run options (-o NAME=VALUE): name, type, default, which side reads it, help."""
+    from . import registry
+    from .options import render
+
+    names = [model] if model else registry.names()
+    if not names:
+        raise BadInput("no model adapters are installed")
+    click.echo("\n\n".join(render(registry.adapter(n)) for n in names))
 
 
 EPILOG_GATE = """\b
@@ -301,7 +334,8 @@ def gate(config, json_path, junit_path, html_path, out, models, fault, weights, 
 @click.option("--model", "models", multiple=True, help="Calibrate only this model (repeatable).")
 @click.option("--variant", "variants", multiple=True,
               help="KEY=VALUE the oracle changes against itself: dtype=bfloat16 (default), sdpa=math|flash|"
-                   "efficient|cudnn, or a runner option such as attn=eager. Repeatable.")
+                   "efficient|cudnn, or an oracle run option (`tensordiff options MODEL`) such as "
+                   "attention=eager. Repeatable.")
 @click.option("--multiple", type=float, default=10.0, show_default=True, help="Tolerance = this many times the floor.")
 @click.option("--dtype", type=click.Choice(["float32", "bfloat16"]), default="float32", show_default=True,
               help="The reference oracle's dtype.")

@@ -273,6 +273,14 @@ def _label(model: str, image: Path, prompt: str | None, dtype: str, base: Path |
     return " / ".join(parts)
 
 
+def _refusal(adapter, fault: str, m, prompt) -> str | None:
+    """Why case (m, prompt) cannot carry `fault` (None: it can): a gate plants a fault only in
+    the cases whose model has it and whose run takes its route."""
+    from .options import fault_refusal
+
+    return fault_refusal(adapter, fault, prompt=prompt, chunk=m.chunk, decode=m.decode, dtype=m.dtype)
+
+
 def run_gate(cfg: GateConfig, *, fault: str | None = None, models: list[str] | None = None, out: Path | None = None,
              use_cache: bool | None = None, local: bool | None = None, overrides: dict | None = None,
              html: bool = False, progress: bool | None = None, echo=None) -> GateResult:
@@ -297,6 +305,10 @@ def run_gate(cfg: GateConfig, *, fault: str | None = None, models: list[str] | N
         if not having:
             known = sorted({f.name for a in adapters.values() for f in a.faults})
             raise BadInput(f"no model in this gate has a fault {fault!r} (known: {', '.join(known) or 'none'})")
+        why = [_refusal(adapters[m.name], fault, m, pr) for m in mcs if m.name in having
+               for pr in (m.prompts or (None,))]
+        if all(why):  # no case would run the bug: a silent pass otherwise
+            raise BadInput(f"no case of this gate can carry it: {why[0]}")
     out = prepare_out(out)
     plan = [(m, img, pr) for m in mcs for img in m.images for pr in (m.prompts or (None,))]
     t0 = time.perf_counter()
@@ -312,7 +324,7 @@ def run_gate(cfg: GateConfig, *, fault: str | None = None, models: list[str] | N
             _Progress(len(plan), show, steps=len(STAGES) - (0 if html else 1)) as prog:
         for i, (m, img, prompt) in enumerate(plan):
             adapter = adapters[m.name]
-            f = fault if fault and any(x.name == fault for x in adapter.faults) else None
+            f = fault if fault and _refusal(adapter, fault, m, prompt) is None else None
             dt = m.dtype if m.oracle_dtype in (None, m.dtype) else f"{m.dtype} (oracle {m.oracle_dtype})"
             label = _label(m.name, img, prompt, dt, base, f)
             prog.case(label)

@@ -1,10 +1,12 @@
 """CUDA-only speed paths for the vision tower: compiled block segments and whole-pass CUDA graphs.
 
-Both are off on the CPU and change no CPU number. On CUDA they are governed by environment
-variables (read when a `VisionEngine` is built):
+Both are off on the CPU and change no CPU number. On CUDA they are governed by the run options
+`fuse` and `graphs` (`-o fuse=off`, `tensordiff.models.deepseek_options`), whose defaults come
+from environment variables (read when a `VisionEngine` is built):
 
     TENSORDIFF_FUSE    0: off; 1: on from the first pass; unset: on from an engine's second pass
-    TENSORDIFF_GRAPHS  0: off; 1/unset: the second pass of a grid captures, later passes replay
+    TENSORDIFF_GRAPHS  0: off; 1: the first pass of a grid captures; unset: the second pass
+                       captures, later passes replay
 
 "From the second pass" keeps a one-shot `tensordiff check` free of compile and capture time (it
 runs the plain eager block), while a served engine, or the benchmark, gets the fast path.
@@ -20,18 +22,10 @@ residual adds, silu*up) is compiled there.
 """
 from __future__ import annotations
 
-import os
-
 import torch
 import torch.nn.functional as F
 
 from .vision import NORM_EPS
-
-
-def policy(name: str, default: str) -> str:
-    """'off', 'on' (from the first pass) or 'auto' (from the second) for TENSORDIFF_<name>."""
-    v = os.environ.get(f"TENSORDIFF_{name}", default).strip().lower()
-    return {"0": "off", "off": "off", "false": "off", "1": "on", "on": "on", "true": "on"}.get(v, "auto")
 
 
 def can_compile(device: torch.device) -> bool:

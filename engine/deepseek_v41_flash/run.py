@@ -3,8 +3,9 @@
     run(RunRequest(weights=..., weights_dir=..., image=..., device="cuda", dtype="bfloat16"), rec)
 
 Taps at the five boundaries are explicit `rec.record` calls guarded by `rec.enabled`, so a
-`NullRecorder` costs a branch. Options (`req.options`): `attention` = a list of SDPA kernel names
-to prefer on CUDA (see `engine.runtime.attention.KERNELS`).
+`NullRecorder` costs a branch. Options (`req.options`, typed by `tensordiff.models.deepseek_options`):
+`attention` = SDPA kernel names to prefer on CUDA (see `engine.runtime.attention.KERNELS`), `fuse`
+and `graphs` = the CUDA speed paths (`fused`), `kernel_quant` = the language kernels' round trips.
 """
 from __future__ import annotations
 
@@ -14,6 +15,8 @@ from pathlib import Path
 
 import torch
 
+from tensordiff.models.deepseek_options import OPTIONS
+
 from .. import backend as backends
 from ..errors import EngineInputError
 from ..runtime import image as rimage
@@ -21,7 +24,7 @@ from . import faults as F
 from . import weights as W
 from .aligner import AlignerWeights, align, cell_index
 from .config import Config
-from .fused import GraphCache, can_compile, policy
+from .fused import GraphCache, can_compile
 from .preprocess import ImagePlan, patch_rows, plan_image, render
 from .span import image_span
 from .vision import VisionTower, prepare_tower, tower_names
@@ -37,22 +40,26 @@ class VisionEngine:
     def __init__(self, checkpoint: str | Path, *, device="cpu", dtype="float32", backend="torch",
                  fault: str | None = None, attention_prefer=None, fuse: str | None = None,
                  graphs: str | None = None):
-        """fuse / graphs: 'off', 'on', 'auto' or None (the TENSORDIFF_FUSE / TENSORDIFF_GRAPHS
-        environment, see `fused`); both are off on the CPU whatever is asked."""
+        """fuse / graphs: 'off', 'on', 'auto' or None (the options' defaults: the TENSORDIFF_FUSE /
+        TENSORDIFF_GRAPHS environment, else 'auto'; see `fused`); both are off on the CPU whatever
+        is asked."""
         if dtype not in DTYPES:
             raise EngineInputError(f"dtype {dtype!r} is not supported (float32 or bfloat16)")
         self.fault = F.check(fault)
+        if fuse is None or graphs is None:  # the options' defaults: the environment, else auto
+            defaults = OPTIONS.resolve({})
+            fuse, graphs = fuse or defaults["fuse"], graphs or defaults["graphs"]
         self.device = torch.device(device)
         self.dtype = DTYPES[dtype]
         self.backend = backends.get(backend)
         self.checkpoint = Path(checkpoint)
         self.cfg = Config.load(self.checkpoint)
         t = W.read(self.checkpoint, tower_names(self.cfg) + ALIGNER + MARKERS)
-        tw = prepare_tower(t, self.cfg, self.dtype, self.device, pad_nonzero=fault == "patch-pad-nonzero")
-        self.tower = VisionTower(self.cfg, tw, self.backend, rope_interleaved=fault == "rope-interleaved",
-                                 pad_nonzero=fault == "patch-pad-nonzero", attention_prefer=attention_prefer,
-                                 fuse=(fuse or policy("FUSE", "auto")) if can_compile(self.device) else "off")
-        graphs = (graphs or policy("GRAPHS", "auto")) if self.device.type == "cuda" else "off"
+        tw = prepare_tower(t, self.cfg, self.dtype, self.device, pad_nonzero=fault == F.PATCH_PAD_NONZERO)
+        self.tower = VisionTower(self.cfg, tw, self.backend, rope_interleaved=fault == F.ROPE_INTERLEAVED,
+                                 pad_nonzero=fault == F.PATCH_PAD_NONZERO, attention_prefer=attention_prefer,
+                                 fuse=fuse if can_compile(self.device) else "off")
+        graphs = graphs if self.device.type == "cuda" else "off"
         # 'on' captures at a grid's first pass, 'auto' at its second (a one-shot run stays eager)
         self.graphs = None if graphs == "off" else GraphCache(None, after=0 if graphs == "on" else 1)
         cast = lambda n: t[n].to(device=self.device, dtype=self.dtype).contiguous()  # noqa: E731
@@ -60,7 +67,7 @@ class VisionEngine:
         self.markers = {n: cast(n) for n in MARKERS}
 
     def plan(self, width: int, height: int) -> ImagePlan:
-        rounding = "ceil" if self.fault == "contain-ceil" else "round"
+        rounding = "ceil" if self.fault == F.CONTAIN_CEIL else "round"
         return plan_image(width, height, self.cfg, contain_rounding=rounding)
 
     def preprocess(self, path) -> tuple[ImagePlan, torch.Tensor]:
@@ -84,8 +91,8 @@ class VisionEngine:
             rec.record("patches", patches)
         x = self.tower.forward(patches, plan.grid, rec)
         index = cell_index(*plan.grid, self.cfg.vision_downsample_ratio, x.device,
-                           flat_pad=self.fault == "aligner-flat-pad")
-        out = align(x, index, self.aligner, self.backend, gelu_tanh=self.fault == "gelu-tanh")
+                           flat_pad=self.fault == F.ALIGNER_FLAT_PAD)
+        out = align(x, index, self.aligner, self.backend, gelu_tanh=self.fault == F.GELU_TANH)
         if taps:
             rec.record("aligner", out)
         return out
@@ -95,15 +102,21 @@ class VisionEngine:
         return image_span(position, aligned, self.markers, plan.cells)
 
 
+def engine_for(req) -> VisionEngine:
+    """The VisionEngine a request asks for: its device, dtype, backend, fault and typed options."""
+    opts = OPTIONS.resolve(req.options)
+    return VisionEngine(req.weights_dir, device=req.device, dtype=req.dtype, backend=req.backend, fault=req.fault,
+                        attention_prefer=opts["attention"], fuse=opts["fuse"], graphs=opts["graphs"])
+
+
+
 def run(req, rec) -> None:
     if req.weights_dir is None or req.image is None:
         raise EngineInputError("the DeepSeek V4.1 Flash engine needs a weights directory and an image")
     if req.chunk is not None and req.prompt is None and req.decode == 0:
         raise EngineInputError("--chunk splits the language prefill: give a --prompt (with <image>) too")
-    prefer = req.options.get("attention") if req.options else None
     t0 = time.perf_counter()
-    eng = VisionEngine(req.weights_dir, device=req.device, dtype=req.dtype, backend=req.backend,
-                       fault=req.fault, attention_prefer=prefer)
+    eng = engine_for(req)
     t1 = time.perf_counter()
     plan, patches = eng.preprocess(req.image)
     # model facts only: the core writes the provenance (weights, versions, the image) itself

@@ -16,13 +16,11 @@ import torch
 
 from . import faults as F
 from .aligner import align, cell_index
-from .run import VisionEngine
+from .run import engine_for
 
 
 def make_stages(req, run: dict) -> dict:
-    prefer = req.options.get("attention") if req.options else None
-    eng = VisionEngine(req.weights_dir, device=req.device, dtype=req.dtype, backend=req.backend,
-                       fault=req.fault, attention_prefer=prefer)
+    eng = engine_for(req)
     grid = tuple(int(v) for v in run["inputs"]["grid"])
     tower = eng.tower
 
@@ -48,8 +46,8 @@ def make_stages(req, run: dict) -> dict:
     @torch.inference_mode()
     def aligner(i):
         x = act(i["final_norm"])
-        index = cell_index(*grid, eng.cfg.vision_downsample_ratio, x.device, flat_pad=eng.fault == "aligner-flat-pad")
-        return {"aligner": align(x, index, eng.aligner, eng.backend, gelu_tanh=eng.fault == "gelu-tanh")}
+        index = cell_index(*grid, eng.cfg.vision_downsample_ratio, x.device, flat_pad=eng.fault == F.ALIGNER_FLAT_PAD)
+        return {"aligner": align(x, index, eng.aligner, eng.backend, gelu_tanh=eng.fault == F.GELU_TANH)}
 
     stages = {"block0": block0, "final_norm": final_norm, "aligner": aligner}
     if req.prompt is not None or req.decode > 0:  # the run went on into the language backbone

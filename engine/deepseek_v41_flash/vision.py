@@ -96,7 +96,7 @@ class VisionTower:
     def __init__(self, cfg: Config, weights: TowerWeights, backend, *, rope_interleaved: bool = False,
                  pad_nonzero: bool = False, attention_prefer=None, fuse: str = "off"):
         """fuse: 'off', 'on' or 'auto' (from the second forward on): the compiled block of
-        `fused.FusedBlock`, CUDA only (the caller decides; see `fused.policy`)."""
+        `fused.FusedBlock`, CUDA only (the caller decides: the `fuse` option)."""
         self.cfg = cfg
         self.w = weights
         self.backend = backend

@@ -5,6 +5,8 @@ from pathlib import Path
 
 import torch
 
+from tensordiff.models.qwen3_vl_options import OPTIONS
+
 from .. import backend as backends
 from ..errors import EngineInputError
 from . import faults as F
@@ -34,7 +36,7 @@ def run(req, rec) -> None:
     dtype = torch_dtype(req.dtype)
     backend = backends.get(req.backend)
     cfg = load_config(req.weights_dir)
-    processor = req.options.get("processor") or default_processor()
+    processor = OPTIONS.resolve(req.options)["processor"] or default_processor()
 
     img = decode(Path(req.image))
     px = preprocess(img, cfg.processor, processor, raster=fault == F.MERGE_ORDER_RASTER)

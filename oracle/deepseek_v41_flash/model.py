@@ -31,6 +31,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from tensordiff.errors import BadInput
+from tensordiff.models.deepseek_options import OPTIONS
 
 from .checkpoint import default_dtype, load_into
 from .engram import Engram, EngramLayout, NgramHasher
@@ -683,12 +684,12 @@ def run(req, rec) -> None:
     dtypes = {"float32": torch.float32, "bfloat16": torch.bfloat16}
     if req.dtype not in dtypes:
         raise BadInput(f"dtype {req.dtype!r} is not supported (float32 or bfloat16)")
-    opts = req.options or {}
+    opts = OPTIONS.resolve(req.options)  # typed, defaults filled (a hand-built request may hold strings)
     rows, cells = opts.get("image_rows"), opts.get("cells")
     args = ModelArgs.from_dir(req.weights_dir)
     facts = run_language(args, Path(req.weights_dir), dtypes[req.dtype], req.prompt, rows,
                          tuple(cells) if cells is not None else None, req.decode, rec,
-                         kernel_quant=bool(opts.get("kernel_quant", False)))
+                         kernel_quant=opts["kernel_quant"])
     ids, _, _ = build_prompt(req.prompt if req.prompt is not None else DEFAULT_PROMPT, args,
                              tuple(cells) if rows is not None else None)
     rec.update_run(inputs={"language": {"prompt": req.prompt if req.prompt is not None else DEFAULT_PROMPT,

@@ -16,6 +16,7 @@ import torch
 from torch import nn
 
 from tensordiff.errors import BadInput
+from tensordiff.models.deepseek_options import OPTIONS
 
 from .checkpoint import default_dtype, load_into
 from .config import ModelArgs
@@ -107,7 +108,7 @@ def run(req, rec) -> None:
         from .model import run_language
 
         facts = run_language(args, checkpoint, dtype, req.prompt, aligned.detach(), (n_llm_h, n_llm_w), req.decode,
-                             rec, kernel_quant=bool((req.options or {}).get("kernel_quant", False)))
+                             rec, kernel_quant=OPTIONS.resolve(req.options)["kernel_quant"])
         rec.update_run(outputs={"generated": facts["generated"], "stop": facts["stop"]},
                        language={"prompt_tokens": facts["prompt_tokens"], "span_start": facts["span_start"]})
 

@@ -15,6 +15,7 @@ from tensordiff.compare import compare_dumps
 from tensordiff.contract import Contract
 from tensordiff.models import deepseek_language_contract as C
 from tensordiff.synthetic.deepseek_v41_flash_language import tiny_language_checkpoint
+from tensordiff.models import deepseek_faults as D
 
 CELLS = (2, 3)
 PROMPT = "A picture: <image> What does it show?"  # span starts at 12, length 10
@@ -64,21 +65,21 @@ def test_clean_engine_matches(oracle_dump, checkpoint, rows, tmp_path, chunk):
 
 
 @pytest.mark.parametrize("fault,chunk", [
-    ("router-text-bias-for-images", None),
-    ("router-biased-weights", None),
-    ("engram-ngram-across-image", None),
-    ("overlay-chunk-shift", 7),
+    (D.ROUTER_TEXT_BIAS_FOR_IMAGES, None),
+    (D.ROUTER_BIASED_WEIGHTS, None),
+    (D.ENGRAM_NGRAM_ACROSS_IMAGE, None),
+    (D.OVERLAY_CHUNK_SHIFT, 7),
 ])
 def test_fault_is_localised(oracle_dump, checkpoint, rows, tmp_path, fault, chunk):
     eng = dump("engine", request(checkpoint, rows, chunk=chunk, fault=fault), tmp_path / "engine")
     report = compare_dumps(oracle_dump, eng, contract=CONTRACT)
     assert report.verdict == "diverged"
-    want = next(f.boundary for f in C.FAULTS if f.name == fault)
+    want = next(f.boundary for f in D.LANGUAGE_FAULTS if f.name == fault)
     assert report.earliest == [want]  # the first MoE / Engram layer, not a later symptom
 
 
 def test_overlay_fault_is_invisible_in_one_chunk(oracle_dump, checkpoint, rows, tmp_path):
-    eng = dump("engine", request(checkpoint, rows, fault="overlay-chunk-shift"), tmp_path / "engine")
+    eng = dump("engine", request(checkpoint, rows, fault=D.OVERLAY_CHUNK_SHIFT), tmp_path / "engine")
     assert compare_dumps(oracle_dump, eng, contract=CONTRACT).verdict == "match"
 
 

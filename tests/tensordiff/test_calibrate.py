@@ -111,3 +111,24 @@ def test_deepseek_tiny_floors_are_finite_and_positive_and_fused_sdpa_is_reported
     assert all(0 < f.max_abs < math.inf for f in measured.values())
     assert "sdpa=flash" in cal.failed
     assert "failed_variants" in cal.to_toml()
+
+
+@pytest.mark.parametrize("model,variant,needle", [
+    ("qwen3-vl", "attn=nonsense", "not one of sdpa, eager"),
+    ("qwen3-vl", "warp=9", "not dtype, sdpa or an option of qwen3-vl"),
+    ("deepseek-v4.1-flash", "attention=math", "engine only"),  # the oracle would not move: no floor
+    (toy.NAME, "attn=eager", "this model takes no options"),
+])
+def test_a_runner_option_variant_is_checked_against_the_models_table(toys, model, variant, needle):
+    # refused before any run (no weights resolved, no oracle started)
+    with pytest.raises(BadInput, match=needle):
+        calibrate(model, [default_image_path()], variants=[variant])
+
+
+def test_a_variant_value_reaches_the_oracle_typed(toys):
+    from tensordiff.calibrate import variant_request
+    from tensordiff.runs import make_request
+
+    ad, req = make_request("qwen3-vl")
+    v = variant_request(req, parse_variant("attn=eager"), ad)
+    assert v.options["attention"] == "eager" and "attn" not in v.options

@@ -31,6 +31,7 @@ from ...errors import EngineInputError
 from ...runtime.embedding import Span, overlay
 from .. import weights as W
 from ..config import Config
+from ..faults import LANGUAGE as FAULTS, OVERLAY_CHUNK_SHIFT
 from ..span import span_rows
 from . import hyper
 from .attention import Attention, AttnWeights, ChunkShared
@@ -38,8 +39,6 @@ from .engram import EngramHashState, EngramLayer, EngramTables
 from .moe import ExpertBank, GateWeights, MoE
 from .tokens import compressed_token_map
 
-FAULTS = ("router-text-bias-for-images", "router-biased-weights", "engram-ngram-across-image",
-          "overlay-chunk-shift")
 
 
 @dataclass(frozen=True)
@@ -184,7 +183,7 @@ class Sequence:
         lm = self.lm
         emb = lm.embed[self.ids[lo:hi].to(lm.device)].clone()
         spans = self._spans(lo, hi)
-        if lm.fault == "overlay-chunk-shift":
+        if lm.fault == OVERLAY_CHUNK_SHIFT:
             spans = [self._span] if self._span is not None else []
             return overlay(emb, 0, spans, lm.backend)  # wrong: the chunk's own start is ignored
         return overlay(emb, lo, spans, lm.backend)

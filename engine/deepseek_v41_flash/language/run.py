@@ -4,7 +4,8 @@
 callable that yields the aligner rows (run once, when prefill first reaches the span). `run` is a
 language-only runner whose image rows come from `req.options["image_rows"]` ([cells_h*cells_w,
 dim]) and `req.options["cells"]`, for tests that stand in a fixed aligner output for the tower.
-`req.options["kernel_quant"]` (default off) turns on the kernels' FP8 / FP4 activation round trips.
+`req.options["kernel_quant"]` (typed and defaulted by `tensordiff.models.deepseek_options`) turns on
+the kernels' FP8 / FP4 activation round trips.
 """
 from __future__ import annotations
 
@@ -13,6 +14,8 @@ from pathlib import Path
 from typing import Callable
 
 import torch
+
+from tensordiff.models.deepseek_options import OPTIONS
 
 from ... import backend as backends
 from ...errors import EngineInputError
@@ -31,7 +34,7 @@ def run_language(req, rec, image: Callable[[], torch.Tensor] | None, cells: tupl
         raise EngineInputError(f"decode must be >= 0 (got {req.decode})")
     lm = LanguageModel.load(Path(req.weights_dir), dtype=DTYPES[req.dtype], backend=backends.get(req.backend),
                             fault=req.fault, device=req.device,
-                            kernel_quant=bool((req.options or {}).get("kernel_quant", False)))
+                            kernel_quant=OPTIONS.resolve(req.options)["kernel_quant"])
     prompt = req.prompt if req.prompt is not None else DEFAULT_PROMPT
     ids, types = tokenize(prompt, lm.cfg, cells if image is not None else None)
     if ids.numel() + req.decode > lm.cfg.max_seq_len:

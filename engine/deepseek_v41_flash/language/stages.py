@@ -20,6 +20,8 @@ from pathlib import Path
 
 import torch
 
+from tensordiff.models.deepseek_options import OPTIONS
+
 from ... import backend as backends
 from .attention import ChunkShared
 from .engram import EngramHashState
@@ -32,7 +34,7 @@ from . import hyper
 def make_language_stages(req, run: dict, image_rows: torch.Tensor | None = None) -> dict:
     lm = LanguageModel.load(Path(req.weights_dir), dtype=DTYPES[req.dtype], backend=backends.get(req.backend),
                             fault=req.fault, device=req.device,
-                            kernel_quant=bool((req.options or {}).get("kernel_quant", False)))
+                            kernel_quant=OPTIONS.resolve(req.options)["kernel_quant"])
     cfg, be, dev = lm.cfg, lm.backend, lm.device
     opts = req.options or {}
     cells = (run.get("inputs") or {}).get("cells") or opts.get("cells")

@@ -9,6 +9,7 @@ import engine.deepseek_v41_flash.fused as fused
 import engine.deepseek_v41_flash.run as run_mod
 from tensordiff.compare import compare_dumps
 from tensordiff.runs import make_request, run_side
+from tensordiff.models import deepseek_faults as D
 
 
 @pytest.fixture
@@ -27,7 +28,7 @@ def forced_fusion(monkeypatch):
     return made
 
 
-@pytest.mark.parametrize("fault,earliest", [(None, []), ("patch-pad-nonzero", ["block0"])])
+@pytest.mark.parametrize("fault,earliest", [(None, []), (D.PATCH_PAD_NONZERO, ["block0"])])
 def test_compiled_block_matches_the_oracle(tmp_path, forced_fusion, fault, earliest):
     ad, req = make_request("deepseek-v4.1-flash", fault=fault)
     oracle = run_side(ad, "oracle", make_request("deepseek-v4.1-flash")[1], tmp_path / "oracle")

@@ -1,0 +1,55 @@
+"""DeepSeek V4.1 Flash: the planted engine faults, one table. Names are constants: the engine,
+the adapter and the tests refer to `CONTAIN_CEIL`, never to the string.
+
+Each fault is a mistake this field really makes and must be caught at the boundary named here;
+`needs` says what the run must do for the fault to change numbers (a need with a check refuses
+a run that would never reach the bug, see `tensordiff.faults`). No torch here.
+"""
+from __future__ import annotations
+
+from ..faults import CHUNK, FLOAT32, LANGUAGE, Fault, Need
+
+# the vision path (always runs)
+CONTAIN_CEIL = "contain-ceil"
+ROPE_INTERLEAVED = "rope-interleaved"
+ALIGNER_FLAT_PAD = "aligner-flat-pad"
+GELU_TANH = "gelu-tanh"
+PATCH_PAD_NONZERO = "patch-pad-nonzero"
+# the language backbone (runs with --prompt / --decode)
+ROUTER_TEXT_BIAS_FOR_IMAGES = "router-text-bias-for-images"
+ROUTER_BIASED_WEIGHTS = "router-biased-weights"
+ENGRAM_NGRAM_ACROSS_IMAGE = "engram-ngram-across-image"
+OVERLAY_CHUNK_SHIFT = "overlay-chunk-shift"
+
+VISION = (
+    Fault(CONTAIN_CEIL, "patches", "contain rounds the short side with ceil instead of round",
+          needs=(Need("an aspect ratio where ceil and round differ (the default 1024x701 picture has one)"),)),
+    Fault(ROPE_INTERLEAVED, "rope", "2D RoPE angles interleaved (row, col, ...) instead of blocked"),
+    Fault(ALIGNER_FLAT_PAD, "aligner", "zero rows appended to the flattened patches instead of a "
+          "right/bottom grid pad",
+          needs=(Need("a patch grid whose width is not a multiple of 3 (the default picture's is 74)"),)),
+    Fault(GELU_TANH, "aligner", "tanh-approximated GELU in the aligner instead of exact erf",
+          needs=(FLOAT32,)),  # the change is ~1e-4 relative, under bf16 resolution
+    Fault(PATCH_PAD_NONZERO, "block0", "non-zero padding columns in the 592-wide patch projection"),
+)
+
+# the first MoE layer (0) and the first Engram layer (1, in the released and tiny configs)
+LANGUAGE_FAULTS = (
+    Fault(ROUTER_TEXT_BIAS_FOR_IMAGES, "router.0.ids",
+          "image-span rows ranked with the text `bias` instead of `bias_vl`",
+          needs=(LANGUAGE, Need("an image in the prompt"))),
+    Fault(ROUTER_BIASED_WEIGHTS, "router.0.weights",
+          "mixture weights taken from the biased scores (score + bias) instead of the raw scores",
+          needs=(LANGUAGE,)),
+    Fault(ENGRAM_NGRAM_ACROSS_IMAGE, "engram.1",
+          "image positions not cached as DEAD, so the n-grams after an image reach into it",
+          needs=(LANGUAGE, Need("text right after the image span and a layer with Engram"))),
+    Fault(OVERLAY_CHUNK_SHIFT, "embeddings",
+          "chunked prefill overlays the image span at its absolute offset inside every chunk",
+          needs=(LANGUAGE, CHUNK,
+                 Need("a chunk smaller than the span's start + length, so a chunk boundary cuts or precedes it"))),
+)
+
+FAULTS = VISION + LANGUAGE_FAULTS
+VISION_NAMES = tuple(f.name for f in VISION)
+LANGUAGE_NAMES = tuple(f.name for f in LANGUAGE_FAULTS)
