@@ -1,0 +1,298 @@
+"""Three-way, floor-relative verdicts: is the engine's low-precision error more than the oracle's own?
+
+For a run in a low precision P (bfloat16, float16) three dumps take part:
+
+    R  the oracle in float32 (the reference)
+    F  the oracle in P (the floor run): what P costs an implementation that is right
+    E  the engine in P (the candidate)
+
+Per tensor the floor is F's error against R; E's error against R is judged as a multiple of it
+on four statistics (`RATIOS`):
+
+    rmse      RMSE(E - R) / RMSE(F - R)                     tensor-wide excess error
+    row       max row RMSE of E / max row RMSE of F         the worst row against the floor's worst
+    cosine    (1 - cos(E, R)) / (1 - cos(F, R))             bulk direction
+    outliers  rows whose RMSE exceeds `FloorRule.outlier` × that row's own floor RMSE (floored at
+              the floor's median row, so a row the floor happened to get nearly right is not a
+              hair trigger); more than `max_outliers` is a divergence even when the rest of the
+              tensor is perfect: one wrong patch among 800 is caught here and nowhere else.
+
+Where F equals R bit for bit (preprocessing, position tables, anything precision does not touch)
+the engine must equal R bit for bit too: the floor is zero and so is the allowance.
+
+A profile (`tensordiff calibrate`) adds the clean engine's own ratios per boundary and statistic
+over the gate's images: a ratio outside [min - spread, max + spread] (spread = max - min, at least
+two images) is flagged, which catches a regression of a few percent that no multiplier sees.
+
+Every tensor also states the smallest relative perturbation it can detect (`detectable`): an
+error of relative size δ, independent of the floor's, raises the RMSE ratio to
+sqrt(1 + (δ/f)²) for a relative floor f = RMSE(F - R)/RMS(R), so the RMSE rule sees
+δ > f·sqrt(m² - 1); the outlier rule sees a one-row error above the median row's relative floor
+times sqrt(outlier² - 1).
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import numpy as np
+
+from .dtypes import to_float64
+from .dump import Dump, Entry, open_dump
+from .errors import BadInput, IncomparableDumps
+from .layout import describe
+from .rows import RowErrors, shape_rows
+
+RATIOS = ("rmse", "row", "cosine")  # the continuous statistics a profile records
+CHUNK_ROWS_ELEMS = 1 << 20
+WORST_ROWS = 3
+
+
+@dataclass(frozen=True)
+class FloorRule:
+    """The multipliers: how far above its floor a clean engine's error may go.
+
+    Measured (CPU, synthetic:tiny, bf16, 6 pictures; see tests/tensordiff/test_floor.py and
+    bench/bf16_verdict.sh for the H200): the clean engine's ratios are 0.98-1.04 on every
+    statistic and boundary, its worst row at most 1.3x its own floor row; the planted numeric
+    faults sit at 1.3-5x. The H200 clean profile (issue 11) is 0.994-1.002 in RMSE. The
+    multipliers leave the clean engine a margin of ~10% (rmse, cosine), ~50% (rows), and
+    `tensordiff calibrate` records the engine's own profile for tighter gates.
+    """
+
+    rmse: float = 1.15
+    row: float = 1.5
+    cosine: float = 1.3
+    outlier: float = 2.0
+    max_outliers: int = 0
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+
+DEFAULT_RULE = FloorRule()
+
+
+def rule_from_mapping(m: dict | None, where: str = "floor rule") -> FloorRule:
+    if not m:
+        return DEFAULT_RULE
+    known = set(FloorRule.__dataclass_fields__)
+    out = {}
+    for k, v in m.items():
+        if k not in known:
+            raise BadInput(f"{where}: unknown key {k!r} (known: {', '.join(sorted(known))})")
+        if not isinstance(v, (int, float)) or isinstance(v, bool) or v < (0 if k == "max_outliers" else 1):
+            raise BadInput(f"{where}.{k} must be a number >= {0 if k == 'max_outliers' else 1}, not {v!r}")
+        out[k] = int(v) if k == "max_outliers" else float(v)
+    return FloorRule(**out)
+
+
+# ----------------------------------------------------------------------------- one tensor
+
+def _triple(er: Entry, ef: Entry, ec: Entry, n_rows: int, row_len: int) -> tuple[RowErrors, RowErrors]:
+    """Stream the three tensors in whole-row chunks: (floor vs ref, candidate vs ref)."""
+    floor, cand = RowErrors(n_rows, row_len), RowErrors(n_rows, row_len)
+    step = max(row_len, (CHUNK_ROWS_ELEMS // row_len) * row_len)
+    readers = [e.stored.reader() for e in (er, ef, ec)]
+    try:
+        n = er.stored.numel
+        for s in range(0, n, step):
+            e = min(n, s + step)
+            r, f, c = (to_float64(rd.read(s, e), ent.dtype) for rd, ent in zip(readers, (er, ef, ec)))
+            floor.update(s, r, f)
+            cand.update(s, r, c)
+    finally:
+        for rd in readers:
+            rd.close()
+    return floor, cand
+
+
+def _ratio(x: float, floor: float) -> float:
+    if floor > 0:
+        return x / floor
+    return 0.0 if x == 0 else math.inf
+
+
+def measure(er: Entry, ef: Entry, ec: Entry) -> dict:
+    """The floor and the candidate's statistics for one tensor, and their ratios."""
+    n_rows, row_len = shape_rows(er.shape)
+    fl, ca = _triple(er, ef, ec, n_rows, row_len)
+    out = {"exact_floor": fl.exact, "nonfinite": ca.nonfinite - fl.nonfinite if ca.nonfinite > fl.nonfinite else 0,
+           "rows": n_rows, "row_len": row_len, "ref_rms": fl.ref_rms,
+           "floor": {"rmse": fl.rmse, "cosine_deficit": fl.cosine_deficit},
+           "engine": {"rmse": ca.rmse, "cosine_deficit": ca.cosine_deficit}}
+    frow, crow, ref_row = fl.row_rmse, ca.row_rmse, fl.row_ref_rms
+    med = float(np.median(frow))
+    out["floor"]["row_max"] = float(frow.max())
+    out["floor"]["row_median"] = med
+    out["engine"]["row_max"] = float(crow.max())
+    out["ratios"] = {"rmse": _ratio(ca.rmse, fl.rmse), "row": _ratio(float(crow.max()), float(frow.max())),
+                     "cosine": _ratio(ca.cosine_deficit, fl.cosine_deficit)}
+    # each row against its own floor row, never against less than the floor's median row
+    denom = np.maximum(frow, med)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        local = np.where(crow == 0, 0.0, np.where(denom > 0, crow / np.where(denom > 0, denom, 1.0), np.inf))
+    out["row_ratio"] = local
+    rel = np.where(ref_row > 0, frow / np.where(ref_row > 0, ref_row, 1.0), np.nan)
+    out["floor"]["relative"] = fl.rmse / fl.ref_rms if fl.ref_rms > 0 else 0.0
+    out["floor"]["row_relative_median"] = float(np.nanmedian(rel)) if np.isfinite(rel).any() else 0.0
+    return out
+
+
+def detectable(st: dict, rule: FloorRule, upper: float | None = None) -> dict:
+    """The smallest relative perturbation each rule can see (see the module docstring)."""
+    if st["exact_floor"]:
+        return {"tensor": 0.0, "row": 0.0, "note": "bit-exact: any change is seen"}
+    m = rule.rmse if upper is None else min(rule.rmse, upper)
+    return {"tensor": st["floor"]["relative"] * math.sqrt(max(m * m - 1, 0.0)),
+            "row": st["floor"]["row_relative_median"] * math.sqrt(rule.outlier ** 2 - 1)}
+
+
+def profile_band(prof: dict | None) -> dict[str, tuple[float, float]]:
+    """stat -> (low, high) allowed by a clean profile {stat: {min, max, n}} (n >= 2 only)."""
+    out = {}
+    for stat, p in (prof or {}).items():
+        if not isinstance(p, dict) or int(p.get("n", 0)) < 2:
+            continue
+        lo, hi = float(p["min"]), float(p["max"])
+        spread = hi - lo
+        out[stat] = (lo - spread, hi + spread)
+    return out
+
+
+def verdict(st: dict, rule: FloorRule, band: dict[str, tuple[float, float]] | None = None) -> tuple[bool, str]:
+    if st["nonfinite"]:
+        return True, f"{st['nonfinite']} elements non-finite in the engine only"
+    r = st["ratios"]
+    if st["exact_floor"]:
+        if st["engine"]["rmse"] > 0:
+            return True, ("the oracle is bit-exact across precisions here, so the engine must be too; "
+                          f"RMSE {st['engine']['rmse']:.3g}")
+        return False, ""
+    for stat in RATIOS:
+        lim = getattr(rule, stat)
+        if r[stat] > lim:
+            return True, f"{stat} {r[stat]:.3g}× floor (limit {lim:g}×)"
+    if st["outliers"] > rule.max_outliers:
+        w = st["worst_rows"][0]
+        return True, (f"{st['outliers']} of {st['rows']} rows above {rule.outlier:g}× their floor; worst row "
+                      f"{w['row']} ({w['meaning']}) at {w['x_floor']:.3g}× floor")
+    for stat, (lo, hi) in (band or {}).items():
+        if stat in r and not lo <= r[stat] <= hi:
+            return True, (f"{stat} {r[stat]:.4g}× floor departs from the clean engine's profile "
+                          f"[{lo:.4g}, {hi:.4g}]")
+    return False, ""
+
+
+def judge_tensor(er: Entry, ef: Entry, ec: Entry, rule: FloorRule, layout: str, run: dict,
+                 profile: dict | None = None) -> dict:
+    st = measure(er, ef, ec)
+    local = st.pop("row_ratio")
+    st["outliers"] = int((local > rule.outlier).sum())
+    order = np.argsort(-local, kind="stable")[:WORST_ROWS]
+    st["worst_rows"] = [{"row": int(i), "meaning": describe(layout, (int(i),), run), "x_floor": float(local[i])}
+                        for i in order]
+    band = profile_band(profile)
+    st["profile"] = {k: list(v) for k, v in band.items()}
+    st["detectable"] = detectable(st, rule, band.get("rmse", (None, None))[1] if band else None)
+    st["material"], st["reason"] = verdict(st, rule, band)
+    st["_local"] = local
+    return st
+
+
+# ----------------------------------------------------------------------------- dumps
+
+def three_way(ref: str | Path | Dump, floor: str | Path | Dump, cand: str | Path | Dump,
+              rule: FloorRule = DEFAULT_RULE, *, profile: dict | None = None, tolerances=None, contract=None):
+    """The numeric pass: the candidate's error against `ref` as a multiple of the floor run's.
+
+    Returns a `Report` (roots on the DAG as for `compare_dumps`); each float tensor's metrics
+    hold the floor, the engine's statistics, the ratios, the worst rows and what is detectable.
+    Integer tensors (ids) are judged directly against the reference, as `compare_dumps` does.
+    `profile`: {tensor name: {stat: {min, median, max, n}}} from a calibration.
+    """
+    from .compare import _assign_roots, _boundary_name, compare_tensor, resolve_contract
+    from .result import FAILING, BoundaryResult, Report, TensorResult
+    from .tolerance import load as load_tolerances
+    from .tolerance import with_contract
+
+    dr, df, dc = (d if isinstance(d, Dump) else open_dump(d) for d in (ref, floor, cand))
+    if len({dr.model, df.model, dc.model}) != 1:
+        raise IncomparableDumps(f"three-way comparison needs one model, got {dr.model!r}, {df.model!r}, {dc.model!r}")
+    for d, what in ((df, "floor"), (dc, "candidate")):
+        if d.path.resolve() == dr.path.resolve():
+            raise BadInput(f"the {what} dump is the reference dump itself ({d.path})")
+    contract, bounds = resolve_contract(dr, dc, contract)
+    tols = tolerances if hasattr(tolerances, "for_") else load_tolerances(tolerances)
+    tols = with_contract(tols, contract.tolerances)
+    run = dr.run or dc.run
+    run_dtypes = tuple(d.run.get("dtype") for d in (dr, dc) if isinstance(d.run.get("dtype"), str))
+    by_b: dict[str, list[str]] = {}
+    for d in (dr, dc):
+        for e in d.entries:
+            names = by_b.setdefault(_boundary_name(contract, e), [])
+            if e.name not in names:
+                names.append(e.name)
+    present = [b for b in bounds if b.name in by_b]
+    results = {}
+    compared = 0
+    for bd in present:
+        br = BoundaryResult(bd.name, "match", meaning=bd.meaning, layout=bd.layout)
+        results[bd.name] = br
+        for name in by_b[bd.name]:
+            sides = [name in d.names for d in (dr, df, dc)]
+            if not all(sides):
+                where = ", ".join(w for w, s in zip(("reference", "floor run", "candidate"), sides) if not s)
+                br.tensors.append(TensorResult(name, bd.name, "missing", reason=f"not in the {where}"))
+                continue
+            er, ef, ec = dr.entry(name), df.entry(name), dc.entry(name)
+            if not (er.shape == ef.shape == ec.shape):
+                br.tensors.append(TensorResult(name, bd.name, "incomparable",
+                                               reason=f"shapes {list(er.shape)}, {list(ef.shape)}, {list(ec.shape)}"))
+                continue
+            mode = contract.mode_for(name) or ("values" if er.dtype.is_float else "exact")
+            if not (er.dtype.is_float and ef.dtype.is_float and ec.dtype.is_float) or mode != "values":
+                t = compare_tensor(er, ec, bd, contract, tols, run, run_dtypes=run_dtypes)
+                t.reason = t.reason or ""
+                t.metrics["judged"] = "directly against the reference (not a float value tensor)"
+                br.tensors.append(t)
+                compared += 1
+                continue
+            st = judge_tensor(er, ef, ec, rule, bd.layout, run, (profile or {}).get(name))
+            local = st.pop("_local")
+            t = TensorResult(name, bd.name, "diverged" if st.pop("material") else "match", reason=st.pop("reason"),
+                             mode="floor", dtype={"a": er.dtype.name, "floor": ef.dtype.name, "b": ec.dtype.name},
+                             shape={"a": list(er.shape), "b": list(ec.shape)}, metrics=st,
+                             tolerance={"rule": rule.as_dict(), "source": "floor-relative"})
+            t.row_error = [float(x) if math.isfinite(x) else 1e30 for x in local] if len(er.shape) >= 2 else None
+            w = st["worst_rows"][0] if st["worst_rows"] else None
+            if w is not None:
+                t.worst = {"index": [w["row"]], "meaning": w["meaning"], "x_floor": w["x_floor"]}
+            br.tensors.append(t)
+            compared += 1
+        statuses = [t.status for t in br.tensors]
+        for s in ("incomparable", "missing", "diverged"):
+            if s in statuses:
+                br.status = s
+                br.reason = "; ".join(f"{t.name}: {t.reason}" for t in br.tensors if t.status == s)
+                break
+    if not compared:
+        raise BadInput(f"the three dumps ({dr.path}, {df.path}, {dc.path}) share no tensor: nothing was compared")
+    _assign_roots(bounds, present, results)
+    notes = [f"numeric pass: {dc.run.get('dtype')} engine against the {dr.run.get('dtype')} oracle, "
+             f"errors as multiples of the {df.run.get('dtype')} oracle's own (floor run {df.path})"]
+    rep = Report(str(dr.path), str(dc.path), dr.model, [results[b.name] for b in present], notes,
+                 {"a": dr.producer, "floor": df.producer, "b": dc.producer},
+                 {"a": dr.run, "floor": df.run, "b": dc.run}, f"floor-relative {rule.as_dict()}")
+    return rep
+
+
+def ratio_table(report) -> dict[str, dict[str, float]]:
+    """tensor -> {stat: ratio} of a numeric-pass report (what calibrate's profile records)."""
+    out = {}
+    for b in report.boundaries:
+        for t in b.tensors:
+            if t.mode == "floor" and not t.metrics.get("exact_floor"):
+                out[t.name] = dict(t.metrics["ratios"])
+    return out
