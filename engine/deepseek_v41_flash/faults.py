@@ -16,6 +16,16 @@ FAULTS: dict[str, tuple[str, str]] = {
     "patch-pad-nonzero": ("block0", "the 588 -> 592 padding columns of the patch projection are not zero"),
 }
 
+# Numeric faults: each moves numbers by about one to five times the bf16 noise floor, so only a
+# floor-relative verdict (tensordiff.floor, the gate's numeric pass) sees them in bf16.
+NUMERIC: dict[str, tuple[str, str]] = {
+    "residual-scale": ("block0", "block 0 adds its MLP branch scaled by 1.01 (a stray scale factor)"),
+    "tail-row-scale": ("block0", "the last patch row of block 0 scaled by 1 + 2^-6 (a vector tail-loop bug)"),
+    "norm-eps": ("final_norm", "the final norm's epsilon is 1e-2 instead of 1e-6 (another model's config)"),
+    "splitk-bf16": ("aligner", "the aligner's first linear sums split-K partials in bf16 instead of fp32"),
+}
+FAULTS.update(NUMERIC)
+
 
 # The language backbone's faults live with it (`language/model.py`); named here so one
 # `--fault` reaches the right half and an unknown name is still refused.

@@ -37,6 +37,15 @@ FAULTS = (
     Fault("gelu-tanh", "aligner", "tanh-approximated GELU in the aligner instead of exact erf",
           needs="float32 (the change is ~1e-4 relative, under bf16 resolution)"),
     Fault("patch-pad-nonzero", "block0", "non-zero padding columns in the 592-wide patch projection"),
+    # numeric faults: about 1-5x the bf16 noise floor, caught in bf16 by the floor-relative pass
+    Fault("residual-scale", "block0", "block 0 adds its MLP branch scaled by 1.01",
+          needs="bfloat16: the gate's numeric pass (float32 sees it directly)"),
+    Fault("tail-row-scale", "block0", "the last patch row of block 0 scaled by 1 + 2^-6 (one wrong row)",
+          needs="bfloat16: the gate's numeric pass (row-aware)"),
+    Fault("norm-eps", "final_norm", "the final norm's epsilon is 1e-2 instead of 1e-6",
+          needs="bfloat16: the gate's numeric pass (float32 sees it directly)"),
+    Fault("splitk-bf16", "aligner", "the aligner's first linear sums split-K partials in bf16 instead of fp32",
+          needs="bfloat16 (in float32 the partials are rounded to bf16 too: caught directly)"),
 )
 
 
