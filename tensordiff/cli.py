@@ -18,6 +18,7 @@ Exit status: 0 every boundary within tolerance, 1 a material divergence, 2 bad i
 Examples:
   tensordiff compare dumps/sample-oracle dumps/sample-engine
   tensordiff compare oracle/ engine/ --json report.json --tolerances tol.toml
+  tensordiff compare oracle-fp32/ engine-bf16/ --floor oracle-bf16/   # numeric pass: x floor
 """
 
 
@@ -92,7 +93,10 @@ def cli():
 @click.option("--junit", "junit_path", type=click.Path(path_type=Path), help="Also write a JUnit XML report here.")
 @click.option("--html", "html_path", type=click.Path(path_type=Path),
               help="Also write a self-contained HTML report (boundary table, error heatmaps) here.")
-def compare(a, b, json_path, tolerances, fail_fast, verify, junit_path=None, html_path=None):
+@click.option("--floor", "floor_dir", type=click.Path(path_type=Path),
+              help="The oracle's dump in B's low precision (the floor run): judge B's error against A "
+                   "as a multiple of the floor's (three-way, row-aware).")
+def compare(a, b, json_path, tolerances, fail_fast, verify, junit_path=None, html_path=None, floor_dir=None):
     """Compare dump A (reference, e.g. the oracle) with dump B (candidate, e.g. your engine)."""
     from .compare import compare_dumps
     from .dump import open_dump
@@ -101,6 +105,12 @@ def compare(a, b, json_path, tolerances, fail_fast, verify, junit_path=None, htm
     _writable(junit_path)
     _writable(html_path)
     da, db = open_dump(a), open_dump(b)
+    if floor_dir is not None:
+        from .floor import rule_of, three_way
+
+        report = three_way(da, open_dump(floor_dir), db, rule_of(tolerances), tolerances=tolerances)
+        _emit_ci_reports(report, junit_path, html_path, da)
+        sys.exit(_emit_report(report, json_path))
     prog, cb = _progress_factory(da.nbytes + db.nbytes, "comparing")
     if prog:
         with prog:

@@ -88,6 +88,40 @@ def rule_from_mapping(m: dict | None, where: str = "floor rule") -> FloorRule:
     return FloorRule(**out)
 
 
+def _read_toml(path) -> dict:
+    import tomllib
+
+    if path is None or hasattr(path, "for_"):
+        return {}
+    p = Path(path)
+    if not p.is_file():
+        raise BadInput(f"tolerance file {p} does not exist")
+    try:
+        return tomllib.loads(p.read_text())
+    except tomllib.TOMLDecodeError as e:
+        raise BadInput(f"{p} is not valid TOML ({e})") from None
+
+
+def rule_of(path) -> FloorRule:
+    """The `[floor_rule]` table of a tolerance / calibration file, else the measured defaults."""
+    return rule_from_mapping(_read_toml(path).get("floor_rule"), f"{path} [floor_rule]")
+
+
+def profile_of(path) -> dict:
+    """The clean engine's profile of a calibration file: {tensor: {stat: {min, median, max, n}}}."""
+    prof = _read_toml(path).get("profile") or {}
+    if not isinstance(prof, dict):
+        raise BadInput(f"{path}: [profile] must be a table")
+    for name, stats in prof.items():
+        if not isinstance(stats, dict):
+            raise BadInput(f"{path}: [profile.{name}] must be a table of statistics")
+        for stat, v in stats.items():
+            if stat not in RATIOS or not isinstance(v, dict) or not {"min", "max", "n"} <= set(v):
+                raise BadInput(f"{path}: [profile.{name}.{stat}] must be one of {', '.join(RATIOS)} "
+                               "with min, max and n")
+    return prof
+
+
 # ----------------------------------------------------------------------------- one tensor
 
 def _triple(er: Entry, ef: Entry, ec: Entry, n_rows: int, row_len: int) -> tuple[RowErrors, RowErrors]:
@@ -121,7 +155,8 @@ def measure(er: Entry, ef: Entry, ec: Entry) -> dict:
     out = {"exact_floor": fl.exact, "nonfinite": ca.nonfinite - fl.nonfinite if ca.nonfinite > fl.nonfinite else 0,
            "rows": n_rows, "row_len": row_len, "ref_rms": fl.ref_rms,
            "floor": {"rmse": fl.rmse, "cosine_deficit": fl.cosine_deficit},
-           "engine": {"rmse": ca.rmse, "cosine_deficit": ca.cosine_deficit}}
+           "engine": {"rmse": ca.rmse, "cosine_deficit": ca.cosine_deficit},
+           "range": {"a": fl.range_ref, "b": ca.range_oth}}
     frow, crow, ref_row = fl.row_rmse, ca.row_rmse, fl.row_ref_rms
     med = float(np.median(frow))
     out["floor"]["row_max"] = float(frow.max())
@@ -173,7 +208,10 @@ def verdict(st: dict, rule: FloorRule, band: dict[str, tuple[float, float]] | No
     for stat in RATIOS:
         lim = getattr(rule, stat)
         if r[stat] > lim:
-            return True, f"{stat} {r[stat]:.3g}× floor (limit {lim:g}×)"
+            what = {"rmse": "RMSE", "row": "max row RMSE", "cosine": "cosine deficit"}[stat]
+            w = st["worst_rows"][0] if stat == "row" and st["worst_rows"] else None
+            at = f"; worst row {w['row']} ({w['meaning']}) at {w['x_floor']:.3g}× its floor" if w else ""
+            return True, f"{what} {r[stat]:.3g}× floor (limit {lim:g}×){at}"
     if st["outliers"] > rule.max_outliers:
         w = st["worst_rows"][0]
         return True, (f"{st['outliers']} of {st['rows']} rows above {rule.outlier:g}× their floor; worst row "
@@ -201,6 +239,23 @@ def judge_tensor(er: Entry, ef: Entry, ec: Entry, rule: FloorRule, layout: str, 
     return st
 
 
+def _floor_result(er: Entry, ef: Entry, ec: Entry, bd, rule: FloorRule, run: dict, profile: dict | None):
+    from .result import TensorResult
+
+    st = judge_tensor(er, ef, ec, rule, bd.layout, run, profile)
+    local = st.pop("_local")
+    t = TensorResult(er.name, bd.name, "diverged" if st.pop("material") else "match", reason=st.pop("reason"),
+                     mode="floor", dtype={"a": er.dtype.name, "floor": ef.dtype.name, "b": ec.dtype.name},
+                     shape={"a": list(er.shape), "b": list(ec.shape)}, metrics=st,
+                     tolerance={"rule": rule.as_dict(), "source": "floor-relative"})
+    if len(er.shape) >= 2:  # per-row × floor: the heatmap's values
+        t.row_error = [float(x) if math.isfinite(x) else 1e30 for x in local]
+    if st["worst_rows"] and not st["exact_floor"]:
+        w = st["worst_rows"][0]
+        t.worst = {"index": [w["row"]], "meaning": w["meaning"], "x_floor": w["x_floor"]}
+    return t
+
+
 # ----------------------------------------------------------------------------- dumps
 
 def three_way(ref: str | Path | Dump, floor: str | Path | Dump, cand: str | Path | Dump,
@@ -212,10 +267,9 @@ def three_way(ref: str | Path | Dump, floor: str | Path | Dump, cand: str | Path
     Integer tensors (ids) are judged directly against the reference, as `compare_dumps` does.
     `profile`: {tensor name: {stat: {min, median, max, n}}} from a calibration.
     """
-    from .compare import _assign_roots, _boundary_name, compare_tensor, resolve_contract
-    from .result import FAILING, BoundaryResult, Report, TensorResult
-    from .tolerance import load as load_tolerances
-    from .tolerance import with_contract
+    from .compare import _assign_roots, _boundary_name, resolve_contract
+    from .judge import Judge, settle
+    from .result import BoundaryResult, Report, TensorResult
 
     dr, df, dc = (d if isinstance(d, Dump) else open_dump(d) for d in (ref, floor, cand))
     if len({dr.model, df.model, dc.model}) != 1:
@@ -223,11 +277,11 @@ def three_way(ref: str | Path | Dump, floor: str | Path | Dump, cand: str | Path
     for d, what in ((df, "floor"), (dc, "candidate")):
         if d.path.resolve() == dr.path.resolve():
             raise BadInput(f"the {what} dump is the reference dump itself ({d.path})")
-    contract, bounds = resolve_contract(dr, dc, contract)
-    tols = tolerances if hasattr(tolerances, "for_") else load_tolerances(tolerances)
-    tols = with_contract(tols, contract.tolerances)
+    judge = tolerances if isinstance(tolerances, Judge) else None
+    contract, bounds = resolve_contract(dr, dc, judge.contract if judge else contract)
+    if judge is None:
+        judge = Judge.build(contract, tolerances, run_dtypes=(dr.run.get("dtype"), dc.run.get("dtype")))
     run = dr.run or dc.run
-    run_dtypes = tuple(d.run.get("dtype") for d in (dr, dc) if isinstance(d.run.get("dtype"), str))
     by_b: dict[str, list[str]] = {}
     for d in (dr, dc):
         for e in d.entries:
@@ -238,8 +292,7 @@ def three_way(ref: str | Path | Dump, floor: str | Path | Dump, cand: str | Path
     results = {}
     compared = 0
     for bd in present:
-        br = BoundaryResult(bd.name, "match", meaning=bd.meaning, layout=bd.layout)
-        results[bd.name] = br
+        br = results[bd.name] = BoundaryResult(bd.name, "match", meaning=bd.meaning, layout=bd.layout)
         for name in by_b[bd.name]:
             sides = [name in d.names for d in (dr, df, dc)]
             if not all(sides):
@@ -251,32 +304,17 @@ def three_way(ref: str | Path | Dump, floor: str | Path | Dump, cand: str | Path
                 br.tensors.append(TensorResult(name, bd.name, "incomparable",
                                                reason=f"shapes {list(er.shape)}, {list(ef.shape)}, {list(ec.shape)}"))
                 continue
-            mode = contract.mode_for(name) or ("values" if er.dtype.is_float else "exact")
-            if not (er.dtype.is_float and ef.dtype.is_float and ec.dtype.is_float) or mode != "values":
-                t = compare_tensor(er, ec, bd, contract, tols, run, run_dtypes=run_dtypes)
-                t.reason = t.reason or ""
+            compared += 1
+            if not (er.dtype.is_float and ef.dtype.is_float and ec.dtype.is_float) or judge.mode(name, er.dtype) != "values":
+                # ids and exact tensors: judged against the reference as the direct comparison does
+                t = judge.tensor(er, ec, bd, run)
                 t.metrics["judged"] = "directly against the reference (not a float value tensor)"
                 br.tensors.append(t)
-                compared += 1
                 continue
-            st = judge_tensor(er, ef, ec, rule, bd.layout, run, (profile or {}).get(name))
-            local = st.pop("_local")
-            t = TensorResult(name, bd.name, "diverged" if st.pop("material") else "match", reason=st.pop("reason"),
-                             mode="floor", dtype={"a": er.dtype.name, "floor": ef.dtype.name, "b": ec.dtype.name},
-                             shape={"a": list(er.shape), "b": list(ec.shape)}, metrics=st,
-                             tolerance={"rule": rule.as_dict(), "source": "floor-relative"})
-            t.row_error = [float(x) if math.isfinite(x) else 1e30 for x in local] if len(er.shape) >= 2 else None
-            w = st["worst_rows"][0] if st["worst_rows"] else None
-            if w is not None:
-                t.worst = {"index": [w["row"]], "meaning": w["meaning"], "x_floor": w["x_floor"]}
-            br.tensors.append(t)
-            compared += 1
-        statuses = [t.status for t in br.tensors]
-        for s in ("incomparable", "missing", "diverged"):
-            if s in statuses:
-                br.status = s
-                br.reason = "; ".join(f"{t.name}: {t.reason}" for t in br.tensors if t.status == s)
-                break
+            br.tensors.append(_floor_result(er, ef, ec, bd, rule, run, (profile or {}).get(name)))
+        ents = [{n: d.entry(n) for n in by_b[bd.name] if n in d.names} for d in (dr, dc)]
+        judge.probe(bd, br, *ents)
+        br.status, br.reason = settle(br.tensors)
     if not compared:
         raise BadInput(f"the three dumps ({dr.path}, {df.path}, {dc.path}) share no tensor: nothing was compared")
     _assign_roots(bounds, present, results)

@@ -29,6 +29,8 @@ def tensor_summary(t: TensorResult) -> str:
     m = t.metrics
     if t.status in ("missing", "incomparable"):
         return t.reason
+    if t.mode == "floor":
+        return floor_summary(m)
     if "cosine" in m:
         s = (f"max|Δ| {_g(m['max_abs'])}  mean|Δ| {_g(m['mean_abs'])}  cos {m['cosine']:.6f}  "
              f"SQNR {_g(m['sqnr_db'], '.1f')} dB  ULP p50/p99/max {_g(m['ulp_p50'])}/{_g(m['ulp_p99'])}/{_g(m['ulp_max'])}"
@@ -40,6 +42,19 @@ def tensor_summary(t: TensorResult) -> str:
     if "rows_differ" in m:
         return f"{m['rows_differ']}/{m['rows']} rows differ as sets, overlap {m['mean_overlap']:.3f}"
     return f"{m.get('mismatches', 0)}/{m.get('numel', 0)} elements differ"
+
+
+def floor_summary(m: dict) -> str:
+    """A numeric-pass tensor: its error as multiples of the floor, and what the pass can see."""
+    if m.get("exact_floor"):
+        return (f"bit-exact across precisions: exact required; engine RMSE {_g(m['engine']['rmse'])}"
+                + ("" if m["engine"]["rmse"] else " (exact)"))
+    r, d = m["ratios"], m["detectable"]
+    w = (m.get("worst_rows") or [None])[0]
+    worst = f"  worst row {w['row']} ({w['meaning']}) {w['x_floor']:.3g}× its floor" if w else ""
+    return (f"× floor: RMSE {r['rmse']:.3f}  max row {r['row']:.3f}  cos deficit {r['cosine']:.3f}  "
+            f"outlier rows {m['outliers']}/{m['rows']}{worst}  (floor rel. RMSE {m['floor']['relative']:.3g}; "
+            f"detectable: {100 * d['tensor']:.3g}% tensor-wide, {100 * d['row']:.3g}% in one row)")
 
 
 def _dtype_note(t: TensorResult) -> str:
@@ -66,7 +81,9 @@ def render_text(r: Report, max_rows: int = 200) -> str:
         for t in b.tensors:
             if t.status != "match":
                 lines.append(f"  {t.name}: {t.reason}")
-                if t.worst:
+                if t.worst and t.mode == "floor":
+                    lines.append(f"    worst row {t.worst['index']}: {t.worst['meaning']} ({t.worst['x_floor']:.3g}× floor)")
+                elif t.worst:
                     w = t.worst
                     vals = f" (A={_g(w.get('a'), '.6g')}, B={_g(w.get('b'), '.6g')})" if "a" in w else ""
                     lines.append(f"    worst element {w['index']}: {w['meaning']}{vals}")

@@ -27,6 +27,8 @@ class RowErrors:
         self.dot = 0.0
         self.nonfinite = 0  # elements finite in the reference but not in the other side
         self.n = 0
+        self.range_ref = [math.inf, -math.inf]  # finite values seen on each side (for the probes)
+        self.range_oth = [math.inf, -math.inf]
 
     def update(self, start: int, a: np.ndarray, b: np.ndarray) -> None:
         if a.size == 0:
@@ -39,6 +41,8 @@ class RowErrors:
         ok = np.isfinite(a) & np.isfinite(b)
         a = np.where(ok, a, 0.0)
         b = np.where(ok, b, 0.0)
+        for rng, x in ((self.range_ref, a), (self.range_oth, b)):
+            rng[0], rng[1] = min(rng[0], float(x.min())), max(rng[1], float(x.max()))
         r0 = start // self.row_len
         rows = a.size // self.row_len
         d = (b - a).reshape(rows, self.row_len)
