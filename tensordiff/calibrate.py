@@ -208,6 +208,7 @@ def calibrate(model: str, images, *, weights: str = "synthetic:tiny", device: st
     from . import registry
     from .compare import compare_dumps
     from .gate import oracle_dump
+    from .metrics import FloatResult
     from .runs import make_request
 
     if not (isinstance(multiple, (int, float)) and multiple > 0 and math.isfinite(multiple)):
@@ -247,15 +248,14 @@ def calibrate(model: str, images, *, weights: str = "synthetic:tiny", device: st
                     for t in b.tensors:
                         unit = t.dtype.get("unit")
                         m = t.metrics
-                        if unit is None or "max_abs" not in m:
+                        if unit is None or not isinstance(m, FloatResult):
                             continue
                         f = cal.floors.setdefault((b.name, unit), Floor(b.name, unit))
                         f.samples += 1
-                        ma = m["max_abs"]
-                        if not (isinstance(ma, float) and math.isfinite(ma)) or ma > f.max_abs:
-                            f.max_abs, f.variant = (ma if isinstance(ma, float) else math.inf), v.label
-                        if isinstance(m.get("cosine"), float) and math.isfinite(m["cosine"]):
-                            f.cosine = min(f.cosine, m["cosine"])
+                        if not math.isfinite(m.max_abs) or m.max_abs > f.max_abs:
+                            f.max_abs, f.variant = (m.max_abs if math.isfinite(m.max_abs) else math.inf), v.label
+                        if math.isfinite(m.cosine):
+                            f.cosine = min(f.cosine, m.cosine)
                 echo(f"{Path(img).name}: {v.label}: measured {len(rep.boundaries)} boundaries")
     cal.boundaries = list(order)
     cal.timings["total"] = time.perf_counter() - t0

@@ -16,6 +16,7 @@ from .contract import Boundary, Contract, chain, topological
 from .dump import Dump, Entry, open_dump
 from .errors import BadInput, IncomparableDumps
 from .judge import Judge
+from .metrics import FloatResult
 from .result import FAILING, BoundaryResult, Report
 from .tolerance import Tolerances
 
@@ -128,6 +129,6 @@ def required_tolerance(report: Report) -> dict[str, float]:
     out = {}
     for b in report.boundaries:
         for t in b.tensors:
-            if t.status in ("diverged",) and "max_abs" in t.metrics:
-                out[t.name] = t.metrics["max_abs"]
+            if t.status == "diverged" and isinstance(t.metrics, FloatResult):
+                out[t.name] = t.metrics.max_abs
     return out

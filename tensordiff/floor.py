@@ -307,9 +307,7 @@ def three_way(ref: str | Path | Dump, floor: str | Path | Dump, cand: str | Path
             compared += 1
             if not (er.dtype.is_float and ef.dtype.is_float and ec.dtype.is_float) or judge.mode(name, er.dtype) != "values":
                 # ids and exact tensors: judged against the reference as the direct comparison does
-                t = judge.tensor(er, ec, bd, run)
-                t.metrics["judged"] = "directly against the reference (not a float value tensor)"
-                br.tensors.append(t)
+                br.tensors.append(judge.tensor(er, ec, bd, run))
                 continue
             br.tensors.append(_floor_result(er, ef, ec, bd, rule, run, (profile or {}).get(name)))
         ents = [{n: d.entry(n) for n in by_b[bd.name] if n in d.names} for d in (dr, dc)]

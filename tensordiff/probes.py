@@ -19,6 +19,7 @@ from typing import Callable
 import numpy as np
 
 from .dtypes import narrower, to_float64
+from .metrics import FloatResult
 
 CHUNK = 1 << 20  # elements read per step
 
@@ -42,10 +43,9 @@ def _read_chunks(entry, step: int = CHUNK):
 def _within_unit(entries: dict, results: dict, side: str) -> dict[str, tuple[bool, str]]:
     out = {}
     for name, res in results.items():
-        rng = res.metrics.get("range") if res.metrics else None
-        if not rng or side not in rng:
+        if not isinstance(res.metrics, FloatResult):  # the value range comes with the float metrics
             continue
-        lo, hi = rng[side]
+        lo, hi = res.metrics.range[0 if side == "a" else 1]
         out[name] = (lo >= -1 - 1e-6 and hi <= 1 + 1e-6), f"values in [{lo:.4g}, {hi:.4g}]"
     return out
 

@@ -26,22 +26,26 @@ def _g(x, fmt=".3g") -> str:
 
 
 def tensor_summary(t: TensorResult) -> str:
+    from .metrics import ExactResult, FloatResult, TopKResult
+
     m = t.metrics
     if t.status in ("missing", "incomparable"):
         return t.reason
     if t.mode == "floor":
         return floor_summary(m)
-    if "cosine" in m:
-        s = (f"max|Δ| {_g(m['max_abs'])}  mean|Δ| {_g(m['mean_abs'])}  cos {m['cosine']:.6f}  "
-             f"SQNR {_g(m['sqnr_db'], '.1f')} dB  ULP p50/p99/max {_g(m['ulp_p50'])}/{_g(m['ulp_p99'])}/{_g(m['ulp_max'])}"
-             f" ({m['ulp_unit']})  outside {100 * m['mismatch_fraction']:.3g}%")
+    if isinstance(m, FloatResult):
+        s = (f"max|Δ| {_g(m.max_abs)}  mean|Δ| {_g(m.mean_abs)}  cos {m.cosine:.6f}  "
+             f"SQNR {_g(m.sqnr_db, '.1f')} dB  ULP p50/p99/max {_g(m.ulp_p50)}/{_g(m.ulp_p99)}/{_g(m.ulp_max)}"
+             f" ({m.ulp_unit})  outside {100 * m.mismatch_fraction:.3g}%")
         floor = t.tolerance.get("floor")
         if floor:
-            s += f"  = {m['max_abs'] / floor:.3g}× floor"
+            s += f"  = {m.max_abs / floor:.3g}× floor"
         return s
-    if "rows_differ" in m:
-        return f"{m['rows_differ']}/{m['rows']} rows differ as sets, overlap {m['mean_overlap']:.3f}"
-    return f"{m.get('mismatches', 0)}/{m.get('numel', 0)} elements differ"
+    if isinstance(m, TopKResult):
+        return f"{m.rows_differ}/{m.rows} rows differ as sets, overlap {m.mean_overlap:.3f}"
+    if isinstance(m, ExactResult):
+        return f"{m.mismatches}/{m.numel} elements differ"
+    return "0/0 elements differ"
 
 
 def floor_summary(m: dict) -> str:
