@@ -30,6 +30,12 @@ from typing import Any, Callable
 
 from .errors import BadInput
 
+# The passes a case can run (`case_passes` picks the default):
+#   semantic  engine fp32 against oracle fp32: approximations (a tanh GELU) that bf16 hides
+#   numeric   three-way in the run's precision: the engine's error as multiples of the oracle's own
+#             (tensordiff.floor), row-aware, against the calibrated profile when there is one
+#   direct    the engine at its dtype against the oracle at oracle_dtype (the one-pass comparison)
+PASSES = ("semantic", "numeric", "direct")
 IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".webp", ".bmp", ".gif", ".tif", ".tiff")
 DEFAULT_IMAGE = "tensordiff:default"
 
@@ -46,11 +52,13 @@ KEYS: dict[str, tuple[Callable[[Any], bool], str]] = {
     "local_error": (lambda v: isinstance(v, bool), "true or false"),
     "chunk": (lambda v: isinstance(v, int) and not isinstance(v, bool) and v >= 1, "a positive integer"),
     "decode": (lambda v: isinstance(v, int) and not isinstance(v, bool) and v >= 0, "a non-negative integer"),
+    "passes": (lambda v: isinstance(v, list) and v and all(x in PASSES for x in v) and len(set(v)) == len(v),
+               "a list of distinct passes: \"semantic\", \"numeric\", \"direct\""),
 }
 GATE_ONLY = {"name": (lambda v: isinstance(v, str), "a string"), "cache": (lambda v: isinstance(v, bool), "true or false")}
 DEFAULTS = {"weights": "synthetic:tiny", "images": [DEFAULT_IMAGE], "prompts": [], "dtype": "float32",
             "oracle_dtype": None, "device": "cpu", "backend": "torch", "tolerances": None, "local_error": True,
-            "chunk": None, "decode": 0}
+            "chunk": None, "decode": 0, "passes": None}
 
 
 @dataclass(frozen=True)
@@ -69,6 +77,18 @@ class ModelCase:
     local_error: bool = True
     chunk: int | None = None
     decode: int = 0
+    passes: tuple[str, ...] | None = None  # None: `case_passes` decides
+
+
+def case_passes(m: ModelCase) -> tuple[str, ...]:
+    """The passes a case runs: as configured, else semantic + numeric for a low-precision run,
+    semantic alone in float32 (where it is the direct comparison), direct when the gate pins
+    an oracle dtype other than the engine's (the one-pass comparison it asked for)."""
+    if m.passes:
+        return tuple(m.passes)
+    if m.oracle_dtype not in (None, m.dtype):
+        return ("direct",)
+    return ("semantic",) if m.dtype == "float32" else ("semantic", "numeric")
 
 
 @dataclass(frozen=True)
@@ -162,7 +182,8 @@ def from_mapping(data: dict, path: Path | None = None, known_models=None) -> Gat
             name=m["name"], weights=weights, images=expand_images(merged["images"], base, w),
             prompts=tuple(merged["prompts"]), dtype=merged["dtype"], oracle_dtype=merged["oracle_dtype"],
             device=merged["device"], backend=merged["backend"], tolerances=tol_path,
-            local_error=merged["local_error"], chunk=merged["chunk"], decode=merged["decode"]))
+            local_error=merged["local_error"], chunk=merged["chunk"], decode=merged["decode"],
+            passes=tuple(merged["passes"]) if merged["passes"] else None))
     name = gate.get("name") or (path.stem if path else "gate")
     return GateConfig(path, name, tuple(cases), gate.get("cache", True))
 
@@ -200,10 +221,13 @@ class CaseResult:
     oracle_cached: bool = False
     views: list = field(default_factory=list)
     dumps: dict[str, str] = field(default_factory=dict)
+    passes: tuple[str, ...] = ()  # what ran: `report` is the first (semantic/direct), `numeric` the three-way
+    numeric: Any = None  # Report of the numeric pass, when it ran beside another pass
 
     @property
     def passed(self) -> bool:
         return (self.report is not None and self.report.verdict == "match"
+                and (self.numeric is None or self.numeric.verdict == "match")
                 and (self.local is None or self.local.origin is None))
 
     def summary_line(self) -> str:
@@ -216,6 +240,17 @@ class CaseResult:
         from .report import headline
 
         r = self.report
+        if self.numeric is not None:
+            num = ("numeric: every boundary within its floor multiples" if self.numeric.verdict == "match"
+                   else f"numeric {headline(self.numeric)}")
+            r_line = ("semantic: " + (f"{len(r.boundaries)} boundaries within tolerance" if r.verdict == "match"
+                                      else headline(r)))
+            verdict = "PASS " if self.passed else "FAIL "
+            local = ""
+            if self.local is not None:
+                local = (f"; local origin `{self.local.origin}`" if self.local.origin
+                         else "; local: every stage within tolerance" if self.local.available else "; local: n/a")
+            return f"{verdict} {self.label}: {r_line}; {num}{local} {timing}"
         local = ""
         if self.local is not None:
             local = (f"; local origin `{self.local.origin}`" if self.local.origin
@@ -229,7 +264,9 @@ class CaseResult:
                 "label": self.label, "passed": self.passed, "error": self.error,
                 "timings": {k: round(v, 4) for k, v in self.timings.items()},
                 "runner_timings": self.runner_timings, "oracle_cached": self.oracle_cached, "dumps": self.dumps,
+                "passes": list(self.passes),
                 "report": self.report.as_json() if self.report is not None else None,
+                "numeric": self.numeric.as_json() if self.numeric is not None else None,
                 "local_error": self.local.as_json() if self.local is not None else None}
 
 
@@ -391,6 +428,10 @@ def run_gate(cfg: GateConfig, *, fault: str | None = None, models: list[str] | N
                            f"(it has: {', '.join(m.name for m in cfg.models)})")
     if overrides:
         mcs = [replace(m, **{k: v for k, v in overrides.items() if v is not None}) for m in mcs]
+    for m in mcs:
+        if "numeric" in case_passes(m) and m.dtype == "float32":
+            raise BadInput(f"{m.name}: the numeric pass judges a low-precision run against float32; "
+                           "set dtype = \"bfloat16\" (or drop \"numeric\" from passes)")
     adapters = {m.name: registry.adapter(m.name) for m in mcs}
     if fault is not None:
         having = [n for n, a in adapters.items() if any(f.name == fault for f in a.faults)]
@@ -427,20 +468,32 @@ def run_gate(cfg: GateConfig, *, fault: str | None = None, models: list[str] | N
                 with _timed(case.timings, "weights", prog, label):
                     _, req = make_request(m.name, image=img, weights=m.weights, device=m.device, dtype=m.dtype,
                                           backend=m.backend, fault=f, prompt=prompt, chunk=m.chunk, decode=m.decode)
-                oreq = replace(req, fault=None, backend="torch", chunk=None, dtype=m.oracle_dtype or m.dtype)
+                passes = case.passes = case_passes(m)
+                first = next((p for p in passes if p != "numeric"), None)
+                # semantic: both sides in float32; direct: the engine's dtype against oracle_dtype
+                sreq = replace(req, dtype="float32") if first == "semantic" else req
+                odt = "float32" if first == "semantic" else (m.oracle_dtype or m.dtype)
+                oreq = replace(sreq, fault=None, backend="torch", chunk=None, dtype=odt if first else m.dtype)
                 with _timed(case.timings, "oracle", prog, label):
                     odir, case.oracle_cached = oracle_dump(adapter, oreq, work / "oracle", use_cache)
                 if out is not None and odir != work / "oracle":
                     shutil.copytree(odir, work / "oracle")
                 with _timed(case.timings, "engine", prog, label):
-                    edir = run_side(adapter, "engine", req, work / "engine")
+                    edir = run_side(adapter, "engine", sreq if first else req, work / "engine")
                 case.dumps = {"oracle": str(odir), "engine": str(edir)}
                 with _timed(case.timings, "compare", prog, label):
-                    case.report = compare_dumps(odir, edir, tols)
+                    if first:
+                        case.report = compare_dumps(odir, edir, tols)
+                    if "numeric" in passes:
+                        case.numeric = _numeric(adapter, req, m, odir if odt == "float32" and first else None,
+                                                edir if not first else None, work, use_cache, out, tols, case)
+                        if not first:
+                            case.report, case.numeric = case.numeric, None
                 do_local = m.local_error if local is None else local
                 if do_local:
                     with _timed(case.timings, "local_error", prog, label):
-                        case.local = (local_error(adapter, req, odir, case.report, tols, work)
+                        local_odir = odir if first else Path(case.dumps["floor"])
+                        case.local = (local_error(adapter, sreq if first else req, local_odir, case.report, tols, work)
                                       if adapter.stages is not None else unavailable(adapter.name))
                 else:
                     prog.done_step()
@@ -449,6 +502,8 @@ def run_gate(cfg: GateConfig, *, fault: str | None = None, models: list[str] | N
 
                     with _timed(case.timings, "report", prog, label):
                         case.views = heat_views(case.report, open_dump(odir))
+                        if case.numeric is not None:
+                            case.views += heat_views(case.numeric, open_dump(odir))
                 for side, d in (("oracle", odir), ("engine", edir)):
                     if side == "oracle" and case.oracle_cached:
                         continue  # a cached dump's timings are another run's
@@ -462,6 +517,26 @@ def run_gate(cfg: GateConfig, *, fault: str | None = None, models: list[str] | N
         if out is None:
             shutil.rmtree(tmp, ignore_errors=True)
     return GateResult(cfg, results, {"setup": setup, "total": time.perf_counter() - t_start})
+
+
+def _numeric(adapter, req, m: ModelCase, ref: Path | None, eng: Path | None, work: Path, use_cache: bool,
+             out: Path | None, tols, case: CaseResult):
+    """The numeric pass of one case: the oracle in float32 (`ref`, when the semantic pass already
+    has it) and in the run's dtype (the floor run), the engine in the run's dtype (`eng`, when
+    already run), judged three-way against the calibrated rule and profile of `m.tolerances`."""
+    from .floor import profile_of, rule_of, three_way
+    from .runs import run_side
+
+    base = replace(req, fault=None, backend="torch", chunk=None)
+    if ref is None:
+        ref, _ = oracle_dump(adapter, replace(base, dtype="float32"), work / "oracle-float32", use_cache)
+    floor, _ = oracle_dump(adapter, base, work / "oracle-floor", use_cache)
+    if out is not None and floor != work / "oracle-floor":
+        shutil.copytree(floor, work / "oracle-floor")
+    if eng is None:
+        eng = run_side(adapter, "engine", req, work / f"engine-{req.dtype}")
+    case.dumps.update({"reference": str(ref), "floor": str(floor), "numeric_engine": str(eng)})
+    return three_way(ref, floor, eng, rule_of(m.tolerances), profile=profile_of(m.tolerances), tolerances=tols)
 
 
 def render_breakdown(res: GateResult) -> str:
