@@ -370,7 +370,9 @@ def gate(config, json_path, junit_path, html_path, out, models, fault, weights, 
               help="The reference oracle's dtype.")
 @click.option("--device", default=None, help="Override the gate's device.")
 @click.option("--no-cache", is_flag=True, help="Run the oracle even when a cached dump exists.")
-def calibrate(config, out, models, variants, multiple, dtype, device, no_cache):
+@click.option("--no-engine-profile", is_flag=True,
+              help="Skip the clean engine's profile (its ratios to the floor, for the gate's numeric pass).")
+def calibrate(config, out, models, variants, multiple, dtype, device, no_cache, no_engine_profile=False):
     """Measure each boundary's noise floor (the oracle against itself at another precision or
     attention kernel, on the gate's images) and write tolerances as a multiple of it."""
     from .calibrate import DEFAULT_VARIANTS, calibrate as run_calibrate, write
@@ -387,7 +389,8 @@ def calibrate(config, out, models, variants, multiple, dtype, device, no_cache):
         _writable(path)
         cal = run_calibrate(m.name, list(m.images), weights=m.weights, device=device or m.device, dtype=dtype,
                             variants=list(variants) or list(DEFAULT_VARIANTS), multiple=multiple,
-                            use_cache=cfg.cache and not no_cache, echo=lambda s: click.echo(s, err=True))
+                            use_cache=cfg.cache and not no_cache, echo=lambda s: click.echo(s, err=True),
+                            engine_profile=not no_engine_profile, backend=m.backend)
         write(cal, path)
         click.echo(cal.render_text())
         click.echo(f"wrote {path}")

@@ -332,3 +332,57 @@ def ratio_table(report) -> dict[str, dict[str, float]]:
             if t.mode == "floor" and not t.metrics.get("exact_floor"):
                 out[t.name] = dict(t.metrics["ratios"])
     return out
+
+
+# ----------------------------------------------------------------------------- the engine's profile
+
+# How far above the clean engine's own worst a measured multiplier sits: the default rule's
+# margin over a clean ratio of 1 (rmse 1.15, row 1.5, cosine 1.3), and for the outlier rows the
+# margin the defaults keep over the worst clean row measured on the CPU (2.0 over ~1.6).
+OUTLIER_MARGIN = 1.25
+
+
+@dataclass
+class Profile:
+    """The clean engine's ratios to the floor, per tensor and statistic, over a gate's images."""
+
+    ratios: dict = None  # tensor -> stat -> [ratio per image]
+    worst_row: dict = None  # tensor -> [worst row's × floor per image]
+    images: int = 0
+    failed: list = None  # images whose clean run diverged under the default rule
+
+    def __post_init__(self):
+        self.ratios, self.worst_row, self.failed = self.ratios or {}, self.worst_row or {}, self.failed or []
+
+    def add(self, report, image: str = "") -> None:
+        """One clean numeric-pass report (`three_way` of the clean engine)."""
+        self.images += 1
+        if report.verdict != "match":
+            self.failed.append(f"{image}: {'; '.join(b.reason for b in report.boundaries if b.reason)[:300]}")
+        for b in report.boundaries:
+            for t in b.tensors:
+                if t.mode != "floor" or t.metrics.get("exact_floor"):
+                    continue
+                per = self.ratios.setdefault(t.name, {})
+                for stat in RATIOS:
+                    v = t.metrics["ratios"][stat]
+                    if math.isfinite(v):
+                        per.setdefault(stat, []).append(float(v))
+                if t.metrics["worst_rows"]:
+                    self.worst_row.setdefault(t.name, []).append(float(t.metrics["worst_rows"][0]["x_floor"]))
+
+    def summary(self) -> dict:
+        """tensor -> stat -> {min, median, max, n}: what a calibration file stores as [profile]."""
+        return {name: {stat: {"min": min(v), "median": float(np.median(v)), "max": max(v), "n": len(v)}
+                       for stat, v in per.items() if v}
+                for name, per in self.ratios.items()}
+
+    def rule(self, base: FloorRule = DEFAULT_RULE) -> FloorRule:
+        """Multipliers for this engine: the default, or the default's margin above the engine's
+        own worst clean ratio where that is higher (a GPU engine with fused kernels), so the
+        clean engine passes its own gate; the profile band then guards the few-percent drifts."""
+        worst = {stat: max((max(per[stat]) for per in self.ratios.values() if per.get(stat)), default=0.0)
+                 for stat in RATIOS}
+        row = max((max(v) for v in self.worst_row.values() if v), default=0.0)
+        return FloorRule(**{stat: max(getattr(base, stat), getattr(base, stat) * worst[stat]) for stat in RATIOS},
+                         outlier=max(base.outlier, OUTLIER_MARGIN * row), max_outliers=base.max_outliers)
