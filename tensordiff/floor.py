@@ -281,7 +281,7 @@ def three_way(ref: str | Path | Dump, floor: str | Path | Dump, cand: str | Path
     contract, bounds = resolve_contract(dr, dc, judge.contract if judge else contract)
     if judge is None:
         judge = Judge.build(contract, tolerances, run_dtypes=(dr.run.get("dtype"), dc.run.get("dtype")))
-    run = dr.run or dc.run
+    run = {**dc.run, **dr.run}  # the reference's facts, the candidate's where it has none (the image span)
     by_b: dict[str, list[str]] = {}
     for d in (dr, dc):
         for e in d.entries:

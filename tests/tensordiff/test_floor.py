@@ -147,3 +147,24 @@ def test_compare_cli_floor(tmp_path):
     assert ok.returncode == 0 and "× floor" in ok.stdout, ok.stdout + ok.stderr
     missing = run(r, c, "--floor", tmp_path / "nope")
     assert missing.returncode == 2 and missing.stderr.count("\n") == 1 and "Traceback" not in missing.stderr
+
+
+def test_worst_rows_name_token_positions_and_types(tmp_path):
+    from tensordiff.layout import token_type
+
+    run = {"language": {"span_start": 3}, "inputs": {"cells": [2, 2]}}  # START, I I NL, I I NL, END
+    assert [token_type(p, run) for p in (0, 3, 4, 6, 7, 9, 10, 11)] == [
+        "TEXT", "START", "IMAGE cell (y=0, x=0)", "NEWLINE", "IMAGE cell (y=1, x=0)", "NEWLINE", "END", "TEXT"]
+    assert token_type(5, {}) is None
+    from tensordiff.contract import Boundary, Contract
+
+    contract = Contract("toy-tokens", (Boundary("hidden", (), "residual stream", layout="tokens"),))
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(12, 64, generator=g)
+    fl, ca = _low(x, 1), _low(x, 2)
+    ca[5] = (ca[5].float() * 1.05).to(torch.bfloat16)
+    dirs = [write(tmp_path / n, {"hidden.0": t}, model="toy-tokens", run={**run, "dtype": d})
+            for n, t, d in (("r", x, "float32"), ("f", fl, "bfloat16"), ("c", ca, "bfloat16"))]
+    rep = three_way(*dirs, contract=contract)
+    t = _t(rep, "hidden.0")
+    assert t.status == "diverged" and t.worst["meaning"] == "position 5 (IMAGE cell (y=0, x=1))"
