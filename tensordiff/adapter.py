@@ -69,6 +69,10 @@ class ModelAdapter:
     # tensors upstream of its boundary). Returns `make_stages(req, run) -> {boundary: stage}`,
     # `stage(inputs: {name: tensor}) -> {name: tensor}`; see `tensordiff/local_error.py`.
     stages: Callable[[], Any] | None = None
+    # The code the ORACLE side runs: dotted module/package names (or file/folder paths), found
+    # without importing them. Their bytes key the oracle cache (`oracle_cache.key`), so editing
+    # the oracle invalidates its cached dumps; an adapter that declares none gets no oracle cache.
+    sources: tuple[str, ...] = ()
 
     def runner(self, side: str) -> Runner:
         if side not in SIDES:
@@ -93,13 +97,3 @@ def lazy(target: str) -> Callable[[], Any]:
         return getattr(importlib.import_module(module), attr)
 
     return load
-
-
-def fingerprint_file(path: Path) -> str:
-    import hashlib
-
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()

@@ -248,8 +248,8 @@ def calibrate(model: str, images, *, weights: str = "synthetic:tiny", device: st
     three-way (tensordiff.floor), for the numeric pass's multipliers and profile."""
     from . import registry
     from .compare import compare_dumps
-    from .gate import oracle_dump
     from .metrics import FloatResult
+    from .pipeline import oracle_dump, oracle_request
     from .runs import make_request
 
     if not (isinstance(multiple, (int, float)) and multiple > 0 and math.isfinite(multiple)):
@@ -278,15 +278,16 @@ def calibrate(model: str, images, *, weights: str = "synthetic:tiny", device: st
         cal.profile_note = "not asked for"
     with tempfile.TemporaryDirectory(prefix="tensordiff-calibrate-") as tmp:
         for i, img in enumerate(images):
-            _, req = make_request(model, image=img, weights=weights, device=device, dtype=dtype, backend=backend)
-            ref, _ = oracle_dump(adapter, req, Path(tmp) / f"ref-{i}", use_cache)
+            _, ereq = make_request(model, image=img, weights=weights, device=device, dtype=dtype, backend=backend)
+            req = oracle_request(ereq)
+            ref = oracle_dump(adapter, req, Path(tmp) / f"ref-{i}", use_cache).path
             for j, v in enumerate(vs):
                 if v.label in cal.failed:
                     continue
                 vreq = variant_request(req, v)
                 try:
-                    vdir, _ = oracle_dump(adapter, vreq, Path(tmp) / f"var-{i}-{j}", use_cache,
-                                          wrap=(lambda v=v: _sdpa_only(v.value)) if v.key == "sdpa" else None)
+                    vdir = oracle_dump(adapter, vreq, Path(tmp) / f"var-{i}-{j}", use_cache,
+                                       wrap=(lambda v=v: _sdpa_only(v.value)) if v.key == "sdpa" else None).path
                 except BadInput:
                     raise
                 except RuntimeError as e:  # e.g. no kernel for this backend on this device/shape
@@ -312,7 +313,7 @@ def calibrate(model: str, images, *, weights: str = "synthetic:tiny", device: st
                     from .floor import three_way
                     from .runs import run_side
 
-                    edir = run_side(adapter, "engine", vreq, Path(tmp) / f"engine-{i}")
+                    edir = run_side(adapter, "engine", replace(ereq, dtype=low.value), Path(tmp) / f"engine-{i}")
                     num = three_way(ref, vdir, edir)
                     cal.profile.add(num, Path(img).name)
                     echo(f"{Path(img).name}: clean {low.value} engine, numeric pass {num.verdict}")

@@ -106,6 +106,7 @@ ADAPTER = ModelAdapter(
     oracle=lazy("oracle.qwen3_vl.runner:run"),
     engine=lazy("engine.qwen3_vl.runner:run"),
     weights=_weights,
+    sources=("oracle.qwen3_vl", "tensordiff.models.qwen3_vl"),
     stages=lazy("engine.qwen3_vl.stages:make_stages"),
     description="Qwen3-VL vision path (smart_resize, merge-order patches, interpolated position table, 2D RoPE, "
                 "ViT, merger, DeepStack) and the M-RoPE positions of the image span; oracle = transformers",
