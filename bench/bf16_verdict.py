@@ -71,11 +71,8 @@ def main() -> int:
     ap.add_argument("--budget", type=float, default=420.0,
                     help="seconds: past it, remaining fault runs are skipped (and listed) so the table is written")
     a = ap.parse_args()
-    from tensordiff import registry
-    from tensordiff.compare import compare_dumps
-    from tensordiff.floor import DEFAULT_RULE, RATIOS, three_way
-    from tensordiff.gate import oracle_dump
-    from tensordiff.runs import make_request, run_side
+    from tensordiff.floor import DEFAULT_RULE, RATIOS
+    from tensordiff.pipeline import CaseSpec, run_case
 
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -91,18 +88,17 @@ def main() -> int:
         imgs = pictures(tmp, a.quick)
         result["images"] = [p.name for p in imgs]
         for model in a.models.split(","):
-            adapter = registry.adapter(model)
             m = result["models"][model] = {"clean": {}, "faults": {}, "semantic": {}, "detectable": {}, "floor": {}}
             if time.perf_counter() - t0 > a.budget * 0.5 and model != a.models.split(",")[0]:
                 imgs = imgs[:max(3, len(imgs) // 2)]  # keep the second model's clean set inside the budget
                 result.setdefault("notes", []).append(f"{model}: only {len(imgs)} pictures (time budget)")
             for i, img in enumerate(imgs):
-                _, req = make_request(model, image=img, weights=a.weights, device=a.device, dtype="bfloat16")
+                # the gate's own pipeline: oracle fp32 (reference) and bf16 (floor run), both cached
+                spec = CaseSpec(model, image=img, weights=a.weights, device=a.device, dtype="bfloat16",
+                                passes=("numeric",))
                 work = tmp / f"{model}-{i}"
-                ref, _ = oracle_dump(adapter, replace(req, dtype="float32"), work / "ref", True)
-                flo, _ = oracle_dump(adapter, req, work / "floor", True)
-                eng = run_side(adapter, "engine", req, work / "engine")
-                rep = three_way(ref, flo, eng)
+                work.mkdir(parents=True)
+                rep = run_case(spec, work / "clean", kept=False).report
                 m["clean"][img.name] = {"verdict": rep.verdict, "earliest": rep.earliest, "ratios": _ratios(rep)}
                 if i == 0:
                     m["floor"] = {t.name: t.metrics["floor"] for b in rep.boundaries for t in b.tensors
@@ -113,25 +109,22 @@ def main() -> int:
                       flush=True)
                 save()
                 if i >= FAULT_IMAGES:
+                    shutil.rmtree(work, ignore_errors=True)
                     continue
                 for fault, kind in FAULTS[model]:
                     if time.perf_counter() - t0 > a.budget:
                         result["skipped"].append(f"{model} {img.name} {fault}")
                         continue
-                    freq = replace(req, fault=fault)
-                    fdir = run_side(adapter, "engine", freq, work / f"engine-{fault}")
-                    frep = three_way(ref, flo, fdir)
+                    passes = ("semantic", "numeric") if kind == "semantic" else ("numeric",)
+                    case = run_case(replace(spec, fault=fault, passes=passes), work / fault, kept=False)
+                    frep = case.numeric if case.numeric is not None else case.report
                     m["faults"].setdefault(fault, {})[img.name] = {
                         "pass": kind, "verdict": frep.verdict, "earliest": frep.earliest, "ratios": _ratios(frep),
                         "outliers": {t.name: t.metrics.get("outliers") for b in frep.boundaries for t in b.tensors
                                      if t.mode == "floor"}}
-                    shutil.rmtree(fdir, ignore_errors=True)
                     if kind == "semantic":
-                        sdir = run_side(adapter, "engine", replace(freq, dtype="float32"), work / f"sem-{fault}")
-                        srep = compare_dumps(ref, sdir)
-                        m["semantic"].setdefault(fault, {})[img.name] = {"verdict": srep.verdict,
-                                                                          "earliest": srep.earliest}
-                        shutil.rmtree(sdir, ignore_errors=True)
+                        m["semantic"].setdefault(fault, {})[img.name] = {"verdict": case.report.verdict,
+                                                                          "earliest": case.report.earliest}
                     print(f"  {fault}: numeric {frep.verdict} {frep.earliest}"
                           + (f", semantic {m['semantic'][fault][img.name]}" if kind == "semantic" else ""), flush=True)
                 shutil.rmtree(work, ignore_errors=True)
