@@ -68,6 +68,8 @@ def main() -> int:
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--models", default=",".join(FAULTS))
     ap.add_argument("--quick", action="store_true", help="two photographs and the crops (a CPU smoke run)")
+    ap.add_argument("--pictures", type=int, default=0, help="use only the first N pictures (0: all)")
+    ap.add_argument("--fault-images", type=int, default=FAULT_IMAGES, help="pictures the faults run on")
     ap.add_argument("--budget", type=float, default=420.0,
                     help="seconds: past it, remaining fault runs are skipped (and listed) so the table is written")
     a = ap.parse_args()
@@ -86,6 +88,7 @@ def main() -> int:
         (out / "bf16_verdict.md").write_text(table(result, RATIOS))
     try:
         imgs = pictures(tmp, a.quick)
+        imgs = imgs[:a.pictures] if a.pictures > 0 else imgs
         result["images"] = [p.name for p in imgs]
         for model in a.models.split(","):
             m = result["models"][model] = {"clean": {}, "faults": {}, "semantic": {}, "detectable": {}, "floor": {}}
@@ -108,7 +111,7 @@ def main() -> int:
                 print(f"{model} {img.name}: clean {rep.verdict} {rep.earliest} ({time.perf_counter() - t0:.0f} s)",
                       flush=True)
                 save()
-                if i >= FAULT_IMAGES:
+                if i >= a.fault_images:
                     shutil.rmtree(work, ignore_errors=True)
                     continue
                 for fault, kind in FAULTS[model]:
