@@ -249,6 +249,7 @@ def run_case(spec: CaseSpec, work: Path, *, kept: bool, tolerances=None, use_cac
     from .tolerance import load as load_tolerances
 
     label = label or spec.model
+    say = status if prog is None else (lambda msg: None)  # a gate shows its own progress
     case = CaseResult(spec.model, Path(spec.image) if spec.image else Path(), spec.prompt, spec.dtype, label,
                       kept=kept)
     with timed(case.timings, "weights", prog, label):
@@ -267,7 +268,7 @@ def run_case(spec: CaseSpec, work: Path, *, kept: bool, tolerances=None, use_cac
         oracle_dtype = None
     oreq = oracle_request(req, oracle_dtype)
     with timed(case.timings, "oracle", prog, label):
-        status(f"running the oracle ({spec.model}, {oreq.dtype}, {oreq.device})…")
+        say(f"running the oracle ({spec.model}, {oreq.dtype}, {oreq.device})…")
         od = oracle_dump(adapter, oreq, work / "oracle", use_cache)
         case.oracle_cached, case.oracle_cache = od.cached, od.cache
         odir = od.path
@@ -275,12 +276,12 @@ def run_case(spec: CaseSpec, work: Path, *, kept: bool, tolerances=None, use_cac
             shutil.copytree(odir, work / "oracle")
             odir = work / "oracle"
     with timed(case.timings, "engine", prog, label):
-        status(f"running the engine ({req.backend}, {req.dtype}{', fault ' + req.fault if req.fault else ''})…")
+        say(f"running the engine ({req.backend}, {req.dtype}{', fault ' + req.fault if req.fault else ''})…")
         edir = run_side(adapter, "engine", req, work / "engine")
     case.dumps = {"oracle": str(odir), "engine": str(edir)}
     judge = Judge.build(adapter.contract, tols, run_dtypes=(oreq.dtype, req.dtype))
     with timed(case.timings, "compare", prog, label):
-        status("comparing…")
+        say("comparing…")
         if first:
             case.report = compare_dumps(odir, edir, judge)
         if "numeric" in passes:
@@ -315,7 +316,7 @@ def run_case(spec: CaseSpec, work: Path, *, kept: bool, tolerances=None, use_cac
         rt = open_dump(d).run.get("timings")
         if isinstance(rt, dict):
             case.runner_timings[side] = rt
-    status("")
+    say("")
     return case
 
 
