@@ -120,7 +120,15 @@ def print_rich(r: Report, console) -> None:
             if t.status != "match":
                 console.print(f"  [bold]{escape(t.name)}[/]: {escape(t.reason)}")
                 if t.worst:
-                    console.print(f"    worst element {t.worst['index']}: {escape(t.worst['meaning'])}")
+                    what = "row" if t.mode == "floor" else "element"
+                    console.print(f"    worst {what} {t.worst['index']}: {escape(t.worst['meaning'])}")
+    if any(t.mode == "floor" for b in r.boundaries for t in b.tensors):  # a numeric-pass report
+        for b in r.boundaries:
+            for i, t in enumerate(b.tensors):
+                mark = f"{b.status}{' (root)' if b.root else ''}" if i == 0 else ""
+                console.print(f"{escape(b.name if i == 0 else ''):<16} {escape(mark):<16} {escape(t.name):<18} "
+                              f"{escape(tensor_summary(t))}", highlight=False)
+        return
     table = Table(show_lines=False, header_style="bold")
     for col in ("boundary", "status", "tensor", "dtype", "max|Δ|", "cos", "SQNR dB", "ULP p99", "outside"):
         table.add_column(col)

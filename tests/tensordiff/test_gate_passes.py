@@ -100,3 +100,12 @@ def test_numeric_pass_in_float32_is_bad_input(tmp_path):
         run_gate(cfg, echo=lambda s: None, progress=False)
     with pytest.raises(BadInput, match="passes"):
         from_mapping({"gate": {"images": ["a.png"], "passes": ["fast"]}, "model": [{"name": DS}]}, tmp_path / "g.toml")
+
+
+@pytest.mark.parametrize("fault, boundary", [("residual-scale", "block0"), ("tail-row-scale", "block0"),
+                                             ("norm-eps", "final_norm"), ("splitk-bf16", "aligner")])
+def test_local_error_and_the_numeric_pass_agree_on_the_origin(fault, boundary):
+    m = ModelCase(DS, "synthetic:tiny", (default_image_path(),), dtype="bfloat16", local_error=True)
+    c = _run(GateConfig(None, "passes", (m,)), fault)
+    assert c.numeric.earliest == [boundary], str(c.numeric)
+    assert c.local is not None and c.local.origin == boundary, c.local.summary()
