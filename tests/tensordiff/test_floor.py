@@ -168,3 +168,30 @@ def test_worst_rows_name_token_positions_and_types(tmp_path):
     rep = three_way(*dirs, contract=contract)
     t = _t(rep, "hidden.0")
     assert t.status == "diverged" and t.worst["meaning"] == "position 5 (IMAGE cell (y=0, x=1))"
+
+
+def test_profile_summary_and_measured_multipliers(tmp_path):
+    from tensordiff.floor import OUTLIER_MARGIN, Profile
+
+    prof = Profile()
+    for seed in (0, 1):
+        prof.add(three_way(*_dumps(tmp_path / f"s{seed}", seed=seed)), f"pic{seed}")
+    s = prof.summary()
+    assert set(s) == {"block0", "aligner"} and all(v["n"] == 2 for per in s.values() for v in per.values())
+    rule = prof.rule()  # the default's margin above the clean engine's worst ratio (never below the default)
+    for stat in ("rmse", "row", "cosine"):
+        worst = max(per[stat]["max"] for per in s.values())
+        assert getattr(rule, stat) == pytest.approx(getattr(DEFAULT_RULE, stat) * max(worst, 1.0))
+    # an engine whose clean error is 1.3x the floor (other kernels): multipliers rise with it, so it
+    # passes its own gate, and the profile band then guards it
+    before = rule
+    prof.ratios["block0"]["rmse"] = [1.28, 1.30]
+    prof.worst_row["block0"] = [1.9, 2.2]
+    rule = prof.rule()
+    assert rule.rmse == pytest.approx(DEFAULT_RULE.rmse * 1.30) and rule.outlier == pytest.approx(OUTLIER_MARGIN * 2.2)
+    assert rule.row == before.row and rule.cosine == before.cosine and rule.max_outliers == 0
+    bad = Profile()
+    def one_row(c):
+        c["block0"][1] = (c["block0"][1].float() * 1.1).to(torch.bfloat16)
+    bad.add(three_way(*_dumps(tmp_path / "bad", one_row)), "bad.png")
+    assert bad.failed and bad.failed[0].startswith("bad.png")
