@@ -203,7 +203,8 @@ class Calibration:
                          f"min/median/max; multipliers {rule.as_dict()}")
             for name, per in self.profile.summary().items():
                 lines.append(f"  {name:<16} " + "  ".join(f"{s} {v['min']:.3f}/{v['median']:.3f}/{v['max']:.3f}"
-                                                        for s, v in per.items()))
+                                                        for s, v in per.items() if s != "equals_floor_run")
+                             + ("  (bit-equal to the floor run: kept exact)" if "equals_floor_run" in per else ""))
             for f in self.profile.failed:
                 lines.append(f"  clean engine diverged under the default rule: {f}")
         elif self.profile_note:

@@ -117,6 +117,8 @@ def profile_of(path) -> dict:
         if not isinstance(stats, dict):
             raise BadInput(f"{path}: [profile.{name}] must be a table of statistics")
         for stat, v in stats.items():
+            if stat == "equals_floor_run" and isinstance(v, dict) and isinstance(v.get("all"), bool):
+                continue
             if stat not in RATIOS or not isinstance(v, dict) or not {"min", "max", "n"} <= set(v):
                 raise BadInput(f"{path}: [profile.{name}.{stat}] must be one of {', '.join(RATIOS)} "
                                "with min, max and n")
@@ -125,9 +127,11 @@ def profile_of(path) -> dict:
 
 # ----------------------------------------------------------------------------- one tensor
 
-def _triple(er: Entry, ef: Entry, ec: Entry, n_rows: int, row_len: int) -> tuple[RowErrors, RowErrors]:
-    """Stream the three tensors in whole-row chunks: (floor vs ref, candidate vs ref)."""
+def _triple(er: Entry, ef: Entry, ec: Entry, n_rows: int, row_len: int) -> tuple[RowErrors, RowErrors, bool]:
+    """Stream the three tensors in whole-row chunks: (floor vs ref, candidate vs ref, candidate
+    equal to the floor run bit for bit)."""
     floor, cand = RowErrors(n_rows, row_len), RowErrors(n_rows, row_len)
+    same = True
     step = max(row_len, (CHUNK_ROWS_ELEMS // row_len) * row_len)
     readers = [e.stored.reader() for e in (er, ef, ec)]
     try:
@@ -137,10 +141,11 @@ def _triple(er: Entry, ef: Entry, ec: Entry, n_rows: int, row_len: int) -> tuple
             r, f, c = (to_float64(rd.read(s, e), ent.dtype) for rd, ent in zip(readers, (er, ef, ec)))
             floor.update(s, r, f)
             cand.update(s, r, c)
+            same = same and bool(np.array_equal(f, c, equal_nan=True))
     finally:
         for rd in readers:
             rd.close()
-    return floor, cand
+    return floor, cand, same
 
 
 def _ratio(x: float, floor: float) -> float:
@@ -152,8 +157,8 @@ def _ratio(x: float, floor: float) -> float:
 def measure(er: Entry, ef: Entry, ec: Entry) -> dict:
     """The floor and the candidate's statistics for one tensor, and their ratios."""
     n_rows, row_len = shape_rows(er.shape)
-    fl, ca = _triple(er, ef, ec, n_rows, row_len)
-    out = {"exact_floor": fl.exact, "nonfinite": ca.nonfinite - fl.nonfinite if ca.nonfinite > fl.nonfinite else 0,
+    fl, ca, same = _triple(er, ef, ec, n_rows, row_len)
+    out = {"exact_floor": fl.exact, "equals_floor_run": same, "nonfinite": ca.nonfinite - fl.nonfinite if ca.nonfinite > fl.nonfinite else 0,
            "rows": n_rows, "row_len": row_len, "ref_rms": fl.ref_rms,
            "floor": {"rmse": fl.rmse, "cosine_deficit": fl.cosine_deficit},
            "engine": {"rmse": ca.rmse, "cosine_deficit": ca.cosine_deficit},
@@ -189,7 +194,7 @@ def profile_band(prof: dict | None) -> dict[str, tuple[float, float]]:
     """stat -> (low, high) allowed by a clean profile {stat: {min, max, n}} (n >= 2 only)."""
     out = {}
     for stat, p in (prof or {}).items():
-        if not isinstance(p, dict) or int(p.get("n", 0)) < 2:
+        if stat not in RATIOS or not isinstance(p, dict) or int(p.get("n", 0)) < 2:
             continue
         lo, hi = float(p["min"]), float(p["max"])
         spread = hi - lo
@@ -201,6 +206,9 @@ def verdict(st: dict, rule: FloorRule, band: dict[str, tuple[float, float]] | No
     if st["nonfinite"]:
         return True, f"{st['nonfinite']} elements non-finite in the engine only"
     r = st["ratios"]
+    if st.get("must_equal_floor_run") and not st["equals_floor_run"]:
+        return True, ("the clean engine equals the oracle in this precision bit for bit here (calibrated), "
+                      f"this one does not; RMSE {r['rmse']:.4g}× floor")
     if st["exact_floor"]:
         if st["engine"]["rmse"] > 0:
             return True, ("the oracle is bit-exact across precisions here, so the engine must be too; "
@@ -234,6 +242,7 @@ def judge_tensor(er: Entry, ef: Entry, ec: Entry, rule: FloorRule, layout: str, 
                         for i in order]
     band = profile_band(profile)
     st["profile"] = {k: list(v) for k, v in band.items()}
+    st["must_equal_floor_run"] = bool((profile or {}).get("equals_floor_run", {}).get("all"))
     st["detectable"] = detectable(st, rule, band.get("rmse", (None, None))[1] if band else None)
     st["material"], st["reason"] = verdict(st, rule, band)
     st["_local"] = local
@@ -349,11 +358,13 @@ class Profile:
 
     ratios: dict = None  # tensor -> stat -> [ratio per image]
     worst_row: dict = None  # tensor -> [worst row's × floor per image]
+    same: dict = None  # tensor -> [engine equal to the floor run bit for bit, per image]
     images: int = 0
     failed: list = None  # images whose clean run diverged under the default rule
 
     def __post_init__(self):
         self.ratios, self.worst_row, self.failed = self.ratios or {}, self.worst_row or {}, self.failed or []
+        self.same = self.same or {}
 
     def add(self, report, image: str = "") -> None:
         """One clean numeric-pass report (`three_way` of the clean engine)."""
@@ -364,6 +375,7 @@ class Profile:
             for t in b.tensors:
                 if t.mode != "floor" or t.metrics.get("exact_floor"):
                     continue
+                self.same.setdefault(t.name, []).append(bool(t.metrics.get("equals_floor_run")))
                 per = self.ratios.setdefault(t.name, {})
                 for stat in RATIOS:
                     v = t.metrics["ratios"][stat]
@@ -374,9 +386,15 @@ class Profile:
 
     def summary(self) -> dict:
         """tensor -> stat -> {min, median, max, n}: what a calibration file stores as [profile]."""
-        return {name: {stat: {"min": min(v), "median": float(np.median(v)), "max": max(v), "n": len(v)}
-                       for stat, v in per.items() if v}
-                for name, per in self.ratios.items()}
+        out = {name: {stat: {"min": min(v), "median": float(np.median(v)), "max": max(v), "n": len(v)}
+                      for stat, v in per.items() if v}
+               for name, per in self.ratios.items()}
+        # where the clean engine is the oracle's own arithmetic in this precision (a position
+        # table computed the same way), it must stay bit-equal to the floor run
+        for name, same in self.same.items():
+            if same and all(same) and len(same) >= 1 and name in out:
+                out[name]["equals_floor_run"] = {"all": True, "n": len(same)}
+        return out
 
     def rule(self, base: FloorRule = DEFAULT_RULE) -> FloorRule:
         """Multipliers for this engine: the default, or the default's margin above the engine's

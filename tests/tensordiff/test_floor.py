@@ -195,3 +195,24 @@ def test_profile_summary_and_measured_multipliers(tmp_path):
         c["block0"][1] = (c["block0"][1].float() * 1.1).to(torch.bfloat16)
     bad.add(three_way(*_dumps(tmp_path / "bad", one_row)), "bad.png")
     assert bad.failed and bad.failed[0].startswith("bad.png")
+
+
+def test_a_tensor_the_clean_engine_computes_bit_equal_to_the_floor_run_stays_so(tmp_path):
+    from tensordiff.floor import Profile
+
+    def as_floor(c):  # the engine computes aligner exactly as the oracle does in bf16
+        c["aligner"] = _low(_ref()["aligner"], 1)
+    prof = Profile()
+    for i in range(2):
+        prof.add(three_way(*_dumps(tmp_path / f"c{i}", as_floor)))
+    summary = prof.summary()
+    assert summary["aligner"]["equals_floor_run"] == {"all": True, "n": 2}
+    assert "equals_floor_run" not in summary["block0"]
+
+    def one_ulp(c):
+        as_floor(c)
+        c["aligner"][0, 0] = (c["aligner"][0, 0].float() * (1 + 2.0 ** -7)).to(torch.bfloat16)  # one bf16 step
+    r, f, c = _dumps(tmp_path / "ulp", one_ulp)
+    assert three_way(r, f, c).verdict == "match"  # far inside every multiplier
+    rep = three_way(r, f, c, profile=summary)
+    assert rep.earliest == ["aligner"] and "bit for bit" in _t(rep, "aligner").reason
