@@ -279,7 +279,8 @@ def calibrate(model: str, images, *, weights: str = "synthetic:tiny", device: st
         cal.profile_note = "not asked for"
     with tempfile.TemporaryDirectory(prefix="tensordiff-calibrate-") as tmp:
         for i, img in enumerate(images):
-            _, ereq = make_request(model, image=img, weights=weights, device=device, dtype=dtype, backend=backend)
+            _, ereq = make_request(model, image=img, weights=weights, device=device, dtype=dtype, backend=backend,
+                                   adapter=adapter)
             req = oracle_request(ereq)
             ref = oracle_dump(adapter, req, Path(tmp) / f"ref-{i}", use_cache).path
             for j, v in enumerate(vs):

@@ -57,12 +57,12 @@ class CaseSpec:
     extra: tuple[str, ...] = ()  # KEY=VALUE model options
     passes: tuple[str, ...] | None = None  # PASSES to run; None: ("direct",)
 
-    def request(self) -> tuple[ModelAdapter, RunRequest]:
+    def request(self, adapter: ModelAdapter | None = None) -> tuple[ModelAdapter, RunRequest]:
         from .runs import make_request
 
         return make_request(self.model, image=self.image, weights=self.weights, device=self.device, dtype=self.dtype,
                             backend=self.backend, fault=self.fault, prompt=self.prompt, chunk=self.chunk,
-                            decode=self.decode, processor=self.processor, extra=self.extra)
+                            decode=self.decode, processor=self.processor, extra=self.extra, adapter=adapter)
 
 
 def oracle_request(req: RunRequest, oracle_dtype: str | None = None) -> RunRequest:
@@ -179,7 +179,8 @@ class CaseResult:
         t = self.timings
         total = sum(t.values())
         parts = ", ".join(f"{k} {v:.2f}" for k, v in t.items())
-        timing = f"({total:.2f} s: {parts}{'; oracle cached' if self.oracle_cached else ''})"
+        cache = {"hit": "; oracle cached", "rejected": "; cached oracle failed verification, recomputed"}
+        timing = f"({total:.2f} s: {parts}{cache.get(self.oracle_cache, '')})"
         if self.report is None:
             return f"ERROR {self.label}: {self.error} {timing}"
         from .report import headline
@@ -253,8 +254,7 @@ def run_case(spec: CaseSpec, work: Path, *, kept: bool, tolerances=None, use_cac
     case = CaseResult(spec.model, Path(spec.image) if spec.image else Path(), spec.prompt, spec.dtype, label,
                       kept=kept)
     with timed(case.timings, "weights", prog, label):
-        ad, req = spec.request()
-        adapter = adapter or ad
+        adapter, req = spec.request(adapter)
         case.image = Path(req.image)
         tols = tolerances if isinstance(tolerances, Tolerances) else load_tolerances(tolerances)
     passes = case.passes = tuple(spec.passes or ("direct",))
