@@ -22,7 +22,9 @@ the engine must equal R bit for bit too: the floor is zero and so is the allowan
 
 A profile (`tensordiff calibrate`) adds the clean engine's own ratios per boundary and statistic
 over the gate's images: a ratio outside [min - spread, max + spread] (spread = max - min, at least
-two images) is flagged, which catches a regression of a few percent that no multiplier sees.
+two images) is flagged, which catches a regression of a few percent that no multiplier sees; and
+a tensor the clean engine computed bit-equal to the floor run on every image (the same arithmetic
+in P, e.g. a position table) must stay bit-equal to it.
 
 Every tensor also states the smallest relative perturbation it can detect (`detectable`): an
 error of relative size δ, independent of the floor's, raises the RMSE ratio to
@@ -119,9 +121,10 @@ def profile_of(path) -> dict:
         for stat, v in stats.items():
             if stat == "equals_floor_run" and isinstance(v, dict) and isinstance(v.get("all"), bool):
                 continue
-            if stat not in RATIOS or not isinstance(v, dict) or not {"min", "max", "n"} <= set(v):
+            if (stat not in RATIOS or not isinstance(v, dict) or not {"min", "max", "n"} <= set(v)
+                    or not all(isinstance(v[k], (int, float)) and not isinstance(v[k], bool) for k in ("min", "max", "n"))):
                 raise BadInput(f"{path}: [profile.{name}.{stat}] must be one of {', '.join(RATIOS)} "
-                               "with min, max and n")
+                               "with numbers min, max and n")
     return prof
 
 

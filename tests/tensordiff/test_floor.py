@@ -216,3 +216,10 @@ def test_a_tensor_the_clean_engine_computes_bit_equal_to_the_floor_run_stays_so(
     assert three_way(r, f, c).verdict == "match"  # far inside every multiplier
     rep = three_way(r, f, c, profile=summary)
     assert rep.earliest == ["aligner"] and "bit for bit" in _t(rep, "aligner").reason
+
+
+def test_profile_with_a_non_number_is_bad_input(tmp_path):
+    bad = tmp_path / "bad.toml"
+    bad.write_text('[profile.block0.rmse]\nmin = "low"\nmax = 1.0\nn = 2\n')
+    with pytest.raises(BadInput, match="numbers"):
+        profile_of(bad)
