@@ -290,8 +290,11 @@ def gate(config, json_path, junit_path, html_path, out, models, fault, weights, 
         for c in res.cases:
             if not c.passed and c.report is not None:
                 click.echo("")
-                click.echo(f"== {c.label}")
+                click.echo(f"== {c.label}" + (f" ({c.passes[0]} pass)" if c.numeric is not None else ""))
                 click.echo(render_text(c.report))
+                if c.numeric is not None:
+                    click.echo(f"== {c.label} (numeric pass)")
+                    click.echo(render_text(c.numeric))
                 if c.local is not None:
                     click.echo(f"local error: {c.local.summary()}")
         click.echo("")
