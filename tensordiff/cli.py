@@ -18,6 +18,7 @@ Exit status: 0 every boundary within tolerance, 1 a material divergence, 2 bad i
 Examples:
   tensordiff compare dumps/sample-oracle dumps/sample-engine
   tensordiff compare oracle/ engine/ --json report.json --tolerances tol.toml
+  tensordiff compare oracle-fp32/ engine-bf16/ --floor oracle-bf16/   # numeric pass: x floor
 """
 
 
@@ -90,7 +91,10 @@ def cli():
 @click.option("--junit", "junit_path", type=click.Path(path_type=Path), help="Also write a JUnit XML report here.")
 @click.option("--html", "html_path", type=click.Path(path_type=Path),
               help="Also write a self-contained HTML report (boundary table, error heatmaps) here.")
-def compare(a, b, json_path, tolerances, fail_fast, verify, junit_path=None, html_path=None):
+@click.option("--floor", "floor_dir", type=click.Path(path_type=Path),
+              help="The oracle's dump in B's low precision (the floor run): judge B's error against A "
+                   "as a multiple of the floor's (three-way, row-aware).")
+def compare(a, b, json_path, tolerances, fail_fast, verify, junit_path=None, html_path=None, floor_dir=None):
     """Compare dump A (reference, e.g. the oracle) with dump B (candidate, e.g. your engine)."""
     from .compare import compare_dumps
     from .dump import open_dump
@@ -99,11 +103,17 @@ def compare(a, b, json_path, tolerances, fail_fast, verify, junit_path=None, htm
     _writable(junit_path)
     _writable(html_path)
     da, db = open_dump(a), open_dump(b)
-    prog, cb = _progress_factory(da.nbytes + db.nbytes, "comparing")
+    if floor_dir is not None:
+        from .floor import rule_of, three_way
+
+        report = three_way(da, open_dump(floor_dir), db, rule_of(tolerances), tolerances=tolerances)
+    else:
+        report = None
+    prog, cb = _progress_factory(da.nbytes + db.nbytes, "comparing") if report is None else (None, None)
     if prog:
         with prog:
             report = compare_dumps(da, db, tolerances, fail_fast=fail_fast, verify=verify, progress=cb)
-    else:
+    elif report is None:
         report = compare_dumps(da, db, tolerances, fail_fast=fail_fast, verify=verify)
     from .pipeline import lone_case, write_reports
 
@@ -313,8 +323,11 @@ def gate(config, json_path, junit_path, html_path, out, models, fault, weights, 
         for c in res.cases:
             if not c.passed and c.report is not None:
                 click.echo("")
-                click.echo(f"== {c.label}")
+                click.echo(f"== {c.label}" + (f" ({c.passes[0]} pass)" if c.numeric is not None else ""))
                 click.echo(render_text(c.report))
+                if c.numeric is not None:
+                    click.echo(f"== {c.label} (numeric pass)")
+                    click.echo(render_text(c.numeric))
                 if c.local is not None:
                     click.echo(f"local error: {c.local.summary()}")
         click.echo("")
@@ -341,7 +354,9 @@ def gate(config, json_path, junit_path, html_path, out, models, fault, weights, 
               help="The reference oracle's dtype.")
 @click.option("--device", default=None, help="Override the gate's device.")
 @click.option("--no-cache", is_flag=True, help="Run the oracle even when a cached dump exists.")
-def calibrate(config, out, models, variants, multiple, dtype, device, no_cache):
+@click.option("--no-engine-profile", is_flag=True,
+              help="Skip the clean engine's profile (its ratios to the floor, for the gate's numeric pass).")
+def calibrate(config, out, models, variants, multiple, dtype, device, no_cache, no_engine_profile=False):
     """Measure each boundary's noise floor (the oracle against itself at another precision or
     attention kernel, on the gate's images) and write tolerances as a multiple of it."""
     from .calibrate import DEFAULT_VARIANTS, calibrate as run_calibrate, write
@@ -358,7 +373,8 @@ def calibrate(config, out, models, variants, multiple, dtype, device, no_cache):
         _writable(path)
         cal = run_calibrate(m.name, list(m.images), weights=m.weights, device=device or m.device, dtype=dtype,
                             variants=list(variants) or list(DEFAULT_VARIANTS), multiple=multiple,
-                            use_cache=cfg.cache and not no_cache, echo=lambda s: click.echo(s, err=True))
+                            use_cache=cfg.cache and not no_cache, echo=lambda s: click.echo(s, err=True),
+                            engine_profile=not no_engine_profile, backend=m.backend)
         write(cal, path)
         click.echo(cal.render_text())
         click.echo(f"wrote {path}")

@@ -15,8 +15,9 @@ from .inputs import check_image, default_image_path
 
 def make_request(model: str, *, image=None, weights="synthetic:tiny", device="cpu", dtype="float32",
                  backend="torch", fault=None, prompt=None, chunk=None, decode=0, processor=None, extra=(),
-                 adapter: ModelAdapter | None = None, **options) -> tuple[ModelAdapter, RunRequest]:
-    """The validated request of one run; `adapter` when the caller already looked it up."""
+                 adapter: ModelAdapter | None = None, fault_dtype: str | None = None, **options) -> tuple[ModelAdapter, RunRequest]:
+    """The validated request of one run; `adapter` when the caller already looked it up;
+    `fault_dtype` the precision a fault's needs are checked in (a case's float32 semantic pass)."""
     from .options import parse_assignments, validate_request
 
     adapter = adapter or registry.adapter(model)
@@ -24,7 +25,7 @@ def make_request(model: str, *, image=None, weights="synthetic:tiny", device="cp
     if processor is not None:
         raw["processor"] = processor
     _, options = validate_request(adapter, fault=fault, options=raw, prompt=prompt, chunk=chunk, decode=decode,
-                                  dtype=dtype)
+                                  dtype=fault_dtype or dtype)
     if device != "cpu" and not device.startswith("cuda"):
         raise BadInput(f"unknown device {device!r} (cpu or cuda[:N])")
     if device.startswith("cuda"):

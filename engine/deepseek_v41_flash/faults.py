@@ -7,7 +7,7 @@ Each is a mistake this field really makes; the one table of names, boundaries an
 from __future__ import annotations
 
 from tensordiff.models.deepseek_faults import (  # noqa: F401  (the names the engine tests against)
-    ALIGNER_FLAT_PAD, CONTAIN_CEIL, ENGRAM_NGRAM_ACROSS_IMAGE, GELU_TANH, LANGUAGE_NAMES,
+    ALIGNER_FLAT_PAD, CONTAIN_CEIL, ENGRAM_NGRAM_ACROSS_IMAGE, GELU_TANH, LANGUAGE_NAMES, NORM_EPS, NUMERIC_NAMES, RESIDUAL_SCALE, SPLITK_BF16, TAIL_ROW_SCALE,
     OVERLAY_CHUNK_SHIFT, PATCH_PAD_NONZERO, ROPE_INTERLEAVED, ROUTER_BIASED_WEIGHTS, ROUTER_TEXT_BIAS_FOR_IMAGES,
     VISION_NAMES)
 
@@ -15,7 +15,10 @@ from ..errors import EngineInputError
 
 # The vision engine's own faults and the language backbone's (`language/`): one `--fault`
 # reaches the right half and an unknown name is still refused.
-VISION = VISION_NAMES
+VISION = VISION_NAMES  # the numeric faults included
+# Numeric faults: each moves numbers by about one to five times the bf16 noise floor, so only a
+# floor-relative verdict (tensordiff.floor, the gate's numeric pass) sees them in bf16.
+NUMERIC = NUMERIC_NAMES
 LANGUAGE = LANGUAGE_NAMES
 
 

@@ -58,8 +58,9 @@ class VisionEngine:
         tw = prepare_tower(t, self.cfg, self.dtype, self.device, pad_nonzero=fault == F.PATCH_PAD_NONZERO)
         self.tower = VisionTower(self.cfg, tw, self.backend, rope_interleaved=fault == F.ROPE_INTERLEAVED,
                                  pad_nonzero=fault == F.PATCH_PAD_NONZERO, attention_prefer=attention_prefer,
+                                 numeric=self.fault if self.fault in F.NUMERIC else None,
                                  fuse=fuse if can_compile(self.device) else "off")
-        graphs = graphs if self.device.type == "cuda" else "off"
+        graphs = graphs if self.device.type == "cuda" and not self.tower.numeric else "off"
         # 'on' captures at a grid's first pass, 'auto' at its second (a one-shot run stays eager)
         self.graphs = None if graphs == "off" else GraphCache(None, after=0 if graphs == "on" else 1)
         cast = lambda n: t[n].to(device=self.device, dtype=self.dtype).contiguous()  # noqa: E731
@@ -92,7 +93,8 @@ class VisionEngine:
         x = self.tower.forward(patches, plan.grid, rec)
         index = cell_index(*plan.grid, self.cfg.vision_downsample_ratio, x.device,
                            flat_pad=self.fault == F.ALIGNER_FLAT_PAD)
-        out = align(x, index, self.aligner, self.backend, gelu_tanh=self.fault == F.GELU_TANH)
+        out = align(x, index, self.aligner, self.backend, gelu_tanh=self.fault == F.GELU_TANH,
+                    splitk_bf16=self.fault == F.SPLITK_BF16)
         if taps:
             rec.record("aligner", out)
         return out

@@ -47,7 +47,8 @@ def make_stages(req, run: dict) -> dict:
     def aligner(i):
         x = act(i["final_norm"])
         index = cell_index(*grid, eng.cfg.vision_downsample_ratio, x.device, flat_pad=eng.fault == F.ALIGNER_FLAT_PAD)
-        return {"aligner": align(x, index, eng.aligner, eng.backend, gelu_tanh=eng.fault == F.GELU_TANH)}
+        return {"aligner": align(x, index, eng.aligner, eng.backend, gelu_tanh=eng.fault == F.GELU_TANH,
+                                 splitk_bf16=eng.fault == F.SPLITK_BF16)}
 
     stages = {"block0": block0, "final_norm": final_norm, "aligner": aligner}
     if req.prompt is not None or req.decode > 0:  # the run went on into the language backbone

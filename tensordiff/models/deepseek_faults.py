@@ -15,6 +15,11 @@ ROPE_INTERLEAVED = "rope-interleaved"
 ALIGNER_FLAT_PAD = "aligner-flat-pad"
 GELU_TANH = "gelu-tanh"
 PATCH_PAD_NONZERO = "patch-pad-nonzero"
+# numeric faults: about 1-5x the bf16 noise floor, caught in bf16 by the floor-relative pass
+RESIDUAL_SCALE = "residual-scale"
+TAIL_ROW_SCALE = "tail-row-scale"
+NORM_EPS = "norm-eps"
+SPLITK_BF16 = "splitk-bf16"
 # the language backbone (runs with --prompt / --decode)
 ROUTER_TEXT_BIAS_FOR_IMAGES = "router-text-bias-for-images"
 ROUTER_BIASED_WEIGHTS = "router-biased-weights"
@@ -31,6 +36,17 @@ VISION = (
     Fault(GELU_TANH, "aligner", "tanh-approximated GELU in the aligner instead of exact erf",
           needs=(FLOAT32,)),  # the change is ~1e-4 relative, under bf16 resolution
     Fault(PATCH_PAD_NONZERO, "block0", "non-zero padding columns in the 592-wide patch projection"),
+)
+
+NUMERIC = (
+    Fault(RESIDUAL_SCALE, "block0", "block 0 adds its MLP branch scaled by 1.01 (a stray scale factor)",
+          needs=(Need("bfloat16: the gate's numeric pass (float32 sees it directly)"),)),
+    Fault(TAIL_ROW_SCALE, "block0", "the last patch row of block 0 scaled by 1 + 2^-6 (a vector tail-loop bug)",
+          needs=(Need("bfloat16: the gate's numeric pass (row-aware)"),)),
+    Fault(NORM_EPS, "final_norm", "the final norm's epsilon is 1e-2 instead of 1e-6 (another model's config)",
+          needs=(Need("bfloat16: the gate's numeric pass (float32 sees it directly)"),)),
+    Fault(SPLITK_BF16, "aligner", "the aligner's first linear sums split-K partials in bf16 instead of fp32",
+          needs=(Need("bfloat16 (in float32 the partials are rounded to bf16 too: caught directly)"),)),
 )
 
 # the first MoE layer (0) and the first Engram layer (1, in the released and tiny configs)
@@ -50,6 +66,7 @@ LANGUAGE_FAULTS = (
                  Need("a chunk smaller than the span's start + length, so a chunk boundary cuts or precedes it"))),
 )
 
-FAULTS = VISION + LANGUAGE_FAULTS
-VISION_NAMES = tuple(f.name for f in VISION)
+FAULTS = VISION + NUMERIC + LANGUAGE_FAULTS
+VISION_NAMES = tuple(f.name for f in VISION + NUMERIC)
+NUMERIC_NAMES = tuple(f.name for f in NUMERIC)
 LANGUAGE_NAMES = tuple(f.name for f in LANGUAGE_FAULTS)

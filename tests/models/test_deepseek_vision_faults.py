@@ -31,7 +31,7 @@ def test_adapter_lists_the_engine_faults():
     from engine.deepseek_v41_flash.faults import VISION as ENGINE
 
     assert [n for n, _ in FAULTS] == list(ENGINE)
-    assert len(FAULTS) == 5
+    assert len(FAULTS) == 9  # 5 semantic faults + 4 numeric ones (faults.NUMERIC)
     assert {f.name for f in adapter(MODEL).faults} - {n for n, _ in FAULTS} == set(ENGINE_LANGUAGE) == set(LANGUAGE)
 
 
