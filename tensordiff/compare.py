@@ -30,6 +30,20 @@ CHUNK = 1 << 20  # elements per side per step: ~4 MB of fp32, bounded whatever t
 Progress = Callable[[int], None]  # called with bytes consumed (both sides)
 
 
+def boundary_dtypes(boundary: str, *dumps) -> tuple[str, ...]:
+    """The compute dtypes the runs declare for this boundary (`run.boundary_dtypes`: fnmatch
+    pattern -> dtype), for a half of a model that computes in another dtype than the run's
+    (the DeepSeek language backbone in bf16 behind an fp32 vision tower)."""
+    import fnmatch
+
+    out = []
+    for d in dumps:
+        table = d.run.get("boundary_dtypes")
+        if isinstance(table, dict):
+            out += [v for k, v in table.items() if isinstance(v, str) and fnmatch.fnmatchcase(boundary, k)]
+    return tuple(out)
+
+
 def compare_tensor(ea: Entry, eb: Entry, boundary: Boundary, contract: Contract, tols: Tolerances,
                    run: dict, progress: Progress | None = None, verify: bool = False,
                    run_dtypes: tuple[str, ...] = ()) -> TensorResult:
@@ -187,7 +201,7 @@ def compare_dumps(a: str | Path | Dump, b: str | Path | Dump, tolerances: Tolera
                 br.tensors.append(TensorResult(name, bd.name, "missing", reason=f"not in {side}"))
                 continue
             br.tensors.append(compare_tensor(names_a[name], names_b[name], bd, contract, tols, run, progress, verify,
-                                             run_dtypes=run_dtypes))
+                                             run_dtypes=run_dtypes + boundary_dtypes(bd.name, da, db)))
         _apply_probes(bd, br, da, db, list(names_a), list(names_b))
         statuses = [t.status for t in br.tensors]
         for s in ("incomparable", "missing", "diverged"):

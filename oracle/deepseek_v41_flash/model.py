@@ -641,6 +641,15 @@ class Numerics:
         """As recorded in the manifest (`run.language_numerics`)."""
         return {"mode": self.mode, "dtype": str(self.dtype).removeprefix("torch."), "kernel_quant": self.kernel_quant}
 
+    def boundary_dtypes(self) -> dict:
+        """The language boundaries' compute dtype, for the comparator (`run.boundary_dtypes`):
+        the vision half may run in another."""
+        return dict.fromkeys(LANGUAGE_BOUNDARIES, self.facts()["dtype"])
+
+
+# every language boundary, as fnmatch patterns
+LANGUAGE_BOUNDARIES = ("embeddings", "engram.*", "index.*", "attn.*", "router.*", "hidden.*", "logits*")
+
 
 def language_numerics(req) -> Numerics:
     """The language half's numerics from the request: `official` (default) = bf16 with the
@@ -700,4 +709,5 @@ def run(req, rec) -> None:
                                         "span_start": facts["span_start"]}},
                    outputs={"generated": facts["generated"], "stop": facts["stop"]},
                    dtype=req.dtype, device=req.device, weights=fingerprint(req.weights_dir),
-                   versions={"torch": torch.__version__}, language_numerics=num.facts())
+                   versions={"torch": torch.__version__}, language_numerics=num.facts(),
+                   boundary_dtypes=num.boundary_dtypes())

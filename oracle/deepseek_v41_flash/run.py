@@ -126,7 +126,7 @@ def run(req, rec) -> None:
                              req.decode, rec, kernel_quant=num.kernel_quant)
         rec.update_run(outputs={"generated": facts["generated"], "stop": facts["stop"]},
                        language={"prompt_tokens": facts["prompt_tokens"], "span_start": facts["span_start"]},
-                       language_numerics=num.facts())
+                       language_numerics=num.facts(), boundary_dtypes=num.boundary_dtypes())
 
 
 def wants_language(req) -> bool:

@@ -24,15 +24,15 @@ from ... import backend as backends
 from .attention import ChunkShared
 from .engram import EngramHashState
 from .model import LanguageModel
-from .run import DTYPES
+from .run import numerics
 from .tokens import DEFAULT_PROMPT, tokenize
 from . import hyper
 
 
 def make_language_stages(req, run: dict, image_rows: torch.Tensor | None = None) -> dict:
-    lm = LanguageModel.load(Path(req.weights_dir), dtype=DTYPES[req.dtype], backend=backends.get(req.backend),
-                            fault=req.fault, device=req.device,
-                            kernel_quant=bool((req.options or {}).get("kernel_quant", False)))
+    num = numerics(req)
+    lm = LanguageModel.load(Path(req.weights_dir), dtype=num.dtype, backend=backends.get(req.backend),
+                            fault=req.fault, device=req.device, kernel_quant=num.kernel_quant)
     cfg, be, dev = lm.cfg, lm.backend, lm.device
     opts = req.options or {}
     cells = (run.get("inputs") or {}).get("cells") or opts.get("cells")
