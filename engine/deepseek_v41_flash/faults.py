@@ -20,7 +20,8 @@ FAULTS: dict[str, tuple[str, str]] = {
 # The language backbone's faults live with it (`language/model.py`); named here so one
 # `--fault` reaches the right half and an unknown name is still refused.
 LANGUAGE = ("router-text-bias-for-images", "router-biased-weights", "engram-ngram-across-image",
-            "overlay-chunk-shift")
+            "overlay-chunk-shift", "fp8-scale-ignored", "fp8-scale-transposed", "fp4-nibbles-swapped",
+            "engram-scale-ignored")
 
 
 def check(fault: str | None) -> str | None:

@@ -37,6 +37,17 @@ FAULTS = (
     Fault("overlay-chunk-shift", "embeddings",
           "chunked prefill overlays the image span at its absolute offset inside every chunk",
           needs="--chunk smaller than the span's start + length, so a chunk boundary cuts or precedes the span"),
+    # checkpoint reading (a quantised checkpoint, e.g. synthetic:tiny-fp8): layer 0's attention
+    # projections are the first FP8 GEMMs; the first FP8 matrix of more than one block row and
+    # column in the tiny configs is the Engram `wkv`; layer 0's routed experts the first FP4 ones
+    Fault("fp8-scale-ignored", "attn.0", "FP8 weights read without their block scales",
+          needs="a quantised checkpoint (--weights synthetic:tiny-fp8)"),
+    Fault("fp8-scale-transposed", "engram.1", "the 32x32 block-scale grid of FP8 weights read column-major",
+          needs="a quantised checkpoint with an FP8 matrix of several block rows and columns (synthetic:tiny-fp8)"),
+    Fault("fp4-nibbles-swapped", "hidden.0", "FP4 expert weights unpacked with the high nibble as the even element",
+          needs="FP4 routed experts (--weights synthetic:tiny-fp8)"),
+    Fault("engram-scale-ignored", "engram.1", "FP8 Engram table rows read without their scales",
+          needs="an FP8 Engram table (--weights synthetic:tiny-fp8)"),
 )
 
 _LAYERED = re.compile(r"^(engram|index|attn|router|hidden)\.(\d+)(?:\.(ids|weights|gate))?$")
