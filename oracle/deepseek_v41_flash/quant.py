@@ -57,10 +57,11 @@ def fp8_round_trip(x: torch.Tensor, block: int = BLOCK) -> torch.Tensor:
 
 def _e2m1(v: torch.Tensor) -> torch.Tensor:
     """Nearest FP4 (E2M1) value, ties to the even code; v already within [-6, 6]."""
-    dist = (v.abs().unsqueeze(-1) - E2M1).abs().double()  # fp32 distances, exact in fp64
+    grid = E2M1.to(v.device)
+    dist = (v.abs().unsqueeze(-1) - grid).abs().double()  # fp32 distances, exact in fp64
     # a tie goes to the even code: the odd codes' distances get a nudge far below any fp32 gap
-    pick = (dist + (torch.arange(8) % 2) * 1e-12).argmin(-1)
-    return torch.copysign(E2M1[pick], v)
+    pick = (dist + (torch.arange(8, device=v.device) % 2) * 1e-12).argmin(-1)
+    return torch.copysign(grid[pick], v)
 
 
 def fp4_round_trip(x: torch.Tensor, block: int, e4m3_scale: bool = False) -> torch.Tensor:
@@ -80,7 +81,7 @@ def unpack_fp4(w: torch.Tensor) -> torch.Tensor:
     """float4_e2m1fn_x2 [..., K/2] -> fp32 [..., K]: low nibble the even element, bit 3 the sign."""
     b = w.view(torch.uint8)
     codes = torch.stack([b & 0x0F, b >> 4], dim=-1).flatten(-2).long()
-    mag = E2M1[codes & 0x7]
+    mag = E2M1.to(w.device)[codes & 0x7]
     return torch.where(codes >= 8, -mag, mag)
 
 
