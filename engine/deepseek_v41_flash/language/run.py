@@ -4,7 +4,7 @@
 callable that yields the aligner rows (run once, when prefill first reaches the span). `run` is a
 language-only runner whose image rows come from `req.options["image_rows"]` ([cells_h*cells_w,
 dim]) and `req.options["cells"]`, for tests that stand in a fixed aligner output for the tower.
-Numerics (`numerics`): `req.options["language_numerics"]` is `official` by default, the official
+Numerics (`Numerics.of`): `req.options["language_numerics"]` is `official` by default, the official
 code's only mode: bf16 activations whatever dtype the vision half runs in, with the kernels'
 quantisation (FP8 GEMM inputs for quantised weights, FP8 window KV, FP4 indexer q / k and
 compressed KV); `semantic` runs the request's dtype with exact weights and no rounding.
@@ -26,7 +26,11 @@ from .model import LanguageModel
 from .tokens import DEFAULT_PROMPT, tokenize
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
-MODES = ("official", "semantic")
+# mode -> (activation dtype, None = the request's; the kernels' rounding by default)
+MODES = {"official": (torch.bfloat16, True), "semantic": (None, False)}
+# The language boundaries (fnmatch patterns) whose compute dtype a run declares, so the comparator
+# judges them in it even when the vision half runs in another (`run.boundary_dtypes`).
+BOUNDARIES = ("embeddings", "engram.*", "index.*", "attn.*", "router.*", "hidden.*", "logits*")
 
 
 @dataclass(frozen=True)
@@ -35,36 +39,34 @@ class Numerics:
     dtype: torch.dtype
     kernel_quant: bool
 
+    @classmethod
+    def of(cls, req) -> "Numerics":
+        """The language half's activation dtype and rounding for a request (see the module doc)."""
+        opts = req.options or {}
+        mode = opts.get("language_numerics", "official")
+        if mode not in MODES or req.dtype not in DTYPES:
+            bad = f"language_numerics {mode!r}" if mode not in MODES else f"dtype {req.dtype!r}"
+            raise EngineInputError(f"{bad} is not supported (language_numerics: {' or '.join(MODES)}; "
+                                   f"dtype: {' or '.join(DTYPES)})")
+        dtype, rounding = MODES[mode]
+        return cls(mode, dtype or DTYPES[req.dtype], bool(opts.get("kernel_quant", rounding)))
+
     def facts(self) -> dict:
         return {"mode": self.mode, "dtype": str(self.dtype).split(".")[-1], "kernel_quant": self.kernel_quant}
 
-
-# The language boundaries (fnmatch patterns) whose compute dtype a run declares, so the comparator
-# judges them in it even when the vision half runs in another (`run.boundary_dtypes`).
-BOUNDARIES = ("embeddings", "engram.*", "index.*", "attn.*", "router.*", "hidden.*", "logits*")
-
-
-def numerics(req) -> Numerics:
-    """The language half's activation dtype and rounding for a request (see the module doc)."""
-    opts = req.options or {}
-    mode = opts.get("language_numerics", "official")
-    if mode not in MODES:
-        raise EngineInputError(f"language_numerics must be one of {', '.join(MODES)} (got {mode!r})")
-    if req.dtype not in DTYPES:
-        raise EngineInputError(f"dtype {req.dtype!r} is not supported (float32 or bfloat16)")
-    dtype = torch.bfloat16 if mode == "official" else DTYPES[req.dtype]
-    return Numerics(mode, dtype, bool(opts.get("kernel_quant", mode == "official")))
+    def boundary_dtypes(self) -> dict:
+        return {pattern: self.facts()["dtype"] for pattern in BOUNDARIES}
 
 
 def run_language(req, rec, image: Callable[[], torch.Tensor] | None, cells: tuple[int, int] | None) -> dict:
     """Tokenise `req.prompt`, prefill in `req.chunk` chunks, decode `req.decode` steps; record the
     language boundaries when `req.taps`. Returns the facts to merge into the run's `inputs`."""
-    num = numerics(req)
+    num = Numerics.of(req)
     if req.decode < 0:
         raise EngineInputError(f"decode must be >= 0 (got {req.decode})")
     lm = LanguageModel.load(Path(req.weights_dir), dtype=num.dtype, backend=backends.get(req.backend),
                             fault=req.fault, device=req.device, kernel_quant=num.kernel_quant)
-    rec.update_run(language_numerics=num.facts(), boundary_dtypes=dict.fromkeys(BOUNDARIES, num.facts()["dtype"]))
+    rec.update_run(language_numerics=num.facts(), boundary_dtypes=num.boundary_dtypes())
     prompt = req.prompt if req.prompt is not None else DEFAULT_PROMPT
     ids, types = tokenize(prompt, lm.cfg, cells if image is not None else None)
     if ids.numel() + req.decode > lm.cfg.max_seq_len:

@@ -24,13 +24,13 @@ from ... import backend as backends
 from .attention import ChunkShared
 from .engram import EngramHashState
 from .model import LanguageModel
-from .run import numerics
+from .run import Numerics
 from .tokens import DEFAULT_PROMPT, tokenize
 from . import hyper
 
 
 def make_language_stages(req, run: dict, image_rows: torch.Tensor | None = None) -> dict:
-    num = numerics(req)
+    num = Numerics.of(req)
     lm = LanguageModel.load(Path(req.weights_dir), dtype=num.dtype, backend=backends.get(req.backend),
                             fault=req.fault, device=req.device, kernel_quant=num.kernel_quant)
     cfg, be, dev = lm.cfg, lm.backend, lm.device
