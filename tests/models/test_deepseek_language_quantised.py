@@ -138,3 +138,22 @@ def test_missing_scale_is_exit_2_on_both_sides(tmp_path):
         assert "layers.0.ffn.experts.3.w2.scale" in p.stderr and "Traceback" not in p.stderr
         assert len(p.stderr.strip().splitlines()) == 1
         assert not (tmp_path / side).exists()
+
+
+@pytest.mark.parametrize("side", ["oracle", "engine"])
+def test_unknown_numerics_is_bad_input(rows, tmp_path, side):
+    from tensordiff.errors import BadInput
+
+    with pytest.raises(BadInput, match="language_numerics"):
+        dump(side, request(rows, "fp16ish"), tmp_path / side)
+    assert not (tmp_path / side).exists()
+
+
+def test_kernel_quant_overrides_the_official_rounding(oracles, rows, tmp_path):
+    """`kernel_quant=False` in the official mode: bf16, no rounding; not the default's numbers."""
+    req = request(rows)
+    req = dataclasses.replace(req, options={**req.options, "kernel_quant": False}, decode=0)
+    odir = dump("oracle", req, tmp_path / "oracle")
+    run = json.loads((odir / "manifest.json").read_text())["run"]
+    assert run["language_numerics"] == {"mode": "official", "dtype": "bfloat16", "kernel_quant": False}
+    assert compare_dumps(oracles["official"], odir, contract=CONTRACT).earliest == ["attn.0"]
