@@ -25,6 +25,11 @@ ROUTER_TEXT_BIAS_FOR_IMAGES = "router-text-bias-for-images"
 ROUTER_BIASED_WEIGHTS = "router-biased-weights"
 ENGRAM_NGRAM_ACROSS_IMAGE = "engram-ngram-across-image"
 OVERLAY_CHUNK_SHIFT = "overlay-chunk-shift"
+# reading a quantised checkpoint (synthetic:tiny-fp8 or a real one)
+FP8_SCALE_IGNORED = "fp8-scale-ignored"
+FP8_SCALE_TRANSPOSED = "fp8-scale-transposed"
+FP4_NIBBLES_SWAPPED = "fp4-nibbles-swapped"
+ENGRAM_SCALE_IGNORED = "engram-scale-ignored"
 
 VISION = (
     Fault(CONTAIN_CEIL, "patches", "contain rounds the short side with ceil instead of round",
@@ -64,6 +69,18 @@ LANGUAGE_FAULTS = (
           "chunked prefill overlays the image span at its absolute offset inside every chunk",
           needs=(LANGUAGE, CHUNK,
                  Need("a chunk smaller than the span's start + length, so a chunk boundary cuts or precedes it"))),
+    # checkpoint reading: layer 0's attention projections are the first FP8 GEMMs; the first FP8
+    # matrix of more than one block row and column in the tiny configs is the Engram `wkv`;
+    # layer 0's routed experts the first FP4 ones
+    Fault(FP8_SCALE_IGNORED, "attn.0", "FP8 weights read without their block scales",
+          needs=(LANGUAGE, Need("a quantised checkpoint (--weights synthetic:tiny-fp8)"))),
+    Fault(FP8_SCALE_TRANSPOSED, "engram.1", "the 32x32 block-scale grid of FP8 weights read column-major",
+          needs=(LANGUAGE, Need("a quantised checkpoint with an FP8 matrix of several block rows and columns "
+                                "(synthetic:tiny-fp8)"))),
+    Fault(FP4_NIBBLES_SWAPPED, "hidden.0", "FP4 expert weights unpacked with the high nibble as the even element",
+          needs=(LANGUAGE, Need("FP4 routed experts (--weights synthetic:tiny-fp8)"))),
+    Fault(ENGRAM_SCALE_IGNORED, "engram.1", "FP8 Engram table rows read without their scales",
+          needs=(LANGUAGE, Need("an FP8 Engram table (--weights synthetic:tiny-fp8)"))),
 )
 
 FAULTS = VISION + NUMERIC + LANGUAGE_FAULTS

@@ -13,8 +13,13 @@ ATTENTION_KERNELS = ("cudnn", "flash", "efficient", "math")
 OPTIONS = OptionTable((
     Option("attention", "list", None, "CUDA SDPA kernels the engine's vision tower tries, in order, comma-separated "
            "(default: cudnn,flash,efficient,math; the CPU has one kernel)", choices=ATTENTION_KERNELS, side="engine"),
-    Option("kernel_quant", "bool", False, "the language kernels' FP8 window-KV / FP4 indexer activation round "
-           "trips, on both sides", side="both"),
+    Option("language_numerics", "choice", "official", "the language backbone's numerics, both sides: official "
+           "(what the official code computes: bf16 with the kernels' FP8/FP4 rounding, whatever --dtype the vision "
+           "half runs in) or semantic (the run's --dtype, exact dequantised weights, no rounding)",
+           choices=("official", "semantic"), side="both"),
+    Option("kernel_quant", "bool", None, "the language kernels' FP8 window-KV / FP4 indexer activation round "
+           "trips, both sides; unset: follows language_numerics (on when official), true/false overrides it",
+           side="both"),
     Option("fuse", "switch", "auto", "compiled vision block segments, CUDA only: off, on (from the first pass), "
            "auto (from an engine's second pass)", side="engine", env="TENSORDIFF_FUSE"),
     Option("graphs", "switch", "auto", "whole-pass CUDA graphs per grid, CUDA only: off, on (capture at the first "

@@ -1,5 +1,6 @@
 """Local error for the language backbone: each engine stage on the oracle's own tensors. The
-clean engine's stages all match; each planted fault's stage is the origin."""
+clean engine's stages all match; each planted fault's stage is the origin. Semantic numerics
+(fp32); the official bf16 mode's local error is in test_deepseek_language_quantised.py."""
 import dataclasses
 
 import pytest
@@ -30,7 +31,7 @@ def base():
     rows = torch.randn(6, 64, generator=torch.Generator().manual_seed(7))
     return RunRequest(weights="synthetic:tiny-language", weights_dir=tiny_language_checkpoint(),
                       prompt="A picture: <image> What does it show?", decode=1,
-                      options={"image_rows": rows, "cells": (2, 3)})
+                      options={"image_rows": rows, "cells": (2, 3), "language_numerics": "semantic"})
 
 
 @pytest.fixture(scope="module")

@@ -61,7 +61,7 @@ def test_unknown_key_names_the_known_options():
     with pytest.raises(BadInput) as e:
         DS.parse({"nonsense": "1"}, DEEPSEEK)
     msg = str(e.value)
-    assert "unknown option 'nonsense'" in msg and "attention, kernel_quant, fuse, graphs" in msg
+    assert "unknown option 'nonsense'" in msg and "attention, language_numerics, kernel_quant, fuse, graphs" in msg
     assert "tensordiff options deepseek-v4.1-flash" in msg
 
 
@@ -108,9 +108,10 @@ def test_resolve_types_a_hand_built_request_and_keeps_undeclared_keys():
 
 def test_for_side_keeps_what_each_runner_reads():
     opts = DS.parse({"attention": "math"}, DEEPSEEK)
-    assert set(DS.for_side(opts, "oracle")) == {"kernel_quant"}
-    assert set(DS.for_side(opts, "engine")) == {"attention", "kernel_quant", "fuse", "graphs"}
-    assert DS.for_side({**opts, "sdpa": "math"}, "oracle", undeclared=True) == {"kernel_quant": False, "sdpa": "math"}
+    assert set(DS.for_side(opts, "oracle")) == {"language_numerics", "kernel_quant"}
+    assert set(DS.for_side(opts, "engine")) == {"attention", "language_numerics", "kernel_quant", "fuse", "graphs"}
+    assert DS.for_side({**opts, "sdpa": "math"}, "oracle", undeclared=True) == {
+        "language_numerics": "official", "kernel_quant": None, "sdpa": "math"}
 
 
 def test_a_table_refuses_a_malformed_declaration():
@@ -138,7 +139,7 @@ def test_render_lists_name_type_default_and_help():
     text = render(registry.adapter(DEEPSEEK))
     for o in DS.options:
         assert o.name in text and o.help in text
-    assert "kernel_quant = bool   default false" in text and "$TENSORDIFF_FUSE" in text
+    assert "kernel_quant = bool   default none" in text and "$TENSORDIFF_FUSE" in text
 
 
 # --- validate_request: the run's fault and options against the adapter's tables

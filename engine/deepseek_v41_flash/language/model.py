@@ -33,7 +33,7 @@ from .. import weights as W
 from ..config import Config
 from ..faults import LANGUAGE as FAULTS, OVERLAY_CHUNK_SHIFT
 from ..span import span_rows
-from . import hyper
+from . import hyper, quant
 from .attention import Attention, AttnWeights, ChunkShared
 from .engram import EngramHashState, EngramLayer, EngramTables
 from .moe import ExpertBank, GateWeights, MoE
@@ -52,11 +52,14 @@ class BlockWeights:
 class LanguageModel:
     def __init__(self, cfg: Config, t: dict[str, torch.Tensor], dtype: torch.dtype, backend,
                  fault: str | None = None, device="cpu", kernel_quant: bool = False):
+        # quantised checkpoint weights go through the wrapper's `linear` (`quant.QuantBackend`)
+        backend = quant.QuantBackend(backend, kernel_quant)
         self.cfg, self.dtype, self.backend, self.fault = cfg, dtype, backend, fault
         self.device = torch.device(device)
         f32 = torch.float32
-        act = lambda n: t[n].to(device=self.device, dtype=dtype).contiguous()  # noqa: E731
-        fp = lambda n: t[n].to(device=self.device, dtype=f32).contiguous()  # noqa: E731
+        # a matrix as stored: plain in the activation dtype, or FP8 / FP4 with its scale
+        act = lambda n: quant.weight(t, n, cfg, dtype, self.device, fault)  # noqa: E731
+        fp = lambda n: quant.plain(t, n, f32, self.device)  # noqa: E731
         self.embed = act("embed.weight")
         self.markers = {n: act(n) for n in ("image_start", "image_end", "image_newline")}
         self.norm = fp("norm.weight")  # norm weights fp32, as the backend protocol takes them
@@ -86,9 +89,9 @@ class LanguageModel:
             self.attn.append(Attention(i, cfg, aw, backend, kernel_quant))
             f = p + "ffn."
             E = cfg.n_routed_experts
-            stack = lambda k: torch.stack([act(f + f"experts.{e}.{k}.weight") for e in range(E)])  # noqa: E731
+            stack = lambda k: _stack([act(f + f"experts.{e}.{k}.weight") for e in range(E)])  # noqa: E731
             bank = ExpertBank(stack("w1"), stack("w3"), stack("w2"))
-            shared = ExpertBank(*(act(f + f"shared_experts.{k}.weight").unsqueeze(0) for k in ("w1", "w3", "w2")))
+            shared = ExpertBank(*(_stack([act(f + f"shared_experts.{k}.weight")]) for k in ("w1", "w3", "w2")))
             gate = GateWeights(fp(f + "gate.weight"), fp(f + "gate.bias"),
                                fp(f + "gate.bias_vl") if f + "gate.bias_vl" in t else None)
             self.moe.append(MoE(gate, bank, shared, topk=cfg.n_activated_experts, route_scale=cfg.route_scale,
@@ -124,7 +127,7 @@ class LanguageModel:
                 names += [f + e + f"{k}.weight" for k in ("w1", "w2", "w3")]
             if i in cfg.engram_layer_ids:
                 names += [p + "engram." + n for n in ("embed.weight", "wkv.weight", "q_weight", "k_weight")]
-        return names
+        return names + [quant.scale_name(n) for n in names if quant.weight_format(cfg, n)]
 
     @classmethod
     def load(cls, checkpoint: str | Path, *, dtype: torch.dtype, backend, fault: str | None = None,
@@ -137,6 +140,10 @@ class LanguageModel:
     def sequence(self, input_ids: torch.Tensor, token_types: torch.Tensor,
                  image: Callable[[], torch.Tensor] | None = None, cells: tuple[int, int] | None = None) -> "Sequence":
         return Sequence(self, input_ids, token_types, image, cells)
+
+
+def _stack(ws: list):
+    return quant.QuantWeight.stack(ws) if isinstance(ws[0], quant.QuantWeight) else torch.stack(ws)
 
 
 class Sequence:

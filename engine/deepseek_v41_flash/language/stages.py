@@ -26,15 +26,15 @@ from ... import backend as backends
 from .attention import ChunkShared
 from .engram import EngramHashState
 from .model import LanguageModel
-from .run import DTYPES
+from .run import Numerics
 from .tokens import DEFAULT_PROMPT, tokenize
 from . import hyper
 
 
 def make_language_stages(req, run: dict, image_rows: torch.Tensor | None = None) -> dict:
-    lm = LanguageModel.load(Path(req.weights_dir), dtype=DTYPES[req.dtype], backend=backends.get(req.backend),
-                            fault=req.fault, device=req.device,
-                            kernel_quant=OPTIONS.resolve(req.options)["kernel_quant"])
+    num = Numerics.of(req)
+    lm = LanguageModel.load(Path(req.weights_dir), dtype=num.dtype, backend=backends.get(req.backend),
+                            fault=req.fault, device=req.device, kernel_quant=num.kernel_quant)
     cfg, be, dev = lm.cfg, lm.backend, lm.device
     opts = req.options or {}
     cells = (run.get("inputs") or {}).get("cells") or opts.get("cells")
