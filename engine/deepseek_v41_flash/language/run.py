@@ -17,22 +17,27 @@ import torch
 from ... import backend as backends
 from ...errors import EngineInputError
 from .. import weights as W
+from ..run import DTYPES
 from .model import LanguageModel
 from .tokens import DEFAULT_PROMPT, tokenize
 
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+
+
+def language_model(req) -> LanguageModel:
+    """The backbone a `RunRequest` asks for (the runner's and the local-error stages' one)."""
+    if req.dtype not in DTYPES:
+        raise EngineInputError(f"dtype {req.dtype!r} is not supported (float32 or bfloat16)")
+    return LanguageModel.load(Path(req.weights_dir), dtype=DTYPES[req.dtype], backend=backends.get(req.backend),
+                              fault=req.fault, device=req.device,
+                              kernel_quant=bool((req.options or {}).get("kernel_quant", False)))
 
 
 def run_language(req, rec, image: Callable[[], torch.Tensor] | None, cells: tuple[int, int] | None) -> dict:
     """Tokenise `req.prompt`, prefill in `req.chunk` chunks, decode `req.decode` steps; record the
     language boundaries when `req.taps`. Returns the facts to merge into the run's `inputs`."""
-    if req.dtype not in DTYPES:
-        raise EngineInputError(f"dtype {req.dtype!r} is not supported (float32 or bfloat16)")
     if req.decode < 0:
         raise EngineInputError(f"decode must be >= 0 (got {req.decode})")
-    lm = LanguageModel.load(Path(req.weights_dir), dtype=DTYPES[req.dtype], backend=backends.get(req.backend),
-                            fault=req.fault, device=req.device,
-                            kernel_quant=bool((req.options or {}).get("kernel_quant", False)))
+    lm = language_model(req)
     prompt = req.prompt if req.prompt is not None else DEFAULT_PROMPT
     ids, types = tokenize(prompt, lm.cfg, cells if image is not None else None)
     if ids.numel() + req.decode > lm.cfg.max_seq_len:
