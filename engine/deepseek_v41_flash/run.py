@@ -168,14 +168,15 @@ def run(req, rec) -> None:
     rec.update_run(timings={"load_weights": t1 - t0, "preprocess": t2 - t1, "forward": time.perf_counter() - t2},
                    speed_path=eng.speed_path())
     if req.prompt is not None or req.decode > 0:
-        from .language.run import run_language
+        from .language.run import SPEED, run_language
 
         # the tower ran once, above; prefill asks for its rows when it first reaches the span
         facts = run_language(dataclasses.replace(req, fault=F.language(req.fault)), rec, lambda: aligned,
                              tuple(plan.cells))
         rec.update_run(outputs={"generated": facts["generated"], "stop": facts["stop"]},
                        language={"prompt_tokens": facts["prompt_tokens"], "span_start": facts["span_start"],
-                                 "vision_calls": facts["vision_calls"]})
+                                 "vision_calls": facts["vision_calls"]},
+                       speed_path={**eng.speed_path(), "language": dict(SPEED)})
 
 
 def _mode(path) -> str:

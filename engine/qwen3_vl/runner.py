@@ -9,6 +9,7 @@ import torch
 
 from .. import backend as backends
 from ..errors import EngineInputError
+from ..runtime.speed_path import SpeedPath
 from . import faults as F
 from .config import load_config
 from .positions import decode_positions, mrope_positions, tokenize
@@ -44,7 +45,8 @@ def run(req, rec) -> None:
     rec.record("patches", px.pixel_values)
 
     weights = load_visual(req.weights_dir, dtype, req.device)
-    tower = VisionTower(cfg.vision, weights, backend, dtype, fault)
+    speed = SpeedPath(parts={"vision": {"block": {"ran": "eager"}}})  # no compiled route here
+    tower = VisionTower(cfg.vision, weights, backend, dtype, fault, speed=speed)
     with torch.inference_mode():
         tower(px.pixel_values.to(req.device), grid_thw, rec)
 
@@ -68,5 +70,5 @@ def run(req, rec) -> None:
         inputs={**(prior.get("inputs") or {}), **inputs},
         weights=fingerprint(req.weights_dir),
         versions={**(prior.get("versions") or {}), "torch": torch.__version__, "pillow": PIL.__version__},
-        dtype=req.dtype, device=req.device, backend=req.backend, fault=fault,
+        dtype=req.dtype, device=req.device, backend=req.backend, fault=fault, speed_path=speed.as_json(),
     )

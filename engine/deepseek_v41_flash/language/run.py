@@ -16,11 +16,16 @@ import torch
 
 from ... import backend as backends
 from ...errors import EngineInputError
+from ...runtime.speed_path import SpeedPath
 from .. import weights as W
 from ..run import DTYPES
 from .model import LanguageModel
 from .tokens import DEFAULT_PROMPT, tokenize
 
+
+# the backbone's speed path: one eager route; its attention is the engine's own sparse einsum
+# (window + compressed groups + sink), never SDPA, so no kernel choice or fallback exists there
+SPEED = {"ran": "eager", "attention": "einsum"}
 
 
 def language_model(req) -> LanguageModel:
@@ -64,4 +69,5 @@ def run(req, rec) -> None:
                                                                                     "vision_calls")}},
                    outputs={"generated": facts["generated"], "stop": facts["stop"]},
                    dtype=req.dtype, device=req.device, weights=W.fingerprint(req.weights_dir),
-                   versions={"torch": torch.__version__}, fault=req.fault, chunk=req.chunk)
+                   versions={"torch": torch.__version__}, fault=req.fault, chunk=req.chunk,
+                   speed_path=SpeedPath(parts={"language": dict(SPEED)}).as_json())
