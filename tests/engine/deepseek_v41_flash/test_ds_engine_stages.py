@@ -1,0 +1,39 @@
+"""The DeepSeek vision stages run the tower's own pieces: fed the engine's OWN tensors they give
+back the engine's tensors bit for bit; a fault planted only in the stages breaks its boundary."""
+import dataclasses
+
+import pytest
+
+from engine.deepseek_v41_flash.stages import make_stages
+from tensordiff.capture import MemoryRecorder
+from tensordiff.runs import make_request
+
+
+@pytest.fixture(scope="module")
+def case():
+    ad, req = make_request("deepseek-v4.1-flash")
+    rec = MemoryRecorder()
+    ad.runner("engine")(req, rec)
+    return req, rec
+
+
+def _stage_outputs(req, rec) -> dict:
+    out = {}
+    for stage in make_stages(req, rec.run).values():
+        out.update(stage(dict(rec.tensors)))
+    return out
+
+
+def test_stages_on_the_engines_own_tensors_reproduce_it(case):
+    req, rec = case
+    out = _stage_outputs(req, rec)
+    assert set(out) == {"block0", "final_norm", "aligner"}
+    for name, t in out.items():
+        assert t.dtype == rec.tensors[name].dtype and t.equal(rec.tensors[name]), name
+
+
+@pytest.mark.parametrize("fault,broken", [("gelu-tanh", {"aligner"}), ("patch-pad-nonzero", {"block0"})])
+def test_a_fault_planted_in_the_stages_breaks_its_boundary_only(case, fault, broken):
+    req, rec = case
+    out = _stage_outputs(dataclasses.replace(req, fault=fault), rec)
+    assert {n for n, t in out.items() if not t.equal(rec.tensors[n])} == broken

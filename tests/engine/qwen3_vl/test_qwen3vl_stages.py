@@ -1,0 +1,58 @@
+"""The Qwen3-VL tower's pieces are written once: its local-error stages, fed the engine's OWN
+tensors, give back the engine's tensors bit for bit (a stage holding its own copy of the merger
+would drift from the tower's); a fault planted only in the stages breaks exactly its boundary.
+The run also writes its speed path (the SDPA kernel used, any fallback) into the manifest."""
+import dataclasses
+
+import pytest
+from torch.nn.attention import SDPBackend, sdpa_kernel
+
+from engine.qwen3_vl.stages import make_stages
+from tensordiff.capture import MemoryRecorder
+from tensordiff.runs import make_request
+
+
+@pytest.fixture(scope="module")
+def case():
+    ad, req = make_request("qwen3-vl")
+    rec = MemoryRecorder()
+    ad.runner("engine")(req, rec)
+    return req, rec
+
+
+def _stage_outputs(req, rec) -> dict:
+    out = {}
+    for stage in make_stages(req, rec.run).values():
+        out.update(stage(dict(rec.tensors)))
+    return out
+
+
+def test_stages_on_the_engines_own_tensors_reproduce_it(case):
+    req, rec = case
+    out = _stage_outputs(req, rec)
+    assert {"block0", "final_norm", "aligner", "deepstack.0"} <= set(out)
+    for name, t in out.items():
+        assert t.dtype == rec.tensors[name].dtype and t.equal(rec.tensors[name]), name
+
+
+@pytest.mark.parametrize("fault,broken", [("merger-gelu-tanh", {"aligner"}),
+                                          ("deepstack-drop", {"deepstack.0", "deepstack.1", "deepstack.2"})])
+def test_a_fault_planted_in_the_stages_breaks_its_boundary_only(case, fault, broken):
+    req, rec = case
+    out = _stage_outputs(dataclasses.replace(req, fault=fault), rec)
+    assert {n for n, t in out.items() if not t.equal(rec.tensors[n])} == broken & set(out)
+
+
+def test_the_manifest_names_the_sdpa_kernel_and_a_forced_math_fallback(case):
+    sp = case[1].run["speed_path"]
+    assert sp["vision"]["block"] == {"ran": "eager"}
+    assert list(sp["attention"]["sdpa"]) == ["flash"] and sp["fallbacks"] == []
+    ad, req = make_request("qwen3-vl")
+    rec = MemoryRecorder()
+    with sdpa_kernel([SDPBackend.MATH]):
+        ad.runner("engine")(req, rec)
+    sp = rec.run["speed_path"]
+    assert list(sp["attention"]["sdpa"]) == ["math"]
+    assert sp["fallbacks"] == [{"what": "sdpa flash -> math",
+                                "why": "flash is disabled (torch.backends.cuda.flash_sdp_enabled() is False)"}]
+    assert "versions" in rec.run and "torch" in rec.run["versions"]
