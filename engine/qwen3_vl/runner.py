@@ -26,6 +26,13 @@ def torch_dtype(name: str) -> torch.dtype:
     return DTYPES[name]
 
 
+def load_tower(req, cfg, speed=None) -> VisionTower:
+    """The tower a `RunRequest` asks for (the runner's and the local-error stages' one)."""
+    dtype = torch_dtype(req.dtype)
+    return VisionTower(cfg.vision, load_visual(req.weights_dir, dtype, req.device), backends.get(req.backend), dtype,
+                       F.check(req.fault), speed=speed)
+
+
 def run(req, rec) -> None:
     fault = F.check(req.fault)
     if req.weights_dir is None:
@@ -34,8 +41,7 @@ def run(req, rec) -> None:
         raise EngineInputError("qwen3-vl needs an image")
     if req.decode < 0:
         raise EngineInputError(f"decode steps must be >= 0, not {req.decode}")
-    dtype = torch_dtype(req.dtype)
-    backend = backends.get(req.backend)
+    torch_dtype(req.dtype), backends.get(req.backend)  # a bad dtype or backend is refused before any work
     cfg = load_config(req.weights_dir)
     processor = req.options.get("processor") or default_processor()
 
@@ -44,9 +50,8 @@ def run(req, rec) -> None:
     grid_thw = px.grid_thw
     rec.record("patches", px.pixel_values)
 
-    weights = load_visual(req.weights_dir, dtype, req.device)
     speed = SpeedPath(parts={"vision": {"block": {"ran": "eager"}}})  # no compiled route here
-    tower = VisionTower(cfg.vision, weights, backend, dtype, fault, speed=speed)
+    tower = load_tower(req, cfg, speed)
     with torch.inference_mode():
         tower(px.pixel_values.to(req.device), grid_thw, rec)
 

@@ -14,20 +14,13 @@ from __future__ import annotations
 
 import torch
 
-from .. import backend as backends
-from . import faults as F
 from .config import load_config
-from .runner import torch_dtype
-from .vision import VisionTower
-from .weights import load_visual
+from .runner import load_tower, torch_dtype
 
 
 def make_stages(req, run: dict) -> dict:
-    fault = F.check(req.fault)
     dtype = torch_dtype(req.dtype)
-    cfg = load_config(req.weights_dir)
-    tower = VisionTower(cfg.vision, load_visual(req.weights_dir, dtype, req.device), backends.get(req.backend),
-                        dtype, fault)
+    tower = load_tower(req, load_config(req.weights_dir))
     t, gh, gw = (int(v) for v in run["inputs"]["grid_thw"])
     cu = [i * gh * gw for i in range(t + 1)]
     trail: dict[int, torch.Tensor] = {}  # block index -> output, from the reference's block0

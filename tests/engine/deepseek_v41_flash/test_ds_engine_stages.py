@@ -5,35 +5,23 @@ import dataclasses
 import pytest
 
 from engine.deepseek_v41_flash.stages import make_stages
-from tensordiff.capture import MemoryRecorder
-from tensordiff.runs import make_request
 
 
 @pytest.fixture(scope="module")
-def case():
-    ad, req = make_request("deepseek-v4.1-flash")
-    rec = MemoryRecorder()
-    ad.runner("engine")(req, rec)
-    return req, rec
+def case(own_run):
+    return own_run("deepseek-v4.1-flash")
 
 
-def _stage_outputs(req, rec) -> dict:
-    out = {}
-    for stage in make_stages(req, rec.run).values():
-        out.update(stage(dict(rec.tensors)))
-    return out
-
-
-def test_stages_on_the_engines_own_tensors_reproduce_it(case):
+def test_stages_on_the_engines_own_tensors_reproduce_it(case, stages_on_own_tensors):
     req, rec = case
-    out = _stage_outputs(req, rec)
+    out = stages_on_own_tensors(make_stages, req, rec)
     assert set(out) == {"block0", "final_norm", "aligner"}
     for name, t in out.items():
         assert t.dtype == rec.tensors[name].dtype and t.equal(rec.tensors[name]), name
 
 
 @pytest.mark.parametrize("fault,broken", [("gelu-tanh", {"aligner"}), ("patch-pad-nonzero", {"block0"})])
-def test_a_fault_planted_in_the_stages_breaks_its_boundary_only(case, fault, broken):
+def test_a_fault_planted_in_the_stages_breaks_its_boundary_only(case, stages_on_own_tensors, fault, broken):
     req, rec = case
-    out = _stage_outputs(dataclasses.replace(req, fault=fault), rec)
+    out = stages_on_own_tensors(make_stages, dataclasses.replace(req, fault=fault), rec)
     assert {n for n, t in out.items() if not t.equal(rec.tensors[n])} == broken

@@ -28,25 +28,16 @@ def prefill(req):
     return rec
 
 
-def _stage_outputs(req, prefill) -> dict:
-    stages = make_language_stages(req, prefill.run)
-    ref = {k: v for k, v in prefill.tensors.items()}
-    out = {}
-    for name, stage in stages.items():
-        out.update(stage(ref))
-    return out
-
-
-def test_stages_on_the_engines_own_tensors_reproduce_prefill(req, prefill):
-    out = _stage_outputs(req, prefill)
+def test_stages_on_the_engines_own_tensors_reproduce_prefill(req, prefill, stages_on_own_tensors):
+    out = stages_on_own_tensors(make_language_stages, req, prefill)
     names = {k for k in out if not k.startswith("logits.step")}
     assert {"embeddings", "logits", "index.2.ids", "index.5.ids", "engram.1.gate", "router.2.weights", "hidden.5"} <= names
     for name in sorted(names):
         assert torch.equal(out[name], prefill.tensors[name]), name
 
 
-def test_a_planted_router_fault_in_the_stages_breaks_the_match(req, prefill):
-    out = _stage_outputs(dataclasses.replace(req, fault="router-biased-weights"), prefill)
+def test_a_planted_router_fault_in_the_stages_breaks_the_match(req, prefill, stages_on_own_tensors):
+    out = stages_on_own_tensors(make_language_stages, dataclasses.replace(req, fault="router-biased-weights"), prefill)
     differs = sorted(k for k in out if not torch.equal(out[k], prefill.tensors[k]))
     assert differs and all(k.startswith(("router.", "hidden.", "logits")) for k in differs), differs
     assert any(k.endswith(".weights") for k in differs)
@@ -63,3 +54,8 @@ def test_router_boundary_is_ascending_with_weights_aligned():
     o = LayerOut(None, torch.zeros(1, 2), torch.zeros(1, 1, 2), torch.zeros(1, 1), w, ids)
     assert o.router_ids.tolist() == [[0, 2, 3]]
     assert o.router_weights[0].tolist() == pytest.approx([0.3, 0.2, 0.5])
+
+
+def test_the_manifest_names_the_language_route(prefill):
+    sp = prefill.run["speed_path"]
+    assert sp["language"] == {"ran": "eager", "attention": "einsum"} and sp["fallbacks"] == []

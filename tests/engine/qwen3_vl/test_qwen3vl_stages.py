@@ -8,28 +8,16 @@ import pytest
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from engine.qwen3_vl.stages import make_stages
-from tensordiff.capture import MemoryRecorder
-from tensordiff.runs import make_request
 
 
 @pytest.fixture(scope="module")
-def case():
-    ad, req = make_request("qwen3-vl")
-    rec = MemoryRecorder()
-    ad.runner("engine")(req, rec)
-    return req, rec
+def case(own_run):
+    return own_run("qwen3-vl")
 
 
-def _stage_outputs(req, rec) -> dict:
-    out = {}
-    for stage in make_stages(req, rec.run).values():
-        out.update(stage(dict(rec.tensors)))
-    return out
-
-
-def test_stages_on_the_engines_own_tensors_reproduce_it(case):
+def test_stages_on_the_engines_own_tensors_reproduce_it(case, stages_on_own_tensors):
     req, rec = case
-    out = _stage_outputs(req, rec)
+    out = stages_on_own_tensors(make_stages, req, rec)
     assert {"block0", "final_norm", "aligner", "deepstack.0"} <= set(out)
     for name, t in out.items():
         assert t.dtype == rec.tensors[name].dtype and t.equal(rec.tensors[name]), name
@@ -37,20 +25,18 @@ def test_stages_on_the_engines_own_tensors_reproduce_it(case):
 
 @pytest.mark.parametrize("fault,broken", [("merger-gelu-tanh", {"aligner"}),
                                           ("deepstack-drop", {"deepstack.0", "deepstack.1", "deepstack.2"})])
-def test_a_fault_planted_in_the_stages_breaks_its_boundary_only(case, fault, broken):
+def test_a_fault_planted_in_the_stages_breaks_its_boundary_only(case, stages_on_own_tensors, fault, broken):
     req, rec = case
-    out = _stage_outputs(dataclasses.replace(req, fault=fault), rec)
+    out = stages_on_own_tensors(make_stages, dataclasses.replace(req, fault=fault), rec)
     assert {n for n, t in out.items() if not t.equal(rec.tensors[n])} == broken & set(out)
 
 
-def test_the_manifest_names_the_sdpa_kernel_and_a_forced_math_fallback(case):
+def test_the_manifest_names_the_sdpa_kernel_and_a_forced_math_fallback(case, own_run):
     sp = case[1].run["speed_path"]
     assert sp["vision"]["block"] == {"ran": "eager"}
     assert list(sp["attention"]["sdpa"]) == ["flash"] and sp["fallbacks"] == []
-    ad, req = make_request("qwen3-vl")
-    rec = MemoryRecorder()
     with sdpa_kernel([SDPBackend.MATH]):
-        ad.runner("engine")(req, rec)
+        _, rec = own_run("qwen3-vl")
     sp = rec.run["speed_path"]
     assert list(sp["attention"]["sdpa"]) == ["math"]
     assert sp["fallbacks"] == [{"what": "sdpa flash -> math",
