@@ -4,7 +4,10 @@
 
 Taps at the five boundaries are explicit `rec.record` calls guarded by `rec.enabled`, so a
 `NullRecorder` costs a branch. Options (`req.options`): `attention` = a list of SDPA kernel names
-to prefer on CUDA (see `engine.runtime.attention.KERNELS`).
+to prefer on CUDA (see `engine.runtime.attention.KERNELS`); `fuse` / `graphs` = the speed paths
+of `fused` (default: the TENSORDIFF_FUSE / TENSORDIFF_GRAPHS environment). The run's
+`speed_path` (`VisionEngine.speed_path`) goes into the manifest: what was asked, what ran, the
+SDPA kernels taken and every fallback with its reason.
 """
 from __future__ import annotations
 

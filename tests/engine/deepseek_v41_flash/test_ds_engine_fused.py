@@ -58,15 +58,18 @@ class _OtherBackend:
         return getattr(get_backend("torch"), op)
 
 
-@pytest.mark.parametrize("backend,pieces", [("torch", ["attn_in", "out"]),
-                                            ("other", ["attn_residual", "ffn_residual"])])
-def test_the_compiled_route_compiles_the_blocks_own_pieces(monkeypatch, backend, pieces):
+@pytest.mark.parametrize("backend,heads_major,pieces", [("torch", False, ["attn_in", "out"]),
+                                                       ("torch", True, [None, "out"]),
+                                                       ("other", False, ["attn_residual", "ffn_residual"])])
+def test_the_compiled_route_compiles_the_blocks_own_pieces(monkeypatch, backend, heads_major, pieces):
     seen = []
     monkeypatch.setattr(fused, "_compile", lambda fn: seen.append(fn) or fn)  # an identity "compiler"
     eng = VisionEngine(resolve("synthetic:tiny"))
     block = VisionBlock(eng.cfg, get_backend("torch") if backend == "torch" else _OtherBackend(), eng.tower.attend)
-    fb = fused.FusedBlock(block)
-    assert seen == [getattr(block, p) for p in pieces]  # the eager block's own bound methods, nothing re-typed
+    fb = fused.FusedBlock(block, heads_major=heads_major)
+    # the eager block's own bound methods, nothing re-typed (heads-major: attn_in behind a layout copy)
+    wrapped = [fn.__closure__[0].cell_contents if p is None else fn for fn, p in zip(seen, pieces)]
+    assert len(seen) == 2 and wrapped == [getattr(block, p or "attn_in") for p in pieces]
     x = torch.randn(12, eng.cfg.vision_dim, generator=torch.Generator().manual_seed(0))
     cos, sin = eng.tower.rope((3, 4), x.device)
     blk = eng.tower.w.blocks[0]
