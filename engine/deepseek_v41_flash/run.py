@@ -71,13 +71,6 @@ class VisionEngine:
         self.aligner = AlignerWeights(*(cast(n) for n in ALIGNER))
         self.markers = {n: cast(n) for n in MARKERS}
 
-    @classmethod
-    def for_request(cls, req) -> "VisionEngine":
-        """The engine a `RunRequest` asks for (the runner's and the local-error stages' one)."""
-        opts = req.options or {}
-        return cls(req.weights_dir, device=req.device, dtype=req.dtype, backend=req.backend, fault=req.fault,
-                   attention_prefer=opts.get("attention"), fuse=opts.get("fuse"), graphs=opts.get("graphs"))
-
     def _possible(self, what: str, asked: str, why_not: str | None) -> str:
         """`asked`, or 'off' where it cannot run here. Off on the CPU is the documented route for
         'auto'; an explicit 'on', or 'auto' on a GPU, that cannot run is a silent fallback."""
@@ -140,6 +133,13 @@ class VisionEngine:
         return image_span(position, aligned, self.markers, plan.cells)
 
 
+def engine_for(req) -> VisionEngine:
+    """The VisionEngine a request asks for (the runner's and the local-error stages' one)."""
+    opts = req.options or {}
+    return VisionEngine(req.weights_dir, device=req.device, dtype=req.dtype, backend=req.backend, fault=req.fault,
+                        attention_prefer=opts.get("attention"), fuse=opts.get("fuse"), graphs=opts.get("graphs"))
+
+
 def versions() -> dict:
     import PIL
 
@@ -152,7 +152,7 @@ def run(req, rec) -> None:
     if req.chunk is not None and req.prompt is None and req.decode == 0:
         raise EngineInputError("--chunk splits the language prefill: give a --prompt (with <image>) too")
     t0 = time.perf_counter()
-    eng = VisionEngine.for_request(req)
+    eng = engine_for(req)
     t1 = time.perf_counter()
     plan, patches = eng.preprocess(req.image)
     data = Path(req.image).read_bytes()

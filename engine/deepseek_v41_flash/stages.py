@@ -15,11 +15,11 @@ import dataclasses
 import torch
 
 from . import faults as F
-from .run import VisionEngine
+from .run import engine_for
 
 
 def make_stages(req, run: dict) -> dict:
-    eng = VisionEngine.for_request(req)
+    eng = engine_for(req)
     grid = tuple(int(v) for v in run["inputs"]["grid"])
     tower = eng.tower
 

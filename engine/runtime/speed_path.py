@@ -13,7 +13,8 @@ from dataclasses import dataclass, field
 
 @dataclass
 class SpeedPath:
-    # attention kernels that ran, by name ("flash", "math", ...), with their call counts
+    # attention kernels that ran, by name ("flash", "math", ...), with the calls the host made
+    # (a replayed CUDA graph runs its captured calls again without counting them)
     attention: dict[str, int] = field(default_factory=dict)
     # each silent change of route, once per (what, why): {"what": "sdpa flash -> math", "why": ...}
     fallbacks: list[dict[str, str]] = field(default_factory=list)
