@@ -101,9 +101,10 @@ class LanguageModel:
                 self.engram[i] = EngramLayer(act(g + "embed.weight"), act(g + "wkv.weight"),
                                              fp(g + "q_weight") * fp(g + "k_weight"), cfg.hc_mult, cfg.dim,
                                              cfg.norm_eps)
-        self.layers = [Layer(i, cfg, self.blocks[i], self.attn[i], self.moe[i], self.engram.get(i),
-                             cfg.engram_layer_ids.index(i) if i in self.engram else None, backend)
-                       for i in range(cfg.n_layers)]
+        # the decoder layers by id, in stack order: what prefill, decode and the stages run
+        self.stack = {i: Layer(i, cfg, self.blocks[i], self.attn[i], self.moe[i], self.engram.get(i),
+                               cfg.engram_layer_ids.index(i) if i in self.engram else None, backend)
+                      for i in range(cfg.n_layers)}
 
     def logits(self, x: torch.Tensor, pre: torch.Tensor) -> torch.Tensor:
         """The stream leaving the last layer [n, hc, D] and its FFN-side pre mix -> logits [n, vocab] fp32."""
@@ -211,11 +212,11 @@ class Sequence:
         hashes = self.engram_state.hash(ids, types >= 0).to(lm.device) if self.engram_state is not None else None
         x, pre = first_stream(emb, cfg.hc_mult)
         shared = ChunkShared()
-        for layer, cache in zip(lm.layers, self.caches):
+        for i, layer in lm.stack.items():
+            cache = self.caches[i]
             o = layer(x, pre, lambda h_in: layer.attn(h_in, lo, cache, shared), image, hashes)
             x, pre = o.hidden, o.pre
             if keep:
-                i = layer.index
                 if o.gate is not None:
                     out.setdefault(f"engram.{i}.gate", []).append(o.gate)
                 if layer.attn.index_source:  # the indexer's choice

@@ -72,7 +72,7 @@ def make_language_stages(req, run: dict, image_rows: torch.Tensor | None = None)
             """Layer L on the reference's inputs, the reference's `attn.L` standing in for its
             attention sublayer."""
             if L not in self._layer:
-                self._layer[L] = lm.layers[L](*self.entering(L), lambda h_in: act(self.ref[f"attn.{L}"]), image,
+                self._layer[L] = lm.stack[L](*self.entering(L), lambda h_in: act(self.ref[f"attn.{L}"]), image,
                                               hashes)
             return self._layer[L]
 
@@ -84,7 +84,7 @@ def make_language_stages(req, run: dict, image_rows: torch.Tensor | None = None)
             return self._attn[L]
 
         def _attention(self, L: int):
-            layers = lm.layers[:L + 1]
+            layers = [layer for j, layer in lm.stack.items() if j <= L]
             caches = [layer.attn.new_cache(lm.dtype, dev) for layer in layers]
             xs = []
             for layer in layers:
@@ -118,10 +118,10 @@ def make_language_stages(req, run: dict, image_rows: torch.Tensor | None = None)
         return {"embeddings": torch.cat([seq.embed(lo, hi) for lo, hi in chunks])}
 
     def engram_gate(f, L):
-        return {f"engram.{L}.gate": lm.layers[L].enter(f.stream(L), hashes, image)[1]}
+        return {f"engram.{L}.gate": lm.stack[L].enter(f.stream(L), hashes, image)[1]}
 
     stages["embeddings"] = stage(embeddings)
-    for L, layer in enumerate(lm.layers):
+    for L, layer in lm.stack.items():
         if layer.engram is not None:
             stages[f"engram.{L}"] = stage(lambda f, L=L: engram_gate(f, L))
         if layer.attn.index_source:
