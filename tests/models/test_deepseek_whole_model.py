@@ -26,7 +26,7 @@ def run(picture, **kw):
     # the language half in its fp32 semantic numerics, as the fp32 vision half (the official bf16
     # default drifts by rounding: test_deepseek_language_quantised.py)
     return check("deepseek-v4.1-flash", image=picture, prompt=PROMPT, chunk=16, decode=2,
-                 language_numerics="semantic", **kw)
+                 extra=("language_numerics=semantic",), **kw)
 
 
 def test_clean_whole_model_matches_with_a_chunk_cutting_the_span(picture):

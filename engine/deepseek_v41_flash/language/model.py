@@ -36,6 +36,7 @@ from ..span import span_rows
 from . import hyper, quant
 from .attention import Attention, AttnWeights, ChunkShared
 from .engram import EngramHashState, EngramLayer, EngramTables
+from .layer import Layer, first_stream, index_ids
 from .moe import ExpertBank, GateWeights, MoE
 from .tokens import compressed_token_map
 
@@ -102,6 +103,15 @@ class LanguageModel:
                 self.engram[i] = EngramLayer(act(g + "embed.weight"), act(g + "wkv.weight"),
                                              fp(g + "q_weight") * fp(g + "k_weight"), cfg.hc_mult, cfg.dim,
                                              cfg.norm_eps)
+        # the decoder layers by id, in stack order: what prefill, decode and the stages run
+        self.stack = {i: Layer(i, cfg, self.blocks[i], self.attn[i], self.moe[i], self.engram.get(i),
+                               cfg.engram_layer_ids.index(i) if i in self.engram else None, backend)
+                      for i in range(cfg.n_layers)}
+
+    def logits(self, x: torch.Tensor, pre: torch.Tensor) -> torch.Tensor:
+        """The stream leaving the last layer [n, hc, D] and its FFN-side pre mix -> logits [n, vocab] fp32."""
+        final = self.backend.rms_norm(hyper.collapse(x, pre), self.norm, self.cfg.norm_eps)
+        return self.backend.linear(final.float(), self.head, None)
 
     @staticmethod
     def tensor_names(cfg: Config) -> list[str]:
@@ -197,7 +207,7 @@ class Sequence:
 
     def _forward(self, lo: int, hi: int, out: dict | None) -> torch.Tensor:
         """Positions lo..hi-1 through the stack; returns logits [n, vocab] fp32."""
-        lm, cfg, be = self.lm, self.lm.cfg, self.lm.backend
+        lm, cfg = self.lm, self.lm.cfg
         ids, types = self.ids[lo:hi], self.types[lo:hi]  # host tensors
         image = (types >= 0).to(lm.device)
         emb = self.embed(lo, hi)
@@ -206,39 +216,23 @@ class Sequence:
             out.setdefault("embeddings", []).append(emb)
         # n-gram hashing is host integer work; only the hash rows go to the device
         hashes = self.engram_state.hash(ids, types >= 0).to(lm.device) if self.engram_state is not None else None
-        hc = cfg.hc_mult
-        x = emb.unsqueeze(1).repeat(1, hc, 1)  # [n, hc, D]
-        pre = torch.zeros(x.shape[0], hc, dtype=torch.float32, device=lm.device)
-        pre[:, 0] = 1.0
+        x, pre = first_stream(emb, cfg.hc_mult)
         shared = ChunkShared()
-        mix_args = (hc, cfg.hc_sinkhorn_iters, cfg.hc_eps, cfg.norm_eps, be)
-        for i, bw in enumerate(lm.blocks):
-            if i in lm.engram:
-                k = lm.engram_tables.layer_ids.index(i)
-                x, gate = lm.engram[i](x, hashes[:, k], image, be)
-                if keep:
-                    out.setdefault(f"engram.{i}.gate", []).append(gate)
-            a_pre, a_post, a_comb = hyper.mixes(x, bw.attn_mix, *mix_args)
-            h = lm.attn[i](be.rms_norm(hyper.collapse(x, pre), bw.attn_norm, cfg.norm_eps), lo, self.caches[i], shared)
-            x = hyper.expand(h, x, a_post, a_comb)
-            f_pre, f_post, f_comb = hyper.mixes(x, bw.ffn_mix, *mix_args)
-            y, weights, chosen = lm.moe[i](be.rms_norm(hyper.collapse(x, a_pre), bw.ffn_norm, cfg.norm_eps), image)
-            x = hyper.expand(y, x, f_post, f_comb)
-            pre = f_pre
+        for i, layer in lm.stack.items():
+            cache = self.caches[i]
+            o = layer(x, pre, lambda h_in: layer.attn(h_in, lo, cache, shared), image, hashes)
+            x, pre = o.hidden, o.pre
             if keep:
-                if lm.attn[i].index_source:  # the indexer's choice, [n, index_topk] ascending, -1 padded
-                    sel = shared.selection
-                    pad = torch.full((sel.shape[0], cfg.index_topk - sel.shape[1]), -1, dtype=sel.dtype,
-                                     device=sel.device)
-                    out.setdefault(f"index.{i}.ids", []).append(torch.cat([sel, pad], 1).sort(dim=-1).values)
-                ids_sorted, order = chosen.sort(dim=-1)
-                out.setdefault(f"attn.{i}", []).append(h)
-                out.setdefault(f"router.{i}.ids", []).append(ids_sorted)
-                out.setdefault(f"router.{i}.weights", []).append(weights.gather(-1, order))
+                if o.gate is not None:
+                    out.setdefault(f"engram.{i}.gate", []).append(o.gate)
+                if layer.attn.index_source:  # the indexer's choice
+                    out.setdefault(f"index.{i}.ids", []).append(index_ids(shared.selection, cfg.index_topk))
+                out.setdefault(f"attn.{i}", []).append(o.attn)
+                out.setdefault(f"router.{i}.ids", []).append(o.router_ids)
+                out.setdefault(f"router.{i}.weights", []).append(o.router_weights)
                 out.setdefault(f"hidden.{i}", []).append(x)
-        final = be.rms_norm(hyper.collapse(x, pre), lm.norm, cfg.norm_eps)
         self.pos = hi
-        return be.linear(final.float(), lm.head, None)
+        return lm.logits(x, pre)
 
     @torch.inference_mode()
     def prefill(self, chunk: int | None = None, taps=None) -> torch.Tensor:

@@ -23,6 +23,7 @@ from tensordiff.models.deepseek_options import OPTIONS
 
 from ... import backend as backends
 from ...errors import EngineInputError
+from ...runtime.speed_path import SpeedPath
 from .model import LanguageModel
 from .tokens import DEFAULT_PROMPT, tokenize
 
@@ -60,14 +61,25 @@ class Numerics:
         return {pattern: self.facts()["dtype"] for pattern in BOUNDARIES}
 
 
+# the backbone's speed path: one eager route; its attention is the engine's own sparse einsum
+# (window + compressed groups + sink), never SDPA, so no kernel choice or fallback exists there
+SPEED = {"ran": "eager", "attention": "einsum"}
+
+
+def language_model(req, num: Numerics | None = None) -> LanguageModel:
+    """The backbone a `RunRequest` asks for (the runner's and the local-error stages' one)."""
+    num = num or Numerics.of(req)
+    return LanguageModel.load(Path(req.weights_dir), dtype=num.dtype, backend=backends.get(req.backend),
+                              fault=req.fault, device=req.device, kernel_quant=num.kernel_quant)
+
+
 def run_language(req, rec, image: Callable[[], torch.Tensor] | None, cells: tuple[int, int] | None) -> dict:
     """Tokenise `req.prompt`, prefill in `req.chunk` chunks, decode `req.decode` steps; record the
     language boundaries when `req.taps`. Returns the facts to merge into the run's `inputs`."""
     num = Numerics.of(req)
     if req.decode < 0:
         raise EngineInputError(f"decode must be >= 0 (got {req.decode})")
-    lm = LanguageModel.load(Path(req.weights_dir), dtype=num.dtype, backend=backends.get(req.backend),
-                            fault=req.fault, device=req.device, kernel_quant=num.kernel_quant)
+    lm = language_model(req, num)
     rec.update_run(language_numerics=num.facts(), boundary_dtypes=num.boundary_dtypes())
     prompt = req.prompt if req.prompt is not None else DEFAULT_PROMPT
     ids, types = tokenize(prompt, lm.cfg, cells if image is not None else None)
@@ -93,4 +105,5 @@ def run(req, rec) -> None:
     facts = run_language(req, rec, image, tuple(cells) if cells is not None else None)
     rec.update_run(inputs={"language": {k: v for k, v in facts.items() if k not in ("generated", "stop", "chunk",
                                                                                     "vision_calls")}},
-                   outputs={"generated": facts["generated"], "stop": facts["stop"]}, chunk=req.chunk)
+                   outputs={"generated": facts["generated"], "stop": facts["stop"]}, chunk=req.chunk,
+                   speed_path=SpeedPath(parts={"language": dict(SPEED)}).as_json())
