@@ -88,8 +88,18 @@ def test_bit_exact_floor_demands_an_exact_engine(tmp_path):
         c["patches"][5, 3] = c["patches"][5, 3] + 1
     rep = three_way(*_dumps(tmp_path, nudge))
     t = _t(rep, "patches")
-    assert t.status == "diverged" and "bit-exact" in t.reason and rep.earliest == ["patches"]
-    assert t.metrics["detectable"]["tensor"] == 0
+    assert t.status == "diverged" and "zero floor" in t.reason and rep.earliest == ["patches"]
+
+
+def test_zero_floor_tensor_tolerates_another_devices_last_ulp(tmp_path):
+    """A GPU's sin/cos differ from the oracle's by an ulp (seen on the H200): a position table
+    precision does not touch is judged element by element, not bit for bit."""
+    def ulp(c):
+        c["patches"] = torch.nextafter(c["patches"].float(), torch.tensor(float("inf"))).to(c["patches"].dtype) \
+            if c["patches"].dtype == torch.float32 else c["patches"]
+        c["patches"][0, 0] = c["patches"][0, 0] * (1 + 2 ** -8)
+    rep = three_way(*_dumps(tmp_path, ulp))
+    assert _t(rep, "patches").status == "match", _t(rep, "patches").reason
 
 
 @pytest.mark.parametrize("factor, caught", [(0.5, False), (2.0, True)])
