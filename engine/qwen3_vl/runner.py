@@ -43,7 +43,7 @@ def run(req, rec) -> None:
     grid_thw = px.grid_thw
     rec.record("patches", px.pixel_values)
 
-    weights = load_visual(req.weights_dir, dtype, req.device)
+    weights = load_visual(req.weights_dir, cfg.vision, dtype, req.device)
     tower = VisionTower(cfg.vision, weights, backend, dtype, fault)
     with torch.inference_mode():
         tower(px.pixel_values.to(req.device), grid_thw, rec)

@@ -30,7 +30,7 @@ def make_stages(req, run: dict) -> dict:
     backend = backends.get(req.backend)
     cfg = load_config(req.weights_dir)
     vc = cfg.vision
-    w = load_visual(req.weights_dir, dtype, req.device)
+    w = load_visual(req.weights_dir, vc, dtype, req.device)
     tower = VisionTower(vc, w, backend, dtype, fault)
     t, gh, gw = (int(v) for v in run["inputs"]["grid_thw"])
     m = vc.spatial_merge_size

@@ -98,3 +98,18 @@ def test_per_unit_seeding_is_independent_of_the_config():
     a = dict(_vision_values(small))["vision.norm"]["vision.norm.weight"]
     b = dict(_vision_values(two))["vision.norm"]["vision.norm.weight"]
     assert torch.equal(a, b)
+
+
+@pytest.mark.parametrize("case", ["truncated_shard", "corrupt_shard", "pickle_shard", "escaping_shard",
+                                  "missing_shard", "shard_lacks_tensor", "wrong_shape"])
+@pytest.mark.parametrize("side", ["oracle", "engine"])
+def test_bad_checkpoint_shards_exit_2_in_one_line(case, side, tmp_path, capsys):
+    from bad_checkpoints import CASES
+
+    bad = tmp_path / "ckpt"
+    mention = CASES[case](resolve("synthetic:tiny"), bad, "vision.blocks.0.attn.wqkv.weight")
+    code, _, err = cli(["dump", MODEL, "--side", side, "--weights", bad, "--out", tmp_path / "out"], capsys)
+    assert code == 2, err
+    assert err.startswith("tensordiff: error:") and len(err.strip().splitlines()) == 1, err
+    assert mention in err, err
+    assert not (tmp_path / "out").exists()
