@@ -173,9 +173,12 @@ class Attention:
         elif self.candidate_user:
             score = score.masked_fill(~shared.candidates, float("-inf"))
         k_keep = min(self.cfg.index_topk, n_groups)
-        values, order = _best_first(score)
-        values, order = values[:, :k_keep], order[:, :k_keep]
-        return torch.where(torch.isfinite(values), order, torch.full_like(order, -1))
+        order = _best_first(score)[1][:, :k_keep]
+        # A pick is dropped only when the query cannot see it yet, NOT when its score is -inf:
+        # with fewer candidates than index_topk the top-k runs into the -inf scores, and the
+        # visible non-candidate groups it reaches there (the earliest first, as exact ties go)
+        # stay selected, as they do officially.
+        return torch.where(order < seen.unsqueeze(1), order, torch.full_like(order, -1))
 
     def __call__(self, x: torch.Tensor, start: int, cache: LayerCache, shared: ChunkShared) -> torch.Tensor:
         """x: [n, D] normalised attention input for positions start .. start+n-1 -> [n, D]."""
