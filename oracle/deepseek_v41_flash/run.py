@@ -119,10 +119,11 @@ def run(req, rec) -> None:
     # the gate's time breakdown (`tensordiff gate` reads run.timings); forward includes the taps' copies
     rec.update_run(timings={"load_weights": t1 - t0, "preprocess": t2 - t1, "forward": time.perf_counter() - t2})
     if wants_language(req):
-        from .model import run_language
+        from .model import index_keys_mode, run_language
 
         facts = run_language(args, checkpoint, dtype, req.prompt, aligned.detach(), (n_llm_h, n_llm_w), req.decode,
-                             rec, kernel_quant=bool((req.options or {}).get("kernel_quant", False)))
+                             rec, kernel_quant=bool((req.options or {}).get("kernel_quant", False)),
+                             index_keys=index_keys_mode(req.options))
         rec.update_run(outputs={"generated": facts["generated"], "stop": facts["stop"]},
                        language={"prompt_tokens": facts["prompt_tokens"], "span_start": facts["span_start"]})
 

@@ -72,3 +72,77 @@ def test_engine_keeps_the_visible_non_candidate_picks(tmp_path):
     o = dump("oracle", ckpt, tmp_path / "oracle")
     e = dump("engine", ckpt, tmp_path / "engine")
     assert mismatches(compare_dumps(o, e, contract=CONTRACT)) == []
+
+
+# ---------------------------------------------------------------- decode index keys
+
+@pytest.fixture(scope="module")
+def decoded(tmp_path_factory):
+    """Six decode steps on the tiny config, both sides, both index-key rules."""
+    root, ckpt = tmp_path_factory.mktemp("keys"), checkpoint()
+    return {(side, mode): dump(side, ckpt, root / f"{side}-{mode}", decode=6, index_keys=mode)
+            for side in ("oracle", "engine") for mode in ("official", "own")}
+
+
+def test_the_prompt_is_one_where_the_index_key_rule_matters(decoded):
+    """On a step where the ratio-2 owner (layer 2) completes no group, it reads layer 4's keys
+    officially: the oracle's two rules part at a decode step, and only there."""
+    report = compare_dumps(decoded["oracle", "official"], decoded["oracle", "own"], contract=CONTRACT)
+    bad = mismatches(report)
+    assert bad and all(name.startswith("logits.step.") for name, _ in bad), bad
+    assert open_dump(decoded["oracle", "official"]).run["outputs"] != open_dump(decoded["oracle", "own"]).run["outputs"]
+
+
+@pytest.mark.parametrize("mode", ["official", "own"])
+def test_engine_follows_each_index_key_rule(decoded, mode):
+    assert mismatches(compare_dumps(decoded["oracle", mode], decoded["engine", mode], contract=CONTRACT)) == []
+
+
+def test_the_rules_are_stated_in_both_dumps(decoded):
+    for (side, mode), path in decoded.items():
+        assert open_dump(path).run["semantics"] == {"index_ties": "earlier", "index_keys": mode}, side
+
+
+@pytest.mark.parametrize("side", ["oracle", "engine"])
+def test_unknown_index_key_rule_is_bad_input(side, tmp_path):
+    from tensordiff.errors import BadInput
+
+    with pytest.raises(BadInput, match="index_keys"):
+        dump(side, checkpoint(), tmp_path / "x", decode=1, index_keys="latest")
+
+
+# ---------------------------------------------------------------- exact ties
+
+def tied_checkpoint():
+    """The tiny config with layer 2's indexer head weights zeroed: every index score of that
+    layer is exactly 0, so which 4 of the visible groups are kept is decided by ties alone."""
+    from safetensors.torch import load_file, save_file
+
+    src = checkpoint()
+    dst = cache_root() / f"{src.name}-tied"
+    if not (dst / "model.safetensors.index.json").is_file():
+        import shutil
+
+        tmp = dst.with_name(dst.name + f".tmp-{id(dst)}")
+        shutil.copytree(src, tmp)
+        shard = next(tmp.glob("*.safetensors"))
+        t = load_file(str(shard))
+        t["layers.2.attn.indexer.weights_proj.weight"].zero_()
+        save_file(t, str(shard))
+        tmp.rename(dst)
+    return dst
+
+
+def test_exact_ties_keep_the_earliest_groups_on_both_sides(tmp_path):
+    ckpt = tied_checkpoint()
+    o = dump("oracle", ckpt, tmp_path / "oracle", decode=2)
+    e = dump("engine", ckpt, tmp_path / "engine", decode=2, chunk=5)
+    got = ids(o, "index.2.ids")
+    topk = got.shape[1]
+    seen = (torch.arange(got.shape[0]) + 1) // 2  # groups visible to each query (ratio 2)
+    want = torch.full_like(got, -1)
+    for p, n in enumerate(seen.tolist()):
+        k = min(n, topk)
+        want[p, :k] = torch.arange(k)  # the stated rule: the earliest visible groups
+    assert torch.equal(got, want.sort(dim=-1).values)  # dumped ascending, -1 first
+    assert mismatches(compare_dumps(o, e, contract=CONTRACT)) == []

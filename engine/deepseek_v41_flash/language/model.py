@@ -38,6 +38,10 @@ from .engram import EngramHashState, EngramLayer, EngramTables
 from .moe import ExpertBank, GateWeights, MoE
 from .tokens import compressed_token_map
 
+# Decode index keys: `official` reads what the official decode reads (see `ChunkShared`), `own`
+# the prefill rule's keys at every step.
+INDEX_KEYS = ("official", "own")
+
 FAULTS = ("router-text-bias-for-images", "router-biased-weights", "engram-ngram-across-image",
           "overlay-chunk-shift")
 
@@ -54,6 +58,7 @@ class LanguageModel:
     def __init__(self, cfg: Config, t: dict[str, torch.Tensor], dtype: torch.dtype, backend,
                  fault: str | None = None, device="cpu", kernel_quant: bool = False):
         self.cfg, self.dtype, self.backend, self.fault = cfg, dtype, backend, fault
+        self.index_keys = "official"
         self.device = torch.device(device)
         f32 = torch.float32
         act = lambda n: t[n].to(device=self.device, dtype=dtype).contiguous()  # noqa: E731
@@ -129,11 +134,15 @@ class LanguageModel:
 
     @classmethod
     def load(cls, checkpoint: str | Path, *, dtype: torch.dtype, backend, fault: str | None = None,
-             device="cpu", kernel_quant: bool = False) -> "LanguageModel":
+             device="cpu", kernel_quant: bool = False, index_keys: str = "official") -> "LanguageModel":
         if fault is not None and fault not in FAULTS:
             fault = None  # a vision fault: the language path runs clean
+        if index_keys not in INDEX_KEYS:
+            raise EngineInputError(f"index_keys must be one of {', '.join(INDEX_KEYS)} (not {index_keys!r})")
         cfg = Config.load(checkpoint)
-        return cls(cfg, W.read(checkpoint, cls.tensor_names(cfg)), dtype, backend, fault, device, kernel_quant)
+        lm = cls(cfg, W.read(checkpoint, cls.tensor_names(cfg)), dtype, backend, fault, device, kernel_quant)
+        lm.index_keys = index_keys
+        return lm
 
     def sequence(self, input_ids: torch.Tensor, token_types: torch.Tensor,
                  image: Callable[[], torch.Tensor] | None = None, cells: tuple[int, int] | None = None) -> "Sequence":
@@ -162,6 +171,7 @@ class Sequence:
         self.span_len = int((token_types >= 0).sum())
         self.generated: list[int] = []
         self.stop = "steps"
+        self.key_owner = None  # the index-key cache the last chunk left published (official decode)
 
     def _spans(self, lo: int, hi: int) -> list[Span]:
         """The image span, its rows built the first time a chunk touches it."""
@@ -189,7 +199,7 @@ class Sequence:
             return overlay(emb, 0, spans, lm.backend)  # wrong: the chunk's own start is ignored
         return overlay(emb, lo, spans, lm.backend)
 
-    def _forward(self, lo: int, hi: int, out: dict | None) -> torch.Tensor:
+    def _forward(self, lo: int, hi: int, out: dict | None, decoding: bool = False) -> torch.Tensor:
         """Positions lo..hi-1 through the stack; returns logits [n, vocab] fp32."""
         lm, cfg, be = self.lm, self.lm.cfg, self.lm.backend
         ids, types = self.ids[lo:hi], self.types[lo:hi]  # host tensors
@@ -204,7 +214,8 @@ class Sequence:
         x = emb.unsqueeze(1).repeat(1, hc, 1)  # [n, hc, D]
         pre = torch.zeros(x.shape[0], hc, dtype=torch.float32, device=lm.device)
         pre[:, 0] = 1.0
-        shared = ChunkShared()
+        official = decoding and lm.index_keys == "official"
+        shared = ChunkShared(key_cache=self.key_owner if official else None, decoding=official)
         mix_args = (hc, cfg.hc_sinkhorn_iters, cfg.hc_eps, cfg.norm_eps, be)
         for i, bw in enumerate(lm.blocks):
             if i in lm.engram:
@@ -231,7 +242,7 @@ class Sequence:
                 out.setdefault(f"router.{i}.weights", []).append(weights.gather(-1, order))
                 out.setdefault(f"hidden.{i}", []).append(x)
         final = be.rms_norm(hyper.collapse(x, pre), lm.norm, cfg.norm_eps)
-        self.pos = hi
+        self.pos, self.key_owner = hi, shared.key_cache
         return be.linear(final.float(), lm.head, None)
 
     @torch.inference_mode()
@@ -269,7 +280,7 @@ class Sequence:
                 raise EngineInputError(f"decode ran past max_seq_len {self.lm.cfg.max_seq_len}")
             self.ids = torch.cat([self.ids, torch.tensor([nxt])])
             self.types = torch.cat([self.types, torch.tensor([-1])])
-            logits = self._forward(self.pos, self.pos + 1, None)
+            logits = self._forward(self.pos, self.pos + 1, None, decoding=True)
             if record:
                 taps.record(f"logits.step.{k}", logits, boundary=f"logits.step.{k}")
             nxt = int(logits[-1].argmax())

@@ -17,6 +17,7 @@ import torch
 from ... import backend as backends
 from ...errors import EngineInputError
 from .. import weights as W
+from .attention import INDEX_TIES
 from .model import LanguageModel
 from .tokens import DEFAULT_PROMPT, tokenize
 
@@ -32,7 +33,8 @@ def run_language(req, rec, image: Callable[[], torch.Tensor] | None, cells: tupl
         raise EngineInputError(f"decode must be >= 0 (got {req.decode})")
     lm = LanguageModel.load(Path(req.weights_dir), dtype=DTYPES[req.dtype], backend=backends.get(req.backend),
                             fault=req.fault, device=req.device,
-                            kernel_quant=bool((req.options or {}).get("kernel_quant", False)))
+                            kernel_quant=bool((req.options or {}).get("kernel_quant", False)),
+                            index_keys=str((req.options or {}).get("index_keys", "official")))
     prompt = req.prompt if req.prompt is not None else DEFAULT_PROMPT
     ids, types = tokenize(prompt, lm.cfg, cells if image is not None else None)
     if ids.numel() + req.decode > lm.cfg.max_seq_len:
@@ -42,6 +44,7 @@ def run_language(req, rec, image: Callable[[], torch.Tensor] | None, cells: tupl
     taps = rec if req.taps else None
     last = seq.prefill(req.chunk, taps)
     generated = seq.decode(req.decode, last, taps)
+    rec.update_run(semantics={"index_ties": INDEX_TIES, "index_keys": lm.index_keys})
     return {"prompt": prompt, "prompt_tokens": int(ids.numel()),
             "input_ids_sha256": hashlib.sha256(ids.numpy().tobytes()).hexdigest(),
             "span_start": seq.span_start, "generated": generated, "stop": seq.stop,
