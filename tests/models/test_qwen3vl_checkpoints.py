@@ -47,3 +47,18 @@ def test_bad_checkpoint_exits_2_in_one_line(setup, case, side, capsys):
     assert err.startswith("tensordiff: error:") and len(err.strip().splitlines()) == 1, err
     assert mention in err, err
     assert not out.exists()
+
+
+@pytest.mark.parametrize("side", ["oracle", "engine"])
+def test_one_pixel_sides(setup, side, capsys):
+    """1-px sides pass the input check; what the official processor then does decides: 1x1 and
+    3x1 are scaled up to its budget, 1001x1 is over its aspect-ratio limit (one line, exit 2)."""
+    root, _, good = setup
+    for w, h, want in [(1, 1, 0), (3, 1, 0), (1001, 1, 2)]:
+        img = root / f"px-{w}x{h}.png"
+        Image.fromarray(np.random.default_rng(2).integers(0, 256, (h, w, 3), dtype=np.uint8)).save(img)
+        out = root / f"px-{w}x{h}-{side}"
+        code, err = run(["dump", "qwen3-vl", "--side", side, "--weights", good, "--image", img, "--out", out], capsys)
+        assert code == want, (w, h, err)
+        if want:
+            assert "aspect ratio" in err and len(err.strip().splitlines()) == 1, err

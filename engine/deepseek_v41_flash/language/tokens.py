@@ -1,8 +1,8 @@
 """Prompt -> (input_ids, token_types) for synthetic checkpoints, which carry no tokenizer.
 
 The byte tokenizer: BOS 0, EOS 1, PAD 2, then UTF-8 byte b -> b + 3. One `<image>` in the prompt
-becomes the image span (every position `image_token_id`, told apart by token type); a prompt
-without one gets the image right after BOS. The Engram compressed vocabulary folds what the
+becomes the image span (every position `image_token_id`, told apart by token type); an image
+with no tag for it is refused, as the official `prepare_vl_inputs` refuses it. The Engram compressed vocabulary folds what the
 official normaliser folds for these tokens: ASCII capitals onto lower case, tab / CR / LF onto
 space; every other token keeps an id of its own, numbered in token order.
 """
@@ -47,7 +47,7 @@ def tokenize(prompt: str, cfg, cells: tuple[int, int] | None) -> tuple[torch.Ten
     if len(pieces) == 2 and cells is None:
         raise EngineInputError(f"the prompt holds '{IMAGE_TAG}' but no image was given")
     if cells is not None and len(pieces) == 1:
-        pieces = ["", prompt]
+        raise EngineInputError(f"the prompt has no '{IMAGE_TAG}' tag, but an image was given for it")
     text = lambda s: [b + OFFSET for b in s.encode("utf-8")]  # noqa: E731
     ids = [0] + text(pieces[0])
     types = torch.full((len(ids),), TEXT, dtype=torch.int64)
