@@ -46,11 +46,12 @@ KEYS: dict[str, tuple[Callable[[Any], bool], str]] = {
     "local_error": (lambda v: isinstance(v, bool), "true or false"),
     "chunk": (lambda v: isinstance(v, int) and not isinstance(v, bool) and v >= 1, "a positive integer"),
     "decode": (lambda v: isinstance(v, int) and not isinstance(v, bool) and v >= 0, "a non-negative integer"),
+    "layers": (lambda v: isinstance(v, str) and v != "", "a layer subset such as \"0-2\""),
 }
 GATE_ONLY = {"name": (lambda v: isinstance(v, str), "a string"), "cache": (lambda v: isinstance(v, bool), "true or false")}
 DEFAULTS = {"weights": "synthetic:tiny", "images": [DEFAULT_IMAGE], "prompts": [], "dtype": "float32",
             "oracle_dtype": None, "device": "cpu", "backend": "torch", "tolerances": None, "local_error": True,
-            "chunk": None, "decode": 0}
+            "chunk": None, "decode": 0, "layers": None}
 
 
 @dataclass(frozen=True)
@@ -69,6 +70,7 @@ class ModelCase:
     local_error: bool = True
     chunk: int | None = None
     decode: int = 0
+    layers: str | None = None  # DeepSeek language backbone: run only these layers ("0-2")
 
 
 @dataclass(frozen=True)
@@ -162,7 +164,8 @@ def from_mapping(data: dict, path: Path | None = None, known_models=None) -> Gat
             name=m["name"], weights=weights, images=expand_images(merged["images"], base, w),
             prompts=tuple(merged["prompts"]), dtype=merged["dtype"], oracle_dtype=merged["oracle_dtype"],
             device=merged["device"], backend=merged["backend"], tolerances=tol_path,
-            local_error=merged["local_error"], chunk=merged["chunk"], decode=merged["decode"]))
+            local_error=merged["local_error"], chunk=merged["chunk"], decode=merged["decode"],
+            layers=merged["layers"]))
     name = gate.get("name") or (path.stem if path else "gate")
     return GateConfig(path, name, tuple(cases), gate.get("cache", True))
 
@@ -426,7 +429,8 @@ def run_gate(cfg: GateConfig, *, fault: str | None = None, models: list[str] | N
                 tols = load_tolerances(m.tolerances) if m.tolerances else load_tolerances(None)
                 with _timed(case.timings, "weights", prog, label):
                     _, req = make_request(m.name, image=img, weights=m.weights, device=m.device, dtype=m.dtype,
-                                          backend=m.backend, fault=f, prompt=prompt, chunk=m.chunk, decode=m.decode)
+                                          backend=m.backend, fault=f, prompt=prompt, chunk=m.chunk, decode=m.decode,
+                                          layers=m.layers)
                 oreq = replace(req, fault=None, backend="torch", chunk=None, dtype=m.oracle_dtype or m.dtype)
                 with _timed(case.timings, "oracle", prog, label):
                     odir, case.oracle_cached = oracle_dump(adapter, oreq, work / "oracle", use_cache)
@@ -437,7 +441,8 @@ def run_gate(cfg: GateConfig, *, fault: str | None = None, models: list[str] | N
                 case.dumps = {"oracle": str(odir), "engine": str(edir)}
                 with _timed(case.timings, "compare", prog, label):
                     case.report = compare_dumps(odir, edir, tols)
-                do_local = m.local_error if local is None else local
+                # local error re-runs whole-model stages: not with a layer subset
+                do_local = (m.local_error if local is None else local) and m.layers is None
                 if do_local:
                     with _timed(case.timings, "local_error", prog, label):
                         case.local = (local_error(adapter, req, odir, case.report, tols, work)

@@ -32,6 +32,10 @@ def make_request(model: str, *, image=None, weights="synthetic:tiny", device="cp
         options[key] = value
     if processor is not None:
         options["processor"] = processor
+    if options.get("layers") is None:
+        options.pop("layers", None)  # every layer: no key, so cache keys stay what they were
+    elif model != "deepseek-v4.1-flash":
+        raise BadInput(f"--layers selects DeepSeek V4.1 Flash language layers; {model} has no such option")
     if fault is not None:
         known = [f.name for f in adapter.faults]
         if fault not in known:

@@ -595,7 +595,7 @@ class LanguageModel(nn.Module):
     state-dict keys are the checkpoint's (`embed.*`, `layers.N.*`, `norm.*`, `head.*`,
     `image_start` / `image_end` / `image_newline`)."""
 
-    def __init__(self, args, dtype: torch.dtype, kernel_quant: bool = False):
+    def __init__(self, args, dtype: torch.dtype, kernel_quant: bool = False, layers: tuple[int, ...] | None = None):
         super().__init__()
         self.args = args
         self.kernel_quant = kernel_quant
@@ -603,7 +603,10 @@ class LanguageModel(nn.Module):
         self.layout = EngramLayout.from_args(args)
         self.hasher: NgramHasher | None = None  # set by `build`: it holds tables, not parameters
         self.embed = nn.Embedding(args.vocab_size, args.dim)
-        self.layers = nn.ModuleList(Block(i, args, dtype, self.layout) for i in range(args.n_layers))
+        # keyed by layer id ("3" -> `layers.3.*`, the checkpoint's names), so a subset (`subset`)
+        # holds, and reads, only its own layers
+        ids = range(args.n_layers) if layers is None else layers
+        self.layers = nn.ModuleDict({str(i): Block(i, args, dtype, self.layout) for i in ids})
         self.norm = RMSNorm(args.dim, args.norm_eps)
         self.head = Head(args.vocab_size, args.dim)
         if args.vision_enabled:
@@ -637,7 +640,7 @@ class LanguageModel(nn.Module):
         pre_mix = torch.zeros(*h.shape[:3], dtype=torch.float32)
         pre_mix[..., 0] = 1.0  # the first block collapses onto copy 0
         shared = SharedAttention(kernel_quant=self.kernel_quant, decode_keys=decode_keys)
-        for i, layer in enumerate(self.layers):
+        for i, layer in ((int(k), v) for k, v in self.layers.items()):
             if layer.engram is not None:
                 h, gate = layer.engram(h, hashes[:, :, layer.engram.layer_hash_index], engram_mask)
                 if rec is not None:
@@ -648,7 +651,7 @@ class LanguageModel(nn.Module):
                            boundary=f"index.{i}.ids")
             if rec is not None:
                 rec.record(f"hidden.{i}", h[0], boundary=f"hidden.{i}")
-        h = self.layers[-1].hc_pre(h, pre_mix)
+        h = Block.hc_pre(h, pre_mix)
         return self.head(self.norm(h))
 
 
@@ -665,7 +668,7 @@ def tap(model: LanguageModel, rec) -> list:
     """Forward hooks for the per-layer boundaries inside a block: the attention output and the
     router's choice (ids ascending per row, weights aligned to them)."""
     handles = []
-    for i, layer in enumerate(model.layers):
+    for i, layer in ((int(k), v) for k, v in model.layers.items()):
         def attn_out(_m, _a, out, i=i):
             rec.record(f"attn.{i}", out[0], boundary=f"attn.{i}")
 
@@ -680,7 +683,8 @@ def tap(model: LanguageModel, rec) -> list:
     return handles
 
 
-def build(args, checkpoint: Path, dtype: torch.dtype, kernel_quant: bool = False) -> LanguageModel:
+def build(args, checkpoint: Path, dtype: torch.dtype, kernel_quant: bool = False,
+          layers: tuple[int, ...] | None = None) -> LanguageModel:
     """The language model with the checkpoint's tensors, each cast to its parameter's dtype
     (the activation dtype, or fp32 where the official module declares fp32)."""
     token_map, n_compressed = compressed_token_map(args.vocab_size)
@@ -689,7 +693,7 @@ def build(args, checkpoint: Path, dtype: torch.dtype, kernel_quant: bool = False
         raise BadInput(f"{checkpoint}: engram_compressed_vocab_size is {args.engram_compressed_vocab_size} but the "
                        f"tokenizer compresses to {n_compressed}: every Engram hash would differ")
     with default_dtype(dtype), torch.device("meta"):
-        model = LanguageModel(args, dtype, kernel_quant)
+        model = LanguageModel(args, dtype, kernel_quant, layers)
     load_into(model, checkpoint)
     if layout is not None:
         model.hasher = NgramHasher(layout, token_map, args.engram_pad_id, n_compressed)
@@ -710,7 +714,7 @@ def generate(model: LanguageModel, input_ids: torch.Tensor, token_types: torch.T
     recomputation over prompt + generated tokens (the yardstick for the engine's KV cache).
     With index_keys=official the decode rows read the index keys the official code's decode
     steps read (`DecodeKeys`). A generated image token ends generation: it is never fed back."""
-    owners = tuple((i, model.args.compress_ratios[i]) for i, layer in enumerate(model.layers)
+    owners = tuple((int(i), model.args.compress_ratios[int(i)]) for i, layer in model.layers.items()
                    if layer.attn.indexer is not None and layer.attn.indexer.owns_k)
     official = index_keys == "official"
     keys = DecodeKeys(input_ids.numel(), owners) if official else None
@@ -742,11 +746,14 @@ def generate(model: LanguageModel, input_ids: torch.Tensor, token_types: torch.T
 
 def run_language(args, checkpoint: Path, dtype: torch.dtype, prompt: str | None, image_rows: torch.Tensor | None,
                  cells: tuple[int, int] | None, decode: int, rec, kernel_quant: bool = False,
-                 index_keys: str = "official") -> dict:
+                 index_keys: str = "official", layers: str | None = None) -> dict:
     """The language half of an oracle run: tokenise, overlay the image span with `image_rows`
     (the aligner output, [n_llm_h * n_llm_w, dim], or None for a text-only prompt), prefill once,
     decode `decode` steps by recomputation. Runs on the CPU (the yardstick, not the fast path). Returns the run facts to merge into `inputs`."""
-    model = build(args, Path(checkpoint), dtype, kernel_quant)
+    from .subset import layer_ids
+
+    running = layer_ids(layers, args)
+    model = build(args, Path(checkpoint), dtype, kernel_quant, running)
     ids, types, start = build_prompt(prompt if prompt is not None else DEFAULT_PROMPT, args,
                                      cells if image_rows is not None else None)
     if ids.numel() + decode > args.max_seq_len:
@@ -758,7 +765,8 @@ def run_language(args, checkpoint: Path, dtype: torch.dtype, prompt: str | None,
         images.append(ImageSpan(start, span_types, image_rows.detach().to("cpu")))
     out = generate(model, ids, types, images, decode, rec, index_keys)
     # the rules where the official code leaves a choice or has a quirk, stated in every dump
-    rec.update_run(semantics={"index_ties": INDEX_TIES, "index_keys": index_keys})
+    rec.update_run(semantics={"index_ties": INDEX_TIES, "index_keys": index_keys},
+                   layers=list(running) if len(running) < args.n_layers else None)
     return {"prompt_tokens": int(ids.numel()), "span_start": start, **out}
 
 
@@ -780,7 +788,8 @@ def run(req, rec) -> None:
     args = ModelArgs.from_dir(req.weights_dir)
     facts = run_language(args, Path(req.weights_dir), dtypes[req.dtype], req.prompt, rows,
                          tuple(cells) if cells is not None else None, req.decode, rec,
-                         kernel_quant=bool(opts.get("kernel_quant", False)), index_keys=index_keys_mode(opts))
+                         kernel_quant=bool(opts.get("kernel_quant", False)), index_keys=index_keys_mode(opts),
+                         layers=opts.get("layers"))
     ids, _, _ = build_prompt(req.prompt if req.prompt is not None else DEFAULT_PROMPT, args,
                              tuple(cells) if rows is not None else None)
     rec.update_run(inputs={"language": {"prompt": req.prompt if req.prompt is not None else DEFAULT_PROMPT,

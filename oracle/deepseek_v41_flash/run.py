@@ -123,7 +123,7 @@ def run(req, rec) -> None:
 
         facts = run_language(args, checkpoint, dtype, req.prompt, aligned.detach(), (n_llm_h, n_llm_w), req.decode,
                              rec, kernel_quant=bool((req.options or {}).get("kernel_quant", False)),
-                             index_keys=index_keys_mode(req.options))
+                             index_keys=index_keys_mode(req.options), layers=(req.options or {}).get("layers"))
         rec.update_run(outputs={"generated": facts["generated"], "stop": facts["stop"]},
                        language={"prompt_tokens": facts["prompt_tokens"], "span_start": facts["span_start"]})
 

@@ -36,6 +36,7 @@ from . import hyper
 from .attention import Attention, AttnWeights, ChunkShared
 from .engram import EngramHashState, EngramLayer, EngramTables
 from .moe import ExpertBank, GateWeights, MoE
+from .subset import parse_layers
 from .tokens import compressed_token_map
 
 # Decode index keys: `official` reads what the official decode reads (see `ChunkShared`), `own`
@@ -56,8 +57,10 @@ class BlockWeights:
 
 class LanguageModel:
     def __init__(self, cfg: Config, t: dict[str, torch.Tensor], dtype: torch.dtype, backend,
-                 fault: str | None = None, device="cpu", kernel_quant: bool = False):
+                 fault: str | None = None, device="cpu", kernel_quant: bool = False,
+                 layers: tuple[int, ...] | None = None):
         self.cfg, self.dtype, self.backend, self.fault = cfg, dtype, backend, fault
+        self.layers = tuple(range(cfg.n_layers)) if layers is None else tuple(layers)  # the ids that run
         self.index_keys = "official"
         self.device = torch.device(device)
         f32 = torch.float32
@@ -72,12 +75,12 @@ class LanguageModel:
             raise EngineInputError(f"engram_compressed_vocab_size is {cfg.engram_compressed_vocab_size} but the "
                                    f"tokenizer compresses to {n_comp}")
         self.engram_tables = EngramTables.build(cfg, token_map, n_comp) if cfg.engram_layer_ids else None
-        self.blocks, self.attn, self.moe, self.engram = [], [], [], {}
-        for i in range(cfg.n_layers):
+        self.blocks, self.attn, self.moe, self.engram = {}, {}, {}, {}  # keyed by layer id
+        for i in self.layers:
             p = f"layers.{i}."
             mix = lambda s: hyper.MixWeights(fp(p + f"hc_{s}_fn"), fp(p + f"hc_{s}_base"), fp(p + f"hc_{s}_scale"))  # noqa: E731
-            self.blocks.append(BlockWeights(fp(p + "attn_norm.weight"), fp(p + "ffn_norm.weight"),
-                                            mix("attn"), mix("ffn")))
+            self.blocks[i] = BlockWeights(fp(p + "attn_norm.weight"), fp(p + "ffn_norm.weight"),
+                                          mix("attn"), mix("ffn"))
             a = p + "attn."
             opt = lambda n, conv=act: conv(a + n) if a + n in t else None  # noqa: E731
             ratio = cfg.compress_ratios[i]
@@ -89,7 +92,7 @@ class LanguageModel:
                              opt("compressor.norm.weight", fp), opt("indexer.wq_b.weight"),
                              opt("indexer.weights_proj.weight"), opt("indexer.wk.weight"),
                              opt("indexer.k_norm.weight", fp))
-            self.attn.append(Attention(i, cfg, aw, backend, kernel_quant))
+            self.attn[i] = Attention(i, cfg, aw, backend, kernel_quant)
             f = p + "ffn."
             E = cfg.n_routed_experts
             stack = lambda k: torch.stack([act(f + f"experts.{e}.{k}.weight") for e in range(E)])  # noqa: E731
@@ -97,9 +100,9 @@ class LanguageModel:
             shared = ExpertBank(*(act(f + f"shared_experts.{k}.weight").unsqueeze(0) for k in ("w1", "w3", "w2")))
             gate = GateWeights(fp(f + "gate.weight"), fp(f + "gate.bias"),
                                fp(f + "gate.bias_vl") if f + "gate.bias_vl" in t else None)
-            self.moe.append(MoE(gate, bank, shared, topk=cfg.n_activated_experts, route_scale=cfg.route_scale,
-                                gate_temp=cfg.gate_temp, swiglu_limit=cfg.swiglu_limit, score_func=cfg.score_func,
-                                norm_topk_prob=cfg.norm_topk_prob, backend=backend, fault=fault))
+            self.moe[i] = MoE(gate, bank, shared, topk=cfg.n_activated_experts, route_scale=cfg.route_scale,
+                              gate_temp=cfg.gate_temp, swiglu_limit=cfg.swiglu_limit, score_func=cfg.score_func,
+                              norm_topk_prob=cfg.norm_topk_prob, backend=backend, fault=fault)
             if i in cfg.engram_layer_ids:
                 g = p + "engram."
                 self.engram[i] = EngramLayer(act(g + "embed.weight"), act(g + "wkv.weight"),
@@ -107,9 +110,9 @@ class LanguageModel:
                                              cfg.norm_eps)
 
     @staticmethod
-    def tensor_names(cfg: Config) -> list[str]:
+    def tensor_names(cfg: Config, layers: tuple[int, ...] | None = None) -> list[str]:
         names = ["embed.weight", "norm.weight", "head.weight", "image_start", "image_end", "image_newline"]
-        for i in range(cfg.n_layers):
+        for i in range(cfg.n_layers) if layers is None else layers:
             p = f"layers.{i}."
             names += [p + "attn_norm.weight", p + "ffn_norm.weight"]
             names += [p + f"hc_{s}_{k}" for s in ("attn", "ffn") for k in ("fn", "base", "scale")]
@@ -134,13 +137,16 @@ class LanguageModel:
 
     @classmethod
     def load(cls, checkpoint: str | Path, *, dtype: torch.dtype, backend, fault: str | None = None,
-             device="cpu", kernel_quant: bool = False, index_keys: str = "official") -> "LanguageModel":
+             device="cpu", kernel_quant: bool = False, index_keys: str = "official",
+             layers: str | None = None) -> "LanguageModel":
+        """`layers`: a subset spec such as "0-2" (see `subset`); None runs every layer."""
         if fault is not None and fault not in FAULTS:
             fault = None  # a vision fault: the language path runs clean
         if index_keys not in INDEX_KEYS:
             raise EngineInputError(f"index_keys must be one of {', '.join(INDEX_KEYS)} (not {index_keys!r})")
         cfg = Config.load(checkpoint)
-        lm = cls(cfg, W.read(checkpoint, cls.tensor_names(cfg)), dtype, backend, fault, device, kernel_quant)
+        ids = parse_layers(layers, cfg)
+        lm = cls(cfg, W.read(checkpoint, cls.tensor_names(cfg, ids)), dtype, backend, fault, device, kernel_quant, ids)
         lm.index_keys = index_keys
         return lm
 
@@ -159,7 +165,7 @@ class Sequence:
         if self.ids.numel() > lm.cfg.max_seq_len:
             raise EngineInputError(f"prompt of {self.ids.numel()} tokens exceeds max_seq_len {lm.cfg.max_seq_len}")
         self.pos = 0
-        self.caches = [a.new_cache(lm.dtype, lm.device) for a in lm.attn]
+        self.caches = {i: a.new_cache(lm.dtype, lm.device) for i, a in lm.attn.items()}
         self.engram_state = EngramHashState(lm.engram_tables, lm.fault) if lm.engram_tables else None
         self._image, self._cells = image, cells
         self._span: Span | None = None
@@ -217,7 +223,7 @@ class Sequence:
         official = decoding and lm.index_keys == "official"
         shared = ChunkShared(key_cache=self.key_owner if official else None, decoding=official)
         mix_args = (hc, cfg.hc_sinkhorn_iters, cfg.hc_eps, cfg.norm_eps, be)
-        for i, bw in enumerate(lm.blocks):
+        for i, bw in lm.blocks.items():
             if i in lm.engram:
                 k = lm.engram_tables.layer_ids.index(i)
                 x, gate = lm.engram[i](x, hashes[:, k], image, be)

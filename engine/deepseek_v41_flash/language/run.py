@@ -34,7 +34,8 @@ def run_language(req, rec, image: Callable[[], torch.Tensor] | None, cells: tupl
     lm = LanguageModel.load(Path(req.weights_dir), dtype=DTYPES[req.dtype], backend=backends.get(req.backend),
                             fault=req.fault, device=req.device,
                             kernel_quant=bool((req.options or {}).get("kernel_quant", False)),
-                            index_keys=str((req.options or {}).get("index_keys", "official")))
+                            index_keys=str((req.options or {}).get("index_keys", "official")),
+                            layers=(req.options or {}).get("layers"))
     prompt = req.prompt if req.prompt is not None else DEFAULT_PROMPT
     ids, types = tokenize(prompt, lm.cfg, cells if image is not None else None)
     if ids.numel() + req.decode > lm.cfg.max_seq_len:
@@ -44,7 +45,8 @@ def run_language(req, rec, image: Callable[[], torch.Tensor] | None, cells: tupl
     taps = rec if req.taps else None
     last = seq.prefill(req.chunk, taps)
     generated = seq.decode(req.decode, last, taps)
-    rec.update_run(semantics={"index_ties": INDEX_TIES, "index_keys": lm.index_keys})
+    rec.update_run(semantics={"index_ties": INDEX_TIES, "index_keys": lm.index_keys},
+                   layers=list(lm.layers) if len(lm.layers) < lm.cfg.n_layers else None)
     return {"prompt": prompt, "prompt_tokens": int(ids.numel()),
             "input_ids_sha256": hashlib.sha256(ids.numpy().tobytes()).hexdigest(),
             "span_start": seq.span_start, "generated": generated, "stop": seq.stop,
