@@ -33,10 +33,15 @@ def write_checkpoint(root: Path, layers: tuple[int, ...], base: str = "synthetic
     from safetensors.torch import save_file
 
     from tensordiff.synthetic.deepseek_v41_flash import FULL, INDEX, resolve
-    from tensordiff.synthetic.deepseek_v41_flash_language import language_shapes, synth
+    from tensordiff.synthetic.deepseek_v41_flash_language import (byte_tokenizer_compressed_vocab, language_shapes,
+                                                                  synth)
 
     vision = resolve(base)
-    cfg = cfg or {**FULL, "dtype": "bf16", "expert_dtype": None, "n_mtp_layers": 0}
+    # bf16 storage (the quantised formats are not modelled here); the synthetic byte tokenizer's
+    # compressed vocabulary, as every synthetic checkpoint has (the released 99092 is the real
+    # tokenizer's)
+    cfg = cfg or {**FULL, "dtype": "bf16", "expert_dtype": None, "n_mtp_layers": 0,
+                  "engram_compressed_vocab_size": byte_tokenizer_compressed_vocab(FULL["vocab_size"])}
     root.mkdir(parents=True, exist_ok=True)
     index = {n: f for n, f in json.loads((vision / INDEX).read_text())["weight_map"].items()
              if n.startswith(("vision.", "aligner.", "image_"))}  # what the vision path reads
@@ -93,6 +98,14 @@ def reset_gpu(device: str):
         torch.cuda.reset_peak_memory_stats()
 
 
+def _full_config(experts: int) -> dict:
+    from tensordiff.synthetic.deepseek_v41_flash import FULL
+    from tensordiff.synthetic.deepseek_v41_flash_language import byte_tokenizer_compressed_vocab
+
+    return {**FULL, "dtype": "bf16", "expert_dtype": None, "n_mtp_layers": 0, "n_routed_experts": experts,
+            "engram_compressed_vocab_size": byte_tokenizer_compressed_vocab(FULL["vocab_size"])}
+
+
 def _tiny_config() -> dict:
     from tensordiff.synthetic.deepseek_v41_flash import CONFIGS
 
@@ -107,6 +120,8 @@ def main():
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--dtype", default="bfloat16")
     ap.add_argument("--fault", default="router-biased-weights")
+    ap.add_argument("--experts", type=int, default=None,
+                    help="full config with this many routed experts (a CPU dry run of the real-dims path)")
     ap.add_argument("--cells", type=int, nargs=2, default=(30, 34),
                     help="image token grid (30x34: a 1052-token span, over 512 compressed groups at ratio 2)")
     ap.add_argument("--prompt", default="Describe <image> in one sentence, then name its colours.")
@@ -126,6 +141,8 @@ def main():
     try:
         t0 = time.perf_counter()
         base, cfg = ("synthetic:full", None) if a.config == "full" else ("synthetic:tiny", _tiny_config())
+        if a.experts:  # a dry run of the real-dims path with fewer routed experts (everything else real)
+            cfg = _full_config(a.experts)
         weights = str(write_checkpoint(work / "ckpt", parse_ids(layers), base, cfg))
         result["write_checkpoint_s"] = time.perf_counter() - t0
         # Both sides get the SAME image rows (what the aligner hands the language model), so the
