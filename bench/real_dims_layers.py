@@ -36,6 +36,8 @@ def write_checkpoint(root: Path, layers: tuple[int, ...], base: str = "synthetic
     from tensordiff.synthetic.deepseek_v41_flash_language import (byte_tokenizer_compressed_vocab, language_shapes,
                                                                   synth)
 
+    if (root / INDEX).is_file() and (root / "config.json").is_file():
+        return root  # written by an earlier run with --work: the same seeds give the same tensors
     vision = resolve(base)
     # bf16 storage (the quantised formats are not modelled here); the synthetic byte tokenizer's
     # compressed vocabulary, as every synthetic checkpoint has (the released 99092 is the real

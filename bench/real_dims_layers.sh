@@ -1,9 +1,12 @@
 #!/usr/bin/env bash
-# The DeepSeek language backbone at its real dimensions (dim 5120, 384 experts, top-512 indexer),
-# a layer subset on one GPU: writes the checkpoint (synthetic:full vision + the chosen layers),
-# runs oracle and engine with --layers, compares, plants a fault. Results in OUT/real_dims_layers.json.
+# The DeepSeek language backbone at its released dimensions (dim 5120, 64 heads x 512, 384 routed
+# experts, top-512 indexer), a layer subset on one GPU. Writes the checkpoint once (synthetic:full
+# vision symlinked + the chosen layers' tensors, bf16, ~32 GB for one layer), then per dtype runs
+# the oracle (CPU) and the engine (GPU) with --layers on the same aligner rows, compares, and runs
+# the engine again with a planted router fault. OUT/<dtype>/real_dims_layers.json holds time, peak
+# GPU memory, peak RSS, verdict, per-boundary status and whether the fault was caught.
 #
-#   bash bench/real_dims_layers.sh OUT [LAYERS]        # LAYERS default 2 (one MoE layer is ~27 GB bf16)
+#   bash bench/real_dims_layers.sh OUT [LAYERS]      # LAYERS default 2 (the first KV/index source)
 set -u -o pipefail
 out="${1:?usage: bench/real_dims_layers.sh OUT [LAYERS]}"
 layers="${2:-2}"
@@ -11,5 +14,14 @@ mkdir -p "$out"
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 export PYTHONUNBUFFERED=1 PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" TENSORDIFF_CACHE="${TENSORDIFF_CACHE:-/tmp/tensordiff-cache}"
 py="${PYTHON:-python3}"
-timeout 470 "$py" bench/real_dims_layers.py --out "$out" --config full --layers "$layers" \
-  --device cuda --dtype bfloat16 2>&1 | tee "$out/real_dims_layers.log"
+work="$(mktemp -d /tmp/real-dims-XXXXXX)"
+trap 'rm -rf "$work"' EXIT
+run() {  # dtype seconds
+  mkdir -p "$out/$1"
+  timeout "$2" "$py" bench/real_dims_layers.py --out "$out/$1" --config full --layers "$layers" \
+    --device cuda --dtype "$1" --work "$work" 2>&1 | tee "$out/$1/log.txt"
+  echo "$1: exit ${PIPESTATUS[0]}" | tee -a "$out/summary.txt"
+}
+nvidia-smi --query-gpu=name,memory.total --format=csv,noheader > "$out/gpu.txt" 2>&1
+run bfloat16 330   # includes writing the checkpoint
+run float32 140    # same checkpoint; fp32 is the semantic mode with no bf16 rounding flips
