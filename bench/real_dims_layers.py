@@ -189,7 +189,12 @@ def main():
         result["fault"] = a.fault
         result["fault_verdict"] = faulty.verdict
         result["fault_earliest"] = faulty.earliest
-        result["fault_caught"] = faulty.verdict != "match"
+        # caught = the fault makes boundaries diverge that the clean engine matched (a clean run
+        # that diverges by itself, e.g. bf16 rounding flips, must not count as a catch)
+        clean_ok = {b.name for b in clean.boundaries if b.status == "match"}
+        result["fault_new_divergences"] = [b.name for b in faulty.boundaries
+                                           if b.status != "match" and b.name in clean_ok]
+        result["fault_caught"] = bool(result["fault_new_divergences"])
         result["boundary_status"] = {b.name: b.status for b in clean.boundaries}
     finally:
         if a.work is None:

@@ -22,6 +22,7 @@ def test_tiny_layer_subset_report(tmp_path):
     rep = json.loads((out / "real_dims_layers.json").read_text())
     assert rep["verdict"] == "match" and rep["not_matching"] == [] and rep["boundaries"] > 10
     assert rep["fault_caught"] and rep["fault_earliest"] == ["router.2.weights"]
+    assert "router.2.weights" in rep["fault_new_divergences"]
     for k in ("write_checkpoint_s", "oracle_s", "engine_s", "engine-fault_s"):
         assert rep[k] > 0
     index = json.loads((work / "ckpt" / "model.safetensors.index.json").read_text())["weight_map"]
