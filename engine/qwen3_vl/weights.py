@@ -1,7 +1,6 @@
 """Loading the tower's `model.visual.*` tensors from a checkpoint directory (sharded or not)."""
 from __future__ import annotations
 
-import hashlib
 from pathlib import Path
 
 import torch
@@ -10,11 +9,6 @@ from ..runtime import shards
 from .config import VisionConfig
 
 PREFIX = "model.visual."
-
-
-def shard_files(ckpt: Path) -> dict[str, str]:
-    """tensor name -> shard file name, for the `model.visual.*` tensors."""
-    return {k: v for k, v in shards.weight_map(ckpt).items() if k.startswith(PREFIX)}
 
 
 def visual_shapes(vc: VisionConfig) -> dict[str, tuple[int, ...]]:
@@ -48,18 +42,3 @@ def load_visual(ckpt: Path, vc: VisionConfig, dtype: torch.dtype, device: str = 
     stored = shards.read(ckpt, list(want), "cpu", shapes=want)
     return {k[len(PREFIX):]: t.to(device=device, dtype=dtype) for k, t in stored.items()}
 
-
-def fingerprint(ckpt: Path) -> str:
-    """sha256 over config.json, preprocessor_config.json and the shards holding the tower."""
-    ckpt = Path(ckpt)
-    h = hashlib.sha256()
-    names = ["config.json", "preprocessor_config.json"] + sorted(set(shard_files(ckpt).values()))
-    for name in names:
-        p = ckpt / name
-        if not p.exists():
-            continue
-        h.update(name.encode() + b"\0")
-        with open(p, "rb") as f:
-            for block in iter(lambda: f.read(1 << 20), b""):
-                h.update(block)
-    return h.hexdigest()

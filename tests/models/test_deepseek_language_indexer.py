@@ -1,6 +1,7 @@
 """The language indexer where the tiny default config does not go: fewer candidates than
 `index_topk`, exact score ties, and decode steps whose index keys were published by a later layer.
-Engine against oracle on small language-only checkpoints (fixed aligner rows, CPU, fp32)."""
+Engine against oracle on small language-only checkpoints (fixed aligner rows, CPU, fp32: the
+semantic language numerics, where the two routes agree to the index choices)."""
 from __future__ import annotations
 
 import hashlib
@@ -39,7 +40,7 @@ def dump(side, ckpt, path, decode=0, **options):
     else:
         from engine.deepseek_v41_flash.language.run import run
     req = RunRequest(weights="test", weights_dir=ckpt, prompt=PROMPT, decode=decode,
-                     options={"image_rows": rows(), "cells": CELLS, **options})
+                     options={"image_rows": rows(), "cells": CELLS, "language_numerics": "semantic", **options})
     rec = Recorder(path, model="deepseek-v4.1-flash", producer={"name": side, "side": side})
     run(req, rec)
     rec.close()

@@ -10,10 +10,14 @@ import pytest
 
 from tensordiff.cli import main
 from tensordiff.dump import open_dump
+from tensordiff.models import deepseek_faults as D
 from tensordiff.synthetic.deepseek_v41_flash import resolve
 
 MODEL = "deepseek-v4.1-flash"
 PROMPT = "Look at <image> and say what it shows."
+# the fp32 semantic language numerics, where the two routes agree boundary by boundary (the
+# official bf16 + kernel rounding may flip a pick without a bug: README, "official numerics")
+SEMANTIC = "language_numerics=semantic"
 
 
 def cli(args, capsys):
@@ -40,7 +44,7 @@ def without_layers_0_1(tmp_path_factory):
 def test_subset_runs_only_its_layers_and_matches(without_layers_0_1, tmp_path, capsys):
     out = tmp_path / "dumps"
     code, _, err = cli(["check", MODEL, "--weights", without_layers_0_1, "--prompt", PROMPT, "--decode", "2",
-                        "--layers", "2-5", "--out", out, "--no-cache"], capsys)
+                        "--layers", "2-5", "--out", out, "--no-cache", "-o", SEMANTIC], capsys)
     assert code == 0, err
     for side in ("oracle", "engine"):
         d = open_dump(out / side)
@@ -59,7 +63,7 @@ def test_the_whole_stack_needs_the_left_out_layers(without_layers_0_1, tmp_path,
 
 def test_planted_fault_is_caught_inside_the_subset(without_layers_0_1, capsys):
     code, out, err = cli(["check", MODEL, "--weights", without_layers_0_1, "--prompt", PROMPT, "--layers", "2-5",
-                          "--fault", "router-biased-weights"], capsys)
+                          "--fault", D.ROUTER_BIASED_WEIGHTS, "-o", SEMANTIC], capsys)
     assert code == 1, err
     assert "router.2.weights" in out
 
@@ -81,8 +85,8 @@ def test_layers_is_refused_for_qwen(capsys):
 def test_gate_takes_a_layer_subset(without_layers_0_1, tmp_path, capsys):
     gate = tmp_path / "gate.toml"
     gate.write_text(f'[[model]]\nname = "{MODEL}"\nweights = "{without_layers_0_1}"\nprompts = ["{PROMPT}"]\n'
-                    'layers = "2-5"\n')
+                    'layers = "2-5"\noptions = { language_numerics = "semantic" }\n')
     code, out, err = cli(["gate", gate, "--no-cache"], capsys)
     assert code == 0, out + err
-    code, out, err = cli(["gate", gate, "--no-cache", "--fault", "router-biased-weights"], capsys)
+    code, out, err = cli(["gate", gate, "--no-cache", "--fault", D.ROUTER_BIASED_WEIGHTS], capsys)
     assert code == 1, out + err
