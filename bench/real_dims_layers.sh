@@ -16,12 +16,15 @@ export PYTHONUNBUFFERED=1 PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" TENSORDIF
 py="${PYTHON:-python3}"
 work="$(mktemp -d /tmp/real-dims-XXXXXX)"
 trap 'rm -rf "$work"' EXIT
-run() {  # dtype seconds
-  mkdir -p "$out/$1"
-  timeout "$2" "$py" bench/real_dims_layers.py --out "$out/$1" --config full --layers "$layers" \
-    --device cuda --dtype "$1" --work "$work" 2>&1 | tee "$out/$1/log.txt"
-  echo "$1: exit ${PIPESTATUS[0]}" | tee -a "$out/summary.txt"
+run() {  # dtype seconds [-o NAME=VALUE ...]
+  local dt="$1" secs="$2"
+  shift 2
+  mkdir -p "$out/$dt"
+  timeout "$secs" "$py" bench/real_dims_layers.py --out "$out/$dt" --config full --layers "$layers" \
+    --device cuda --dtype "$dt" --work "$work" "$@" 2>&1 | tee "$out/$dt/log.txt"
+  echo "$dt: exit ${PIPESTATUS[0]}" | tee -a "$out/summary.txt"
 }
 nvidia-smi --query-gpu=name,memory.total --format=csv,noheader > "$out/gpu.txt" 2>&1
-run bfloat16 330   # includes writing the checkpoint
-run float32 140    # same checkpoint; fp32 is the semantic mode with no bf16 rounding flips
+run bfloat16 330   # includes writing the checkpoint; the official numerics (bf16 + kernel rounding)
+# same checkpoint; the fp32 semantic numerics, with no bf16 / FP8 rounding flips
+run float32 140 -o language_numerics=semantic

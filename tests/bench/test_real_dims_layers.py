@@ -17,7 +17,8 @@ def test_tiny_layer_subset_report(tmp_path):
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     r = subprocess.run([sys.executable, str(ROOT / "bench" / "real_dims_layers.py"), "--out", str(out),
                         "--config", "tiny", "--layers", "2-5", "--dtype", "float32", "--cells", "4", "6",
-                        "--work", str(work)], capture_output=True, text=True, timeout=600, env=env)
+                        "-o", "language_numerics=semantic", "--work", str(work)],
+                       capture_output=True, text=True, timeout=600, env=env)
     assert r.returncode == 0, r.stderr[-2000:]
     rep = json.loads((out / "real_dims_layers.json").read_text())
     assert rep["verdict"] == "match" and rep["not_matching"] == [] and rep["boundaries"] > 10
