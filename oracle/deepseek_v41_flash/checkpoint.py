@@ -78,12 +78,13 @@ def load_into(model: torch.nn.Module, checkpoint: Path, device=None) -> torch.nn
         more = f" (and {len(no_scale) - 1} more)" if len(no_scale) > 1 else ""
         raise BadInput(f"checkpoint {checkpoint} lacks {s}{more}: the config's dtype / expert_dtype make "
                        f"{s[: -len('scale')]}weight quantised, and it is not read without its block scale")
-    # the strict reader checks each shape against the config's from the shard headers
-    stored = load_tensors(checkpoint, list(params), {n: tuple(p.shape) for n, p in params.items()})
+    stored = load_tensors(checkpoint, list(params))
     state = {}
     for name, p in params.items():
         t = stored[name]
-        check_stored(name, t.dtype, p.dtype, checkpoint)
+        check_stored(name, t.dtype, p.dtype, checkpoint)  # the format first: it explains a shape
+        if tuple(t.shape) != tuple(p.shape):
+            raise BadInput(f"{name} in {checkpoint} has shape {list(t.shape)}, the config implies {list(p.shape)}")
         state[name] = t.to(device=device, dtype=p.dtype)
     model.load_state_dict(state, assign=True)
     return model.eval()
