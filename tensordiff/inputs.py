@@ -12,7 +12,7 @@ from pathlib import Path
 from .errors import BadInput
 
 MAX_PIXELS = 64 * 1024 * 1024  # far above any budget; beyond this a file is a decompression bomb
-MIN_SIDE = 2
+MIN_SIDE = 1
 
 
 def check_image(path: str | Path) -> dict:
