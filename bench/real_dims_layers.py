@@ -163,7 +163,7 @@ def main():
             k, _, v = item.partition("=")
             opts[k] = v
         result["cells"] = list(cells)
-        dumps = work / "dumps"
+        dumps = work / f"dumps-{a.dtype}"  # one checkpoint, a dump set per dtype
         for side, fault in (("oracle", None), ("engine", None), ("engine-fault", a.fault)):
             if side == "oracle":
                 from oracle.deepseek_v41_flash.model import run
