@@ -19,11 +19,13 @@ from .adapter import ModelAdapter, RunRequest
 from .capture import Recorder
 from .errors import BadInput
 from .inputs import check_image, default_image_path
+from .warmup import warm
 
 
 def make_request(model: str, *, image=None, weights="synthetic:tiny", device="cpu", dtype="float32",
                  backend="torch", fault=None, prompt=None, chunk=None, decode=0, processor=None, extra=(),
                  **options) -> tuple[ModelAdapter, RunRequest]:
+    warm()  # before any torch op of this process (synthetic weights included): see warmup.py
     adapter = registry.adapter(model)
     for item in extra:
         key, sep, value = item.partition("=")
@@ -69,6 +71,7 @@ def run_side(adapter: ModelAdapter, side: str, req: RunRequest, out: Path, *, fm
              overwrite: bool = False) -> Path:
     import tensordiff
 
+    warm()
     producer = {"name": f"tensordiff-{side}", "version": tensordiff.__version__, "side": side}
     run = {"inputs": {}, "dtype": req.dtype, "device": req.device, "weights": weights_fingerprint(req.weights_dir),
            "weights_spec": req.weights, "versions": _versions(), "backend": req.backend if side == "engine" else None,
