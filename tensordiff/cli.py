@@ -12,6 +12,7 @@ import click
 
 from . import __version__
 from .errors import BadInput
+from .outputs import gate_inputs, guard, guard_reports
 
 EPILOG_COMPARE = """\b
 Exit status: 0 every boundary within tolerance, 1 a material divergence, 2 bad input.
@@ -52,6 +53,10 @@ def _writable(path: Path | None) -> None:
         raise BadInput(f"cannot write {path}: permission denied")
     if Path(path).is_dir():
         raise BadInput(f"cannot write {path}: it is a directory")
+
+
+def _weights_path(spec):
+    return spec if spec and not str(spec).startswith("synthetic:") else None
 
 
 def _emit_report(report, json_path) -> int:
@@ -97,9 +102,7 @@ def compare(a, b, json_path, tolerances, fail_fast, verify, junit_path=None, htm
     from .compare import compare_dumps
     from .dump import open_dump
 
-    _writable(json_path)
-    _writable(junit_path)
-    _writable(html_path)
+    guard_reports(json_path, junit_path, html_path, inputs=[a, b, tolerances])
     da, db = open_dump(a), open_dump(b)
     prog, cb = _progress_factory(da.nbytes + db.nbytes, "comparing")
     if prog:
@@ -206,9 +209,7 @@ def check(model, json_path, tolerances, out, oracle_dtype, no_cache, junit_path=
     """Run the oracle and the engine on one image, compare, and name the earliest divergence."""
     from .runs import check as run_check
 
-    _writable(json_path)
-    _writable(junit_path)
-    _writable(html_path)
+    guard_reports(json_path, junit_path, html_path, inputs=[kw.get("image"), _weights_path(kw.get("weights")), tolerances, out])
     keep = None
     if html_path is not None and out is None:  # the heatmap's picture comes from the oracle dump
         import tempfile
@@ -299,9 +300,8 @@ def gate(config, json_path, junit_path, html_path, out, models, fault, weights, 
     from .gate import load_gate, render_breakdown, run_gate
     from .report import render_text
 
-    for p in (json_path, junit_path, html_path):
-        _writable(p)
     cfg = load_gate(config)
+    guard_reports(json_path, junit_path, html_path, inputs=[config, out, *gate_inputs(cfg)])
     if weights is not None and not weights.startswith("synthetic:"):
         if not Path(weights).is_dir():
             raise BadInput(f"--weights {weights!r} is neither synthetic:<variant> nor a checkpoint directory")
@@ -374,7 +374,7 @@ def calibrate(config, out, models, variants, multiple, dtype, device, no_cache):
         raise BadInput(f"{config} has {len(mcs)} models: put {{model}} in --out (e.g. tol-{{model}}.toml) or pick --model")
     for m in mcs:
         path = Path(str(out).replace("{model}", m.name))
-        _writable(path)
+        guard(path, "--out", "calibration", [config, *gate_inputs(cfg)])
         cal = run_calibrate(m.name, list(m.images), weights=m.weights, device=device or m.device, dtype=dtype,
                             variants=list(variants) or list(DEFAULT_VARIANTS), multiple=multiple,
                             use_cache=cfg.cache and not no_cache, echo=lambda s: click.echo(s, err=True))
@@ -394,7 +394,10 @@ def main(argv=None) -> None:
         cmd = e.ctx.command_path if e.ctx else "tensordiff"
         click.echo(f"tensordiff: usage error: {msg} (see `{cmd} --help`)", err=True)
         sys.exit(2)
-    except click.exceptions.Abort:
+    except click.exceptions.Abort as e:
+        if isinstance(e.__context__, KeyboardInterrupt):  # click turns Ctrl-C into Abort
+            click.echo("tensordiff: interrupted", err=True)
+            sys.exit(130)
         click.echo("tensordiff: aborted", err=True)
         sys.exit(2)
     except click.ClickException as e:

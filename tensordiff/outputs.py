@@ -64,17 +64,17 @@ def guard(path: str | os.PathLike | None, option: str, kind: str, inputs: Iterab
         ri = Path(inp).resolve()
         if _inside(rp, ri):
             what = "is" if rp == ri else "is inside"
-            raise BadInput(f"{option} {p} {what} the input {inp}; write the report somewhere else")
+            raise BadInput(f"cannot write {option} {p}: it {what} the input {inp}; write the report somewhere else")
     if rp.is_dir():
-        raise BadInput(f"{option} {p} is a directory; give a file name")
+        raise BadInput(f"cannot write {option} {p}: it is a directory; give a file name")
     parent = rp.parent
     if not parent.is_dir():
-        raise BadInput(f"{option} {p}: directory {parent} does not exist")
+        raise BadInput(f"cannot write {option} {p}: directory {parent} does not exist")
     if not os.access(parent, os.W_OK):
-        raise BadInput(f"{option} {p}: directory {parent} is not writable")
+        raise BadInput(f"cannot write {option} {p}: directory {parent} is not writable")
     if rp.exists() or p.is_symlink():
         if p.is_symlink() or not rp.is_file() or not _is_ours(rp, kind):
-            raise BadInput(f"{option} {p} exists and is not a tensordiff {kind} report; "
+            raise BadInput(f"cannot write {option} {p}: it exists and is not a tensordiff {kind} report; "
                            "refusing to overwrite it (remove it or pick another name)")
 
 
@@ -90,3 +90,36 @@ def guard_all(options: Iterable[tuple], inputs: Iterable = ()) -> None:
         if rp in seen:
             raise BadInput(f"{option} and {seen[rp]} both name {path}; give each report its own file")
         seen[rp] = option
+
+
+def guard_reports(json_path, junit_path, html_path, inputs: Iterable = ()) -> None:
+    """The three report options of compare / check / gate."""
+    guard_all([(json_path, "--json", "json"), (junit_path, "--junit", "junit"), (html_path, "--html", "html")], inputs)
+
+
+def gate_inputs(cfg) -> list:
+    """A gate config's input files: every model's images, checkpoint directory and tolerance file."""
+    out = []
+    for m in cfg.models:
+        out += list(m.images)
+        if m.weights and not str(m.weights).startswith("synthetic:"):
+            out.append(m.weights)
+        out.append(m.tolerances)
+    return out
+
+
+def dump_root(out: str | os.PathLike, option: str = "--out") -> Path:
+    """The directory that will hold a run's dumps (`check --out`): created if missing, refused
+    when it is a file, not empty, or not writable."""
+    p = Path(out)
+    if p.exists() and not p.is_dir():
+        raise BadInput(f"{option} {p} is a file; give a directory (it will hold oracle/ and engine/)")
+    if p.is_dir() and any(p.iterdir()):
+        raise BadInput(f"{option} {p} exists and is not empty; refusing to overwrite dumps there")
+    try:
+        p.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise BadInput(f"{option} {p}: cannot create it ({e.strerror}); pick a writable directory") from None
+    if not os.access(p, os.W_OK | os.X_OK):
+        raise BadInput(f"{option} {p} is not writable; pick a writable directory")
+    return p

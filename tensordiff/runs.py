@@ -19,6 +19,7 @@ from .adapter import ModelAdapter, RunRequest
 from .capture import Recorder
 from .errors import BadInput
 from .inputs import check_image, default_image_path
+from .outputs import dump_root
 from .warmup import warm
 
 
@@ -141,10 +142,7 @@ def check(model: str, *, json_path=None, tolerances=None, out=None, oracle_dtype
     oreq = replace(req, fault=None, backend="torch", chunk=None, dtype=oracle_dtype or req.dtype)
     tmp = None
     if out is not None:
-        out = Path(out)
-        if out.exists() and any(out.iterdir()):
-            raise BadInput(f"{out} exists and is not empty; refusing to overwrite dumps there")
-        base = out
+        base = out = dump_root(out)
     else:
         tmp = Path(tempfile.mkdtemp(prefix="tensordiff-check-"))
         base = tmp
