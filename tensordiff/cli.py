@@ -59,7 +59,10 @@ def _weights_path(spec):
     return spec if spec and not str(spec).startswith("synthetic:") else None
 
 
-def _emit_report(report, json_path) -> int:
+ALL_OPTION = click.option("--all", "show_all", is_flag=True, help="Show every row of the table (default: the first 200).")
+
+
+def _emit_report(report, json_path, show_all: bool = False) -> int:
     from .report import print_rich, render_text, write_json
 
     if json_path:
@@ -67,7 +70,7 @@ def _emit_report(report, json_path) -> int:
     if sys.stdout.isatty():
         print_rich(report, _console())
     else:
-        click.echo(render_text(report))
+        click.echo(render_text(report, None if show_all else 200))
     return 0 if report.verdict == "match" else 1
 
 
@@ -97,7 +100,8 @@ def cli():
 @click.option("--junit", "junit_path", type=click.Path(path_type=Path), help="Also write a JUnit XML report here.")
 @click.option("--html", "html_path", type=click.Path(path_type=Path),
               help="Also write a self-contained HTML report (boundary table, error heatmaps) here.")
-def compare(a, b, json_path, tolerances, fail_fast, verify, junit_path=None, html_path=None):
+@ALL_OPTION
+def compare(a, b, json_path, tolerances, fail_fast, verify, junit_path=None, html_path=None, show_all=False):
     """Compare dump A (reference, e.g. the oracle) with dump B (candidate, e.g. your engine)."""
     from .compare import compare_dumps
     from .dump import open_dump
@@ -111,7 +115,7 @@ def compare(a, b, json_path, tolerances, fail_fast, verify, junit_path=None, htm
     else:
         report = compare_dumps(da, db, tolerances, fail_fast=fail_fast, verify=verify)
     _emit_ci_reports(report, junit_path, html_path, da)
-    sys.exit(_emit_report(report, json_path))
+    sys.exit(_emit_report(report, json_path, show_all))
 
 
 @cli.command()
@@ -205,7 +209,9 @@ def dump(model, side, out, fmt, force, **kw):
 @click.option("--junit", "junit_path", type=click.Path(path_type=Path), help="Also write a JUnit XML report here.")
 @click.option("--html", "html_path", type=click.Path(path_type=Path),
               help="Also write a self-contained HTML report (boundary table, error heatmaps) here.")
-def check(model, json_path, tolerances, out, oracle_dtype, no_cache, junit_path=None, html_path=None, **kw):
+@ALL_OPTION
+def check(model, json_path, tolerances, out, oracle_dtype, no_cache, junit_path=None, html_path=None, show_all=False,
+          **kw):
     """Run the oracle and the engine on one image, compare, and name the earliest divergence."""
     from .runs import check as run_check
 
@@ -228,7 +234,7 @@ def check(model, json_path, tolerances, out, oracle_dtype, no_cache, junit_path=
             import shutil
 
             shutil.rmtree(keep, ignore_errors=True)
-    sys.exit(_emit_report(report, json_path))
+    sys.exit(_emit_report(report, json_path, show_all))
 
 
 @cli.command()

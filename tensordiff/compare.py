@@ -159,6 +159,9 @@ def compare_dumps(a: str | Path | Dump, b: str | Path | Dump, tolerances: Tolera
     if da.model != db.model:
         raise IncomparableDumps(f"{da.path} is a {da.model!r} dump but {db.path} is a {db.model!r} dump: "
                                 "their boundary contracts differ, so they cannot be compared")
+    if not da.entries and not db.entries:  # "all 0 boundaries match" would be a pass by accident
+        raise BadInput(f"nothing to compare: {da.path} and {db.path} hold no tensors (did the producer record "
+                       "any boundary?)")
     tols = tolerances if isinstance(tolerances, Tolerances) else load_tolerances(tolerances)
     contract, bounds = resolve_contract(da, db, contract)
     tols = with_contract(tols, contract.tolerances)

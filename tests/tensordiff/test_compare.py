@@ -246,3 +246,12 @@ def test_fp32_tensors_of_a_bf16_run_are_judged_in_bf16(tmp_path):
     assert t.status == "match" and t.dtype["unit"] == "bfloat16"
     a32, b32 = write(tmp_path / "c", {"w": x}), write(tmp_path / "d", {"w": y})
     assert compare_dumps(a32, b32).verdict == "diverged"
+
+
+def test_two_dumps_with_no_tensors_are_not_a_match(tmp_path):
+    from tensordiff import Recorder
+
+    for side in ("a", "b"):
+        Recorder(tmp_path / side, model="toy").close()
+    with pytest.raises(BadInput, match="nothing to compare"):
+        compare_dumps(tmp_path / "a", tmp_path / "b")
