@@ -115,8 +115,8 @@ def open_dump(path: str | Path) -> Dump:
         raise BadInput(f"{mpath} is implausibly large ({mpath.stat().st_size} bytes)")
     try:
         m = json.loads(mpath.read_text(encoding="utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise BadInput(f"{mpath} is not valid JSON ({e})") from None
+    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as e:  # deep nesting: RecursionError
+        raise BadInput(f"{mpath} is not valid JSON ({type(e).__name__}: {str(e)[:200]})") from None
     if not isinstance(m, dict):
         raise BadInput(f"{mpath}: expected a JSON object")
     if m.get("format") != FORMAT:

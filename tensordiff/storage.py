@@ -132,7 +132,7 @@ def read_safetensors_header(path: Path) -> tuple[dict[str, StoredTensor], dict]:
             raise BadInput(f"{path}: corrupt or truncated safetensors header (claims {n} bytes, file has {size})")
         try:
             header = json.loads(f.read(n).decode("utf-8"))
-        except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as e:
             raise BadInput(f"{path}: corrupt safetensors header ({e.__class__.__name__})") from None
     if not isinstance(header, dict):
         raise BadInput(f"{path}: corrupt safetensors header (not an object)")

@@ -29,6 +29,16 @@ def cache_root() -> Path:
     return base
 
 
+def share(directory: Path) -> None:
+    """Make a freshly written cache directory readable by everyone the umask allows (mkdtemp makes
+    it 0700 and safetensors writes 0600 files; a shared cache must stay readable)."""
+    mask = os.umask(0o022)
+    os.umask(mask)
+    os.chmod(directory, 0o777 & ~mask)
+    for p in directory.rglob("*"):
+        os.chmod(p, (0o777 if p.is_dir() else 0o666) & ~mask)
+
+
 def unit_seed(unit: str, seed: int = 0) -> int:
     """A 63-bit seed from a unit's name (stable across Python runs, unlike hash())."""
     digest = hashlib.sha256(f"{seed}:{unit}".encode()).digest()

@@ -28,7 +28,8 @@ from pathlib import Path
 from typing import Callable, Iterator
 
 from ..errors import BadInput
-from . import cache_root, generator
+from ..storage import PICKLE_EXT, read_safetensors_header
+from . import cache_root, generator, share
 
 MODEL = "deepseek-v4.1-flash"
 VERSION = 1  # bump when the values or layout change: a new cache directory is written
@@ -169,6 +170,7 @@ def _write(target: Path, cfg: dict, writers) -> None:
                 total += v.numel() * v.element_size()
         (tmp / INDEX).write_text(json.dumps({"metadata": {"total_size": total}, "weight_map": weight_map}, indent=1))
         (tmp / "config.json").write_text(json.dumps(cfg, indent=4) + "\n")
+        share(tmp)
         try:
             os.rename(tmp, target)
         except OSError:
@@ -214,20 +216,43 @@ def check_checkpoint(path: Path) -> None:
     index = path / INDEX
     if index.is_file():
         try:
-            names = set(json.loads(index.read_text())["weight_map"])
-        except (ValueError, KeyError, TypeError) as e:
+            weight_map = json.loads(index.read_text(encoding="utf-8"))["weight_map"]
+            if not isinstance(weight_map, dict) or not all(isinstance(v, str) for v in weight_map.values()):
+                raise TypeError("weight_map must map tensor names to shard file names")
+        except (ValueError, KeyError, TypeError, RecursionError) as e:
             raise BadInput(f"{index} is not a valid safetensors index ({e})") from None
     elif (path / "model.safetensors").is_file():
-        from safetensors import safe_open
-
-        with safe_open(str(path / "model.safetensors"), framework="np") as f:
-            names = set(f.keys())
+        weight_map = dict.fromkeys(read_safetensors_header(path / "model.safetensors")[0], "model.safetensors")
     else:
         raise BadInput(f"{path} has neither {INDEX} nor model.safetensors")
-    missing = [n for n in vision_tensor_names(merged) if n not in names]
+    needed = vision_tensor_names(merged)
+    missing = [n for n in needed if n not in weight_map]
     if missing:
         shown = ", ".join(missing[:8]) + (f" and {len(missing) - 8} more" if len(missing) > 8 else "")
         raise BadInput(f"checkpoint {path} lacks {len(missing)} vision tensor(s): {shown}")
+    check_shards(path, {weight_map[n] for n in needed}, {n: weight_map[n] for n in needed})
+
+
+def check_shards(path: Path, shards: set[str], where: dict[str, str]) -> None:
+    """The shards holding the tensors a run loads: safetensors files inside the checkpoint,
+    whole (every header offset inside the file), holding what the index says. Only these
+    shards' headers are read, never their data, and never another shard."""
+    for shard in sorted(shards):
+        f = (path / shard).resolve()
+        if Path(shard).is_absolute() or ".." in Path(shard).parts or path.resolve() not in f.parents:
+            raise BadInput(f"{path / INDEX}: shard {shard!r} lies outside the checkpoint directory")
+        if Path(shard).suffix.lower() in PICKLE_EXT:
+            raise BadInput(f"{path / INDEX} points to {shard}, a {Path(shard).suffix} file that may hold a pickle; "
+                           "tensordiff never unpickles: convert the checkpoint to safetensors")
+        if Path(shard).suffix.lower() != ".safetensors":
+            raise BadInput(f"{path / INDEX} points to {shard}, which is not a .safetensors file")
+        if not f.is_file():
+            raise BadInput(f"{path / INDEX} points to {shard}, which is missing from {path}")
+        keys, _ = read_safetensors_header(f)  # BadInput naming the file if truncated or corrupt
+        absent = [n for n, s in where.items() if s == shard and n not in keys]
+        if absent:
+            raise BadInput(f"{f}: the index places {absent[0]!r} here, but the shard has no such tensor "
+                           f"({len(absent)} missing); the index and the shards disagree")
 
 
 def resolve(spec: str) -> Path:
