@@ -88,6 +88,13 @@ def refuse_unless_dump(path: Path) -> None:
                        "manifest.json), so pick another --out or remove it yourself")
 
 
+def merge_run(run: dict, fields: dict) -> None:
+    """update_run: a dict field merges into the one already there (run.inputs gathers what the
+    toolkit and the producer each know about the inputs), anything else replaces it."""
+    for k, v in fields.items():
+        run[k] = {**run[k], **v} if isinstance(v, dict) and isinstance(run.get(k), dict) else v
+
+
 def _umask() -> int:
     old = os.umask(0o022)
     os.umask(old)
@@ -179,7 +186,7 @@ class Recorder:
         return list(self._names)
 
     def update_run(self, **fields: Any) -> None:
-        self.run.update(fields)
+        merge_run(self.run, fields)
 
     def close(self) -> Path:
         if self._closed:
@@ -269,4 +276,4 @@ class MemoryRecorder:
         self.tensors[name] = tensor.detach().clone() if hasattr(tensor, "detach") else np.array(tensor, copy=True)
 
     def update_run(self, **fields: Any) -> None:
-        self.run.update(fields)
+        merge_run(self.run, fields)

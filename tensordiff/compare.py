@@ -18,6 +18,7 @@ from .contract import Boundary, Contract, chain, topological
 from .dtypes import BY_NAME, narrower
 from .dump import Dump, Entry, open_dump
 from .errors import BadInput, IncomparableDumps
+from .inputs import notes as picture_notes
 from .layout import describe
 from .metrics import ExactMetrics, FloatMetrics, TopKSetMetrics
 from .result import FAILING, BoundaryResult, Report, TensorResult
@@ -214,6 +215,7 @@ def compare_dumps(a: str | Path | Dump, b: str | Path | Dump, tolerances: Tolera
             va, vb = va.get("sha256") or va.get("image", {}), vb.get("sha256") or vb.get("image", {})
         if va and vb and va != vb:
             notes.append(f"the two runs had different {k}: the comparison may be meaningless")
+    notes += picture_notes(da.run or db.run)
     return Report(str(da.path), str(db.path), da.model, [results[b.name] for b in present], notes,
                   {"a": da.producer, "b": db.producer}, {"a": da.run, "b": db.run}, tols.origin)
 

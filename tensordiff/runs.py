@@ -18,7 +18,7 @@ from . import registry
 from .adapter import ModelAdapter, RunRequest
 from .capture import Recorder
 from .errors import BadInput
-from .inputs import check_image, default_image_path
+from .inputs import check_image, default_image_path, facts_of
 from .outputs import dump_root
 from .warmup import warm
 
@@ -74,7 +74,7 @@ def run_side(adapter: ModelAdapter, side: str, req: RunRequest, out: Path, *, fm
 
     warm()
     producer = {"name": f"tensordiff-{side}", "version": tensordiff.__version__, "side": side}
-    run = {"inputs": {}, "dtype": req.dtype, "device": req.device, "weights": weights_fingerprint(req.weights_dir),
+    run = {"inputs": {"file": facts_of(req.image)}, "dtype": req.dtype, "device": req.device, "weights": weights_fingerprint(req.weights_dir),
            "weights_spec": req.weights, "versions": _versions(), "backend": req.backend if side == "engine" else None,
            "fault": req.fault if side == "engine" else None}
     rec = Recorder(out, model=adapter.name, producer=producer, run=run, fmt=fmt, overwrite=overwrite)
