@@ -93,18 +93,36 @@ class _MemmapReader(FlatReader):
         self.mm = None
 
 
+# What h5py raises for a damaged file or dataset (its own errors derive from these).
+H5_ERRORS = (OSError, ValueError, TypeError, KeyError, RuntimeError)
+
+
+def _h5_error(t: StoredTensor, e: Exception) -> BadInput:
+    return BadInput(f"{t.file}: HDF5 dataset {t.key!r} cannot be read ({type(e).__name__}: {str(e)[:200]}); "
+                    "the file is damaged")
+
+
 class _H5Reader(FlatReader):
     def __init__(self, t: StoredTensor):
         import h5py
 
         self.t = t
-        self.f = h5py.File(t.file, "r")
-        self.ds = self.f[t.key]
+        try:
+            self.f = h5py.File(t.file, "r")
+            self.ds = self.f[t.key]
+        except H5_ERRORS as e:
+            raise _h5_error(t, e) from None
         self.row = 1
         for s in t.shape[1:]:
             self.row *= s
 
     def read(self, start: int, stop: int) -> np.ndarray:
+        try:
+            return self._read(start, stop)
+        except H5_ERRORS as e:
+            raise _h5_error(self.t, e) from None
+
+    def _read(self, start: int, stop: int) -> np.ndarray:
         if not self.t.shape:
             return np.asarray(self.ds[()]).reshape(1)[start:stop]
         if self.row == 0:
@@ -194,8 +212,8 @@ def read_hdf5_entry(path: Path, key: str, dtype_name: str | None) -> StoredTenso
             if np.dtype(ds.dtype).itemsize != dt.itemsize:
                 raise BadInput(f"{path}:{key}: stored as {ds.dtype}, which cannot hold {dt.name}")
             return StoredTensor(path, key, tuple(int(s) for s in ds.shape), dt)
-    except OSError as e:
-        raise BadInput(f"{path}: not a readable HDF5 file ({e})") from None
+    except H5_ERRORS as e:  # h5py reports a damaged file through any of these
+        raise BadInput(f"{path}: not a readable HDF5 file ({type(e).__name__}: {str(e)[:200]})") from None
 
 
 def write_hdf5(path: Path, tensors: dict[str, tuple[np.ndarray, DType]]) -> None:
