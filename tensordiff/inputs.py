@@ -36,6 +36,7 @@ def check_image(path: str | Path) -> dict:
         raise BadInput(f"image {p} is empty (0 bytes)")
     try:
         with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # Pillow's notes on damaged tags: the verdict below says it once
             warnings.simplefilter("error", Image.DecompressionBombWarning)
             with Image.open(p) as im:
                 w, h = im.size
@@ -52,8 +53,8 @@ def check_image(path: str | Path) -> dict:
         raise BadInput(f"image {p} is too large to decode safely (decompression bomb)") from None
     except UnidentifiedImageError:
         raise BadInput(f"image {p} is not an image Pillow can read (corrupt or unknown format)") from None
-    except (OSError, SyntaxError, ValueError) as e:
-        raise BadInput(f"image {p} is corrupt or truncated ({e})") from None
+    except Exception as e:  # noqa: BLE001 - a damaged file makes Pillow raise IndexError, struct.error, ...
+        raise BadInput(f"image {p} is corrupt or truncated ({type(e).__name__}: {str(e)[:200]})".replace("\n", " ")) from None
     if min(w, h) < MIN_SIDE:
         raise BadInput(f"image {p} is {w}x{h}: too small to plan a patch grid (at least {MIN_SIDE} px each side)")
     return {"path": str(p), "sha256": hashlib.sha256(data).hexdigest(), "width": w, "height": h,
@@ -96,7 +97,5 @@ def facts_of(path) -> dict | None:
     """`file_facts` of an image already accepted by `check_image` (None without an image)."""
     if path is None:
         return None
-    from PIL import Image
-
-    with Image.open(path) as im:
-        return file_facts(int(getattr(im, "n_frames", 1) or 1), im.getexif().get(ORIENTATION))
+    facts = check_image(path)
+    return {k: facts[k] for k in ("frames", "frame_used", "exif_orientation")}

@@ -201,10 +201,17 @@ def read_hdf5_entry(path: Path, key: str, dtype_name: str | None) -> StoredTenso
             if key not in f or not isinstance(f[key], h5py.Dataset):
                 raise BadInput(f"{path}: no dataset {key!r}")
             ds = f[key]
-            name = ds.attrs.get("dtype", None)
-            if isinstance(name, bytes):
-                name = name.decode()
-            name = name or dtype_name or _np_to_name(ds.dtype)
+            # The manifest's dtype first: reading a variable-length string attribute of a damaged
+            # file can loop forever inside libhdf5 (found by tests/fuzz), so the attribute is read
+            # only when the manifest does not say, and only when it is a fixed-length string.
+            name = dtype_name
+            if name is None and "dtype" in ds.attrs:
+                aid = ds.attrs.get_id("dtype")
+                if aid.dtype.kind != "S" or aid.shape not in ((), (1,)):
+                    raise BadInput(f"{path}:{key}: the dtype attribute is not a fixed-length string; "
+                                   "give the dtype in the manifest")
+                name = np.asarray(ds.attrs["dtype"]).reshape(-1)[0].decode("ascii", "replace")
+            name = name or _np_to_name(ds.dtype)
             try:
                 dt = by_name(str(name))
             except KeyError as e:
@@ -222,7 +229,7 @@ def write_hdf5(path: Path, tensors: dict[str, tuple[np.ndarray, DType]]) -> None
     with h5py.File(path, "w") as f:
         for key, (arr, dt) in tensors.items():
             ds = f.create_dataset(key, data=arr)
-            ds.attrs["dtype"] = dt.name
+            ds.attrs["dtype"] = np.bytes_(dt.name)  # fixed-length: read without libhdf5's heap (see above)
 
 
 def _np_to_name(d) -> str:
