@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -46,13 +47,16 @@ def main() -> None:
     ap.add_argument("--jobs", type=int, default=2)
     a = ap.parse_args()
     a.out.mkdir(parents=True, exist_ok=True)
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # a `timeout` still stops the busy loop
     load = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+    modes = []
     try:
-        modes = [run_mode(False, a.runs, a.jobs), run_mode(True, a.runs, a.jobs)]
+        for warm in (False, True):  # results written after each mode: a cut-short run keeps what it measured
+            modes.append(run_mode(warm, a.runs, a.jobs))
+            (a.out / "vml_race.json").write_text(json.dumps({"cpus": os.cpu_count(), "modes": modes}, indent=1) + "\n")
     finally:
         load.kill()
         load.wait()
-    (a.out / "vml_race.json").write_text(json.dumps({"cpus": os.cpu_count(), "modes": modes}, indent=1) + "\n")
     for m in modes:
         print(f"warm-up {'on ' if m['warm_up'] else 'off'}: {m['runs_with_defect']}/{m['runs']} fresh processes "
               f"with a defect ({m['seconds']} s)")
