@@ -183,7 +183,7 @@ def _model_options(f):
 @click.option("--side", type=click.Choice(["oracle", "engine"]), required=True)
 @click.option("--out", type=click.Path(path_type=Path), required=True, help="Dump directory to create.")
 @click.option("--format", "fmt", type=click.Choice(["safetensors", "hdf5"]), default="safetensors", show_default=True)
-@click.option("--force", is_flag=True, help="Replace an existing dump at --out.")
+@click.option("--force", is_flag=True, help="Replace an existing tensordiff dump at --out (never any other file or directory).")
 @_model_options
 def dump(model, side, out, fmt, force, **kw):
     """Run one side of MODEL on an image and write its boundary tensors to a dump directory."""
