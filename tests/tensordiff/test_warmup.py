@@ -40,9 +40,11 @@ def test_the_check_trips_on_the_low_accuracy_kernel():
     except (OSError, AttributeError):
         pytest.skip("this torch build has no MKL VML")
     r = _result(_worker("--plant"))
-    # the defect of issue 13, bit for bit: rows 1..N/2 of rope.cos, max |cos^2+sin^2-1| = 2.99e-4
-    assert any("engine rope off the unit circle: max |cos^2+sin^2-1| = 0.000299, rows 1..1886" in d
-               for d in r["defects"]), r
+    # the defect of issue 13: rows 1..N/2 of rope.cos off the unit circle (2.99e-4 on the machine
+    # where it was seen; the EP kernel's exact error depends on the CPU's instruction set)
+    (d,) = [d for d in r["defects"] if d.startswith("engine rope off the unit circle")]
+    err = float(d.split("= ")[1].split(",")[0])
+    assert 1e-5 < err < 1e-2 and d.endswith("rows 1..1886"), d
 
 
 def test_fresh_processes_under_load_never_see_a_defect():
