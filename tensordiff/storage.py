@@ -160,8 +160,11 @@ def read_safetensors_header(path: Path) -> tuple[dict[str, StoredTensor], dict]:
     for key, info in header.items():
         try:
             dt = BY_ST[info["dtype"]]
-            shape = tuple(int(s) for s in info["shape"])
-            b, e = (int(x) for x in info["data_offsets"])
+            # integers only: int() would turn 2.5 into 2 and raise OverflowError on 1e309
+            if not all(type(x) is int for x in (*info["shape"], *info["data_offsets"])):
+                raise ValueError("not integers")
+            shape = tuple(info["shape"])
+            b, e = info["data_offsets"]
         except (KeyError, TypeError, ValueError):
             raise BadInput(f"{path}: tensor {key!r} has an unreadable header entry") from None
         t = StoredTensor(path, key, shape, dt, data_start + b)
