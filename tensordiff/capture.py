@@ -89,10 +89,14 @@ def refuse_unless_dump(path: Path) -> None:
 
 
 def merge_run(run: dict, fields: dict) -> None:
-    """update_run: a dict field merges into the one already there (run.inputs gathers what the
-    toolkit and the producer each know about the inputs), anything else replaces it."""
+    """Merge `fields` into the run record in place: tables merge key by key, at every depth, so a
+    runner adding `inputs={"grid": ...}` keeps the core's `inputs.image`; any other value replaces."""
     for k, v in fields.items():
-        run[k] = {**run[k], **v} if isinstance(v, dict) and isinstance(run.get(k), dict) else v
+        if isinstance(v, dict) and isinstance(run.get(k), dict):
+            run[k] = dict(run[k])
+            merge_run(run[k], v)
+        else:
+            run[k] = v
 
 
 def _umask() -> int:
@@ -186,6 +190,7 @@ class Recorder:
         return list(self._names)
 
     def update_run(self, **fields: Any) -> None:
+        """Add facts to the manifest's run record, merged in deeply (see `merge_run`)."""
         merge_run(self.run, fields)
 
     def close(self) -> Path:

@@ -19,6 +19,7 @@ Exit status: 0 every boundary within tolerance, 1 a material divergence, 2 bad i
 Examples:
   tensordiff compare dumps/sample-oracle dumps/sample-engine
   tensordiff compare oracle/ engine/ --json report.json --tolerances tol.toml
+  tensordiff compare oracle-fp32/ engine-bf16/ --floor oracle-bf16/   # numeric pass: x floor
 """
 
 
@@ -40,21 +41,6 @@ def _progress_factory(total: int, label: str):
     return prog, (lambda n: prog.advance(task, n))
 
 
-def _writable(path: Path | None) -> None:
-    """Refuse an output path we could not write before doing any work."""
-    if path is None:
-        return
-    parent = Path(path).resolve().parent
-    if not parent.is_dir():
-        raise BadInput(f"cannot write {path}: directory {parent} does not exist")
-    import os
-
-    if not os.access(parent, os.W_OK) or (Path(path).exists() and not os.access(path, os.W_OK)):
-        raise BadInput(f"cannot write {path}: permission denied")
-    if Path(path).is_dir():
-        raise BadInput(f"cannot write {path}: it is a directory")
-
-
 def _weights_path(spec):
     return spec if spec and not str(spec).startswith("synthetic:") else None
 
@@ -62,11 +48,9 @@ def _weights_path(spec):
 ALL_OPTION = click.option("--all", "show_all", is_flag=True, help="Show every row of the table (default: the first 200).")
 
 
-def _emit_report(report, json_path, show_all: bool = False) -> int:
-    from .report import print_rich, render_text, write_json
+def _print_report(report, show_all: bool = False) -> int:
+    from .report import print_rich, render_text
 
-    if json_path:
-        write_json(report, json_path)
     if sys.stdout.isatty():
         print_rich(report, _console())
     else:
@@ -100,22 +84,35 @@ def cli():
 @click.option("--junit", "junit_path", type=click.Path(path_type=Path), help="Also write a JUnit XML report here.")
 @click.option("--html", "html_path", type=click.Path(path_type=Path),
               help="Also write a self-contained HTML report (boundary table, error heatmaps) here.")
+@click.option("--floor", "floor_dir", type=click.Path(path_type=Path),
+              help="The oracle's dump in B's low precision (the floor run): judge B's error against A "
+                   "as a multiple of the floor's (three-way, row-aware).")
 @ALL_OPTION
-def compare(a, b, json_path, tolerances, fail_fast, verify, junit_path=None, html_path=None, show_all=False):
+def compare(a, b, json_path, tolerances, fail_fast, verify, junit_path=None, html_path=None, floor_dir=None,
+            show_all=False):
     """Compare dump A (reference, e.g. the oracle) with dump B (candidate, e.g. your engine)."""
     from .compare import compare_dumps
     from .dump import open_dump
 
-    guard_reports(json_path, junit_path, html_path, inputs=[a, b, tolerances])
+    guard_reports(json_path, junit_path, html_path, inputs=[a, b, tolerances, floor_dir])
     da, db = open_dump(a), open_dump(b)
-    prog, cb = _progress_factory(da.nbytes + db.nbytes, "comparing")
+    if floor_dir is not None:
+        from .floor import rule_of, three_way
+
+        report = three_way(da, open_dump(floor_dir), db, rule_of(tolerances), tolerances=tolerances)
+    else:
+        report = None
+    prog, cb = _progress_factory(da.nbytes + db.nbytes, "comparing") if report is None else (None, None)
     if prog:
         with prog:
             report = compare_dumps(da, db, tolerances, fail_fast=fail_fast, verify=verify, progress=cb)
-    else:
+    elif report is None:
         report = compare_dumps(da, db, tolerances, fail_fast=fail_fast, verify=verify)
-    _emit_ci_reports(report, junit_path, html_path, da)
-    sys.exit(_emit_report(report, json_path, show_all))
+    from .pipeline import lone_case, write_reports
+
+    write_reports(report_json=report.as_json(), json_path=json_path, cases=[lone_case(report, da if html_path else None)],
+                  junit_path=junit_path, html_path=html_path, title=f"tensordiff: {report.model}")
+    sys.exit(_print_report(report, show_all))
 
 
 @cli.command()
@@ -123,8 +120,6 @@ def compare(a, b, json_path, tolerances, fail_fast, verify, junit_path=None, htm
 @click.option("--verify", is_flag=True, help="Read every tensor and check its sha256.")
 def inspect(directory, verify):
     """List a dump's model, producer, run and tensors (reads no tensor data unless --verify)."""
-    import hashlib
-
     from .dump import open_dump
 
     d = open_dump(directory)
@@ -136,14 +131,7 @@ def inspect(directory, verify):
     for e in d.entries:
         status = ""
         if verify:
-            h = hashlib.sha256()
-            r = e.stored.reader()
-            try:
-                for s in range(0, e.stored.numel, 1 << 22):
-                    h.update(r.read(s, min(e.stored.numel, s + (1 << 22))).tobytes())
-            finally:
-                r.close()
-            ok = e.sha256 is None or h.hexdigest() == e.sha256
+            ok = e.sha256 is None or e.computed_sha256() == e.sha256
             status = "  sha256 ok" if ok and e.sha256 else ("  no sha256" if ok else "  SHA256 MISMATCH")
             bad += not ok
         click.echo(f"{e.name:<28} {e.boundary:<16} {e.dtype.name:<9} {str(list(e.shape)):<20} "
@@ -170,15 +158,33 @@ def _model_options(f):
                      help="Decode steps after the prompt."),
         click.option("--processor", type=click.Choice(["pil", "torchvision"]), default=None,
                      help="Qwen3-VL image processor for both sides (default: torchvision when importable, else PIL)."),
-        click.option("--option", "-o", "extra", multiple=True, metavar="KEY=VALUE",
-                     help="A model-specific run option, repeatable (e.g. -o attention=math)."),
+        click.option("--option", "-o", "extra", multiple=True, metavar="NAME=VALUE",
+                     help="A model's run option, repeatable (e.g. -o attention=math, -o kernel_quant=false); "
+                          "each model's are listed below and by `tensordiff options MODEL`."),
     ]
     for o in reversed(opts):
         f = o(f)
     return f
 
 
-@cli.command()
+class _ModelCommand(click.Command):
+    """A command taking MODEL: its --help ends with every installed model's option table."""
+
+    def format_epilog(self, ctx, formatter):
+        super().format_epilog(ctx, formatter)
+        from . import registry
+        from .options import render
+
+        with formatter.section("Model options (-o NAME=VALUE; also `tensordiff options MODEL`)"):
+            for name in registry.names():
+                try:
+                    text = render(registry.adapter(name))
+                except BadInput as e:  # an adapter that cannot load: say so, keep the help
+                    text = f"{name}: {e}"
+                formatter.write_text("\b\n" + text)
+
+
+@cli.command(cls=_ModelCommand)
 @click.argument("model")
 @click.option("--side", type=click.Choice(["oracle", "engine"]), required=True)
 @click.option("--out", type=click.Path(path_type=Path), required=True, help="Dump directory to create.")
@@ -196,7 +202,7 @@ def dump(model, side, out, fmt, force, **kw):
     click.echo(f"wrote {path}")
 
 
-@cli.command()
+@cli.command(cls=_ModelCommand)
 @click.argument("model")
 @_model_options
 @click.option("--json", "json_path", type=click.Path(path_type=Path), help="Also write the machine report here.")
@@ -213,28 +219,15 @@ def dump(model, side, out, fmt, force, **kw):
 def check(model, json_path, tolerances, out, oracle_dtype, no_cache, junit_path=None, html_path=None, show_all=False,
           **kw):
     """Run the oracle and the engine on one image, compare, and name the earliest divergence."""
-    from .runs import check as run_check
+    from .pipeline import CaseSpec, check as run_check, lone_case, write_reports
 
-    guard_reports(json_path, junit_path, html_path, inputs=[kw.get("image"), _weights_path(kw.get("weights")), tolerances, out])
-    keep = None
-    if html_path is not None and out is None:  # the heatmap's picture comes from the oracle dump
-        import tempfile
-
-        keep = Path(tempfile.mkdtemp(prefix="tensordiff-check-html-"))
-        out = keep / "dumps"
-    try:
-        report = run_check(model, json_path=json_path, tolerances=tolerances, out=out, oracle_dtype=oracle_dtype,
-                           use_cache=not no_cache, **kw)
-        if junit_path or html_path:
-            from .dump import open_dump
-
-            _emit_ci_reports(report, junit_path, html_path, open_dump(report.a) if html_path else None)
-    finally:
-        if keep is not None:
-            import shutil
-
-            shutil.rmtree(keep, ignore_errors=True)
-    sys.exit(_emit_report(report, json_path, show_all))
+    guard_reports(json_path, junit_path, html_path,
+                  inputs=[kw.get("image"), _weights_path(kw.get("weights")), tolerances, out])
+    case = run_check(CaseSpec(model, oracle_dtype=oracle_dtype, **kw), out=out, tolerances=tolerances,
+                     use_cache=not no_cache, views=html_path is not None)
+    write_reports(report_json=case.report.as_json(), json_path=json_path, cases=[lone_case(case.report, views=case.views)],
+                  junit_path=junit_path, html_path=html_path, title=f"tensordiff: {case.report.model}")
+    sys.exit(_print_report(case.report, show_all))
 
 
 @cli.command()
@@ -251,20 +244,21 @@ def faults(model):
         click.echo(f"{a.name}:")
         for f in a.faults:
             click.echo(f"  {f.name:<32} -> {f.boundary:<16} {f.description}")
+            if f.needs_text:
+                click.echo(f"  {'':<32}    {'':<16} needs: {f.needs_text}")
 
 
-def _emit_ci_reports(report, junit_path, html_path, dump_a=None) -> None:
-    """--junit / --html for compare and check: one case, the report's two dumps."""
-    from .report_junit import case_of, write_junit
+@cli.command()
+@click.argument("model", required=False)
+def options(model):
+    """List each model's run options (-o NAME=VALUE): name, type, default, which side reads it, help."""
+    from . import registry
+    from .options import render
 
-    case = case_of(report)
-    if junit_path:
-        write_junit([case], junit_path)
-    if html_path:
-        from .report_html import heat_views, write_html
-
-        case.views = heat_views(report, dump_a)
-        write_html([case], html_path, title=f"tensordiff: {report.model}")
+    names = [model] if model else registry.names()
+    if not names:
+        raise BadInput("no model adapters are installed")
+    click.echo("\n\n".join(render(registry.adapter(n)) for n in names))
 
 
 EPILOG_GATE = """\b
@@ -304,43 +298,30 @@ def gate(config, json_path, junit_path, html_path, out, models, fault, weights, 
     import time
 
     from .gate import load_gate, render_breakdown, run_gate
+    from .pipeline import check_weights, write_reports
     from .report import render_text
 
     cfg = load_gate(config)
     guard_reports(json_path, junit_path, html_path, inputs=[config, out, *gate_inputs(cfg)])
-    if weights is not None and not weights.startswith("synthetic:"):
-        if not Path(weights).is_dir():
-            raise BadInput(f"--weights {weights!r} is neither synthetic:<variant> nor a checkpoint directory")
-        weights = str(Path(weights).resolve())
+    weights = check_weights(weights, Path.cwd(), "--weights") if weights is not None else None
     overrides = {"weights": weights, "device": device, "dtype": dtype, "oracle_dtype": oracle_dtype, "backend": backend}
     res = run_gate(cfg, fault=fault, models=list(models) or None, out=out, use_cache=False if no_cache else None,
                    local=False if no_local_error else None, overrides=overrides, html=html_path is not None,
                    echo=click.echo)
     t0 = time.perf_counter()
-    if junit_path:
-        from .report_junit import write_junit
-
-        write_junit(res.cases, junit_path, name=cfg.name)
-    if html_path:
-        from .report_html import write_html
-
-        write_html(res.cases, html_path, title=cfg.name)
+    write_reports(cases=res.cases, junit_path=junit_path, html_path=html_path, title=cfg.name, name=cfg.name)
     res.timings["report"] = time.perf_counter() - t0
     res.timings["total"] = res.timings.get("total", 0.0) + res.timings["report"]
-    if json_path:
-        import json
-
-        from .result import _finite
-
-        from .storage import write_text_atomic
-
-        write_text_atomic(json_path, json.dumps(_finite(res.as_json()), indent=1) + "\n", "the JSON report")
+    write_reports(report_json=res.as_json() if json_path else None, json_path=json_path)
     if not quiet:
         for c in res.cases:
             if not c.passed and c.report is not None:
                 click.echo("")
-                click.echo(f"== {c.label}")
+                click.echo(f"== {c.label}" + (f" ({c.passes[0]} pass)" if c.numeric is not None else ""))
                 click.echo(render_text(c.report))
+                if c.numeric is not None:
+                    click.echo(f"== {c.label} (numeric pass)")
+                    click.echo(render_text(c.numeric))
                 if c.local is not None:
                     click.echo(f"local error: {c.local.summary()}")
         click.echo("")
@@ -360,13 +341,16 @@ def gate(config, json_path, junit_path, html_path, out, models, fault, weights, 
 @click.option("--model", "models", multiple=True, help="Calibrate only this model (repeatable).")
 @click.option("--variant", "variants", multiple=True,
               help="KEY=VALUE the oracle changes against itself: dtype=bfloat16 (default), sdpa=math|flash|"
-                   "efficient|cudnn, or a runner option such as attn=eager. Repeatable.")
+                   "efficient|cudnn, or an oracle run option (`tensordiff options MODEL`) such as "
+                   "attention=eager. Repeatable.")
 @click.option("--multiple", type=float, default=10.0, show_default=True, help="Tolerance = this many times the floor.")
 @click.option("--dtype", type=click.Choice(["float32", "bfloat16"]), default="float32", show_default=True,
               help="The reference oracle's dtype.")
 @click.option("--device", default=None, help="Override the gate's device.")
 @click.option("--no-cache", is_flag=True, help="Run the oracle even when a cached dump exists.")
-def calibrate(config, out, models, variants, multiple, dtype, device, no_cache):
+@click.option("--no-engine-profile", is_flag=True,
+              help="Skip the clean engine's profile (its ratios to the floor, for the gate's numeric pass).")
+def calibrate(config, out, models, variants, multiple, dtype, device, no_cache, no_engine_profile=False):
     """Measure each boundary's noise floor (the oracle against itself at another precision or
     attention kernel, on the gate's images) and write tolerances as a multiple of it."""
     from .calibrate import DEFAULT_VARIANTS, calibrate as run_calibrate, write
@@ -383,7 +367,8 @@ def calibrate(config, out, models, variants, multiple, dtype, device, no_cache):
         guard(path, "--out", "calibration", [config, *gate_inputs(cfg)])
         cal = run_calibrate(m.name, list(m.images), weights=m.weights, device=device or m.device, dtype=dtype,
                             variants=list(variants) or list(DEFAULT_VARIANTS), multiple=multiple,
-                            use_cache=cfg.cache and not no_cache, echo=lambda s: click.echo(s, err=True))
+                            use_cache=cfg.cache and not no_cache, echo=lambda s: click.echo(s, err=True),
+                            engine_profile=not no_engine_profile, backend=m.backend)
         write(cal, path)
         click.echo(cal.render_text())
         click.echo(f"wrote {path}")

@@ -62,7 +62,7 @@ def check_image(path: str | Path) -> dict:
 
 
 def file_facts(frames: int, orientation) -> dict:
-    """What a dump's run.inputs.file records about the picture beyond its pixels: how many frames
+    """What a dump's run.inputs.image records (`provenance.describe_image`) about the picture beyond its pixels: how many frames
     it has (both sides decode the first only) and its EXIF orientation tag (DeepSeek ignores it,
     as the official code does; Qwen3-VL applies it, as transformers does)."""
     return {"frames": frames, "frame_used": 0,
@@ -71,7 +71,7 @@ def file_facts(frames: int, orientation) -> dict:
 
 def notes(run: dict) -> list[str]:
     """Report notes about the picture a run recorded (`file_facts`)."""
-    f = ((run or {}).get("inputs") or {}).get("file")
+    f = ((run or {}).get("inputs") or {}).get("image")
     if not isinstance(f, dict):
         return []
     out = []
@@ -91,11 +91,3 @@ def default_image_path() -> Path:
     if not here.exists():
         raise BadInput(f"the embedded default image is missing from the install ({here})")
     return here
-
-
-def facts_of(path) -> dict | None:
-    """`file_facts` of an image already accepted by `check_image` (None without an image)."""
-    if path is None:
-        return None
-    facts = check_image(path)
-    return {k: facts[k] for k in ("frames", "frame_used", "exif_orientation")}

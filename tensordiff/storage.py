@@ -138,8 +138,11 @@ class _H5Reader(FlatReader):
 
 # ----------------------------------------------------------------------------- safetensors
 
-def read_safetensors_header(path: Path) -> tuple[dict[str, StoredTensor], dict]:
-    """Parse and validate a safetensors header; raises BadInput naming the file and the fault."""
+def read_safetensors_layout(path: Path) -> tuple[dict[str, tuple[str, tuple[int, ...], int, int]], dict]:
+    """The structure of a safetensors header, whatever its dtypes: {key: (dtype, shape, start,
+    end)} with absolute byte offsets, each entry's integers checked and its bytes inside the
+    file. A checkpoint shard (FP8 weights, FP8 scales) is checked with this; a dump's tensors
+    are read with `read_safetensors_header`. Raises BadInput naming the file and the fault."""
     size = path.stat().st_size
     with open(path, "rb") as f:
         head = f.read(8)
@@ -155,25 +158,89 @@ def read_safetensors_header(path: Path) -> tuple[dict[str, StoredTensor], dict]:
     if not isinstance(header, dict):
         raise BadInput(f"{path}: corrupt safetensors header (not an object)")
     meta = header.pop("__metadata__", None) or {}
-    out: dict[str, StoredTensor] = {}
+    out: dict[str, tuple[str, tuple[int, ...], int, int]] = {}
     data_start = 8 + n
     for key, info in header.items():
         try:
-            dt = BY_ST[info["dtype"]]
+            dtype = info["dtype"]
             # integers only: int() would turn 2.5 into 2 and raise OverflowError on 1e309
-            if not all(type(x) is int for x in (*info["shape"], *info["data_offsets"])):
+            if not isinstance(dtype, str) or not all(type(x) is int for x in (*info["shape"], *info["data_offsets"])):
                 raise ValueError("not integers")
             shape = tuple(info["shape"])
             b, e = info["data_offsets"]
         except (KeyError, TypeError, ValueError):
             raise BadInput(f"{path}: tensor {key!r} has an unreadable header entry") from None
-        t = StoredTensor(path, key, shape, dt, data_start + b)
-        if any(s < 0 for s in shape) or e - b != t.nbytes or b < 0:
+        if any(s < 0 for s in shape) or b < 0 or e < b:
             raise BadInput(f"{path}: tensor {key!r} offsets do not match its shape and dtype")
         if data_start + e > size:
             raise BadInput(f"{path}: truncated: tensor {key!r} ends at byte {data_start + e}, file has {size}")
+        out[key] = (dtype, shape, data_start + b, data_start + e)
+    return out, meta
+
+
+def read_safetensors_header(path: Path) -> tuple[dict[str, StoredTensor], dict]:
+    """Parse and validate a safetensors header of tensors this toolkit compares (their dtypes
+    known, their sizes matching their shapes); raises BadInput naming the file and the fault."""
+    layout, meta = read_safetensors_layout(path)
+    out: dict[str, StoredTensor] = {}
+    for key, (dtype, shape, b, e) in layout.items():
+        dt = BY_ST.get(dtype)
+        if dt is None:
+            raise BadInput(f"{path}: tensor {key!r} has an unreadable header entry (dtype {dtype[:20]!r})")
+        t = StoredTensor(path, key, shape, dt, b)
+        if e - b != t.nbytes:
+            raise BadInput(f"{path}: tensor {key!r} offsets do not match its shape and dtype")
         out[key] = t
     return out, meta
+
+
+CHECKPOINT_INDEX = "model.safetensors.index.json"
+
+
+def checkpoint_weight_map(ckpt: str | Path) -> dict[str, str]:
+    """A safetensors checkpoint directory's {tensor name: shard file}: from its index, or from
+    the header of its one `model.safetensors`. The checkpoint format, read once for the oracle,
+    the engine and the core alike; raises BadInput naming the file."""
+    ckpt = Path(ckpt)
+    index = ckpt / CHECKPOINT_INDEX
+    if index.is_file():
+        try:
+            wm = json.loads(index.read_text(encoding="utf-8"))["weight_map"]
+            if not isinstance(wm, dict) or not all(isinstance(v, str) for v in wm.values()):
+                raise TypeError("weight_map must map tensor names to shard file names")
+        except (ValueError, KeyError, TypeError, RecursionError) as e:
+            raise BadInput(f"{index} is not a valid safetensors index ({e})") from None
+        return wm
+    if (ckpt / "model.safetensors").is_file():
+        return dict.fromkeys(read_safetensors_layout(ckpt / "model.safetensors")[0], "model.safetensors")
+    raise BadInput(f"{ckpt} holds neither {CHECKPOINT_INDEX} nor model.safetensors")
+
+
+def checkpoint_shards(ckpt: str | Path, prefix: str) -> dict[Path, list[str]]:
+    """The shards holding a checkpoint's tensors named `prefix...`: {shard path: its names},
+    each shard a .safetensors file inside the directory that exists (never a pickle)."""
+    ckpt = Path(ckpt)
+    out: dict[Path, list[str]] = {}
+    for name, shard in checkpoint_weight_map(ckpt).items():
+        if name.startswith(prefix):
+            out.setdefault(shard, []).append(name)
+    return {check_shard(ckpt, shard): names for shard, names in out.items()}
+
+
+def check_shard(ckpt: Path, shard: str) -> Path:
+    """The path of a shard an index names: a .safetensors file inside the checkpoint directory
+    that exists (never a pickle)."""
+    f = (ckpt / shard).resolve()
+    if Path(shard).is_absolute() or ".." in Path(shard).parts or ckpt.resolve() not in f.parents:
+        raise BadInput(f"{ckpt / CHECKPOINT_INDEX}: shard {shard!r} lies outside the checkpoint directory")
+    if Path(shard).suffix.lower() in PICKLE_EXT:
+        raise BadInput(f"{ckpt / CHECKPOINT_INDEX} points to {shard}, a {Path(shard).suffix} file that may hold "
+                       "a pickle; tensordiff never unpickles: convert the checkpoint to safetensors")
+    if Path(shard).suffix.lower() != ".safetensors":
+        raise BadInput(f"{ckpt / CHECKPOINT_INDEX} points to {shard}, which is not a .safetensors file")
+    if not f.is_file():
+        raise BadInput(f"{ckpt / CHECKPOINT_INDEX} points to {shard}, which is missing from {ckpt}")
+    return ckpt / shard
 
 
 def write_safetensors(path: Path, tensors: dict[str, tuple[np.ndarray, DType]], metadata: dict | None = None) -> None:

@@ -8,7 +8,6 @@ actually received), `block0` [N, D], `final_norm` [N, D], `aligner` [T, dim].
 """
 from __future__ import annotations
 
-import hashlib
 import time
 import warnings
 from pathlib import Path
@@ -17,8 +16,9 @@ import torch
 from torch import nn
 
 from tensordiff.errors import BadInput
+from tensordiff.models.deepseek_options import OPTIONS
 
-from .checkpoint import default_dtype, fingerprint, load_into
+from .checkpoint import default_dtype, load_into
 from .config import ModelArgs
 from .image_processor import load_image, num_image_tokens
 from .vision import Aligner, ViT
@@ -75,19 +75,6 @@ def tap(model: VisionModel, rec) -> list:
     ]
 
 
-def image_facts(path: Path) -> dict:
-    from PIL import Image
-
-    data = Path(path).read_bytes()
-    with Image.open(path) as im:
-        return {"sha256": hashlib.sha256(data).hexdigest(), "size": [im.width, im.height], "mode": im.mode}
-
-
-def versions() -> dict:
-    import PIL
-
-    return {"torch": torch.__version__, "pillow": PIL.__version__}
-
 
 def run(req, rec) -> None:
     if req.weights_dir is None or req.image is None:
@@ -103,10 +90,9 @@ def run(req, rec) -> None:
     t1 = time.perf_counter()
 
     patches, n_vit_h, n_vit_w, n_llm_h, n_llm_w = load_image(req.image, args)
-    rec.update_run(
-        inputs={"image": image_facts(req.image), "grid": [n_vit_h, n_vit_w], "cells": [n_llm_h, n_llm_w],
-                "span": num_image_tokens(n_llm_h, n_llm_w)},
-        dtype=req.dtype, device=req.device, weights=fingerprint(checkpoint), versions=versions())
+    # model facts only: the core writes the provenance (weights, versions, the image) itself
+    rec.update_run(inputs={"grid": [n_vit_h, n_vit_w], "cells": [n_llm_h, n_llm_w],
+                           "span": num_image_tokens(n_llm_h, n_llm_w)})
     handles = tap(model, rec) if getattr(rec, "enabled", True) else []
     t2 = time.perf_counter()
     try:
@@ -119,12 +105,14 @@ def run(req, rec) -> None:
     # the gate's time breakdown (`tensordiff gate` reads run.timings); forward includes the taps' copies
     rec.update_run(timings={"load_weights": t1 - t0, "preprocess": t2 - t1, "forward": time.perf_counter() - t2})
     if wants_language(req):
-        from .model import run_language
+        from .model import language_numerics, run_language
 
-        facts = run_language(args, checkpoint, dtype, req.prompt, aligned.detach(), (n_llm_h, n_llm_w), req.decode,
-                             rec, kernel_quant=bool((req.options or {}).get("kernel_quant", False)))
+        num = language_numerics(req)
+        facts = run_language(args, checkpoint, num.dtype, req.prompt, aligned.detach(), (n_llm_h, n_llm_w),
+                             req.decode, rec, kernel_quant=num.kernel_quant)
         rec.update_run(outputs={"generated": facts["generated"], "stop": facts["stop"]},
-                       language={"prompt_tokens": facts["prompt_tokens"], "span_start": facts["span_start"]})
+                       language={"prompt_tokens": facts["prompt_tokens"], "span_start": facts["span_start"]},
+                       language_numerics=num.facts(), boundary_dtypes=num.boundary_dtypes())
 
 
 def wants_language(req) -> bool:

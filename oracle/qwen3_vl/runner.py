@@ -3,12 +3,12 @@ get_rope_index for the positions. Nothing of transformers is re-typed here."""
 from __future__ import annotations
 
 import contextlib
-import hashlib
 from pathlib import Path
 
 import torch
 
 from tensordiff.errors import BadInput
+from tensordiff.models.qwen3_vl_options import OPTIONS
 
 from . import config as config_mod
 from . import model as model_mod
@@ -37,9 +37,6 @@ def _exact_fp32(dtype):
 
 
 def run(req, rec) -> None:
-    import PIL
-    import transformers
-
     if req.weights_dir is None or req.image is None:
         raise BadInput("qwen3-vl needs a checkpoint directory and an image")
     if req.dtype not in DTYPES:
@@ -47,8 +44,9 @@ def run(req, rec) -> None:
     if req.decode < 0:
         raise BadInput(f"decode steps must be >= 0, not {req.decode}")
     dtype = DTYPES[req.dtype]
+    opts = OPTIONS.resolve(req.options)  # typed, defaults filled
     cfg = config_mod.load_config(req.weights_dir)
-    proc, ran = processor_mod.build(req.weights_dir, req.options.get("processor"))
+    proc, ran = processor_mod.build(req.weights_dir, opts["processor"])
     image = processor_mod.load_image(Path(req.image))
     try:
         batch = proc(images=[image], return_tensors="pt")
@@ -57,7 +55,7 @@ def run(req, rec) -> None:
     pixel_values, grid_thw = batch["pixel_values"], batch["image_grid_thw"]
     rec.record("patches", pixel_values)
 
-    model = model_mod.build(cfg, req.weights_dir, dtype, req.device, attn=req.options.get("attn", "sdpa"))
+    model = model_mod.build(cfg, req.weights_dir, dtype, req.device, attn=opts["attention"])
     taps = Taps(model)
     try:
         with torch.inference_mode(), _exact_fp32(dtype):
@@ -82,24 +80,10 @@ def run(req, rec) -> None:
 
     t, gh, gw = (int(v) for v in grid_thw[0])
     m, patch = cfg.vision_config.spatial_merge_size, cfg.vision_config.patch_size
-    versions = {"torch": torch.__version__, "transformers": transformers.__version__, "pillow": PIL.__version__}
-    try:
-        import torchvision
-
-        versions["torchvision"] = torchvision.__version__
-    except ImportError:
-        pass
-    prior = getattr(rec, "run", None) or {}  # keep what the caller already wrote
+    # model facts only: the core writes the provenance (weights, versions, the image) itself
     inputs = {
-        "image": {"sha256": hashlib.sha256(Path(req.image).read_bytes()).hexdigest(),
-                  "width": image.width, "height": image.height},
         "resized": [gh * patch, gw * patch], "grid": [gh, gw], "cells": [gh // m, gw // m], "grid_thw": [t, gh, gw],
         "processor": ran, "processor_class": type(proc).__name__, "prompt": req.prompt,
         "tokens": int(ids.shape[1]), "decode": req.decode,
     }
-    rec.update_run(
-        inputs={**(prior.get("inputs") or {}), **inputs},
-        weights=model_mod.fingerprint(req.weights_dir),
-        versions={**(prior.get("versions") or {}), **versions},
-        dtype=req.dtype, device=req.device, attn=model.config._attn_implementation,
-    )
+    rec.update_run(inputs=inputs, attn=model.config._attn_implementation)

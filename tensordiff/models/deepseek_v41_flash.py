@@ -1,4 +1,5 @@
-"""DeepSeek V4.1 Flash: the boundary contract of the vision path, its faults and both runners.
+"""DeepSeek V4.1 Flash: the boundary contract of the vision path, its faults (`deepseek_faults`),
+its options (`deepseek_options`) and both runners.
 
 Data flow (the contract's DAG):
 
@@ -11,9 +12,11 @@ without model code).
 """
 from __future__ import annotations
 
-from ..adapter import Fault, ModelAdapter, lazy
+from ..adapter import ModelAdapter, lazy
 from ..contract import Boundary, Contract
+from . import deepseek_faults as faults
 from . import deepseek_language_contract as language
+from .deepseek_options import OPTIONS
 
 NAME = "deepseek-v4.1-flash"
 
@@ -28,19 +31,13 @@ CONTRACT = Contract(NAME, (
              "channel-major unfold, w2(gelu(w1(x)))", layout="cells"),
 ))
 
-FAULTS = (
-    Fault("contain-ceil", "patches", "contain rounds the short side with ceil instead of round",
-          needs="an aspect ratio where ceil and round differ (e.g. 1024x701)"),
-    Fault("rope-interleaved", "rope", "2D RoPE angles interleaved (row, col, ...) instead of blocked"),
-    Fault("aligner-flat-pad", "aligner", "zero rows appended to the flattened patches instead of a "
-          "right/bottom grid pad", needs="a patch grid whose width is not a multiple of 3"),
-    Fault("gelu-tanh", "aligner", "tanh-approximated GELU in the aligner instead of exact erf",
-          needs="float32 (the change is ~1e-4 relative, under bf16 resolution)"),
-    Fault("patch-pad-nonzero", "block0", "non-zero padding columns in the 592-wide patch projection"),
-)
 
-
-
+def _reads(req) -> tuple[str, ...] | None:
+    """What a run reads from the checkpoint: the tower, the aligner and the image markers; with a
+    prompt or decode steps, the language backbone too (then: everything)."""
+    if req.prompt is None and not req.decode:
+        return ("vision.", "aligner.", "image_start", "image_end", "image_newline")
+    return None
 
 
 def _weights(spec: str):
@@ -58,10 +55,14 @@ CONTRACT = Contract(NAME, CONTRACT.boundaries, rules=language.RULES,
 ADAPTER = ModelAdapter(
     name=NAME,
     contract=CONTRACT,
-    faults=FAULTS + language.FAULTS,
+    faults=faults.FAULTS,
+    options=OPTIONS,
     oracle=lazy("oracle.deepseek_v41_flash.run:run"),
     engine=lazy("engine.deepseek_v41_flash.run:run"),
     weights=_weights,
+    weight_prefixes=_reads,
+    sources=("oracle.deepseek_v41_flash", "tensordiff.models.deepseek_v41_flash",
+             "tensordiff.models.deepseek_language_contract"),
     stages=lazy("engine.deepseek_v41_flash.stages:make_stages"),
     description="DeepSeek V4.1 Flash: preprocessing, 32-layer ViT with 2D RoPE, 3x3 aligner; with a prompt, the language backbone",
 )

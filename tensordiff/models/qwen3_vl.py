@@ -1,4 +1,5 @@
-"""Qwen3-VL: the boundary contract of the vision path and image positions, its faults, both runners.
+"""Qwen3-VL: the boundary contract of the vision path and image positions, its faults
+(`qwen3_vl_faults`), its options (`qwen3_vl_options`), both runners.
 
 Data flow (the contract's DAG):
 
@@ -17,9 +18,11 @@ import re
 from pathlib import Path
 from typing import Sequence
 
-from ..adapter import Fault, ModelAdapter, lazy
+from ..adapter import ModelAdapter, lazy
 from ..contract import Boundary, Contract, TensorRule
 from ..errors import BadInput
+from .qwen3_vl_faults import FAULTS
+from .qwen3_vl_options import OPTIONS
 
 NAME = "qwen3-vl"
 DEEPSTACK = re.compile(r"^deepstack\.(\d+)$")
@@ -62,27 +65,6 @@ def boundary_of(tensor: str) -> str:
 CONTRACT = Contract(NAME, boundaries_for(()), rules=(TensorRule("positions.*", "exact"),),
                     resolver=boundaries_for, boundary_of=boundary_of)
 
-FAULTS = (
-    Fault("merge-order-raster", "patches", "pixel rows in plain raster order instead of 2x2 merge groups",
-          needs="a patch grid more than 2 patches wide"),
-    Fault("posembed-align-corners-false", "pos_embed", "position table resampled with half-pixel centres "
-          "(align_corners=False) instead of corner-aligned", needs="a patch grid other than 48 on a side"),
-    Fault("rope-hw-swap", "rope", "height and width swapped in the 2D RoPE positions"),
-    Fault("deepstack-drop", "deepstack.*", "DeepStack features not produced (zeroed)"),
-    Fault("mrope-no-delta", "positions", "decode positions continue from the sequence length instead of "
-          "rope_deltas", needs="an image of more than one merged cell (rope_deltas != 0)"),
-    Fault("vision-gelu-erf", "block0", "vision block MLPs use exact GELU instead of gelu_pytorch_tanh",
-          needs="float32 (the change is ~1e-3 absolute, near bf16 resolution)"),
-    Fault("tower-skip-last-block", "final_norm", "off by one in the block loop: the last vision block never runs"),
-    Fault("merger-gelu-tanh", "aligner", "the merger's exact GELU replaced by the tanh approximation",
-          needs="float32 (the change is ~1e-3 absolute, near bf16 resolution)"),
-    Fault("deepstack-off-by-one", "deepstack.0", "DeepStack taps read as 1-based block numbers (one block late)"),
-)
-
-
-
-
-
 def _weights(spec: str) -> Path:
     if spec.startswith("synthetic:"):
         from ..synthetic.qwen3_vl import ensure
@@ -103,9 +85,12 @@ ADAPTER = ModelAdapter(
     name=NAME,
     contract=CONTRACT,
     faults=FAULTS,
+    options=OPTIONS,
     oracle=lazy("oracle.qwen3_vl.runner:run"),
     engine=lazy("engine.qwen3_vl.runner:run"),
     weights=_weights,
+    weight_prefixes=lambda req: ("model.visual.",),  # both sides read the vision tower only
+    sources=("oracle.qwen3_vl", "tensordiff.models.qwen3_vl"),
     stages=lazy("engine.qwen3_vl.stages:make_stages"),
     description="Qwen3-VL vision path (smart_resize, merge-order patches, interpolated position table, 2D RoPE, "
                 "ViT, merger, DeepStack) and the M-RoPE positions of the image span; oracle = transformers",

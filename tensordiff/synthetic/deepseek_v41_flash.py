@@ -13,7 +13,8 @@ Values: each unit (`vision.patch_embed`, `vision.blocks.N`, `vision.norm`, `alig
 at trained-like scales: fan-in scaled weights, residual outputs scaled down by sqrt(2 * layers),
 small biases, norm weights near 1. Stored in bf16, as the released vision weights are.
 
-`tiny` also holds the language backbone (`deepseek_v41_flash_language`, merged into the same
+`tiny-fp8` is `tiny` in the released storage (FP8 dense layers and Engram table with block scales,
+FP4 routed experts). `tiny` also holds the language backbone (`deepseek_v41_flash_language`, merged into the same
 config and index); `full` holds the vision path only (tower, aligner, span markers).
 """
 from __future__ import annotations
@@ -28,7 +29,7 @@ from pathlib import Path
 from typing import Callable, Iterator
 
 from ..errors import BadInput
-from ..storage import PICKLE_EXT, read_safetensors_header
+from ..storage import check_shard, checkpoint_weight_map, read_safetensors_layout
 from . import cache_root, generator, share
 
 MODEL = "deepseek-v4.1-flash"
@@ -70,7 +71,15 @@ def _tiny() -> dict:
     return {**FULL, **language_config(TINY_DIM), **TINY_VISION}
 
 
-CONFIGS: dict[str, Callable[[], dict]] = {"tiny": _tiny, "full": lambda: dict(FULL)}
+def _tiny_fp8() -> dict:
+    from .deepseek_v41_flash_language import quantised_config
+
+    return quantised_config(_tiny())
+
+
+# `tiny-fp8` is `tiny` stored as the released checkpoint is: FP8 dense layers and Engram table with
+# their block scales, FP4 routed experts (see `deepseek_v41_flash_language`).
+CONFIGS: dict[str, Callable[[], dict]] = {"tiny": _tiny, "tiny-fp8": _tiny_fp8, "full": lambda: dict(FULL)}
 
 
 # --------------------------------------------------------------------------- names and shapes
@@ -133,7 +142,8 @@ def _language_values(cfg: dict) -> Iterator[tuple[str, dict]]:
 # Units each size holds: `full` is the vision path only (the released language backbone is
 # ~280B parameters); `tiny` holds the whole model.
 UNIT_WRITERS: dict[str, list[Callable[[dict], Iterator[tuple[str, dict]]]]] = {
-    "tiny": [_vision_values, _language_values], "full": [_vision_values]}
+    "tiny": [_vision_values, _language_values], "tiny-fp8": [_vision_values, _language_values],
+    "full": [_vision_values]}
 
 SHARD_BYTES = 512 << 20
 
@@ -185,7 +195,7 @@ def _write(target: Path, cfg: dict, writers) -> None:
 def synthetic_dir(size: str) -> Path:
     """The cached checkpoint for `size` ("tiny" or "full"), written on first use."""
     if size not in CONFIGS:
-        raise BadInput(f"unknown synthetic size {size!r} (tiny or full)")
+        raise BadInput(f"unknown synthetic size {size!r} ({', '.join(CONFIGS)})")
     cfg = CONFIGS[size]()
     from .deepseek_v41_flash_language import SYNTH_VERSION
 
@@ -213,18 +223,7 @@ def check_checkpoint(path: Path) -> None:
     if not isinstance(cfg, dict) or not cfg.get("vision_n_layers"):
         raise BadInput(f"{config} declares no vision tower (vision_n_layers missing or 0)")
     merged = {**FULL, **cfg}
-    index = path / INDEX
-    if index.is_file():
-        try:
-            weight_map = json.loads(index.read_text(encoding="utf-8"))["weight_map"]
-            if not isinstance(weight_map, dict) or not all(isinstance(v, str) for v in weight_map.values()):
-                raise TypeError("weight_map must map tensor names to shard file names")
-        except (ValueError, KeyError, TypeError, RecursionError) as e:
-            raise BadInput(f"{index} is not a valid safetensors index ({e})") from None
-    elif (path / "model.safetensors").is_file():
-        weight_map = dict.fromkeys(read_safetensors_header(path / "model.safetensors")[0], "model.safetensors")
-    else:
-        raise BadInput(f"{path} has neither {INDEX} nor model.safetensors")
+    weight_map = checkpoint_weight_map(path)
     needed = vision_tensor_names(merged)
     missing = [n for n in needed if n not in weight_map]
     if missing:
@@ -238,17 +237,8 @@ def check_shards(path: Path, shards: set[str], where: dict[str, str]) -> None:
     whole (every header offset inside the file), holding what the index says. Only these
     shards' headers are read, never their data, and never another shard."""
     for shard in sorted(shards):
-        f = (path / shard).resolve()
-        if Path(shard).is_absolute() or ".." in Path(shard).parts or path.resolve() not in f.parents:
-            raise BadInput(f"{path / INDEX}: shard {shard!r} lies outside the checkpoint directory")
-        if Path(shard).suffix.lower() in PICKLE_EXT:
-            raise BadInput(f"{path / INDEX} points to {shard}, a {Path(shard).suffix} file that may hold a pickle; "
-                           "tensordiff never unpickles: convert the checkpoint to safetensors")
-        if Path(shard).suffix.lower() != ".safetensors":
-            raise BadInput(f"{path / INDEX} points to {shard}, which is not a .safetensors file")
-        if not f.is_file():
-            raise BadInput(f"{path / INDEX} points to {shard}, which is missing from {path}")
-        keys, _ = read_safetensors_header(f)  # BadInput naming the file if truncated or corrupt
+        f = check_shard(path, shard)
+        keys, _ = read_safetensors_layout(f)  # BadInput naming the file if truncated or corrupt (any dtype)
         absent = [n for n, s in where.items() if s == shard and n not in keys]
         if absent:
             raise BadInput(f"{f}: the index places {absent[0]!r} here, but the shard has no such tensor "

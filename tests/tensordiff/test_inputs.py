@@ -43,7 +43,7 @@ def test_frames_and_orientation_are_recorded(animated, rotated):
     assert (r["frames"], r["exif_orientation"]) == (1, 6)
     plain = check_image(DEFAULT)
     assert (plain["frames"], plain["exif_orientation"]) == (1, None)
-    assert notes({"inputs": {"file": {"frames": 1, "exif_orientation": None}}}) == []
+    assert notes({"inputs": {"image": {"frames": 1, "exif_orientation": None}}}) == []
 
 
 def test_the_first_frame_only_is_said_in_the_dump_and_the_report(animated, tmp_path, capsys):
@@ -54,11 +54,13 @@ def test_the_first_frame_only_is_said_in_the_dump_and_the_report(animated, tmp_p
     assert "note: the image has 3 frames (animated GIF / multi-frame TIFF); only the first was used" in out
     for side in ("oracle", "engine"):
         run = json.loads((tmp_path / "o" / side / "manifest.json").read_text())["run"]
-        assert run["inputs"]["file"] == {"frames": 3, "frame_used": 0, "exif_orientation": None}
+        image = run["inputs"]["image"]  # the one image description (provenance.describe_image)
+        assert {k: image[k] for k in ("frames", "frame_used", "exif_orientation")} == {
+            "frames": 3, "frame_used": 0, "exif_orientation": None}
         assert "grid" in run["inputs"]  # the producer's own inputs are merged in, not replacing the file facts
 
 
 def test_the_orientation_note(rotated):
     facts = check_image(rotated)
-    (n,) = notes({"inputs": {"file": {k: facts[k] for k in ("frames", "frame_used", "exif_orientation")}}})
+    (n,) = notes({"inputs": {"image": {k: facts[k] for k in ("frames", "frame_used", "exif_orientation")}}})
     assert "EXIF orientation 6 (rotated 90° clockwise)" in n and "DeepSeek V4.1 Flash ignores it" in n

@@ -22,3 +22,23 @@ def test_an_hdf5_file_that_is_garbage_names_the_file(tmp_path):
     f.write_bytes(b"\x89HDF\r\n\x1a\n" + b"\0" * 64)
     with pytest.raises(BadInput, match=rf"{f}: not a readable HDF5 file"):
         open_dump(d)
+
+
+def test_a_checkpoint_shard_layout_takes_any_dtype_a_dump_does_not(tmp_path):
+    """An FP8 checkpoint shard (F8_E4M3 weights) is checked for its structure only; a dump's
+    tensors must have a dtype the comparator reads."""
+    import json as _json
+    import struct as _struct
+
+    from tensordiff.storage import read_safetensors_header, read_safetensors_layout
+
+    hb = _json.dumps({"w": {"dtype": "F8_E4M3", "shape": [2, 3], "data_offsets": [0, 6]}}).encode()
+    p = tmp_path / "fp8.safetensors"
+    p.write_bytes(_struct.pack("<Q", len(hb)) + hb + bytes(6))
+    layout, _ = read_safetensors_layout(p)
+    assert layout["w"][:2] == ("F8_E4M3", (2, 3)) and layout["w"][3] - layout["w"][2] == 6
+    with pytest.raises(BadInput, match="unreadable header entry"):
+        read_safetensors_header(p)
+    p.write_bytes(_struct.pack("<Q", len(hb)) + hb + bytes(5))  # one byte short: truncated either way
+    with pytest.raises(BadInput, match="truncated"):
+        read_safetensors_layout(p)

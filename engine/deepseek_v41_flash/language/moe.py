@@ -16,6 +16,7 @@ import torch
 import torch.nn.functional as F
 
 from ...errors import EngineInputError
+from ..faults import ROUTER_BIASED_WEIGHTS, ROUTER_TEXT_BIAS_FOR_IMAGES
 
 
 @dataclass(frozen=True)
@@ -54,10 +55,10 @@ class MoE:
     def route(self, x: torch.Tensor, image_rows: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
         """x: [R, D] -> (weights [R, k] fp32, ids [R, k] int64, best first)."""
         logits = self.backend.linear(x.float(), self.gate.weight, None) / self.gate_temp
-        rows = None if self.fault == "router-text-bias-for-images" else image_rows
+        rows = None if self.fault == ROUTER_TEXT_BIAS_FOR_IMAGES else image_rows
         weights, ids = self.backend.moe_route(logits, self.gate.bias, self.gate.bias_vl, rows,
                                               self.topk, self.route_scale)
-        if self.fault == "router-biased-weights":
+        if self.fault == ROUTER_BIASED_WEIGHTS:
             s = F.softplus(logits.float()).sqrt()
             b = self.gate.bias.expand_as(s)
             if self.gate.bias_vl is not None and rows is not None:

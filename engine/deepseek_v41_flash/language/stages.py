@@ -16,24 +16,82 @@ Decode steps have no stage.
 """
 from __future__ import annotations
 
-from pathlib import Path
-
 import torch
 
-from ... import backend as backends
 from .attention import ChunkShared
 from .engram import EngramHashState
-from .model import LanguageModel
-from .run import DTYPES
+from .layer import LayerOut, first_stream, index_ids
+from .run import language_model
 from .tokens import DEFAULT_PROMPT, tokenize
-from . import hyper
+
+
+class TeacherForced:
+    """Teacher-forced quantities of one reference dump, memoised across the stages (every stage
+    is handed the same reference values; `ref` gathers them as the stages run)."""
+
+    def __init__(self, lm, image: torch.Tensor, hashes: torch.Tensor | None, chunks: list[tuple[int, int]]):
+        self.lm, self.image, self.hashes, self.chunks = lm, image, hashes, chunks
+        self.ref: dict = {}
+        self._layer: dict[int, LayerOut] = {}
+        self._attn: dict[int, tuple] = {}
+
+    def act(self, t: torch.Tensor) -> torch.Tensor:
+        """A reference tensor as the engine holds activations (its device and dtype)."""
+        return t.to(device=self.lm.device, dtype=self.lm.dtype)
+
+    def stream(self, L: int) -> torch.Tensor:
+        """The reference's stream entering layer L [S, hc, D]."""
+        if L == 0:
+            return first_stream(self.act(self.ref["embeddings"]), self.lm.cfg.hc_mult)[0]
+        return self.act(self.ref[f"hidden.{L - 1}"])
+
+    def entering(self, L: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """(stream entering layer L, the collapse its attention input uses: the FFN-side pre mix
+        of layer L-1 run on the reference's inputs; not a boundary)."""
+        if L == 0:
+            return first_stream(self.act(self.ref["embeddings"]), self.lm.cfg.hc_mult)
+        return self.stream(L), self.layer(L - 1).pre
+
+    def layer(self, L: int) -> LayerOut:
+        """Layer L on the reference's inputs, the reference's `attn.L` standing in for its
+        attention sublayer."""
+        if L not in self._layer:
+            attn = self.act(self.ref[f"attn.{L}"])
+            self._layer[L] = self.lm.stack[L](*self.entering(L), lambda h_in: attn, self.image, self.hashes)
+        return self._layer[L]
+
+    def engram_gate(self, L: int) -> torch.Tensor:
+        return self.lm.stack[L].enter(self.stream(L), self.hashes, self.image)[1]
+
+    def attention(self, L: int) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Engine attention of layers 0..L, each on its forced input, chunk by chunk; layer L's
+        output [S, D] and (for an index source) its `index.L.ids`."""
+        if L not in self._attn:
+            self._attn[L] = self._attention(L)
+        return self._attn[L]
+
+    def _attention(self, L: int):
+        lm = self.lm
+        layers = [layer for j, layer in lm.stack.items() if j <= L]
+        caches = [layer.attn.new_cache(lm.dtype, lm.device) for layer in layers]
+        xs = []
+        for layer in layers:
+            x, pre = self.entering(layer.index)
+            xs.append(layer.attn_input(layer.enter(x, self.hashes, self.image)[0], pre)[0])
+        outs, sels = [], []
+        for lo, hi in self.chunks:
+            shared = ChunkShared()
+            for layer, x, cache in zip(layers, xs, caches):
+                h = layer.attn(x[lo:hi], lo, cache, shared)
+            outs.append(h)
+            if layers[-1].attn.index_source:
+                sels.append(index_ids(shared.selection, lm.cfg.index_topk))
+        return torch.cat(outs), (torch.cat(sels) if sels else None)
 
 
 def make_language_stages(req, run: dict, image_rows: torch.Tensor | None = None) -> dict:
-    lm = LanguageModel.load(Path(req.weights_dir), dtype=DTYPES[req.dtype], backend=backends.get(req.backend),
-                            fault=req.fault, device=req.device,
-                            kernel_quant=bool((req.options or {}).get("kernel_quant", False)))
-    cfg, be, dev = lm.cfg, lm.backend, lm.device
+    lm = language_model(req)
+    cfg, dev = lm.cfg, lm.device
     opts = req.options or {}
     cells = (run.get("inputs") or {}).get("cells") or opts.get("cells")
     has_image = cells is not None and (image_rows is not None or opts.get("image_rows") is not None
@@ -43,88 +101,11 @@ def make_language_stages(req, run: dict, image_rows: torch.Tensor | None = None)
     n = ids.numel()
     step = n if req.chunk is None else req.chunk
     chunks = [(lo, min(n, lo + step)) for lo in range(0, n, step)]
-    image = (types >= 0).to(dev)
-    hc = cfg.hc_mult
-    mix_args = (hc, cfg.hc_sinkhorn_iters, cfg.hc_eps, cfg.norm_eps, be)
-
     hashes = None
     if lm.engram_tables is not None:  # the n-gram window, chunk by chunk as the engine carries it
         state = EngramHashState(lm.engram_tables, lm.fault)
         hashes = torch.cat([state.hash(ids[lo:hi], types[lo:hi] >= 0) for lo, hi in chunks]).to(dev)
-
-    def act(t):
-        return t.to(device=dev, dtype=lm.dtype)
-
-    class Forced:
-        """Teacher-forced quantities, memoised across the stages (their inputs are one dump's)."""
-
-        def __init__(self):
-            self.ref: dict = {}  # the reference's tensors seen so far (every stage gets the same values)
-            self._stream: dict[int, tuple] = {}
-            self._attn: dict[int, tuple] = {}
-
-        def stream(self, L: int):
-            """(stream entering block L after its Engram [S, hc, D], Engram gate or None)."""
-            if L not in self._stream:
-                if L == 0:
-                    x = act(self.ref["embeddings"]).unsqueeze(1).repeat(1, hc, 1)
-                else:
-                    x = act(self.ref[f"hidden.{L - 1}"])
-                gate = None
-                if L in lm.engram:
-                    x, gate = lm.engram[L](x, hashes[:, lm.engram_tables.layer_ids.index(L)], image, be)
-                self._stream[L] = (x, gate)
-            return self._stream[L]
-
-        def mid(self, L: int):
-            """The stream after block L's attention (the reference's attn.L), and the block's
-            FFN-side pre-mix (collapse for its FFN)."""
-            x = self.stream(L)[0]
-            a_pre, a_post, a_comb = hyper.mixes(x, lm.blocks[L].attn_mix, *mix_args)
-            return hyper.expand(act(self.ref[f"attn.{L}"]), x, a_post, a_comb), a_pre
-
-        def pre_mix(self, L: int) -> torch.Tensor:
-            """The collapse weights block L's attention uses: block L-1's FFN-side mixes."""
-            if L == 0:
-                pre = torch.zeros(n, hc, dtype=torch.float32, device=dev)
-                pre[:, 0] = 1.0
-                return pre
-            x_mid, _ = self.mid(L - 1)
-            return hyper.mixes(x_mid, lm.blocks[L - 1].ffn_mix, *mix_args)[0]
-
-        def attention(self, L: int):
-            """Engine attention of layers 0..L, each on its forced input; layer L's output [S, D]
-            and (for an index source) its selection [S, k]."""
-            if L not in self._attn:
-                self._attn[L] = self._attention(L)
-            return self._attn[L]
-
-        def _attention(self, L: int):
-            caches = [lm.attn[j].new_cache(lm.dtype, dev) for j in range(L + 1)]
-            xs = [be.rms_norm(hyper.collapse(self.stream(j)[0], self.pre_mix(j)), lm.blocks[j].attn_norm,
-                              cfg.norm_eps) for j in range(L + 1)]
-            outs, sels = [], []
-            for lo, hi in chunks:
-                shared = ChunkShared()
-                for j in range(L + 1):
-                    h = lm.attn[j](xs[j][lo:hi], lo, caches[j], shared)
-                outs.append(h)
-                if lm.attn[L].index_source:
-                    sel = shared.selection
-                    pad = torch.full((sel.shape[0], cfg.index_topk - sel.shape[1]), -1, dtype=sel.dtype,
-                                     device=sel.device)
-                    sels.append(torch.cat([sel, pad], 1).sort(dim=-1).values)
-            return torch.cat(outs), (torch.cat(sels) if sels else None)
-
-        def ffn(self, L: int):
-            x_mid, a_pre = self.mid(L)
-            y, weights, chosen = lm.moe[L](be.rms_norm(hyper.collapse(x_mid, a_pre), lm.blocks[L].ffn_norm,
-                                                        cfg.norm_eps), image)
-            _, f_post, f_comb = hyper.mixes(x_mid, lm.blocks[L].ffn_mix, *mix_args)
-            ids_sorted, order = chosen.sort(dim=-1)
-            return hyper.expand(y, x_mid, f_post, f_comb), ids_sorted, weights.gather(-1, order)
-
-    forced = Forced()
+    forced = TeacherForced(lm, (types >= 0).to(dev), hashes, chunks)
 
     def stage(fn):
         def run_stage(ref):
@@ -133,31 +114,25 @@ def make_language_stages(req, run: dict, image_rows: torch.Tensor | None = None)
 
         return torch.inference_mode()(run_stage)
 
-    stages = {}
-
     def embeddings(f):
         rows = image_rows if image_rows is not None else f.ref.get("aligner", opts.get("image_rows"))
         seq = lm.sequence(ids, types, image=(lambda: rows) if has_image else None,
                           cells=tuple(cells) if has_image else None)
         return {"embeddings": torch.cat([seq.embed(lo, hi) for lo, hi in chunks])}
 
-    stages["embeddings"] = stage(embeddings)
-    for L in range(cfg.n_layers):
-        if L in lm.engram:
-            stages[f"engram.{L}"] = stage(lambda f, L=L: {f"engram.{L}.gate": f.stream(L)[1]})
-        if lm.attn[L].index_source:
-            stages[f"index.{L}.ids"] = stage(lambda f, L=L: {f"index.{L}.ids": f.attention(L)[1]})
-        stages[f"attn.{L}"] = stage(lambda f, L=L: {f"attn.{L}": f.attention(L)[0]})
-        stages[f"router.{L}.ids"] = stage(lambda f, L=L: {f"router.{L}.ids": f.ffn(L)[1]})
-        stages[f"router.{L}.weights"] = stage(lambda f, L=L: {f"router.{L}.weights": f.ffn(L)[2]})
-        stages[f"hidden.{L}"] = stage(lambda f, L=L: {f"hidden.{L}": f.ffn(L)[0]})
-
     def logits(f):
         last = cfg.n_layers - 1
-        x_mid, _ = f.mid(last)
-        pre = hyper.mixes(x_mid, lm.blocks[last].ffn_mix, *mix_args)[0]
-        final = be.rms_norm(hyper.collapse(act(f.ref[f"hidden.{last}"]), pre), lm.norm, cfg.norm_eps)
-        return {"logits": be.linear(final.float(), lm.head, None)}
+        return {"logits": lm.logits(f.act(f.ref[f"hidden.{last}"]), f.layer(last).pre)}
 
+    stages = {"embeddings": stage(embeddings)}
+    for L, layer in lm.stack.items():
+        if layer.engram is not None:
+            stages[f"engram.{L}"] = stage(lambda f, L=L: {f"engram.{L}.gate": f.engram_gate(L)})
+        if layer.attn.index_source:
+            stages[f"index.{L}.ids"] = stage(lambda f, L=L: {f"index.{L}.ids": f.attention(L)[1]})
+        stages[f"attn.{L}"] = stage(lambda f, L=L: {f"attn.{L}": f.attention(L)[0]})
+        stages[f"router.{L}.ids"] = stage(lambda f, L=L: {f"router.{L}.ids": f.layer(L).router_ids})
+        stages[f"router.{L}.weights"] = stage(lambda f, L=L: {f"router.{L}.weights": f.layer(L).router_weights})
+        stages[f"hidden.{L}"] = stage(lambda f, L=L: {f"hidden.{L}": f.layer(L).hidden})
     stages["logits"] = stage(logits)
     return stages
