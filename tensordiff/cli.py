@@ -156,6 +156,8 @@ def _model_options(f):
         click.option("--chunk", type=click.IntRange(min=1), default=None, help="Engine prefill chunk length."),
         click.option("--decode", type=click.IntRange(min=0), default=0, show_default=True,
                      help="Decode steps after the prompt."),
+        click.option("--layers", default=None, metavar="IDS",
+                     help="DeepSeek language backbone: run only these layers (e.g. 0-2 or 0,2), real dimensions."),
         click.option("--processor", type=click.Choice(["pil", "torchvision"]), default=None,
                      help="Qwen3-VL image processor for both sides (default: torchvision when importable, else PIL)."),
         click.option("--option", "-o", "extra", multiple=True, metavar="NAME=VALUE",
@@ -288,11 +290,12 @@ Examples:
 @click.option("--oracle-dtype", type=click.Choice(["float32", "bfloat16"]), default=None,
               help="Override the oracle dtype (default: the file's, else the engine's).")
 @click.option("--backend", type=click.Choice(["torch", "hip"]), default=None, help="Override the engine kernels.")
+@click.option("--layers", default=None, metavar="IDS", help="Override every model's DeepSeek language layer subset.")
 @click.option("--no-cache", is_flag=True, help="Run the oracle even when a cached dump exists.")
 @click.option("--no-local-error", is_flag=True, help="Skip the per-stage local error runs.")
 @click.option("-q", "--quiet", is_flag=True, help="Only the summary line per case and the verdict.")
 def gate(config, json_path, junit_path, html_path, out, models, fault, weights, device, dtype, oracle_dtype, backend,
-         no_cache, no_local_error, quiet):
+         layers, no_cache, no_local_error, quiet):
     """Run a CI gate: every model x image x prompt of CONFIG, oracle beside engine, compared at every
     boundary and stage; fails with the earliest divergence."""
     import time
@@ -304,7 +307,8 @@ def gate(config, json_path, junit_path, html_path, out, models, fault, weights, 
     cfg = load_gate(config)
     guard_reports(json_path, junit_path, html_path, inputs=[config, out, *gate_inputs(cfg)])
     weights = check_weights(weights, Path.cwd(), "--weights") if weights is not None else None
-    overrides = {"weights": weights, "device": device, "dtype": dtype, "oracle_dtype": oracle_dtype, "backend": backend}
+    overrides = {"weights": weights, "device": device, "dtype": dtype, "oracle_dtype": oracle_dtype, "backend": backend,
+                 "layers": layers}
     res = run_gate(cfg, fault=fault, models=list(models) or None, out=out, use_cache=False if no_cache else None,
                    local=False if no_local_error else None, overrides=overrides, html=html_path is not None,
                    echo=click.echo)

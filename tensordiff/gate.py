@@ -46,13 +46,17 @@ KEYS: dict[str, tuple[Callable[[Any], bool], str]] = {
     "local_error": (lambda v: isinstance(v, bool), "true or false"),
     "chunk": (lambda v: isinstance(v, int) and not isinstance(v, bool) and v >= 1, "a positive integer"),
     "decode": (lambda v: isinstance(v, int) and not isinstance(v, bool) and v >= 0, "a non-negative integer"),
+    "layers": (lambda v: isinstance(v, str) and v != "", "a layer subset such as \"0-2\""),
+    "options": (lambda v: isinstance(v, dict) and all(isinstance(x, (str, bool, int)) for x in v.values()),
+                "a table of run options (NAME = value, as -o NAME=VALUE)"),
     "passes": (lambda v: isinstance(v, list) and v and all(x in PASSES for x in v) and len(set(v)) == len(v),
                "a list of distinct passes: \"semantic\", \"numeric\", \"direct\""),
 }
 GATE_ONLY = {"name": (lambda v: isinstance(v, str), "a string"), "cache": (lambda v: isinstance(v, bool), "true or false")}
 DEFAULTS = {"weights": "synthetic:tiny", "images": [DEFAULT_IMAGE], "prompts": [], "dtype": "float32",
             "oracle_dtype": None, "device": "cpu", "backend": "torch", "tolerances": None, "local_error": True,
-            "chunk": None, "decode": 0, "passes": None}
+            "chunk": None, "decode": 0, "passes": None, "layers": None,
+            "options": {}}
 
 
 @dataclass(frozen=True)
@@ -71,6 +75,8 @@ class ModelCase:
     local_error: bool = True
     chunk: int | None = None
     decode: int = 0
+    layers: str | None = None  # DeepSeek language backbone: run only these layers ("0-2")
+    options: tuple[str, ...] = ()  # NAME=VALUE run options, as `-o`
     passes: tuple[str, ...] | None = None  # None: `case_passes` decides
 
 
@@ -172,7 +178,9 @@ def from_mapping(data: dict, path: Path | None = None, known_models=None) -> Gat
             prompts=tuple(merged["prompts"]), dtype=merged["dtype"], oracle_dtype=merged["oracle_dtype"],
             device=merged["device"], backend=merged["backend"], tolerances=tol_path,
             local_error=merged["local_error"], chunk=merged["chunk"], decode=merged["decode"],
-            passes=tuple(merged["passes"]) if merged["passes"] else None))
+            passes=tuple(merged["passes"]) if merged["passes"] else None, layers=merged["layers"],
+            options=tuple(f"{k}={str(v).lower() if isinstance(v, bool) else v}"
+                          for k, v in merged["options"].items())))
     name = gate.get("name") or (path.stem if path else "gate")
     return GateConfig(path, name, tuple(cases), gate.get("cache", True))
 
@@ -358,7 +366,7 @@ def run_gate(cfg: GateConfig, *, fault: str | None = None, models: list[str] | N
             work.mkdir(parents=True, exist_ok=True)
             spec = CaseSpec(m.name, image=img, weights=m.weights, device=m.device, dtype=m.dtype,
                             oracle_dtype=m.oracle_dtype, backend=m.backend, fault=f, prompt=prompt, chunk=m.chunk,
-                            decode=m.decode, passes=case_passes(m))
+                            decode=m.decode, extra=m.options, passes=case_passes(m), layers=m.layers)
             case = run_case(spec, work, kept=kept, tolerances=tols[m.tolerances], use_cache=use_cache,
                             local=m.local_error if local is None else local, views=html, label=label, prog=prog,
                             adapter=adapter, floor=floors[m.tolerances])

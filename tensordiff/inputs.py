@@ -17,7 +17,7 @@ ORIENTATION = 0x0112  # EXIF tag
 ORIENTATIONS = {1: "upright", 2: "mirrored", 3: "rotated 180°", 4: "flipped vertically", 5: "transposed",
                 6: "rotated 90° clockwise", 7: "transversed", 8: "rotated 90° counter-clockwise"}
 MAX_PIXELS = 64 * 1024 * 1024  # far above any budget; beyond this a file is a decompression bomb
-MIN_SIDE = 2
+MIN_SIDE = 1
 
 
 def check_image(path: str | Path) -> dict:

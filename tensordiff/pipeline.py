@@ -57,6 +57,7 @@ class CaseSpec:
     processor: str | None = None
     extra: tuple[str, ...] = ()  # KEY=VALUE model options
     passes: tuple[str, ...] | None = None  # PASSES to run; None: ("direct",)
+    layers: str | None = None  # DeepSeek language backbone: run only these layers ("0-2")
 
     def request(self, adapter: ModelAdapter | None = None) -> tuple[ModelAdapter, RunRequest]:
         from .runs import make_request
@@ -64,7 +65,7 @@ class CaseSpec:
         return make_request(self.model, image=self.image, weights=self.weights, device=self.device, dtype=self.dtype,
                             backend=self.backend, fault=self.fault, prompt=self.prompt, chunk=self.chunk,
                             decode=self.decode, processor=self.processor, extra=self.extra, adapter=adapter,
-                            fault_dtype=self.carrier_dtype)
+                            fault_dtype=self.carrier_dtype, layers=self.layers)
 
     @property
     def carrier_dtype(self) -> str:
@@ -301,6 +302,7 @@ def run_case(spec: CaseSpec, work: Path, *, kept: bool, tolerances=None, use_cac
     if not kept:
         where = "" if odir.is_relative_to(work) else f" except the oracle's, kept in the cache at {odir}"
         case.report.notes.append(TEMPORARY_NOTE.format(cached=where))
+    local = local and spec.layers is None  # local error re-runs whole-model stages: not with a layer subset
     if local:
         with timed(case.timings, "local_error", prog, label):
             case.local = (local_error(adapter, req, odir, case.report, judge, work)

@@ -16,9 +16,11 @@ from .warmup import warm
 
 def make_request(model: str, *, image=None, weights="synthetic:tiny", device="cpu", dtype="float32",
                  backend="torch", fault=None, prompt=None, chunk=None, decode=0, processor=None, extra=(),
-                 adapter: ModelAdapter | None = None, fault_dtype: str | None = None, **options) -> tuple[ModelAdapter, RunRequest]:
+                 adapter: ModelAdapter | None = None, fault_dtype: str | None = None, layers: str | None = None,
+                 **options) -> tuple[ModelAdapter, RunRequest]:
     """The validated request of one run; `adapter` when the caller already looked it up;
-    `fault_dtype` the precision a fault's needs are checked in (a case's float32 semantic pass)."""
+    `fault_dtype` the precision a fault's needs are checked in (a case's float32 semantic pass);
+    `layers` a DeepSeek language layer subset ("0-2"), handed to both runners as `options["layers"]`."""
     from .options import parse_assignments, validate_request
 
     warm()  # before any torch op of this process (synthetic weights included): see warmup.py
@@ -28,6 +30,10 @@ def make_request(model: str, *, image=None, weights="synthetic:tiny", device="cp
         raw["processor"] = processor
     _, options = validate_request(adapter, fault=fault, options=raw, prompt=prompt, chunk=chunk, decode=decode,
                                   dtype=fault_dtype or dtype)
+    if layers is not None:
+        if adapter.name != "deepseek-v4.1-flash":
+            raise BadInput(f"--layers selects DeepSeek V4.1 Flash language layers; {model} has no such option")
+        options["layers"] = layers  # absent for every layer, so cache keys stay what they were
     if device != "cpu" and not device.startswith("cuda"):
         raise BadInput(f"unknown device {device!r} (cpu or cuda[:N])")
     if device.startswith("cuda"):

@@ -30,11 +30,18 @@ from .config import Config
 from .fused import GraphCache, can_compile, compile_unavailable
 from .preprocess import ImagePlan, patch_rows, plan_image, render
 from .span import image_span
-from .vision import VisionTower, prepare_tower, tower_names
+from .vision import VisionTower, prepare_tower, tower_shapes
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 ALIGNER = ["aligner.w1.weight", "aligner.w1.bias", "aligner.w2.weight", "aligner.w2.bias"]
 MARKERS = ["image_start", "image_end", "image_newline"]
+
+
+def vision_shapes(cfg: Config) -> dict[str, tuple[int, ...]]:
+    """The vision path's tensors (tower, aligner over 3x3 cells, span markers) -> implied shapes."""
+    cells = cfg.vision_dim * cfg.vision_downsample_ratio ** 2
+    aligner = [(cfg.dim, cells), (cfg.dim,), (cfg.dim, cfg.dim), (cfg.dim,)]
+    return {**tower_shapes(cfg), **dict(zip(ALIGNER, aligner)), **dict.fromkeys(MARKERS, (cfg.dim,))}
 
 
 class VisionEngine:
@@ -66,7 +73,8 @@ class VisionEngine:
                                                None if can_compile(self.device) else
                                                compile_unavailable(self.device)),
                        "cuda_graphs": self._possible("CUDA graphs -> eager", self.asked["cuda_graphs"], cuda_only)}
-        t = W.read(self.checkpoint, tower_names(self.cfg) + ALIGNER + MARKERS)
+        shapes = vision_shapes(self.cfg)
+        t = W.read(self.checkpoint, list(shapes), shapes=shapes)
         tw = prepare_tower(t, self.cfg, self.dtype, self.device, pad_nonzero=fault == F.PATCH_PAD_NONZERO)
         self.tower = VisionTower(self.cfg, tw, self.backend, rope_interleaved=fault == F.ROPE_INTERLEAVED,
                                  pad_nonzero=fault == F.PATCH_PAD_NONZERO, attention_prefer=attention_prefer,

@@ -54,13 +54,21 @@ class TowerWeights:
     norm: torch.Tensor  # [D] fp32
 
 
-def tower_names(cfg: Config) -> list[str]:
-    names = ["vision.patch_embed.proj.weight", "vision.patch_embed.proj.bias"]
+def tower_shapes(cfg: Config) -> dict[str, tuple[int, ...]]:
+    """Every tensor the tower reads -> the shape its config implies (w1 holds both SwiGLU halves)."""
+    d, f = cfg.vision_dim, cfg.vision_inter_dim
+    out = {"vision.patch_embed.proj.weight": (d, cfg.patch_features), "vision.patch_embed.proj.bias": (d,)}
     for i in range(cfg.vision_n_layers):
         b = f"vision.blocks.{i}"
-        names += [f"{b}.norm1.weight", f"{b}.attn.wqkv.weight", f"{b}.attn.wqkv.bias", f"{b}.attn.wo.weight",
-                  f"{b}.attn.wo.bias", f"{b}.norm2.weight", f"{b}.mlp.w1.weight", f"{b}.mlp.w2.weight"]
-    return names + ["vision.norm.weight"]
+        out.update({f"{b}.norm1.weight": (d,), f"{b}.attn.wqkv.weight": (3 * d, d), f"{b}.attn.wqkv.bias": (3 * d,),
+                    f"{b}.attn.wo.weight": (d, d), f"{b}.attn.wo.bias": (d,), f"{b}.norm2.weight": (d,),
+                    f"{b}.mlp.w1.weight": (2 * f, d), f"{b}.mlp.w2.weight": (d, f)})
+    out["vision.norm.weight"] = (d,)
+    return out
+
+
+def tower_names(cfg: Config) -> list[str]:
+    return list(tower_shapes(cfg))
 
 
 def prepare_tower(t: dict[str, torch.Tensor], cfg: Config, dtype: torch.dtype, device,

@@ -29,8 +29,8 @@ def torch_dtype(name: str) -> torch.dtype:
 def load_tower(req, cfg, speed=None) -> VisionTower:
     """The tower a `RunRequest` asks for (the runner's and the local-error stages' one)."""
     dtype = torch_dtype(req.dtype)
-    return VisionTower(cfg.vision, load_visual(req.weights_dir, dtype, req.device), backends.get(req.backend), dtype,
-                       F.check(req.fault), speed=speed)
+    weights = load_visual(req.weights_dir, cfg.vision, dtype, req.device)
+    return VisionTower(cfg.vision, weights, backends.get(req.backend), dtype, F.check(req.fault), speed=speed)
 
 
 def run(req, rec) -> None:

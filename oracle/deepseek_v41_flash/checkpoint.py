@@ -5,14 +5,14 @@ only the names asked for are read (safetensors' `safe_open` maps the file and sl
 """
 from __future__ import annotations
 
-import json
 from contextlib import contextmanager
 from pathlib import Path
 
 import torch
-from safetensors import safe_open
 
 from tensordiff.errors import BadInput
+
+from .. import shards
 
 INDEX = "model.safetensors.index.json"
 SINGLE = "model.safetensors"
@@ -20,42 +20,15 @@ SINGLE = "model.safetensors"
 
 def weight_map(checkpoint: Path) -> dict[str, str]:
     """Tensor name -> shard file name, from the index (or a lone `model.safetensors`)."""
-    index = checkpoint / INDEX
-    if index.is_file():
-        try:
-            return dict(json.loads(index.read_text())["weight_map"])
-        except (OSError, ValueError, KeyError, TypeError) as e:
-            raise BadInput(f"{index} is not a valid safetensors index ({e})") from None
-    single = checkpoint / SINGLE
-    if single.is_file():
-        with safe_open(str(single), framework="pt") as f:
-            return {k: SINGLE for k in f.keys()}
-    raise BadInput(f"{checkpoint} has neither {INDEX} nor {SINGLE}: not a checkpoint directory")
+    return shards.weight_map(checkpoint)
 
 
-def load_tensors(checkpoint: str | Path, names: list[str]) -> dict[str, torch.Tensor]:
-    """Exactly `names`, as stored (no dtype change). Missing names are one BadInput naming them."""
-    checkpoint = Path(checkpoint)
-    wmap = weight_map(checkpoint)
-    missing = [n for n in names if n not in wmap]
-    if missing:
-        shown = ", ".join(missing[:8]) + (f" and {len(missing) - 8} more" if len(missing) > 8 else "")
-        raise BadInput(f"checkpoint {checkpoint} lacks {len(missing)} tensor(s) the model needs: {shown}")
-    by_shard: dict[str, list[str]] = {}
-    for n in names:
-        by_shard.setdefault(wmap[n], []).append(n)
-    out: dict[str, torch.Tensor] = {}
-    for shard, keys in by_shard.items():
-        path = checkpoint / shard
-        if not path.is_file():
-            raise BadInput(f"shard {path} named by the index is missing (needed for {keys[0]})")
-        with safe_open(str(path), framework="pt") as f:
-            present = set(f.keys())
-            for k in keys:
-                if k not in present:
-                    raise BadInput(f"shard {path} lacks {k}, which the index places there")
-                out[k] = f.get_tensor(k)
-    return out
+def load_tensors(checkpoint: str | Path, names: list[str],
+                 shapes: dict[str, tuple[int, ...]] | None = None) -> dict[str, torch.Tensor]:
+    """Exactly `names`, as stored (no dtype change), through the oracle's strict reader: a bad
+    checkpoint (missing name or shard, escaping or pickle shard, truncated file, wrong shape)
+    is one BadInput."""
+    return shards.load(checkpoint, names, shapes, what="DeepSeek V4.1 Flash")
 
 
 @contextmanager
@@ -109,7 +82,7 @@ def load_into(model: torch.nn.Module, checkpoint: Path, device=None) -> torch.nn
     state = {}
     for name, p in params.items():
         t = stored[name]
-        check_stored(name, t.dtype, p.dtype, checkpoint)
+        check_stored(name, t.dtype, p.dtype, checkpoint)  # the format first: it explains a shape
         if tuple(t.shape) != tuple(p.shape):
             raise BadInput(f"{name} in {checkpoint} has shape {list(t.shape)}, the config implies {list(p.shape)}")
         state[name] = t.to(device=device, dtype=p.dtype)

@@ -151,12 +151,70 @@ class SharedAttention:
     topk_idxs: torch.Tensor | None = None
     candidates: torch.Tensor | None = None  # [B, S, T] bool, from `candidate_source_layer`
     kernel_quant: bool = False  # the kernels' FP8 / FP4 activation round trips (see the module doc)
+    decode_keys: "DecodeKeys | None" = None  # the official decode rule for index keys, when asked for
 
     def fp8(self, x: torch.Tensor) -> torch.Tensor:
         return fp8_round_trip(x) if self.kernel_quant else x
 
     def fp4(self, x: torch.Tensor, block: int, e4m3_scale: bool = False) -> torch.Tensor:
         return fp4_round_trip(x, block, e4m3_scale) if self.kernel_quant else x
+
+
+@dataclass
+class DecodeKeys:
+    """Which index keys a decode step's indexer reads, officially.
+
+    The official code keeps ONE reference, `shared_attn.index_k`, that an index-key owner (a KV
+    source with an indexer) re-points to its own key cache whenever it publishes, and every
+    indexer reads through it. In prefill every owner publishes, so an indexer reads its own keys
+    or those of the last owner before it. In decode an owner of ratio r publishes only on the
+    steps that complete one of its groups, so on the other steps its indexer (and the indexers
+    after it) read the keys of the last owner that did publish, possibly a LATER layer in an
+    earlier step, sliced with the reader's own ratio: their first (pos + 1) // r entries,
+    zeros past what that owner has filled. A property of the official code, not a choice here;
+    `index_keys=own` instead lets every decode step read the prefill rule's keys.
+
+    This oracle decodes by full recomputation, so a decode row p is one row of a longer pass:
+    the owner's keys come from this pass when it runs before the reader, else from the previous
+    pass (a group's keys depend only on positions before p, so they are the same numbers).
+    """
+
+    prompt_len: int  # rows >= prompt_len are decode steps
+    owners: tuple[tuple[int, int], ...]  # (layer id, ratio) of every index-key owner, in layer order
+    previous: dict = None  # owner layer -> its keys [B, T, ihd] as the previous pass published them
+    current: dict = None  # the same, this pass
+
+    def __post_init__(self):
+        self.previous = dict(self.previous or {})
+        self.current = {}
+
+    def _published(self, ratio: int, step: int) -> bool:
+        if step < self.prompt_len:  # the prefill pass: a group is complete once the prompt holds one
+            return self.prompt_len >= ratio
+        return (step + 1) % ratio == 0
+
+    def source(self, layer: int, pos: int) -> tuple[torch.Tensor, int]:
+        """(keys of the owner that `layer` reads at decode position `pos`, groups it has filled)."""
+        step, before = pos, layer  # owners run in layer order; at `pos` only those up to `layer` ran yet
+        while step >= self.prompt_len - 1:
+            done = [(o, r) for o, r in self.owners if o <= before and self._published(r, step)]
+            if done:
+                o, r = done[-1]
+                filled = (step + 1) // r if step >= self.prompt_len else self.prompt_len // r
+                keys = self.current[o] if step == pos and o <= layer else self.previous[o]
+                return keys, filled
+            if step < self.prompt_len:
+                break
+            step, before = step - 1, 1 << 30  # an earlier step: every owner ran in it
+        raise BadInput(f"layer {layer} reads index keys at position {pos} before any owner published them")
+
+    def keys(self, layer: int, pos: int, width: int) -> torch.Tensor:
+        """[B, width, ihd]: what `index_k[:, :width]` holds for `layer` at decode position `pos`."""
+        keys, filled = self.source(layer, pos)
+        out = torch.zeros(keys.size(0), width, keys.size(-1), dtype=keys.dtype)
+        n = min(width, filled, keys.size(1))
+        out[:, :n] = keys[:, :n]
+        return out
 
 
 class Compressor(nn.Module):
@@ -193,6 +251,7 @@ class Indexer(nn.Module):
 
     def __init__(self, args, layer_id: int):
         super().__init__()
+        self.layer_id = layer_id
         self.owns_k = layer_id in args.kv_source_layers
         self.ratio = args.compress_ratios[layer_id]
         self.n_heads, self.head_dim = args.index_n_heads, args.index_head_dim
@@ -217,11 +276,18 @@ class Indexer(nn.Module):
             # a latent stands for the first token of its group: group j rotates at j * ratio
             k = rotate_tail(k, self.rd, freqs[: s - s % ratio : ratio])
             shared.index_k = shared.fp4(k, 32)
+            if shared.decode_keys is not None:
+                shared.decode_keys.current[self.layer_id] = shared.index_k
         q = self.wq_b(qr).unflatten(-1, (self.n_heads, self.head_dim))
         q = shared.fp4(rotate_tail(q, self.rd, freqs[:s]), 32)
         w = self.weights_proj(x) * (self.head_dim**-0.5 * self.n_heads**-0.5)
         score = torch.einsum("bshd,btd->bsht", q, shared.index_k[:, : s // ratio])
         score = (score.relu() * w.unsqueeze(-1)).sum(dim=2)  # [B, S, T]
+        dk = shared.decode_keys
+        for p in range(dk.prompt_len if dk is not None else s, s):  # decode rows: the official keys
+            keys = dk.keys(self.layer_id, p, s // ratio)
+            row = torch.einsum("bhd,btd->bht", q[:, p], keys)
+            score[:, p] = (row.relu() * w[:, p].unsqueeze(-1)).sum(dim=1)
         visible = (torch.arange(1, s + 1) // ratio).unsqueeze(-1)  # [S, 1]
         score = score.masked_fill(torch.arange(s // ratio) >= visible, -torch.inf)
         if self.is_candidate_source:
@@ -231,6 +297,11 @@ class Indexer(nn.Module):
         k = min(self.topk, s // ratio)
         idx = top_k_earliest(score, k).indices.sort(dim=-1).values
         return torch.where(idx < visible, idx + offset, -1)
+
+
+# Official `topk(..., sorted=False)` leaves the order among EXACT ties to the implementation
+# (torch on the CPU was seen keeping the later position). Both sides here break them one stated way:
+INDEX_TIES = "earlier"  # among equal scores the earlier position is kept
 
 
 def top_k_earliest(score: torch.Tensor, k: int):
@@ -496,7 +567,7 @@ class LanguageModel(nn.Module):
     state-dict keys are the checkpoint's (`embed.*`, `layers.N.*`, `norm.*`, `head.*`,
     `image_start` / `image_end` / `image_newline`)."""
 
-    def __init__(self, args, dtype: torch.dtype, kernel_quant: bool = False):
+    def __init__(self, args, dtype: torch.dtype, kernel_quant: bool = False, layers: tuple[int, ...] | None = None):
         super().__init__()
         self.args = args
         self.kernel_quant = kernel_quant
@@ -504,7 +575,10 @@ class LanguageModel(nn.Module):
         self.layout = EngramLayout.from_args(args)
         self.hasher: NgramHasher | None = None  # set by `build`: it holds tables, not parameters
         self.embed = nn.Embedding(args.vocab_size, args.dim)
-        self.layers = nn.ModuleList(Block(i, args, dtype, self.layout) for i in range(args.n_layers))
+        # keyed by layer id ("3" -> `layers.3.*`, the checkpoint's names), so a subset (`subset`)
+        # holds, and reads, only its own layers
+        ids = range(args.n_layers) if layers is None else layers
+        self.layers = nn.ModuleDict({str(i): Block(i, args, dtype, self.layout) for i in ids})
         self.norm = RMSNorm(args.dim, args.norm_eps)
         self.head = Head(args.vocab_size, args.dim)
         if args.vision_enabled:
@@ -525,7 +599,7 @@ class LanguageModel(nn.Module):
 
     @torch.inference_mode()
     def forward(self, input_ids: torch.Tensor, token_types: torch.Tensor | None = None,
-                images: list[ImageSpan] = (), rec=None) -> torch.Tensor:
+                images: list[ImageSpan] = (), rec=None, decode_keys: DecodeKeys | None = None) -> torch.Tensor:
         """input_ids, token_types: [1, S]. Returns full logits [1, S, vocab] fp32. `rec` records
         the language boundaries (see `record_*` names in the module docstring of the contract)."""
         image_mask = None if token_types is None else token_types >= 0
@@ -537,8 +611,8 @@ class LanguageModel(nn.Module):
         h = h.unsqueeze(2).repeat(1, 1, self.hc_mult, 1)
         pre_mix = torch.zeros(*h.shape[:3], dtype=torch.float32)
         pre_mix[..., 0] = 1.0  # the first block collapses onto copy 0
-        shared = SharedAttention(kernel_quant=self.kernel_quant)
-        for i, layer in enumerate(self.layers):
+        shared = SharedAttention(kernel_quant=self.kernel_quant, decode_keys=decode_keys)
+        for i, layer in ((int(k), v) for k, v in self.layers.items()):
             if layer.engram is not None:
                 h, gate = layer.engram(h, hashes[:, :, layer.engram.layer_hash_index], engram_mask)
                 if rec is not None:
@@ -549,7 +623,7 @@ class LanguageModel(nn.Module):
                            boundary=f"index.{i}.ids")
             if rec is not None:
                 rec.record(f"hidden.{i}", h[0], boundary=f"hidden.{i}")
-        h = self.layers[-1].hc_pre(h, pre_mix)
+        h = Block.hc_pre(h, pre_mix)
         return self.head(self.norm(h))
 
 
@@ -566,7 +640,7 @@ def tap(model: LanguageModel, rec) -> list:
     """Forward hooks for the per-layer boundaries inside a block: the attention output and the
     router's choice (ids ascending per row, weights aligned to them)."""
     handles = []
-    for i, layer in enumerate(model.layers):
+    for i, layer in ((int(k), v) for k, v in model.layers.items()):
         def attn_out(_m, _a, out, i=i):
             rec.record(f"attn.{i}", out[0], boundary=f"attn.{i}")
 
@@ -581,7 +655,8 @@ def tap(model: LanguageModel, rec) -> list:
     return handles
 
 
-def build(args, checkpoint: Path, dtype: torch.dtype, kernel_quant: bool = False) -> LanguageModel:
+def build(args, checkpoint: Path, dtype: torch.dtype, kernel_quant: bool = False,
+          layers: tuple[int, ...] | None = None) -> LanguageModel:
     """The language model with the checkpoint's tensors, each cast to its parameter's dtype
     (the activation dtype, or fp32 where the official module declares fp32)."""
     token_map, n_compressed = compressed_token_map(args.vocab_size)
@@ -590,7 +665,7 @@ def build(args, checkpoint: Path, dtype: torch.dtype, kernel_quant: bool = False
         raise BadInput(f"{checkpoint}: engram_compressed_vocab_size is {args.engram_compressed_vocab_size} but the "
                        f"tokenizer compresses to {n_compressed}: every Engram hash would differ")
     with default_dtype(dtype), torch.device("meta"):
-        model = LanguageModel(args, dtype, kernel_quant)
+        model = LanguageModel(args, dtype, kernel_quant, layers)
     load_into(model, checkpoint)
     set_kernel(model, kernel_quant, dtype)
     if layout is not None:
@@ -599,13 +674,18 @@ def build(args, checkpoint: Path, dtype: torch.dtype, kernel_quant: bool = False
 
 
 def generate(model: LanguageModel, input_ids: torch.Tensor, token_types: torch.Tensor,
-             images: list[ImageSpan], steps: int, rec) -> dict:
+             images: list[ImageSpan], steps: int, rec, index_keys: str = "official") -> dict:
     """Prompt forward with every boundary recorded, then `steps` greedy decode steps, each a FULL
     recomputation over prompt + generated tokens (the yardstick for the engine's KV cache).
-    A generated image token ends generation: it is never fed back."""
+    With index_keys=official the decode rows read the index keys the official code's decode
+    steps read (`DecodeKeys`). A generated image token ends generation: it is never fed back."""
+    owners = tuple((int(i), model.args.compress_ratios[int(i)]) for i, layer in model.layers.items()
+                   if layer.attn.indexer is not None and layer.attn.indexer.owns_k)
+    official = index_keys == "official"
+    keys = DecodeKeys(input_ids.numel(), owners) if official else None
     handles = tap(model, rec)
     try:
-        logits = model(input_ids[None], token_types[None], images, rec)
+        logits = model(input_ids[None], token_types[None], images, rec, decode_keys=keys)
     finally:
         for h in handles:
             h.remove()
@@ -619,7 +699,8 @@ def generate(model: LanguageModel, input_ids: torch.Tensor, token_types: torch.T
             break
         ids = torch.cat([ids, torch.tensor([tokens[-1]])])
         types = torch.cat([types, torch.tensor([TEXT])])
-        logits = model(ids[None], types[None], images)
+        keys = DecodeKeys(input_ids.numel(), owners, previous=keys.current) if official else None
+        logits = model(ids[None], types[None], images, decode_keys=keys)
         rec.record(f"logits.step.{k}", logits[0, -1:], boundary=f"logits.step.{k}")
         tokens.append(int(logits[0, -1].argmax()))
     else:
@@ -668,11 +749,15 @@ def language_numerics(req) -> Numerics:
 
 
 def run_language(args, checkpoint: Path, dtype: torch.dtype, prompt: str | None, image_rows: torch.Tensor | None,
-                 cells: tuple[int, int] | None, decode: int, rec, kernel_quant: bool = False) -> dict:
+                 cells: tuple[int, int] | None, decode: int, rec, kernel_quant: bool = False,
+                 index_keys: str = "official", layers: str | None = None) -> dict:
     """The language half of an oracle run: tokenise, overlay the image span with `image_rows`
     (the aligner output, [n_llm_h * n_llm_w, dim], or None for a text-only prompt), prefill once,
     decode `decode` steps by recomputation. Runs on the CPU (the yardstick, not the fast path). Returns the run facts to merge into `inputs`."""
-    model = build(args, Path(checkpoint), dtype, kernel_quant)
+    from .subset import layer_ids
+
+    running = layer_ids(layers, args)
+    model = build(args, Path(checkpoint), dtype, kernel_quant, running)
     ids, types, start = build_prompt(prompt if prompt is not None else DEFAULT_PROMPT, args,
                                      cells if image_rows is not None else None)
     if ids.numel() + decode > args.max_seq_len:
@@ -682,7 +767,10 @@ def run_language(args, checkpoint: Path, dtype: torch.dtype, prompt: str | None,
         span_types = types[start:start + int((types[start:] >= 0).sum())]
         # the language oracle runs on the CPU whatever device the tower used
         images.append(ImageSpan(start, span_types, image_rows.detach().to("cpu")))
-    out = generate(model, ids, types, images, decode, rec)
+    out = generate(model, ids, types, images, decode, rec, index_keys)
+    # the rules where the official code leaves a choice or has a quirk, stated in every dump
+    rec.update_run(semantics={"index_ties": INDEX_TIES, "index_keys": index_keys},
+                   layers=list(running) if len(running) < args.n_layers else None)
     return {"prompt_tokens": int(ids.numel()), "span_start": start, **out}
 
 
@@ -701,7 +789,7 @@ def run(req, rec) -> None:
     args = ModelArgs.from_dir(req.weights_dir)
     facts = run_language(args, Path(req.weights_dir), num.dtype, req.prompt, rows,
                          tuple(cells) if cells is not None else None, req.decode, rec,
-                         kernel_quant=num.kernel_quant)
+                         kernel_quant=num.kernel_quant, index_keys=opts["index_keys"], layers=opts.get("layers"))
     ids, _, _ = build_prompt(req.prompt if req.prompt is not None else DEFAULT_PROMPT, args,
                              tuple(cells) if rows is not None else None)
     rec.update_run(inputs={"language": {"prompt": req.prompt if req.prompt is not None else DEFAULT_PROMPT,

@@ -108,8 +108,10 @@ def run(req, rec) -> None:
         from .model import language_numerics, run_language
 
         num = language_numerics(req)
+        opts = OPTIONS.resolve(req.options)
         facts = run_language(args, checkpoint, num.dtype, req.prompt, aligned.detach(), (n_llm_h, n_llm_w),
-                             req.decode, rec, kernel_quant=num.kernel_quant)
+                             req.decode, rec, kernel_quant=num.kernel_quant, index_keys=opts["index_keys"],
+                             layers=opts.get("layers"))
         rec.update_run(outputs={"generated": facts["generated"], "stop": facts["stop"]},
                        language={"prompt_tokens": facts["prompt_tokens"], "span_start": facts["span_start"]},
                        language_numerics=num.facts(), boundary_dtypes=num.boundary_dtypes())

@@ -49,8 +49,8 @@ def encode_text(text: str) -> list[int]:
 
 def build_prompt(prompt: str, args, cells: tuple[int, int] | None) -> tuple[torch.Tensor, torch.Tensor, int | None]:
     """(input_ids [S], token_types [S], span start or None). `cells` = (n_llm_h, n_llm_w) of the
-    image, or None for a text-only prompt. The image span replaces the one `<image>`; a prompt
-    without one gets the image right after BOS."""
+    image, or None for a text-only prompt. The image span replaces the one `<image>`; as the
+    official `prepare_vl_inputs`, the placeholders must match the images one for one."""
     if args.vocab_size < 256 + BYTE_OFFSET or args.image_token_id < 256 + BYTE_OFFSET:
         raise BadInput("this checkpoint's vocabulary cannot hold the byte tokenizer of synthetic checkpoints")
     parts = prompt.split(PLACEHOLDER)
@@ -59,7 +59,7 @@ def build_prompt(prompt: str, args, cells: tuple[int, int] | None) -> tuple[torc
     if len(parts) == 2 and cells is None:
         raise BadInput(f"the prompt holds '{PLACEHOLDER}' but no image was given")
     if len(parts) == 1 and cells is not None:
-        parts = ["", parts[0]]
+        raise BadInput(f"an image was given but the prompt holds no '{PLACEHOLDER}' placeholder for it")
     ids = [BOS] + encode_text(parts[0])
     types = [TEXT] * len(ids)
     start = None

@@ -1,53 +1,37 @@
 """transformers' Qwen3VLVisionModel with a checkpoint's `model.visual.*` weights."""
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import torch
 
 from tensordiff.errors import BadInput
 
+from .. import shards
+
 PREFIX = "model.visual."
 
 
 def visual_shards(ckpt: Path) -> dict[str, str]:
-    ckpt = Path(ckpt)
-    index = ckpt / "model.safetensors.index.json"
-    if index.exists():
-        wm = json.loads(index.read_text())["weight_map"]
-    elif (ckpt / "model.safetensors").exists():
-        from safetensors import safe_open
-
-        with safe_open(str(ckpt / "model.safetensors"), "pt") as f:
-            wm = {k: "model.safetensors" for k in f.keys()}
-    else:
-        raise BadInput(f"{ckpt} holds neither model.safetensors.index.json nor model.safetensors")
-    return {k: v for k, v in wm.items() if k.startswith(PREFIX)}
+    return {k: v for k, v in shards.weight_map(ckpt).items() if k.startswith(PREFIX)}
 
 
 def build(cfg, ckpt: Path, dtype: torch.dtype, device: str = "cpu", attn: str = "sdpa"):
     """cfg: Qwen3VLConfig. Returns the vision model in eval mode, weights loaded strictly."""
-    from safetensors import safe_open
     from transformers import Qwen3VLVisionModel
 
     vcfg = cfg.vision_config
     vcfg._attn_implementation = attn
     with torch.device("meta"):
         model = Qwen3VLVisionModel(vcfg)
-    state = {}
-    by_file: dict[str, list[str]] = {}
-    for k, f in visual_shards(ckpt).items():
-        by_file.setdefault(f, []).append(k)
-    for fname, keys in by_file.items():
-        with safe_open(str(Path(ckpt) / fname), "pt", device="cpu") as f:
-            for k in keys:
-                state[k[len(PREFIX):]] = f.get_tensor(k).to(dtype)
-    missing = set(model.state_dict()) - set(state)
-    unexpected = set(state) - set(model.state_dict())
-    if missing or unexpected:
-        raise BadInput(f"{ckpt}: model.visual.* does not fit Qwen3VLVisionModel "
-                       f"(missing {sorted(missing)[:3]}, unexpected {sorted(unexpected)[:3]})")
+    # the module (on meta) says which tensors it needs and their shapes; extra model.visual.*
+    # tensors in the checkpoint are refused as well, as a strict load would
+    expected = {PREFIX + k: tuple(v.shape) for k, v in model.state_dict().items()}
+    unexpected = sorted(set(visual_shards(ckpt)) - set(expected))
+    if unexpected:
+        raise BadInput(f"{ckpt}: model.visual.* does not fit Qwen3VLVisionModel (unexpected {unexpected[:3]})")
+    stored = shards.load(ckpt, list(expected), expected, what="the Qwen3-VL vision tower")
+    state = {k[len(PREFIX):]: t.to(dtype) for k, t in stored.items()}
     model.load_state_dict(state, strict=True, assign=True)
     # non-persistent buffers (the RoPE inverse frequencies) were created on meta: rebuild them
     rot = model.rotary_pos_emb

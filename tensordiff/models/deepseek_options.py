@@ -20,6 +20,10 @@ OPTIONS = OptionTable((
     Option("kernel_quant", "bool", None, "the language kernels' FP8 window-KV / FP4 indexer activation round "
            "trips, both sides; unset: follows language_numerics (on when official), true/false overrides it",
            side="both"),
+    Option("index_keys", "choice", "official", "the index keys a decode step's indexers read: official (the "
+           "official code's one shared reference, re-pointed by an owner only on a step that completes a group, "
+           "so a layer may read a later layer's keys) or own (the prefill rule's keys at every step)",
+           choices=("official", "own"), side="both"),
     Option("fuse", "switch", "auto", "compiled vision block segments, CUDA only: off, on (from the first pass), "
            "auto (from an engine's second pass)", side="engine", env="TENSORDIFF_FUSE"),
     Option("graphs", "switch", "auto", "whole-pass CUDA graphs per grid, CUDA only: off, on (capture at the first "

@@ -15,7 +15,6 @@ CFG = language_config(64)
 
 @pytest.mark.parametrize("prompt,cells", [
     ("A picture: <image> What does it show?", (2, 3)),
-    ("no placeholder, the image goes first", (1, 4)),
     ("Tabs\tand\nnewlines, ÜNICODE ✓ <image>", (3, 1)),
     ("text only", None),
 ])
@@ -40,3 +39,12 @@ def test_both_sides_refuse_a_second_image():
     with pytest.raises(BadInput):  # EngineInputError is a BadInput: exit 2 at the CLI
         E.tokenize("<image><image>", Config(**{k: tuple(v) if isinstance(v, list) else v for k, v in CFG.items()}),
                    (1, 1))
+
+
+def test_both_sides_refuse_an_image_without_its_placeholder():
+    """The official prepare_vl_inputs raises when placeholders and images do not pair up."""
+    with pytest.raises(BadInput, match="<image>"):
+        O.build_prompt("no placeholder here", ModelArgs(**CFG), (1, 4))
+    with pytest.raises(BadInput, match="<image>"):
+        E.tokenize("no placeholder here", Config(**{k: tuple(v) if isinstance(v, list) else v for k, v in CFG.items()}),
+                   (1, 4))

@@ -29,10 +29,20 @@ def bad_images(d):
     (d / "empty.png").write_bytes(b"")
     (d / "corrupt.png").write_bytes(b"this is not a picture at all")
     (d / "truncated.png").write_bytes(data[: len(data) // 2])
-    Image.fromarray(np.zeros((1, 1, 3), np.uint8)).save(d / "one.png")
     # a PNG header claiming 20000 x 20000 pixels: Pillow refuses it as a decompression bomb
     Image.new("1", (20000, 20000)).save(d / "bomb.png")
-    return ["empty", "corrupt", "truncated", "one", "bomb"]
+    return ["empty", "corrupt", "truncated", "bomb"]
+
+
+@pytest.mark.parametrize("size", [(1001, 1), (1, 1001), (1, 1), (3, 1)])
+def test_one_pixel_sides_run_as_officially(size, tmp_path, capsys):
+    """The official processor scales a tiny picture up to vision_min_pixels first, so a 1-px
+    side is a valid input (1001x1 included); both sides run it and agree."""
+    w, h = size
+    img = tmp_path / "thin.png"
+    Image.fromarray(np.random.default_rng(1).integers(0, 256, (h, w, 3), dtype=np.uint8)).save(img)
+    code, _, err = cli(["check", MODEL, "--image", img, "--no-cache"], capsys)
+    assert code == 0, err
 
 
 @pytest.mark.parametrize("side", ["oracle", "engine"])
@@ -98,3 +108,26 @@ def test_per_unit_seeding_is_independent_of_the_config():
     a = dict(_vision_values(small))["vision.norm"]["vision.norm.weight"]
     b = dict(_vision_values(two))["vision.norm"]["vision.norm.weight"]
     assert torch.equal(a, b)
+
+
+@pytest.mark.parametrize("case", ["truncated_shard", "corrupt_shard", "pickle_shard", "escaping_shard",
+                                  "missing_shard", "shard_lacks_tensor", "wrong_shape"])
+@pytest.mark.parametrize("side", ["oracle", "engine"])
+def test_bad_checkpoint_shards_exit_2_in_one_line(case, side, tmp_path, capsys):
+    from bad_checkpoints import CASES
+
+    bad = tmp_path / "ckpt"
+    mention = CASES[case](resolve("synthetic:tiny"), bad, "vision.blocks.0.attn.wqkv.weight")
+    code, _, err = cli(["dump", MODEL, "--side", side, "--weights", bad, "--out", tmp_path / "out"], capsys)
+    assert code == 2, err
+    assert err.startswith("tensordiff: error:") and len(err.strip().splitlines()) == 1, err
+    assert mention in err, err
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("side", ["oracle", "engine"])
+def test_prompt_without_image_placeholder_exits_2(side, tmp_path, capsys):
+    code, _, err = cli(["dump", MODEL, "--side", side, "--prompt", "Describe the picture.",
+                        "--out", tmp_path / "out"], capsys)
+    assert code == 2 and "<image>" in err and len(err.strip().splitlines()) == 1, err
+    assert not (tmp_path / "out").exists()

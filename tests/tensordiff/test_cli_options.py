@@ -24,7 +24,7 @@ def run(args, capsys):
 
 @pytest.mark.parametrize("args,match", [
     (["check", DEEPSEEK, "-o", "nonsense=1"], "unknown option 'nonsense' for deepseek-v4.1-flash (known: attention, "
-                                              "kernel_quant, fuse, graphs"),
+                                              "language_numerics, kernel_quant, index_keys, fuse, graphs"),
     (["check", DEEPSEEK, "-o", "attention=nonsense"], "'nonsense' is not one of cudnn, flash, efficient, math"),
     (["check", DEEPSEEK, "-o", "kernel_quant=maybe"], "not a boolean"),
     (["check", DEEPSEEK, "-o", "kernel_quant"], "KEY=VALUE"),
@@ -85,4 +85,5 @@ def test_the_option_value_reaches_the_manifest(capsys, tmp_path, monkeypatch):
                         "-o", "kernel_quant=no"], capsys)
     assert code == 0, err
     opts = json.loads((tmp_path / "e" / "manifest.json").read_text())["run"]["options"]
-    assert opts == {"attention": None, "kernel_quant": False, "fuse": "on", "graphs": "off"}  # ...the value is recorded
+    assert opts == {"attention": None, "language_numerics": "official", "kernel_quant": False,
+                    "index_keys": "official", "fuse": "on", "graphs": "off"}  # ...the value is recorded

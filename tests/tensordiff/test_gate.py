@@ -59,6 +59,13 @@ def test_gate_keys_are_defaults_and_model_keys_win(tmp_path):
     assert b.prompts == ("describe <image>",)
 
 
+def test_options_table_becomes_the_cases_option_assignments(tmp_path):
+    (m,) = load_gate(toy.write_gate(tmp_path, 'options = { mode = "x", flag = true, n = 3 }\n')).models
+    assert m.options == ("mode=x", "flag=true", "n=3")
+    (m,) = load_gate(toy.write_gate(tmp_path)).models
+    assert m.options == ()
+
+
 def test_image_folder_expands_to_its_images_in_name_order(tmp_path):
     d = tmp_path / "imgs"
     d.mkdir()
@@ -80,6 +87,7 @@ def test_image_folder_expands_to_its_images_in_name_order(tmp_path):
     ('tolerances = "tol.toml"\n', "unknown tolerance table"),
     ('chunk = 0\n', "chunk must be a positive integer"),
     ('local_error = "yes"\n', "local_error must be true or false"),
+    ('options = "fast"\n', "options must be a table of run options"),
 ])
 def test_bad_model_table_is_one_clear_error(tmp_path, body, needle):
     (tmp_path / "empty").mkdir()

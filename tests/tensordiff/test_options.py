@@ -61,7 +61,7 @@ def test_unknown_key_names_the_known_options():
     with pytest.raises(BadInput) as e:
         DS.parse({"nonsense": "1"}, DEEPSEEK)
     msg = str(e.value)
-    assert "unknown option 'nonsense'" in msg and "attention, language_numerics, kernel_quant, fuse, graphs" in msg
+    assert "unknown option 'nonsense'" in msg and "attention, language_numerics, kernel_quant, index_keys, fuse, graphs" in msg
     assert "tensordiff options deepseek-v4.1-flash" in msg
 
 
@@ -108,10 +108,11 @@ def test_resolve_types_a_hand_built_request_and_keeps_undeclared_keys():
 
 def test_for_side_keeps_what_each_runner_reads():
     opts = DS.parse({"attention": "math"}, DEEPSEEK)
-    assert set(DS.for_side(opts, "oracle")) == {"language_numerics", "kernel_quant"}
-    assert set(DS.for_side(opts, "engine")) == {"attention", "language_numerics", "kernel_quant", "fuse", "graphs"}
+    assert set(DS.for_side(opts, "oracle")) == {"language_numerics", "kernel_quant", "index_keys"}
+    assert set(DS.for_side(opts, "engine")) == {"attention", "language_numerics", "kernel_quant", "index_keys",
+                                                "fuse", "graphs"}
     assert DS.for_side({**opts, "sdpa": "math"}, "oracle", undeclared=True) == {
-        "language_numerics": "official", "kernel_quant": None, "sdpa": "math"}
+        "language_numerics": "official", "kernel_quant": None, "index_keys": "official", "sdpa": "math"}
 
 
 def test_a_table_refuses_a_malformed_declaration():

@@ -19,6 +19,9 @@ import torch
 from . import quant, rope
 
 
+INDEX_TIES = "earlier"  # the stated tie rule: among equal index scores the earlier position is kept
+
+
 def _best_first(score: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Scores sorted best first, EXACT ties in position order (earlier first). Index scores tie
     often (ReLU'd to exactly 0), and a top-k that leaves tie order open keeps different positions
@@ -59,10 +62,16 @@ class LayerCache:
 @dataclass
 class ChunkShared:
     """Handed down the stack within one chunk: the latest KV source's cache, index-key owner's
-    cache, and index source's selection."""
+    cache, and index source's selection.
+
+    `decoding` (a decode step under index_keys=official): an owner hands its keys down only on a
+    step that completes one of its groups; otherwise `key_cache` stays what the sequence carried
+    in, the last owner that did (maybe a later layer, an earlier step), as the official decode
+    reads them through its one shared reference."""
 
     kv_cache: LayerCache | None = None
     key_cache: LayerCache | None = None
+    decoding: bool = False
     selection: torch.Tensor | None = None  # [n, k] group ids, -1 = none
     candidates: torch.Tensor | None = None  # [n, T] bool: blocks the candidate source kept
 
@@ -162,6 +171,8 @@ class Attention:
         q = self.backend.linear(qr, w.i_wq_b, None).view(n, ih, ihd)
         q = self._fp4(rope.rotate_pairs(q, self.rd, cos[start:start + n], sin[start:start + n]), 32)
         k = torch.stack(keys.index_k[:n_groups])  # [T, ihd]
+        if k.shape[0] < n_groups:  # an owner with fewer groups (decode, official keys): its cache is zeros there
+            k = torch.cat([k, k.new_zeros(n_groups - k.shape[0], k.shape[1])])
         head_w = self.backend.linear(x, w.i_weights, None) * (ihd ** -0.5 * ih ** -0.5)  # [n, ih]
         score = torch.einsum("nhd,td->nht", q, k).relu()
         score = (score * head_w.unsqueeze(-1)).sum(1)  # [n, T]
@@ -173,9 +184,12 @@ class Attention:
         elif self.candidate_user:
             score = score.masked_fill(~shared.candidates, float("-inf"))
         k_keep = min(self.cfg.index_topk, n_groups)
-        values, order = _best_first(score)
-        values, order = values[:, :k_keep], order[:, :k_keep]
-        return torch.where(torch.isfinite(values), order, torch.full_like(order, -1))
+        order = _best_first(score)[1][:, :k_keep]
+        # A pick is dropped only when the query cannot see it yet, NOT when its score is -inf:
+        # with fewer candidates than index_topk the top-k runs into the -inf scores, and the
+        # visible non-candidate groups it reaches there (the earliest first, as exact ties go)
+        # stay selected, as they do officially.
+        return torch.where(order < seen.unsqueeze(1), order, torch.full_like(order, -1))
 
     def __call__(self, x: torch.Tensor, start: int, cache: LayerCache, shared: ChunkShared) -> torch.Tensor:
         """x: [n, D] normalised attention input for positions start .. start+n-1 -> [n, D]."""
@@ -198,9 +212,10 @@ class Attention:
         values = keys.float().unsqueeze(0).expand(n, -1, -1)  # [n, m, hd]
         if self.ratio:
             if self.kv_source:
+                before = len(cache.latents)
                 self._compress(x, start, cache, cos, sin)
                 shared.kv_cache = cache
-                if self.owns_keys:
+                if self.owns_keys and (len(cache.latents) > before or not shared.decoding):
                     shared.key_cache = cache
             n_groups = (start + n) // self.ratio
             if self.index_source:

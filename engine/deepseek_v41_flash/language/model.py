@@ -38,6 +38,7 @@ from .attention import Attention, AttnWeights, ChunkShared
 from .engram import EngramHashState, EngramLayer, EngramTables
 from .layer import Layer, first_stream, index_ids
 from .moe import ExpertBank, GateWeights, MoE
+from .subset import parse_layers
 from .tokens import compressed_token_map
 
 
@@ -52,10 +53,13 @@ class BlockWeights:
 
 class LanguageModel:
     def __init__(self, cfg: Config, t: dict[str, torch.Tensor], dtype: torch.dtype, backend,
-                 fault: str | None = None, device="cpu", kernel_quant: bool = False):
+                 fault: str | None = None, device="cpu", kernel_quant: bool = False,
+                 layers: tuple[int, ...] | None = None, index_keys: str = "official"):
         # quantised checkpoint weights go through the wrapper's `linear` (`quant.QuantBackend`)
         backend = quant.QuantBackend(backend, kernel_quant)
         self.cfg, self.dtype, self.backend, self.fault = cfg, dtype, backend, fault
+        self.layers = tuple(range(cfg.n_layers)) if layers is None else tuple(layers)  # the ids that run
+        self.index_keys = index_keys  # the decode index-key rule (the option `index_keys`)
         self.device = torch.device(device)
         f32 = torch.float32
         # a matrix as stored: plain in the activation dtype, or FP8 / FP4 with its scale
@@ -70,12 +74,12 @@ class LanguageModel:
             raise EngineInputError(f"engram_compressed_vocab_size is {cfg.engram_compressed_vocab_size} but the "
                                    f"tokenizer compresses to {n_comp}")
         self.engram_tables = EngramTables.build(cfg, token_map, n_comp) if cfg.engram_layer_ids else None
-        self.blocks, self.attn, self.moe, self.engram = [], [], [], {}
-        for i in range(cfg.n_layers):
+        self.blocks, self.attn, self.moe, self.engram = {}, {}, {}, {}  # keyed by layer id
+        for i in self.layers:
             p = f"layers.{i}."
             mix = lambda s: hyper.MixWeights(fp(p + f"hc_{s}_fn"), fp(p + f"hc_{s}_base"), fp(p + f"hc_{s}_scale"))  # noqa: E731
-            self.blocks.append(BlockWeights(fp(p + "attn_norm.weight"), fp(p + "ffn_norm.weight"),
-                                            mix("attn"), mix("ffn")))
+            self.blocks[i] = BlockWeights(fp(p + "attn_norm.weight"), fp(p + "ffn_norm.weight"),
+                                          mix("attn"), mix("ffn"))
             a = p + "attn."
             opt = lambda n, conv=act: conv(a + n) if a + n in t else None  # noqa: E731
             ratio = cfg.compress_ratios[i]
@@ -87,7 +91,7 @@ class LanguageModel:
                              opt("compressor.norm.weight", fp), opt("indexer.wq_b.weight"),
                              opt("indexer.weights_proj.weight"), opt("indexer.wk.weight"),
                              opt("indexer.k_norm.weight", fp))
-            self.attn.append(Attention(i, cfg, aw, backend, kernel_quant))
+            self.attn[i] = Attention(i, cfg, aw, backend, kernel_quant)
             f = p + "ffn."
             E = cfg.n_routed_experts
             stack = lambda k: _stack([act(f + f"experts.{e}.{k}.weight") for e in range(E)])  # noqa: E731
@@ -95,9 +99,9 @@ class LanguageModel:
             shared = ExpertBank(*(_stack([act(f + f"shared_experts.{k}.weight")]) for k in ("w1", "w3", "w2")))
             gate = GateWeights(fp(f + "gate.weight"), fp(f + "gate.bias"),
                                fp(f + "gate.bias_vl") if f + "gate.bias_vl" in t else None)
-            self.moe.append(MoE(gate, bank, shared, topk=cfg.n_activated_experts, route_scale=cfg.route_scale,
-                                gate_temp=cfg.gate_temp, swiglu_limit=cfg.swiglu_limit, score_func=cfg.score_func,
-                                norm_topk_prob=cfg.norm_topk_prob, backend=backend, fault=fault))
+            self.moe[i] = MoE(gate, bank, shared, topk=cfg.n_activated_experts, route_scale=cfg.route_scale,
+                              gate_temp=cfg.gate_temp, swiglu_limit=cfg.swiglu_limit, score_func=cfg.score_func,
+                              norm_topk_prob=cfg.norm_topk_prob, backend=backend, fault=fault)
             if i in cfg.engram_layer_ids:
                 g = p + "engram."
                 self.engram[i] = EngramLayer(act(g + "embed.weight"), act(g + "wkv.weight"),
@@ -106,7 +110,7 @@ class LanguageModel:
         # the decoder layers by id, in stack order: what prefill, decode and the stages run
         self.stack = {i: Layer(i, cfg, self.blocks[i], self.attn[i], self.moe[i], self.engram.get(i),
                                cfg.engram_layer_ids.index(i) if i in self.engram else None, backend)
-                      for i in range(cfg.n_layers)}
+                      for i in self.layers}
 
     def logits(self, x: torch.Tensor, pre: torch.Tensor) -> torch.Tensor:
         """The stream leaving the last layer [n, hc, D] and its FFN-side pre mix -> logits [n, vocab] fp32."""
@@ -114,9 +118,9 @@ class LanguageModel:
         return self.backend.linear(final.float(), self.head, None)
 
     @staticmethod
-    def tensor_names(cfg: Config) -> list[str]:
+    def tensor_names(cfg: Config, layers: tuple[int, ...] | None = None) -> list[str]:
         names = ["embed.weight", "norm.weight", "head.weight", "image_start", "image_end", "image_newline"]
-        for i in range(cfg.n_layers):
+        for i in range(cfg.n_layers) if layers is None else layers:
             p = f"layers.{i}."
             names += [p + "attn_norm.weight", p + "ffn_norm.weight"]
             names += [p + f"hc_{s}_{k}" for s in ("attn", "ffn") for k in ("fn", "base", "scale")]
@@ -141,11 +145,15 @@ class LanguageModel:
 
     @classmethod
     def load(cls, checkpoint: str | Path, *, dtype: torch.dtype, backend, fault: str | None = None,
-             device="cpu", kernel_quant: bool = False) -> "LanguageModel":
+             device="cpu", kernel_quant: bool = False, index_keys: str = "official",
+             layers: str | None = None) -> "LanguageModel":
+        """`layers`: a subset spec such as "0-2" (see `subset`); None runs every layer."""
         if fault is not None and fault not in FAULTS:
             fault = None  # a vision fault: the language path runs clean
         cfg = Config.load(checkpoint)
-        return cls(cfg, W.read(checkpoint, cls.tensor_names(cfg)), dtype, backend, fault, device, kernel_quant)
+        ids = parse_layers(layers, cfg)
+        return cls(cfg, W.read(checkpoint, cls.tensor_names(cfg, ids)), dtype, backend, fault, device, kernel_quant,
+                   ids, index_keys)
 
     def sequence(self, input_ids: torch.Tensor, token_types: torch.Tensor,
                  image: Callable[[], torch.Tensor] | None = None, cells: tuple[int, int] | None = None) -> "Sequence":
@@ -166,7 +174,7 @@ class Sequence:
         if self.ids.numel() > lm.cfg.max_seq_len:
             raise EngineInputError(f"prompt of {self.ids.numel()} tokens exceeds max_seq_len {lm.cfg.max_seq_len}")
         self.pos = 0
-        self.caches = [a.new_cache(lm.dtype, lm.device) for a in lm.attn]
+        self.caches = {i: a.new_cache(lm.dtype, lm.device) for i, a in lm.attn.items()}
         self.engram_state = EngramHashState(lm.engram_tables, lm.fault) if lm.engram_tables else None
         self._image, self._cells = image, cells
         self._span: Span | None = None
@@ -178,6 +186,7 @@ class Sequence:
         self.span_len = int((token_types >= 0).sum())
         self.generated: list[int] = []
         self.stop = "steps"
+        self.key_owner = None  # the index-key cache the last chunk left published (official decode)
 
     def _spans(self, lo: int, hi: int) -> list[Span]:
         """The image span, its rows built the first time a chunk touches it."""
@@ -205,7 +214,7 @@ class Sequence:
             return overlay(emb, 0, spans, lm.backend)  # wrong: the chunk's own start is ignored
         return overlay(emb, lo, spans, lm.backend)
 
-    def _forward(self, lo: int, hi: int, out: dict | None) -> torch.Tensor:
+    def _forward(self, lo: int, hi: int, out: dict | None, decoding: bool = False) -> torch.Tensor:
         """Positions lo..hi-1 through the stack; returns logits [n, vocab] fp32."""
         lm, cfg = self.lm, self.lm.cfg
         ids, types = self.ids[lo:hi], self.types[lo:hi]  # host tensors
@@ -217,7 +226,9 @@ class Sequence:
         # n-gram hashing is host integer work; only the hash rows go to the device
         hashes = self.engram_state.hash(ids, types >= 0).to(lm.device) if self.engram_state is not None else None
         x, pre = first_stream(emb, cfg.hc_mult)
-        shared = ChunkShared()
+        # official decode: the indexers read the keys the last owner published (see `ChunkShared`)
+        official = decoding and lm.index_keys == "official"
+        shared = ChunkShared(key_cache=self.key_owner if official else None, decoding=official)
         for i, layer in lm.stack.items():
             cache = self.caches[i]
             o = layer(x, pre, lambda h_in: layer.attn(h_in, lo, cache, shared), image, hashes)
@@ -231,7 +242,7 @@ class Sequence:
                 out.setdefault(f"router.{i}.ids", []).append(o.router_ids)
                 out.setdefault(f"router.{i}.weights", []).append(o.router_weights)
                 out.setdefault(f"hidden.{i}", []).append(x)
-        self.pos = hi
+        self.pos, self.key_owner = hi, shared.key_cache
         return lm.logits(x, pre)
 
     @torch.inference_mode()
@@ -269,7 +280,7 @@ class Sequence:
                 raise EngineInputError(f"decode ran past max_seq_len {self.lm.cfg.max_seq_len}")
             self.ids = torch.cat([self.ids, torch.tensor([nxt])])
             self.types = torch.cat([self.types, torch.tensor([-1])])
-            logits = self._forward(self.pos, self.pos + 1, None)
+            logits = self._forward(self.pos, self.pos + 1, None, decoding=True)
             if record:
                 taps.record(f"logits.step.{k}", logits, boundary=f"logits.step.{k}")
             nxt = int(logits[-1].argmax())

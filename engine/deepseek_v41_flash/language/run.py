@@ -24,6 +24,7 @@ from tensordiff.models.deepseek_options import OPTIONS
 from ... import backend as backends
 from ...errors import EngineInputError
 from ...runtime.speed_path import SpeedPath
+from .attention import INDEX_TIES
 from .model import LanguageModel
 from .tokens import DEFAULT_PROMPT, tokenize
 
@@ -70,7 +71,9 @@ def language_model(req, num: Numerics | None = None) -> LanguageModel:
     """The backbone a `RunRequest` asks for (the runner's and the local-error stages' one)."""
     num = num or Numerics.of(req)
     return LanguageModel.load(Path(req.weights_dir), dtype=num.dtype, backend=backends.get(req.backend),
-                              fault=req.fault, device=req.device, kernel_quant=num.kernel_quant)
+                              fault=req.fault, device=req.device, kernel_quant=num.kernel_quant,
+                              index_keys=OPTIONS.resolve(req.options)["index_keys"],
+                              layers=(req.options or {}).get("layers"))
 
 
 def run_language(req, rec, image: Callable[[], torch.Tensor] | None, cells: tuple[int, int] | None) -> dict:
@@ -90,6 +93,8 @@ def run_language(req, rec, image: Callable[[], torch.Tensor] | None, cells: tupl
     taps = rec if req.taps else None
     last = seq.prefill(req.chunk, taps)
     generated = seq.decode(req.decode, last, taps)
+    rec.update_run(semantics={"index_ties": INDEX_TIES, "index_keys": lm.index_keys},
+                   layers=list(lm.layers) if len(lm.layers) < lm.cfg.n_layers else None)
     return {"prompt": prompt, "prompt_tokens": int(ids.numel()),
             "input_ids_sha256": hashlib.sha256(ids.numpy().tobytes()).hexdigest(),
             "span_start": seq.span_start, "generated": generated, "stop": seq.stop,

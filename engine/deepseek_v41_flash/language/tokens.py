@@ -1,9 +1,9 @@
 """Prompt -> (input_ids, token_types) for synthetic checkpoints, which carry no tokenizer.
 
 The byte tokenizer: BOS 0, EOS 1, PAD 2, then UTF-8 byte b -> b + 3. One `<image>` in the prompt
-becomes the image span (every position `image_token_id`, told apart by token type); a prompt
-without one gets the image right after BOS. The Engram compressed vocabulary folds what the
-official normaliser folds for these tokens: ASCII capitals onto lower case, tab / CR / LF onto
+becomes the image span (every position `image_token_id`, told apart by token type); an image
+with no tag for it is refused, as the official `prepare_vl_inputs` refuses it. The Engram
+compressed vocabulary folds what the official normaliser folds for these tokens: ASCII capitals onto lower case, tab / CR / LF onto
 space; every other token keeps an id of its own, numbered in token order.
 """
 from __future__ import annotations
@@ -52,6 +52,8 @@ def tokenize(prompt: str, cfg, cells: tuple[int, int] | None) -> tuple[torch.Ten
         raise EngineInputError(f"the prompt holds {tags} '{IMAGE_TAG}' tags; one image is supported")
     if tags and cells is None:
         raise EngineInputError(f"the prompt holds '{IMAGE_TAG}' but no image was given")
+    if cells is not None and not tags:
+        raise EngineInputError(f"the prompt has no '{IMAGE_TAG}' tag, but an image was given for it")
     before, _, after = prompt.partition(IMAGE_TAG) if tags else ("", "", prompt)
     if cells is None:
         before, after = prompt, ""

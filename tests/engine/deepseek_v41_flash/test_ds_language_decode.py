@@ -38,7 +38,11 @@ def test_vision_runs_once_across_chunks_and_decode(lm, rows):
     assert len(calls) == 1 and seq.vision_calls == 1
 
 
-def test_cached_decode_equals_recomputing_the_sequence(lm, rows):
+def test_cached_decode_equals_recomputing_the_sequence(rows):
+    # index_keys=own: under the official rule a decode step reads other keys than a prefill of
+    # the same tokens would (tests/models/test_deepseek_language_indexer.py checks that rule)
+    lm = LanguageModel.load(tiny_language_checkpoint(), dtype=torch.float32, backend=backends.get("torch"),
+                            index_keys="own")
     ids, types = tokenize(PROMPT, lm.cfg, CELLS)
     seq = lm.sequence(ids, types, image=lambda: rows, cells=CELLS)
     rec = MemoryRecorder()

@@ -16,7 +16,8 @@ def test_image_token_stops_generation_and_steps_extend_the_prompt():
     rows = torch.randn(2, args.dim, generator=torch.Generator().manual_seed(2))
     images = [ImageSpan(start, types[start:start + 6], rows)]
     rec = MemoryRecorder()
-    out = generate(model, ids, types, images, 2, rec)
+    # index_keys=own: decode rows read the prefill rule's keys, so a step is a plain longer prefill
+    out = generate(model, ids, types, images, 2, rec, index_keys="own")
     assert out["stop"] == "steps" and len(out["generated"]) == 3
     # step 1's logits are the last row of the prompt + first token, run from scratch
     longer = torch.cat([ids, torch.tensor(out["generated"][:1])])

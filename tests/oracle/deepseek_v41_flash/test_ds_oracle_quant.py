@@ -117,11 +117,11 @@ def _build(path):
 
 def test_the_quantised_checkpoint_loads_with_its_formats():
     model = _build(tiny_language_checkpoint(quantised=True))
-    attn, ffn = model.layers[0].attn, model.layers[0].ffn
+    attn, ffn = model.layers["0"].attn, model.layers["0"].ffn
     assert attn.wq_a.weight.dtype == Q.FP8 and attn.wq_a.scale.dtype == Q.SCALE
     assert attn.wo_a.weight.dtype == torch.bfloat16  # declared bf16 in the official model
     assert ffn.experts[0].w1.weight.dtype == Q.FP4 and ffn.shared_experts.w1.weight.dtype == Q.FP8
-    assert model.layers[1].engram.embed.weight.dtype == Q.FP8
+    assert model.layers["1"].engram.embed.weight.dtype == Q.FP8
 
 
 def _drop_scale(t, cfg, wmap):
