@@ -199,8 +199,8 @@ CHECKPOINT_INDEX = "model.safetensors.index.json"
 
 def checkpoint_weight_map(ckpt: str | Path) -> dict[str, str]:
     """A safetensors checkpoint directory's {tensor name: shard file}: from its index, or from
-    the header of its one `model.safetensors`. The checkpoint format, read once for the oracle,
-    the engine and the core alike; raises BadInput naming the file."""
+    the header of its one `model.safetensors` (any dtypes). The core's check of a checkpoint
+    before a run; raises BadInput naming the file."""
     ckpt = Path(ckpt)
     index = ckpt / CHECKPOINT_INDEX
     if index.is_file():
@@ -216,29 +216,19 @@ def checkpoint_weight_map(ckpt: str | Path) -> dict[str, str]:
     raise BadInput(f"{ckpt} holds neither {CHECKPOINT_INDEX} nor model.safetensors")
 
 
-def checkpoint_shards(ckpt: str | Path, prefix: str) -> dict[Path, list[str]]:
-    """The shards holding a checkpoint's tensors named `prefix...`: {shard path: its names},
-    each shard a .safetensors file inside the directory that exists (never a pickle)."""
-    ckpt = Path(ckpt)
-    out: dict[Path, list[str]] = {}
-    for name, shard in checkpoint_weight_map(ckpt).items():
-        if name.startswith(prefix):
-            out.setdefault(shard, []).append(name)
-    return {check_shard(ckpt, shard): names for shard, names in out.items()}
-
-
 def check_shard(ckpt: Path, shard: str) -> Path:
     """The path of a shard an index names: a .safetensors file inside the checkpoint directory
-    that exists (never a pickle)."""
-    f = (ckpt / shard).resolve()
-    if Path(shard).is_absolute() or ".." in Path(shard).parts or ckpt.resolve() not in f.parents:
+    that exists (never a pickle). The core checks this before a run; each side's strict reader
+    (oracle/shards.py, engine/runtime/shards.py) checks it again as it loads."""
+    # checked on the name, not the resolved path: a hub cache's shards are symlinks into its blobs
+    if Path(shard).is_absolute() or ".." in Path(shard).parts:
         raise BadInput(f"{ckpt / CHECKPOINT_INDEX}: shard {shard!r} lies outside the checkpoint directory")
     if Path(shard).suffix.lower() in PICKLE_EXT:
         raise BadInput(f"{ckpt / CHECKPOINT_INDEX} points to {shard}, a {Path(shard).suffix} file that may hold "
                        "a pickle; tensordiff never unpickles: convert the checkpoint to safetensors")
     if Path(shard).suffix.lower() != ".safetensors":
         raise BadInput(f"{ckpt / CHECKPOINT_INDEX} points to {shard}, which is not a .safetensors file")
-    if not f.is_file():
+    if not (ckpt / shard).is_file():
         raise BadInput(f"{ckpt / CHECKPOINT_INDEX} points to {shard}, which is missing from {ckpt}")
     return ckpt / shard
 
