@@ -24,10 +24,12 @@ import numpy as np
 from .dtypes import BY_NAME, DType
 from .errors import BadInput
 from .storage import fsync_dir, write_hdf5, write_safetensors
+from .warmup import warm_if_torch
 
 FORMAT = "tensordiff-dump"
 VERSION = 1
-NAME_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.\-]*$")
+# \Z, not $: "$" also matches before a trailing newline, and "patches\n" is not a name
+NAME_RE = re.compile(r"\A[A-Za-z0-9_][A-Za-z0-9_.\-]*\Z")
 
 
 def default_boundary(name: str) -> str:
@@ -65,6 +67,27 @@ def to_raw(tensor: Any) -> tuple[np.ndarray, DType]:
     return np.ascontiguousarray(arr).astype(dt.storage, copy=False), dt
 
 
+def is_dump_dir(path: Path) -> bool:
+    """A real directory (not a link) holding our manifest: the only thing `--force` replaces."""
+    m = path / "manifest.json"
+    if path.is_symlink() or not path.is_dir() or m.is_symlink() or not m.is_file():
+        return False
+    try:
+        with open(m, "rb") as f:
+            head = json.loads(f.read(64 << 20).decode("utf-8"))
+    except (OSError, UnicodeDecodeError, ValueError):
+        return False
+    return isinstance(head, dict) and head.get("format") == FORMAT
+
+
+def refuse_unless_dump(path: Path) -> None:
+    if not is_dump_dir(path):
+        kind = "a file" if path.is_file() and not path.is_symlink() else (
+            "a link" if path.is_symlink() else "a directory that is not a tensordiff dump")
+        raise BadInput(f"{path} is {kind}; --force only replaces a tensordiff dump (a directory with its "
+                       "manifest.json), so pick another --out or remove it yourself")
+
+
 def merge_run(run: dict, fields: dict) -> None:
     """Merge `fields` into the run record in place: tables merge key by key, at every depth, so a
     runner adding `inputs={"grid": ...}` keeps the core's `inputs.image`; any other value replaces."""
@@ -74,6 +97,12 @@ def merge_run(run: dict, fields: dict) -> None:
             merge_run(run[k], v)
         else:
             run[k] = v
+
+
+def _umask() -> int:
+    old = os.umask(0o022)
+    os.umask(old)
+    return old
 
 
 def _on_accelerator(tensor: Any) -> bool:
@@ -92,6 +121,10 @@ class Recorder:
                  run: dict | None = None, fmt: str = "safetensors", overwrite: bool = False):
         if fmt not in ("safetensors", "hdf5"):
             raise BadInput(f"unknown dump format {fmt!r} (safetensors or hdf5)")
+        if not isinstance(model, str) or not model.strip() or not model.isprintable():
+            raise BadInput(f"Recorder(model={model!r}): the model must be a non-empty, one-line name "
+                           "(a reader refuses a dump without one)")
+        warm_if_torch()  # this process computes with torch: settle MKL's dispatch first (warmup.py)
         self.path = Path(path)
         self.model = model
         self.producer = dict(producer or {"name": "tensordiff"})
@@ -105,8 +138,10 @@ class Recorder:
         self._check_target()
 
     def _check_target(self) -> None:
-        if self.path.exists() and not self.overwrite:
-            raise BadInput(f"{self.path} already exists; refusing to overwrite it (pass --force / overwrite=True)")
+        if self.path.exists() or self.path.is_symlink():
+            if not self.overwrite:
+                raise BadInput(f"{self.path} already exists; refusing to overwrite it (pass --force to replace a dump)")
+            refuse_unless_dump(self.path)
         parent = self.path.resolve().parent
         if not parent.exists():
             try:
@@ -124,7 +159,7 @@ class Recorder:
         if self._closed:
             raise RuntimeError("recorder is closed")
         check_name(name)
-        if name in self._tensors or name in self._pending:
+        if name in self._names:
             raise BadInput(f"tensor {name!r} recorded twice")
         b = boundary or default_boundary(name)
         check_name(b)
@@ -183,10 +218,12 @@ class Recorder:
             manifest = {"format": FORMAT, "version": VERSION, "model": self.model, "producer": self.producer,
                         "run": self.run, "tensors": entries}
             (tmp / "manifest.json").write_text(json.dumps(manifest, indent=1) + "\n")
+            os.chmod(tmp, 0o777 & ~_umask())  # mkdtemp makes 0700; a dump (and a shared cache) is readable
             fsync_dir(tmp)
-            if self.path.exists():
+            if self.path.exists() or self.path.is_symlink():
                 if not self.overwrite:
                     raise BadInput(f"{self.path} appeared while recording; refusing to overwrite it")
+                refuse_unless_dump(self.path)
                 old = self.path.with_name(f".{self.path.name}.old-{os.getpid()}")
                 os.rename(self.path, old)
                 os.rename(tmp, self.path)
@@ -239,6 +276,8 @@ class MemoryRecorder:
 
     def record(self, name: str, tensor: Any, *, boundary: str | None = None) -> None:
         check_name(name)
+        if name in self.tensors:
+            raise BadInput(f"tensor {name!r} recorded twice")
         self.tensors[name] = tensor.detach().clone() if hasattr(tensor, "detach") else np.array(tensor, copy=True)
 
     def update_run(self, **fields: Any) -> None:

@@ -12,6 +12,7 @@ import click
 
 from . import __version__
 from .errors import BadInput
+from .outputs import gate_inputs, guard, guard_reports
 
 EPILOG_COMPARE = """\b
 Exit status: 0 every boundary within tolerance, 1 a material divergence, 2 bad input.
@@ -40,28 +41,20 @@ def _progress_factory(total: int, label: str):
     return prog, (lambda n: prog.advance(task, n))
 
 
-def _writable(path: Path | None) -> None:
-    """Refuse an output path we could not write before doing any work."""
-    if path is None:
-        return
-    parent = Path(path).resolve().parent
-    if not parent.is_dir():
-        raise BadInput(f"cannot write {path}: directory {parent} does not exist")
-    import os
-
-    if not os.access(parent, os.W_OK) or (Path(path).exists() and not os.access(path, os.W_OK)):
-        raise BadInput(f"cannot write {path}: permission denied")
-    if Path(path).is_dir():
-        raise BadInput(f"cannot write {path}: it is a directory")
+def _weights_path(spec):
+    return spec if spec and not str(spec).startswith("synthetic:") else None
 
 
-def _print_report(report) -> int:
+ALL_OPTION = click.option("--all", "show_all", is_flag=True, help="Show every row of the table (default: the first 200).")
+
+
+def _print_report(report, show_all: bool = False) -> int:
     from .report import print_rich, render_text
 
     if sys.stdout.isatty():
         print_rich(report, _console())
     else:
-        click.echo(render_text(report))
+        click.echo(render_text(report, None if show_all else 200))
     return 0 if report.verdict == "match" else 1
 
 
@@ -94,14 +87,14 @@ def cli():
 @click.option("--floor", "floor_dir", type=click.Path(path_type=Path),
               help="The oracle's dump in B's low precision (the floor run): judge B's error against A "
                    "as a multiple of the floor's (three-way, row-aware).")
-def compare(a, b, json_path, tolerances, fail_fast, verify, junit_path=None, html_path=None, floor_dir=None):
+@ALL_OPTION
+def compare(a, b, json_path, tolerances, fail_fast, verify, junit_path=None, html_path=None, floor_dir=None,
+            show_all=False):
     """Compare dump A (reference, e.g. the oracle) with dump B (candidate, e.g. your engine)."""
     from .compare import compare_dumps
     from .dump import open_dump
 
-    _writable(json_path)
-    _writable(junit_path)
-    _writable(html_path)
+    guard_reports(json_path, junit_path, html_path, inputs=[a, b, tolerances, floor_dir])
     da, db = open_dump(a), open_dump(b)
     if floor_dir is not None:
         from .floor import rule_of, three_way
@@ -119,7 +112,7 @@ def compare(a, b, json_path, tolerances, fail_fast, verify, junit_path=None, htm
 
     write_reports(report_json=report.as_json(), json_path=json_path, cases=[lone_case(report, da if html_path else None)],
                   junit_path=junit_path, html_path=html_path, title=f"tensordiff: {report.model}")
-    sys.exit(_print_report(report))
+    sys.exit(_print_report(report, show_all))
 
 
 @cli.command()
@@ -198,7 +191,7 @@ class _ModelCommand(click.Command):
 @click.option("--side", type=click.Choice(["oracle", "engine"]), required=True)
 @click.option("--out", type=click.Path(path_type=Path), required=True, help="Dump directory to create.")
 @click.option("--format", "fmt", type=click.Choice(["safetensors", "hdf5"]), default="safetensors", show_default=True)
-@click.option("--force", is_flag=True, help="Replace an existing dump at --out.")
+@click.option("--force", is_flag=True, help="Replace an existing tensordiff dump at --out (never any other file or directory).")
 @_model_options
 def dump(model, side, out, fmt, force, **kw):
     """Run one side of MODEL on an image and write its boundary tensors to a dump directory."""
@@ -224,17 +217,19 @@ def dump(model, side, out, fmt, force, **kw):
 @click.option("--junit", "junit_path", type=click.Path(path_type=Path), help="Also write a JUnit XML report here.")
 @click.option("--html", "html_path", type=click.Path(path_type=Path),
               help="Also write a self-contained HTML report (boundary table, error heatmaps) here.")
-def check(model, json_path, tolerances, out, oracle_dtype, no_cache, junit_path=None, html_path=None, **kw):
+@ALL_OPTION
+def check(model, json_path, tolerances, out, oracle_dtype, no_cache, junit_path=None, html_path=None, show_all=False,
+          **kw):
     """Run the oracle and the engine on one image, compare, and name the earliest divergence."""
     from .pipeline import CaseSpec, check as run_check, lone_case, write_reports
 
-    for p in (json_path, junit_path, html_path):
-        _writable(p)
+    guard_reports(json_path, junit_path, html_path,
+                  inputs=[kw.get("image"), _weights_path(kw.get("weights")), tolerances, out])
     case = run_check(CaseSpec(model, oracle_dtype=oracle_dtype, **kw), out=out, tolerances=tolerances,
                      use_cache=not no_cache, views=html_path is not None)
     write_reports(report_json=case.report.as_json(), json_path=json_path, cases=[lone_case(case.report, views=case.views)],
                   junit_path=junit_path, html_path=html_path, title=f"tensordiff: {case.report.model}")
-    sys.exit(_print_report(case.report))
+    sys.exit(_print_report(case.report, show_all))
 
 
 @cli.command()
@@ -309,9 +304,8 @@ def gate(config, json_path, junit_path, html_path, out, models, fault, weights, 
     from .pipeline import check_weights, write_reports
     from .report import render_text
 
-    for p in (json_path, junit_path, html_path):
-        _writable(p)
     cfg = load_gate(config)
+    guard_reports(json_path, junit_path, html_path, inputs=[config, out, *gate_inputs(cfg)])
     weights = check_weights(weights, Path.cwd(), "--weights") if weights is not None else None
     overrides = {"weights": weights, "device": device, "dtype": dtype, "oracle_dtype": oracle_dtype, "backend": backend,
                  "layers": layers}
@@ -374,7 +368,7 @@ def calibrate(config, out, models, variants, multiple, dtype, device, no_cache, 
         raise BadInput(f"{config} has {len(mcs)} models: put {{model}} in --out (e.g. tol-{{model}}.toml) or pick --model")
     for m in mcs:
         path = Path(str(out).replace("{model}", m.name))
-        _writable(path)
+        guard(path, "--out", "calibration", [config, *gate_inputs(cfg)])
         cal = run_calibrate(m.name, list(m.images), weights=m.weights, device=device or m.device, dtype=dtype,
                             variants=list(variants) or list(DEFAULT_VARIANTS), multiple=multiple,
                             use_cache=cfg.cache and not no_cache, echo=lambda s: click.echo(s, err=True),
@@ -395,7 +389,10 @@ def main(argv=None) -> None:
         cmd = e.ctx.command_path if e.ctx else "tensordiff"
         click.echo(f"tensordiff: usage error: {msg} (see `{cmd} --help`)", err=True)
         sys.exit(2)
-    except click.exceptions.Abort:
+    except click.exceptions.Abort as e:
+        if isinstance(e.__context__, KeyboardInterrupt):  # click turns Ctrl-C into Abort
+            click.echo("tensordiff: interrupted", err=True)
+            sys.exit(130)
         click.echo("tensordiff: aborted", err=True)
         sys.exit(2)
     except click.ClickException as e:

@@ -15,6 +15,7 @@ from . import registry
 from .contract import Boundary, Contract, chain, topological
 from .dump import Dump, Entry, open_dump
 from .errors import BadInput, IncomparableDumps
+from .inputs import notes as picture_notes
 from .judge import Judge
 from .metrics import FloatResult
 from .result import FAILING, BoundaryResult, Report
@@ -56,6 +57,9 @@ def compare_dumps(a: str | Path | Dump, b: str | Path | Dump,
     if da.model != db.model:
         raise IncomparableDumps(f"{da.path} is a {da.model!r} dump but {db.path} is a {db.model!r} dump: "
                                 "their boundary contracts differ, so they cannot be compared")
+    if not da.entries and not db.entries:  # "all 0 boundaries match" would be a pass by accident
+        raise BadInput(f"nothing to compare: {da.path} and {db.path} hold no tensors (did the producer record "
+                       "any boundary?)")
     judge = tolerances if isinstance(tolerances, Judge) else None
     contract, bounds = resolve_contract(da, db, judge.contract if judge else contract)
     if judge is None:
@@ -92,6 +96,7 @@ def compare_dumps(a: str | Path | Dump, b: str | Path | Dump,
             va, vb = va.get("sha256") or va.get("image", {}), vb.get("sha256") or vb.get("image", {})
         if va and vb and va != vb:
             notes.append(f"the two runs had different {k}: the comparison may be meaningless")
+    notes += picture_notes(da.run or db.run)
     return Report(str(da.path), str(db.path), da.model, [results[b.name] for b in present], notes,
                   {"a": da.producer, "b": db.producer}, {"a": da.run, "b": db.run}, judge.tolerances.origin)
 

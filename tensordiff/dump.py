@@ -94,6 +94,9 @@ class Dump:
 
 
 def _inside(root: Path, rel: str, what: str) -> Path:
+    if isinstance(rel, str) and rel and not rel.isprintable():
+        raise BadInput(f"{root}/manifest.json: {what} {rel!r} has a control character (NUL, newline, ...); "
+                       "a file name in a dump is one line of printable characters")
     if not isinstance(rel, str) or not rel or rel.startswith(("/", "\\")) or ".." in Path(rel).parts or ":" in rel:
         raise BadInput(f"{root}/manifest.json: {what} {rel!r} escapes the dump directory")
     p = (root / rel).resolve()
@@ -116,12 +119,17 @@ def open_dump(path: str | Path) -> Dump:
     mpath = root / "manifest.json"
     if not mpath.is_file():
         raise BadInput(f"{root} has no manifest.json (not a tensordiff dump)")
+    try:  # a symlink out of the dump is confined like the tensor files
+        mpath.resolve().relative_to(root.resolve())
+    except ValueError:
+        raise BadInput(f"{mpath} is a link to {mpath.resolve()}, outside the dump directory; "
+                       "copy the manifest into the dump instead") from None
     if mpath.stat().st_size > MAX_MANIFEST:
         raise BadInput(f"{mpath} is implausibly large ({mpath.stat().st_size} bytes)")
     try:
         m = json.loads(mpath.read_text(encoding="utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise BadInput(f"{mpath} is not valid JSON ({e})") from None
+    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as e:  # deep nesting: RecursionError
+        raise BadInput(f"{mpath} is not valid JSON ({type(e).__name__}: {str(e)[:200]})") from None
     if not isinstance(m, dict):
         raise BadInput(f"{mpath}: expected a JSON object")
     if m.get("format") != FORMAT:
@@ -129,8 +137,8 @@ def open_dump(path: str | Path) -> Dump:
     if m.get("version") != 1:
         raise BadInput(f"{mpath}: format version {m.get('version')!r} is not supported (this reader knows version 1)")
     model = m.get("model")
-    if not isinstance(model, str) or not model:
-        raise BadInput(f"{mpath}: 'model' must be a non-empty string")
+    if not isinstance(model, str) or not model or not model.isprintable():
+        raise BadInput(f"{mpath}: 'model' must be a non-empty, one-line string")
     tensors = m.get("tensors")
     if not isinstance(tensors, list):
         raise BadInput(f"{mpath}: 'tensors' must be a list")
@@ -154,7 +162,7 @@ def open_dump(path: str | Path) -> Dump:
         if not fpath.is_file():
             raise BadInput(f"{mpath}: tensor {name!r} names file {t.get('file')!r}, which is missing")
         key = t.get("key", name)
-        if not isinstance(key, str):
+        if not isinstance(key, str) or not key or "\0" in key:
             raise BadInput(f"{mpath}: tensor {name!r} has an invalid key")
         if kind == "safetensors":
             if fpath not in headers:
@@ -165,10 +173,14 @@ def open_dump(path: str | Path) -> Dump:
         else:
             st = read_hdf5_entry(fpath, key, t.get("dtype"))
         want_shape, want_dtype = t.get("shape"), t.get("dtype")
-        if want_dtype is not None and want_dtype not in BY_NAME:
+        if want_dtype is not None and (not isinstance(want_dtype, str) or want_dtype not in BY_NAME):
             raise BadInput(f"{mpath}: tensor {name!r} has unknown dtype {want_dtype!r}")
         if want_dtype is not None and want_dtype != st.dtype.name:
             raise BadInput(f"{mpath}: tensor {name!r} is {st.dtype.name} in its file but {want_dtype} in the manifest")
+        if want_shape is not None and (not isinstance(want_shape, list)
+                                       or not all(type(x) is int and x >= 0 for x in want_shape)):
+            raise BadInput(f"{mpath}: tensor {name!r} has shape {want_shape!r}; a shape is a list of "
+                           "non-negative integers, e.g. [3774, 32]")
         if want_shape is not None and list(want_shape) != list(st.shape):
             raise BadInput(f"{mpath}: tensor {name!r} has shape {list(st.shape)} in its file but {want_shape} in the manifest")
         sha = t.get("sha256")

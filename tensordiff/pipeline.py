@@ -25,6 +25,7 @@ from typing import Any, Callable, Iterator
 from . import oracle_cache
 from .adapter import ModelAdapter, RunRequest
 from .errors import BadInput
+from .outputs import dump_root
 
 # The passes a case can run (`CaseSpec.passes`; the gate picks them with `gate.case_passes`):
 #   semantic  engine float32 against oracle float32: approximations (a tanh GELU) that bf16 hides
@@ -116,13 +117,9 @@ def _nothing():
 
 
 def prepare_out(out: str | Path | None) -> Path | None:
-    """The one check on an output directory: it may not exist yet, or be empty."""
-    if out is None:
-        return None
-    out = Path(out)
-    if out.exists() and (not out.is_dir() or any(out.iterdir())):
-        raise BadInput(f"{out} exists and is not empty; refusing to overwrite dumps there")
-    return out
+    """The one check on an output directory (`outputs.dump_root`): created if missing, refused
+    when it is a file, not empty, or not writable."""
+    return None if out is None else dump_root(out)
 
 
 def check_weights(spec: str, base: Path, where: str) -> str:

@@ -9,7 +9,8 @@ kernel it used) through `Recorder.update_run`, which merges them in deeply.
   (size, mtime_ns, inode), so a second run costs a stat per file; a file edited in place
   changes its mtime and is hashed again.
 - `versions()`: the library versions a dump depends on.
-- `describe_image(path)`: the input image (sha256, size, mode, format).
+- `describe_image(path)`: the input image (sha256, size, mode, format, and the file facts
+  `inputs.file_facts`: frames, the frame used, the EXIF orientation tag).
 - `source_digest(sources)`: the code a model's oracle runs, from the files and packages its
   adapter declares (`ModelAdapter.sources`), found WITHOUT importing them.
 
@@ -55,7 +56,8 @@ def describe_image(path: str | Path | None) -> dict | None:
 
     d = check_image(path)
     return {"sha256": d["sha256"], "bytes": Path(path).stat().st_size, "size": [d["width"], d["height"]],
-            "width": d["width"], "height": d["height"], "mode": d["mode"], "format": d["format"]}
+            "width": d["width"], "height": d["height"], "mode": d["mode"], "format": d["format"],
+            **{k: d[k] for k in ("frames", "frame_used", "exif_orientation")}}
 
 
 # ----------------------------------------------------------------------------- file identity

@@ -34,9 +34,13 @@ def tensor_summary(t: TensorResult) -> str:
     if t.mode == "floor":
         return floor_summary(m)
     if isinstance(m, FloatResult):
-        s = (f"max|Δ| {_g(m.max_abs)}  mean|Δ| {_g(m.mean_abs)}  cos {m.cosine:.6f}  "
-             f"SQNR {_g(m.sqnr_db, '.1f')} dB  ULP p50/p99/max {_g(m.ulp_p50)}/{_g(m.ulp_p99)}/{_g(m.ulp_max)}"
-             f" ({m.ulp_unit})  outside {100 * m.mismatch_fraction:.3g}%")
+        s = ""
+        if m.nonfinite_mismatch:  # the metrics below see only the finite pairs: say so first
+            s = (f"{m.nonfinite_mismatch} NaN/Inf on one side only (NaN: A {m.nan[0]}, B {m.nan[1]}); "
+                 "finite pairs: ")
+        s += (f"max|Δ| {_g(m.max_abs)}  mean|Δ| {_g(m.mean_abs)}  cos {m.cosine:.6f}  "
+              f"SQNR {_g(m.sqnr_db, '.1f')} dB  ULP p50/p99/max {_g(m.ulp_p50)}/{_g(m.ulp_p99)}/{_g(m.ulp_max)}"
+              f" ({m.ulp_unit})  outside {100 * m.mismatch_fraction:.3g}%")
         floor = t.tolerance.get("floor")
         if floor:
             s += f"  = {m.max_abs / floor:.3g}× floor"
@@ -78,7 +82,13 @@ def headline(r: Report) -> str:
     return "DIVERGED: " + "; ".join(parts)
 
 
-def render_text(r: Report, max_rows: int = 200) -> str:
+ULP_INF_NOTE = ("ULP inf: more of the reference value's ULPs than a float32 can count; the reference is 0 "
+                "or subnormal there (one ULP ~1e-45), so read max|Δ| for that tensor")
+
+
+def render_text(r: Report, max_rows: int | None = 200) -> str:
+    """The report as plain text; the table stops after `max_rows` rows (None: all of them) and
+    says how many it left out."""
     lines = [headline(r), f"A (reference): {r.a}", f"B (candidate): {r.b}", f"tolerances: {r.tolerances}"]
     for n in r.earliest:
         b = r.boundary(n)
@@ -93,17 +103,25 @@ def render_text(r: Report, max_rows: int = 200) -> str:
                     lines.append(f"    worst element {w['index']}: {w['meaning']}{vals}")
     lines.append("")
     lines.append(f"{'boundary':<22} {'status':<13} {'tensor':<22} {'dtype':<20} metrics")
-    shown = 0
+    shown = total = 0
+    ulp_inf = False
     for b in r.boundaries:
         for i, t in enumerate(b.tensors or [None]):
-            if shown >= max_rows:
-                break
+            total += 1
+            if max_rows is not None and shown >= max_rows:
+                continue
             shown += 1
+            ulp_inf |= t is not None and any(isinstance(t.metrics.get(k), float) and math.isinf(t.metrics[k])
+                                             for k in ("ulp_p50", "ulp_p99", "ulp_max"))
             status = MARK[b.status] + (" (root)" if b.root else "") if i == 0 else ""
             if t is None:
                 lines.append(f"{b.name if i == 0 else '':<22} {status:<13}")
                 continue
             lines.append(f"{b.name if i == 0 else '':<22} {status:<13} {t.name:<22} {_dtype_note(t):<20} {tensor_summary(t)}")
+    if total > shown:
+        lines.append(f"... {total - shown} more rows not shown (of {total}); see --json for all of them, or pass --all")
+    if ulp_inf:
+        lines.append(f"note: {ULP_INF_NOTE}")
     for note in r.notes:
         lines.append(f"note: {note}")
     return "\n".join(lines)

@@ -11,6 +11,7 @@ from .adapter import ModelAdapter, RunRequest
 from .capture import Recorder
 from .errors import BadInput
 from .inputs import check_image, default_image_path
+from .warmup import warm
 
 
 def make_request(model: str, *, image=None, weights="synthetic:tiny", device="cpu", dtype="float32",
@@ -22,6 +23,7 @@ def make_request(model: str, *, image=None, weights="synthetic:tiny", device="cp
     `layers` a DeepSeek language layer subset ("0-2"), handed to both runners as `options["layers"]`."""
     from .options import parse_assignments, validate_request
 
+    warm()  # before any torch op of this process (synthetic weights included): see warmup.py
     adapter = adapter or registry.adapter(model)
     raw = {**options, **parse_assignments(extra)}
     if processor is not None:
@@ -58,6 +60,7 @@ def run_side(adapter: ModelAdapter, side: str, req: RunRequest, out: Path, *, fm
 
     from .provenance import describe_image, run_weights, versions
 
+    warm()
     producer = {"name": f"tensordiff-{side}", "version": tensordiff.__version__, "side": side}
     image = describe_image(req.image)
     run = {"inputs": {"image": image} if image else {}, "dtype": req.dtype, "device": req.device,

@@ -93,18 +93,36 @@ class _MemmapReader(FlatReader):
         self.mm = None
 
 
+# What h5py raises for a damaged file or dataset (its own errors derive from these).
+H5_ERRORS = (OSError, ValueError, TypeError, KeyError, RuntimeError)
+
+
+def _h5_error(t: StoredTensor, e: Exception) -> BadInput:
+    return BadInput(f"{t.file}: HDF5 dataset {t.key!r} cannot be read ({type(e).__name__}: {str(e)[:200]}); "
+                    "the file is damaged")
+
+
 class _H5Reader(FlatReader):
     def __init__(self, t: StoredTensor):
         import h5py
 
         self.t = t
-        self.f = h5py.File(t.file, "r")
-        self.ds = self.f[t.key]
+        try:
+            self.f = h5py.File(t.file, "r")
+            self.ds = self.f[t.key]
+        except H5_ERRORS as e:
+            raise _h5_error(t, e) from None
         self.row = 1
         for s in t.shape[1:]:
             self.row *= s
 
     def read(self, start: int, stop: int) -> np.ndarray:
+        try:
+            return self._read(start, stop)
+        except H5_ERRORS as e:
+            raise _h5_error(self.t, e) from None
+
+    def _read(self, start: int, stop: int) -> np.ndarray:
         if not self.t.shape:
             return np.asarray(self.ds[()]).reshape(1)[start:stop]
         if self.row == 0:
@@ -120,8 +138,11 @@ class _H5Reader(FlatReader):
 
 # ----------------------------------------------------------------------------- safetensors
 
-def read_safetensors_header(path: Path) -> tuple[dict[str, StoredTensor], dict]:
-    """Parse and validate a safetensors header; raises BadInput naming the file and the fault."""
+def read_safetensors_layout(path: Path) -> tuple[dict[str, tuple[str, tuple[int, ...], int, int]], dict]:
+    """The structure of a safetensors header, whatever its dtypes: {key: (dtype, shape, start,
+    end)} with absolute byte offsets, each entry's integers checked and its bytes inside the
+    file. A checkpoint shard (FP8 weights, FP8 scales) is checked with this; a dump's tensors
+    are read with `read_safetensors_header`. Raises BadInput naming the file and the fault."""
     size = path.stat().st_size
     with open(path, "rb") as f:
         head = f.read(8)
@@ -132,27 +153,84 @@ def read_safetensors_header(path: Path) -> tuple[dict[str, StoredTensor], dict]:
             raise BadInput(f"{path}: corrupt or truncated safetensors header (claims {n} bytes, file has {size})")
         try:
             header = json.loads(f.read(n).decode("utf-8"))
-        except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as e:
             raise BadInput(f"{path}: corrupt safetensors header ({e.__class__.__name__})") from None
     if not isinstance(header, dict):
         raise BadInput(f"{path}: corrupt safetensors header (not an object)")
     meta = header.pop("__metadata__", None) or {}
-    out: dict[str, StoredTensor] = {}
+    out: dict[str, tuple[str, tuple[int, ...], int, int]] = {}
     data_start = 8 + n
     for key, info in header.items():
         try:
-            dt = BY_ST[info["dtype"]]
-            shape = tuple(int(s) for s in info["shape"])
-            b, e = (int(x) for x in info["data_offsets"])
+            dtype = info["dtype"]
+            # integers only: int() would turn 2.5 into 2 and raise OverflowError on 1e309
+            if not isinstance(dtype, str) or not all(type(x) is int for x in (*info["shape"], *info["data_offsets"])):
+                raise ValueError("not integers")
+            shape = tuple(info["shape"])
+            b, e = info["data_offsets"]
         except (KeyError, TypeError, ValueError):
             raise BadInput(f"{path}: tensor {key!r} has an unreadable header entry") from None
-        t = StoredTensor(path, key, shape, dt, data_start + b)
-        if any(s < 0 for s in shape) or e - b != t.nbytes or b < 0:
+        if any(s < 0 for s in shape) or b < 0 or e < b:
             raise BadInput(f"{path}: tensor {key!r} offsets do not match its shape and dtype")
         if data_start + e > size:
             raise BadInput(f"{path}: truncated: tensor {key!r} ends at byte {data_start + e}, file has {size}")
+        out[key] = (dtype, shape, data_start + b, data_start + e)
+    return out, meta
+
+
+def read_safetensors_header(path: Path) -> tuple[dict[str, StoredTensor], dict]:
+    """Parse and validate a safetensors header of tensors this toolkit compares (their dtypes
+    known, their sizes matching their shapes); raises BadInput naming the file and the fault."""
+    layout, meta = read_safetensors_layout(path)
+    out: dict[str, StoredTensor] = {}
+    for key, (dtype, shape, b, e) in layout.items():
+        dt = BY_ST.get(dtype)
+        if dt is None:
+            raise BadInput(f"{path}: tensor {key!r} has an unreadable header entry (dtype {dtype[:20]!r})")
+        t = StoredTensor(path, key, shape, dt, b)
+        if e - b != t.nbytes:
+            raise BadInput(f"{path}: tensor {key!r} offsets do not match its shape and dtype")
         out[key] = t
     return out, meta
+
+
+CHECKPOINT_INDEX = "model.safetensors.index.json"
+
+
+def checkpoint_weight_map(ckpt: str | Path) -> dict[str, str]:
+    """A safetensors checkpoint directory's {tensor name: shard file}: from its index, or from
+    the header of its one `model.safetensors` (any dtypes). The core's check of a checkpoint
+    before a run; raises BadInput naming the file."""
+    ckpt = Path(ckpt)
+    index = ckpt / CHECKPOINT_INDEX
+    if index.is_file():
+        try:
+            wm = json.loads(index.read_text(encoding="utf-8"))["weight_map"]
+            if not isinstance(wm, dict) or not all(isinstance(v, str) for v in wm.values()):
+                raise TypeError("weight_map must map tensor names to shard file names")
+        except (ValueError, KeyError, TypeError, RecursionError) as e:
+            raise BadInput(f"{index} is not a valid safetensors index ({e})") from None
+        return wm
+    if (ckpt / "model.safetensors").is_file():
+        return dict.fromkeys(read_safetensors_layout(ckpt / "model.safetensors")[0], "model.safetensors")
+    raise BadInput(f"{ckpt} holds neither {CHECKPOINT_INDEX} nor model.safetensors")
+
+
+def check_shard(ckpt: Path, shard: str) -> Path:
+    """The path of a shard an index names: a .safetensors file inside the checkpoint directory
+    that exists (never a pickle). The core checks this before a run; each side's strict reader
+    (oracle/shards.py, engine/runtime/shards.py) checks it again as it loads."""
+    # checked on the name, not the resolved path: a hub cache's shards are symlinks into its blobs
+    if Path(shard).is_absolute() or ".." in Path(shard).parts:
+        raise BadInput(f"{ckpt / CHECKPOINT_INDEX}: shard {shard!r} lies outside the checkpoint directory")
+    if Path(shard).suffix.lower() in PICKLE_EXT:
+        raise BadInput(f"{ckpt / CHECKPOINT_INDEX} points to {shard}, a {Path(shard).suffix} file that may hold "
+                       "a pickle; tensordiff never unpickles: convert the checkpoint to safetensors")
+    if Path(shard).suffix.lower() != ".safetensors":
+        raise BadInput(f"{ckpt / CHECKPOINT_INDEX} points to {shard}, which is not a .safetensors file")
+    if not (ckpt / shard).is_file():
+        raise BadInput(f"{ckpt / CHECKPOINT_INDEX} points to {shard}, which is missing from {ckpt}")
+    return ckpt / shard
 
 
 def write_safetensors(path: Path, tensors: dict[str, tuple[np.ndarray, DType]], metadata: dict | None = None) -> None:
@@ -183,10 +261,17 @@ def read_hdf5_entry(path: Path, key: str, dtype_name: str | None) -> StoredTenso
             if key not in f or not isinstance(f[key], h5py.Dataset):
                 raise BadInput(f"{path}: no dataset {key!r}")
             ds = f[key]
-            name = ds.attrs.get("dtype", None)
-            if isinstance(name, bytes):
-                name = name.decode()
-            name = name or dtype_name or _np_to_name(ds.dtype)
+            # The manifest's dtype first: reading a variable-length string attribute of a damaged
+            # file can loop forever inside libhdf5 (found by tests/fuzz), so the attribute is read
+            # only when the manifest does not say, and only when it is a fixed-length string.
+            name = dtype_name
+            if name is None and "dtype" in ds.attrs:
+                aid = ds.attrs.get_id("dtype")
+                if aid.dtype.kind != "S" or aid.shape not in ((), (1,)):
+                    raise BadInput(f"{path}:{key}: the dtype attribute is not a fixed-length string; "
+                                   "give the dtype in the manifest")
+                name = np.asarray(ds.attrs["dtype"]).reshape(-1)[0].decode("ascii", "replace")
+            name = name or _np_to_name(ds.dtype)
             try:
                 dt = by_name(str(name))
             except KeyError as e:
@@ -194,8 +279,8 @@ def read_hdf5_entry(path: Path, key: str, dtype_name: str | None) -> StoredTenso
             if np.dtype(ds.dtype).itemsize != dt.itemsize:
                 raise BadInput(f"{path}:{key}: stored as {ds.dtype}, which cannot hold {dt.name}")
             return StoredTensor(path, key, tuple(int(s) for s in ds.shape), dt)
-    except OSError as e:
-        raise BadInput(f"{path}: not a readable HDF5 file ({e})") from None
+    except H5_ERRORS as e:  # h5py reports a damaged file through any of these
+        raise BadInput(f"{path}: not a readable HDF5 file ({type(e).__name__}: {str(e)[:200]})") from None
 
 
 def write_hdf5(path: Path, tensors: dict[str, tuple[np.ndarray, DType]]) -> None:
@@ -204,7 +289,7 @@ def write_hdf5(path: Path, tensors: dict[str, tuple[np.ndarray, DType]]) -> None
     with h5py.File(path, "w") as f:
         for key, (arr, dt) in tensors.items():
             ds = f.create_dataset(key, data=arr)
-            ds.attrs["dtype"] = dt.name
+            ds.attrs["dtype"] = np.bytes_(dt.name)  # fixed-length: read without libhdf5's heap (see above)
 
 
 def _np_to_name(d) -> str:

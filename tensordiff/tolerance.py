@@ -31,6 +31,8 @@ A per-boundary value wins over a dtype default; a boundary-at-dtype value wins o
 from __future__ import annotations
 
 import fnmatch
+import math
+import sys
 import tomllib
 from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
@@ -99,8 +101,10 @@ def _check_table(t: Any, where: str) -> dict[str, Any]:
         if k in DEFAULTS and isinstance(v, dict):
             out[k] = _check_table(v, f"{where}.{k}")
         elif k in _FIELDS:
-            if v is not None and (not isinstance(v, (int, float)) or isinstance(v, bool) or v < 0):
-                raise BadInput(f"{where}.{k} must be a non-negative number, not {v!r}")
+            # nan compares false with everything (so `v < 0` lets it through) and would make every
+            # element pass; inf would too: a tolerance is a finite number >= 0
+            if v is not None and (not isinstance(v, (int, float)) or isinstance(v, bool) or not math.isfinite(v) or v < 0):
+                raise BadInput(f"{where}.{k} must be a finite non-negative number, not {v!r}")
             out[k] = float(v) if v is not None else None
         else:
             raise BadInput(f"{where}: unknown key {k!r} (known: {', '.join(sorted(_FIELDS))} or a dtype)")
@@ -128,6 +132,15 @@ def from_mapping(m: dict, origin: str) -> Tolerances:
     return Tolerances(dtypes, bounds, origin)
 
 
+def _text(p: Path) -> str:
+    try:
+        return p.read_bytes().decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise BadInput(f"{p} is not UTF-8 text (byte {e.start}); save it as UTF-8") from None
+    except OSError as e:
+        raise BadInput(f"cannot read {p}: {e.strerror}") from None
+
+
 def load(path: str | Path | None = None, search_from: Path | None = None) -> Tolerances:
     """Tolerances from an explicit TOML file, else `[tool.tensordiff]` of the nearest pyproject."""
     if path is not None:
@@ -135,7 +148,7 @@ def load(path: str | Path | None = None, search_from: Path | None = None) -> Tol
         if not p.is_file():
             raise BadInput(f"tolerance file {p} does not exist")
         try:
-            return from_mapping(tomllib.loads(p.read_text()), str(p))
+            return from_mapping(tomllib.loads(_text(p)), str(p))
         except tomllib.TOMLDecodeError as e:
             raise BadInput(f"{p} is not valid TOML ({e})") from None
     here = (search_from or Path.cwd()).resolve()
@@ -143,9 +156,12 @@ def load(path: str | Path | None = None, search_from: Path | None = None) -> Tol
         pp = d / "pyproject.toml"
         if pp.is_file():
             try:
-                data = tomllib.loads(pp.read_text())
-            except tomllib.TOMLDecodeError:
-                return Tolerances({}, {})
+                data = tomllib.loads(_text(pp))
+            except (tomllib.TOMLDecodeError, BadInput) as e:
+                # not ours to refuse (it may be any project's file), but never silently ignored
+                sys.stderr.write(f"tensordiff: warning: {pp} cannot be read ({str(e).splitlines()[0]}); "
+                                 "its [tool.tensordiff] tolerances are ignored, the defaults apply\n")
+                return Tolerances({}, {}, f"defaults ({pp} unreadable)")
             tool = data.get("tool", {}).get("tensordiff")
             if isinstance(tool, dict) and "tolerances" in tool:
                 return from_mapping(tool, f"{pp} [tool.tensordiff]")

@@ -20,6 +20,8 @@ import tempfile
 import threading
 from pathlib import Path
 
+from ..errors import BadInput
+
 SOURCE = Path(__file__).with_name("float_metrics.c")
 FLAGS = ["-O3", "-march=native", "-fopenmp-simd", "-ffp-contract=off", "-fno-math-errno", "-shared", "-fPIC"]
 
@@ -86,6 +88,6 @@ def float_kernel():
                                       p, i64, p, i64, i64, p, p]
                         f.restype = ctypes.c_int
                         _kernel, status = f, "native"
-                    except (OSError, subprocess.SubprocessError) as e:
+                    except (OSError, subprocess.SubprocessError, BadInput) as e:  # BadInput: an unusable cache
                         _kernel, status = False, f"numpy (native kernel unavailable: {e})"
     return _kernel or None

@@ -29,7 +29,8 @@ from pathlib import Path
 from typing import Callable, Iterator
 
 from ..errors import BadInput
-from . import cache_root, generator
+from ..storage import check_shard, checkpoint_weight_map, read_safetensors_layout
+from . import cache_root, generator, share
 
 MODEL = "deepseek-v4.1-flash"
 VERSION = 1  # bump when the values or layout change: a new cache directory is written
@@ -179,6 +180,7 @@ def _write(target: Path, cfg: dict, writers) -> None:
                 total += v.numel() * v.element_size()
         (tmp / INDEX).write_text(json.dumps({"metadata": {"total_size": total}, "weight_map": weight_map}, indent=1))
         (tmp / "config.json").write_text(json.dumps(cfg, indent=4) + "\n")
+        share(tmp)
         try:
             os.rename(tmp, target)
         except OSError:
@@ -221,23 +223,26 @@ def check_checkpoint(path: Path) -> None:
     if not isinstance(cfg, dict) or not cfg.get("vision_n_layers"):
         raise BadInput(f"{config} declares no vision tower (vision_n_layers missing or 0)")
     merged = {**FULL, **cfg}
-    index = path / INDEX
-    if index.is_file():
-        try:
-            names = set(json.loads(index.read_text())["weight_map"])
-        except (ValueError, KeyError, TypeError) as e:
-            raise BadInput(f"{index} is not a valid safetensors index ({e})") from None
-    elif (path / "model.safetensors").is_file():
-        from safetensors import safe_open
-
-        with safe_open(str(path / "model.safetensors"), framework="np") as f:
-            names = set(f.keys())
-    else:
-        raise BadInput(f"{path} has neither {INDEX} nor model.safetensors")
-    missing = [n for n in vision_tensor_names(merged) if n not in names]
+    weight_map = checkpoint_weight_map(path)
+    needed = vision_tensor_names(merged)
+    missing = [n for n in needed if n not in weight_map]
     if missing:
         shown = ", ".join(missing[:8]) + (f" and {len(missing) - 8} more" if len(missing) > 8 else "")
         raise BadInput(f"checkpoint {path} lacks {len(missing)} vision tensor(s): {shown}")
+    check_shards(path, {weight_map[n] for n in needed}, {n: weight_map[n] for n in needed})
+
+
+def check_shards(path: Path, shards: set[str], where: dict[str, str]) -> None:
+    """The shards holding the tensors a run loads: safetensors files inside the checkpoint,
+    whole (every header offset inside the file), holding what the index says. Only these
+    shards' headers are read, never their data, and never another shard."""
+    for shard in sorted(shards):
+        f = check_shard(path, shard)
+        keys, _ = read_safetensors_layout(f)  # BadInput naming the file if truncated or corrupt (any dtype)
+        absent = [n for n, s in where.items() if s == shard and n not in keys]
+        if absent:
+            raise BadInput(f"{f}: the index places {absent[0]!r} here, but the shard has no such tensor "
+                           f"({len(absent)} missing); the index and the shards disagree")
 
 
 def resolve(spec: str) -> Path:

@@ -29,7 +29,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from . import generator
+from . import generator, share
 
 TINY_VOCAB = 512
 SYNTH_VERSION = 3  # bump when `synth` changes, so cached checkpoints are rewritten
@@ -305,6 +305,7 @@ def write_checkpoint(path: Path, cfg: dict) -> Path:
     save_file({k: v.contiguous() for k, v in tensors.items()}, str(tmp / shard))
     (tmp / "config.json").write_text(json.dumps(cfg, indent=1) + "\n")
     (tmp / "model.safetensors.index.json").write_text(json.dumps({"metadata": {}, "weight_map": {k: shard for k in tensors}}, indent=1) + "\n")
+    share(tmp)
     try:
         os.rename(tmp, path)
     except OSError:  # another process wrote it first

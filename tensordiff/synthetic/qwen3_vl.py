@@ -20,7 +20,7 @@ import shutil
 import tempfile
 from pathlib import Path
 
-from . import cache_root, generator
+from . import cache_root, generator, share
 
 SCHEMA = 1  # bump when the layout or the initialisation changes: the cache key changes with it
 
@@ -193,7 +193,7 @@ def ensure(variant: str) -> Path:
             json.dumps({"metadata": {"total_size": total}, "weight_map": weight_map}, indent=1) + "\n")
         (tmp / "config.json").write_text(json.dumps(config_json(variant), indent=1) + "\n")
         (tmp / "preprocessor_config.json").write_text(json.dumps(preprocessor_json(variant), indent=1) + "\n")
-        os.chmod(tmp, 0o755)  # mkdtemp makes it private; a shared cache must stay readable
+        share(tmp)  # mkdtemp makes it private and safetensors' files 0600; a shared cache must stay readable
         try:
             os.rename(tmp, out)
         except OSError:  # another process wrote it first

@@ -8,6 +8,7 @@ from helpers_dumps import write
 from safetensors.torch import load_file, save_file
 
 from tensordiff import BadInput, Recorder, open_dump
+from tensordiff.capture import MemoryRecorder
 from tensordiff.storage import read_safetensors_header
 
 
@@ -77,3 +78,101 @@ def test_bad_names_refused(tmp_path, name):
     with pytest.raises(BadInput):
         with Recorder(tmp_path / "d", model="m") as r:
             r.record(name, torch.ones(1))
+
+
+# ---------------------------------------------------------------- replacing only our own dumps (issue 13)
+
+def test_overwrite_refuses_a_directory_that_is_not_a_dump(tmp_path):
+    user = tmp_path / "photos"
+    user.mkdir()
+    (user / "cat.jpg").write_bytes(b"precious")
+    with pytest.raises(BadInput, match="only replaces a tensordiff dump"):
+        Recorder(user, model="m", overwrite=True)
+    assert (user / "cat.jpg").read_bytes() == b"precious"
+
+
+def test_overwrite_refuses_a_plain_file_and_leaves_no_hidden_copy(tmp_path):
+    f = tmp_path / "out"
+    f.write_text("notes")
+    with pytest.raises(BadInput, match="is a file"):
+        Recorder(f, model="m", overwrite=True)
+    assert f.read_text() == "notes"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out"]
+
+
+def test_overwrite_refuses_a_dir_that_becomes_a_non_dump_before_close(tmp_path):
+    p = tmp_path / "d"
+    rec = Recorder(p, model="m", overwrite=True)
+    rec.record("x", torch.ones(2))
+    p.mkdir()
+    (p / "mine.txt").write_text("keep")
+    with pytest.raises(BadInput, match="only replaces a tensordiff dump"):
+        rec.close()
+    assert (p / "mine.txt").read_text() == "keep"
+    assert sorted(q.name for q in tmp_path.iterdir()) == ["d"]  # no temporary directory left
+
+
+def test_overwrite_replaces_a_dump(tmp_path):
+    p = tmp_path / "d"
+    with Recorder(p, model="m") as r:
+        r.record("x", torch.ones(2))
+    with Recorder(p, model="m", overwrite=True) as r:
+        r.record("y", torch.zeros(3))
+    assert open_dump(p).names == ["y"]
+    assert sorted(q.name for q in tmp_path.iterdir()) == ["d"]
+
+
+def test_cli_force_onto_a_user_directory_exits_2(tmp_path, capsys):
+    from tensordiff.cli import main
+
+    user = tmp_path / "mine"
+    user.mkdir()
+    (user / "thesis.tex").write_text("years of work")
+    with pytest.raises(SystemExit) as e:
+        main(["dump", "deepseek-v4.1-flash", "--side", "engine", "--out", str(user), "--force"])
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and "only replaces a tensordiff dump" in err and "overwrite=True" not in err
+    assert (user / "thesis.tex").read_text() == "years of work"
+
+
+def test_refusal_speaks_the_cli_language(tmp_path):
+    p = write(tmp_path / "d", {"x": torch.ones(1)})
+    with pytest.raises(BadInput) as e:
+        Recorder(p, model="m")
+    assert "pass --force" in str(e.value) and "overwrite=True" not in str(e.value)
+
+
+@pytest.mark.parametrize("name", ["patches\n", "patches\r", "pat\tches", "x\x00"])
+def test_names_are_one_printable_line(tmp_path, name):
+    rec = Recorder(tmp_path / "d", model="m")
+    with pytest.raises(BadInput, match="not allowed"):
+        rec.record(name, torch.ones(1))
+
+
+@pytest.mark.parametrize("model", ["", "  ", "a\nb", None])
+def test_model_validated_when_writing(tmp_path, model):
+    with pytest.raises(BadInput, match="model"):
+        Recorder(tmp_path / "d", model=model)
+
+
+def test_duplicates_refused_at_record(tmp_path):
+    rec = Recorder(tmp_path / "d", model="m")
+    rec.record("x", torch.ones(1))
+    with pytest.raises(BadInput, match="twice"):
+        rec.record("x", torch.ones(1))
+    mem = MemoryRecorder()
+    mem.record("x", torch.ones(1))
+    with pytest.raises(BadInput, match="twice"):
+        mem.record("x", torch.ones(1))
+
+
+def test_dump_directory_is_world_readable(tmp_path):
+    import os
+
+    old = os.umask(0o022)
+    try:
+        with Recorder(tmp_path / "d", model="m") as r:
+            r.record("x", torch.ones(1))
+    finally:
+        os.umask(old)
+    assert (tmp_path / "d").stat().st_mode & 0o777 == 0o755

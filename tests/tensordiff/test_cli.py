@@ -86,3 +86,56 @@ def test_console_script_and_pipe_output():
 def test_help_teaches():
     p = subprocess.run([sys.executable, "-m", "tensordiff.cli", "--help"], capture_output=True, text=True)
     assert p.returncode == 0 and "EARLIEST" in p.stdout and "compare" in p.stdout
+
+
+# ---------------------------------------------------------------- issue 13
+
+def test_ctrl_c_exits_130(capsys, monkeypatch):
+    from tensordiff import registry
+
+    def interrupted():
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(registry, "names", interrupted)
+    code, _, err = run(["faults"], capsys)
+    assert code == 130 and err.strip() == "tensordiff: interrupted"
+
+
+@pytest.mark.parametrize("kind", ["file", "inside-a-file"])
+def test_cache_that_is_a_file(capsys, tmp_path, monkeypatch, kind):
+    f = tmp_path / "cachefile"
+    f.write_text("x")
+    monkeypatch.setenv("TENSORDIFF_CACHE", str(f if kind == "file" else f / "sub"))
+    code, _, err = run(["check", "deepseek-v4.1-flash"], capsys)
+    assert code == 2 and "TENSORDIFF_CACHE" in err and len(err.strip().splitlines()) == 1 and "Traceback" not in err
+    assert f.read_text() == "x"
+
+
+def test_cache_that_is_read_only(capsys, tmp_path, monkeypatch):
+    if os.geteuid() == 0:
+        pytest.skip("root writes into a read-only directory")
+    ro = tmp_path / "ro"
+    ro.mkdir()
+    ro.chmod(0o500)
+    monkeypatch.setenv("TENSORDIFF_CACHE", str(ro))
+    try:
+        code, _, err = run(["check", "deepseek-v4.1-flash"], capsys)
+    finally:
+        ro.chmod(0o700)
+    assert code == 2 and "not writable" in err
+
+
+def test_compare_of_two_empty_dumps_exits_2(capsys, tmp_path):
+    from tensordiff import Recorder
+
+    for side in ("a", "b"):
+        Recorder(tmp_path / side, model="toy").close()
+    code, out, err = run(["compare", tmp_path / "a", tmp_path / "b"], capsys)
+    assert code == 2 and "nothing to compare" in err and "MATCH" not in out
+
+
+def test_non_utf8_tolerances_exit_2(capsys, tmp_path):
+    t = tmp_path / "t.toml"
+    t.write_bytes(b"\xff\xfe")
+    code, _, err = run(["compare", SAMPLES / "sample-oracle", SAMPLES / "sample-engine", "--tolerances", t], capsys)
+    assert code == 2 and "is not UTF-8" in err

@@ -253,6 +253,15 @@ def test_fp32_tensors_of_a_bf16_run_are_judged_in_bf16(tmp_path):
     assert compare_dumps(a32, b32).verdict == "diverged"
 
 
+def test_two_dumps_with_no_tensors_are_not_a_match(tmp_path):
+    from tensordiff import Recorder
+
+    for side in ("a", "b"):
+        Recorder(tmp_path / side, model="toy").close()
+    with pytest.raises(BadInput, match="nothing to compare"):
+        compare_dumps(tmp_path / "a", tmp_path / "b")
+
+
 def test_a_run_declares_the_compute_dtype_of_some_boundaries(tmp_path):
     """A half of a model that computes in bf16 behind an fp32 run (the DeepSeek language backbone
     behind the fp32 vision tower) declares it per boundary pattern; the others stay fp32."""

@@ -161,3 +161,47 @@ def test_opening_reads_no_tensor_data(dump, monkeypatch):
 def test_empty_tensor_roundtrip(tmp_path):
     d = write(tmp_path / "d", {"e": torch.zeros(0, 4)})
     assert open_dump(d).entry("e").shape == (0, 4)
+
+
+# ---------------------------------------------------------------- issue 13: one line, exit 2, never a traceback
+
+@pytest.mark.parametrize("shape", [5, "3x4", [3.0, 4], [-1], {"a": 1}, [True]])
+def test_manifest_shape_not_a_list_of_ints(dump, shape):
+    m = _manifest(dump)
+    m["tensors"][0]["shape"] = shape
+    _save(dump, m)
+    with pytest.raises(BadInput, match="a shape is a list of non-negative integers"):
+        open_dump(dump)
+
+
+@pytest.mark.parametrize("fname", ["patches\x00.safetensors", "pat\nches.safetensors"])
+def test_control_characters_in_a_file_name(dump, fname):
+    m = _manifest(dump)
+    m["tensors"][0]["file"] = fname
+    _save(dump, m)
+    with pytest.raises(BadInput, match="control character"):
+        open_dump(dump)
+
+
+def test_manifest_link_out_of_the_dump_is_confined(dump, tmp_path):
+    outside = tmp_path / "elsewhere"
+    outside.mkdir()
+    (dump / "manifest.json").rename(outside / "manifest.json")
+    (dump / "manifest.json").symlink_to(outside / "manifest.json")
+    with pytest.raises(BadInput, match="outside the dump directory"):
+        open_dump(dump)
+
+
+def test_manifest_link_inside_the_dump_is_fine(dump):
+    (dump / "manifest.json").rename(dump / "real.json")
+    (dump / "manifest.json").symlink_to("real.json")
+    assert open_dump(dump).names
+
+
+@pytest.mark.parametrize("name", ["patches\n", "a\tb"])
+def test_names_with_a_trailing_newline_refused_when_read(dump, name):
+    m = _manifest(dump)
+    m["tensors"][0]["name"] = name
+    _save(dump, m)
+    with pytest.raises(BadInput, match="invalid name"):
+        open_dump(dump)

@@ -64,7 +64,7 @@ def test_the_output_directory_and_weights_checks(tmp_path):
     (tmp_path / "empty").mkdir()
     assert prepare_out(tmp_path / "empty") == tmp_path / "empty"
     (tmp_path / "file").write_text("x")
-    with pytest.raises(BadInput, match="exists and is not empty"):
+    with pytest.raises(BadInput, match="is a file; give a directory"):
         prepare_out(tmp_path / "file")
     assert check_weights("synthetic:tiny", tmp_path, "w") == "synthetic:tiny"
     (tmp_path / "ck").mkdir()

@@ -63,3 +63,30 @@ def test_bad_tolerance_files(tmp_path, text, match):
 def test_missing_tolerance_file(tmp_path):
     with pytest.raises(BadInput, match="does not exist"):
         load(tmp_path / "nope.toml")
+
+
+@pytest.mark.parametrize("value", ["nan", "inf", "-inf", "-0.5", "-1e-30"])
+@pytest.mark.parametrize("field", ["atol", "rtol"])
+def test_nan_infinite_and_negative_tolerances_refused(tmp_path, field, value):
+    p = tmp_path / "t.toml"
+    p.write_text(f"[tolerances.boundaries.rope]\n{field} = {value}\n")
+    with pytest.raises(BadInput, match="finite non-negative"):
+        load(p)
+
+
+def test_a_tolerance_file_that_is_not_utf8(tmp_path):
+    p = tmp_path / "t.toml"
+    p.write_bytes(b"# caf\xe9\n[tolerances.float32]\natol = 1e-3\n")
+    with pytest.raises(BadInput, match=r"t.toml is not UTF-8 text \(byte 5\)"):
+        load(p)
+
+
+@pytest.mark.parametrize("content", [b"[tool.tensordiff\n", b"\xff\xfe[tool]\n"])
+def test_a_broken_parent_pyproject_is_named_in_a_warning(tmp_path, monkeypatch, capsys, content):
+    (tmp_path / "pyproject.toml").write_bytes(content)
+    (tmp_path / "sub").mkdir()
+    monkeypatch.chdir(tmp_path / "sub")
+    t = load()
+    err = capsys.readouterr().err
+    assert f"warning: {tmp_path / 'pyproject.toml'} cannot be read" in err and "defaults apply" in err
+    assert t.for_("x", "float32") == DEFAULTS["float32"]

@@ -1,0 +1,224 @@
+"""Fuzz targets for the readers that face untrusted files (issue 13).
+
+Each target takes arbitrary bytes, puts them where the reader looks (a file in `work`), and runs
+the reader: it must return a result or raise BadInput, never another exception, and write
+nothing (the directory holds exactly what the target put there). `SEEDS` are valid inputs that
+mutations start from; `check(target, data, work)` returns None or a description of a finding.
+"""
+from __future__ import annotations
+
+import io
+import json
+import struct
+import sys
+import traceback
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT))
+
+from tensordiff.capture import FORMAT  # noqa: E402
+from tensordiff.dtypes import BY_NAME  # noqa: E402
+from tensordiff.errors import BadInput  # noqa: E402
+from tensordiff.storage import write_hdf5, write_safetensors  # noqa: E402
+
+
+def _safetensors_bytes() -> bytes:
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as d:
+        p = Path(d) / "x.safetensors"
+        write_safetensors(p, {"a": (np.arange(6, dtype=np.float32).reshape(2, 3), BY_NAME["float32"]),
+                              "b": (np.array([1, 2], dtype=np.uint16), BY_NAME["bfloat16"])}, {"format": FORMAT})
+        return p.read_bytes()
+
+
+def _hdf5_bytes() -> bytes:
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as d:
+        p = Path(d) / "x.h5"
+        write_hdf5(p, {"a": (np.arange(6, dtype=np.float32).reshape(2, 3), BY_NAME["float32"]),
+                       "b": (np.array([1, 2], dtype=np.uint16), BY_NAME["bfloat16"])})
+        return p.read_bytes()
+
+
+def _manifest_bytes() -> bytes:
+    return json.dumps({"format": FORMAT, "version": 1, "model": "toy", "producer": {"name": "fuzz"}, "run": {},
+                       "tensors": [{"name": "a", "boundary": "a", "file": "a.safetensors", "key": "a",
+                                    "shape": [2, 3], "dtype": "float32"},
+                                   {"name": "b.x", "file": "a.safetensors", "key": "b", "shape": [2],
+                                    "dtype": "bfloat16"}]}).encode()
+
+
+def _tolerance_bytes() -> bytes:
+    return (b"[tolerances.float32]\natol = 1e-5\nrtol = 1e-5\n[tolerances.boundaries.rope]\natol = 0.0\n"
+            b"[tolerances.boundaries.\"block*\".bfloat16]\nmin_cosine = 0.99\n")
+
+
+def _image_bytes() -> list[bytes]:
+    from PIL import Image
+
+    im = Image.new("RGB", (12, 9))
+    for x in range(12):
+        for y in range(9):
+            im.putpixel((x, y), (x * 20, y * 25, (x + y) * 10))
+    out = []
+    for fmt, kw in (("PNG", {}), ("JPEG", {}), ("GIF", {"save_all": True, "append_images": [im.rotate(90)]}),
+                    ("TIFF", {}), ("WEBP", {}), ("BMP", {})):
+        b = io.BytesIO()
+        im.save(b, fmt, **kw)
+        out.append(b.getvalue())
+    return out
+
+
+SEEDS = {
+    "manifest": [_manifest_bytes()],
+    "safetensors": [_safetensors_bytes()],
+    "hdf5": [_hdf5_bytes()],
+    "tolerance": [_tolerance_bytes()],
+    "image": _image_bytes(),
+}
+
+
+def _listing(work: Path) -> set[str]:
+    return {str(p.relative_to(work)) for p in work.rglob("*")}
+
+
+def _run_manifest(data: bytes, work: Path) -> None:
+    from tensordiff.dump import open_dump
+
+    d = work / "dump"
+    d.mkdir(exist_ok=True)
+    if not (d / "a.safetensors").exists():
+        (d / "a.safetensors").write_bytes(SEEDS["safetensors"][0])
+    (d / "manifest.json").write_bytes(data)
+    dump = open_dump(d)
+    for e in dump.entries:  # the offsets the manifest led to must be readable too
+        r = e.stored.reader()
+        try:
+            r.read(0, e.stored.numel)
+        finally:
+            r.close()
+
+
+def _run_safetensors(data: bytes, work: Path) -> None:
+    from tensordiff.storage import read_safetensors_header
+
+    p = work / "x.safetensors"
+    p.write_bytes(data)
+    tensors, _meta = read_safetensors_header(p)
+    for t in tensors.values():
+        r = t.reader()
+        try:
+            r.read(0, t.numel)
+        finally:
+            r.close()
+
+
+def _run_hdf5(data: bytes, work: Path) -> None:
+    from tensordiff.storage import read_hdf5_entry
+
+    p = work / "x.h5"
+    p.write_bytes(data)
+    for key, dt in (("a", "float32"), ("b", "bfloat16")):
+        try:
+            t = read_hdf5_entry(p, key, dt)
+        except BadInput:
+            continue
+        r = t.reader()
+        try:
+            r.read(0, t.numel)
+        finally:
+            r.close()
+
+
+def _run_tolerance(data: bytes, work: Path) -> None:
+    from tensordiff.tolerance import load
+
+    p = work / "t.toml"
+    p.write_bytes(data)
+    tols = load(p)
+    for b in ("rope", "block0", "x"):
+        for dt in ("float32", "bfloat16", "int64"):
+            tols.for_(b, dt)
+
+
+def _run_image(data: bytes, work: Path) -> None:
+    from tensordiff.provenance import describe_image
+
+    p = work / "img"
+    p.write_bytes(data)
+    describe_image(p)  # check_image, and what a dump records of the picture
+
+
+RUNNERS = {"manifest": _run_manifest, "safetensors": _run_safetensors, "hdf5": _run_hdf5,
+           "tolerance": _run_tolerance, "image": _run_image}
+# What each target itself puts in `work`; anything else appearing there is a write by the reader.
+OWN = {"manifest": {"dump", "dump/a.safetensors", "dump/manifest.json"}, "safetensors": {"x.safetensors"},
+       "hdf5": {"x.h5"}, "tolerance": {"t.toml"}, "image": {"img"}}
+
+
+def check(target: str, data: bytes, work: Path) -> str | None:
+    """None when the reader behaved; else what went wrong (the exception with its traceback)."""
+    work.mkdir(parents=True, exist_ok=True)
+    try:
+        RUNNERS[target](data, work)
+    except BadInput as e:
+        if "\n" in str(e).strip():
+            return f"BadInput message is not one line: {str(e)!r}"
+    except BaseException as e:  # noqa: BLE001 - the finding
+        if isinstance(e, KeyboardInterrupt):
+            raise
+        return "".join(traceback.format_exception(e))[-3000:]
+    extra = _listing(work) - OWN[target]
+    if extra:
+        return f"the reader wrote {sorted(extra)}"
+    return None
+
+
+def mutate(seed: bytes, rng) -> bytes:
+    """One random mutation of `seed`: byte flips, a truncation, a splice, an inserted number, or noise."""
+    b = bytearray(seed)
+    op = rng.integers(0, 7)
+    if op == 0 or not b:
+        return bytes(rng.integers(0, 256, size=int(rng.integers(0, 64)), dtype=np.uint8))
+    if op == 1:
+        return bytes(b[: int(rng.integers(0, len(b)))])
+    if op == 2:
+        for _ in range(int(rng.integers(1, 8))):
+            b[int(rng.integers(0, len(b)))] = int(rng.integers(0, 256))
+        return bytes(b)
+    if op == 3:
+        i, j = sorted(int(x) for x in rng.integers(0, len(b) + 1, size=2))
+        return bytes(b[:i] + b[j:] + b[i:j])
+    if op == 4:  # an interesting number where a number may be
+        nums = [b"-1", b"0", b"nan", b"1e309", b"18446744073709551615", b"-0", b"[]", b"{}", b"\"\"", b"null",
+                b"true", b"\x00", b"\n", b"99999999999"]
+        i = int(rng.integers(0, len(b) + 1))
+        return bytes(b[:i] + nums[int(rng.integers(0, len(nums)))] + b[i + int(rng.integers(0, 4)):])
+    if op == 5 and len(b) >= 8:  # the safetensors header length, or any 8 bytes, set to a boundary value
+        i = int(rng.integers(0, max(1, len(b) - 8)))
+        v = [0, 1, 2 ** 63 - 1, 2 ** 64 - 1, len(b), len(b) - 8, len(b) + 1][int(rng.integers(0, 7))]
+        return bytes(b[:i] + struct.pack("<Q", v) + b[i + 8:])
+    i = int(rng.integers(0, len(b)))
+    return bytes(b[:i] + bytes(rng.integers(0, 256, size=int(rng.integers(1, 32)), dtype=np.uint8)) + b[i:])
+
+
+CRASHES = Path(__file__).with_name("crashes")
+
+
+def regression_cases(target: str) -> list[Path]:
+    d = CRASHES / target
+    return sorted(d.glob("*.bin")) if d.is_dir() else []
+
+
+if __name__ == "__main__":  # smoke: every seed is accepted
+    import tempfile
+
+    for t, seeds in SEEDS.items():
+        for s in seeds:
+            with tempfile.TemporaryDirectory() as w:
+                print(t, check(t, s, Path(w)) or "ok")
