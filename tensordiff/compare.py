@@ -13,7 +13,7 @@ from typing import Callable
 
 import numpy as np
 
-from . import registry, stream
+from . import registry, stream, ties
 from .contract import Boundary, Contract, chain, topological
 from .dtypes import BY_NAME, narrower
 from .dump import Dump, Entry, open_dump
@@ -53,6 +53,12 @@ def compare_tensor(ea: Entry, eb: Entry, boundary: Boundary, contract: Contract,
                 unit = narrower(unit, BY_NAME[name])
         res.dtype["unit"] = unit.name
         tol = tols.for_(boundary.name, unit.name)
+        if mode == "scores":
+            # the ranking key behind a top-k choice: not judged as values (-inf marks candidates not
+            # eligible, and a near-tie makes no error material); the tie rule reads it (`ties`)
+            res.tolerance = tol.as_dict()
+            res.reason = "the scores behind this boundary's choice (read by the tie rule)"
+            return res
         acc = FloatMetrics(da, db, unit, tol, ea.shape) if mode == "values" else ExactMetrics(da, db)
     else:
         tol = tols.for_(boundary.name, "int")
@@ -189,12 +195,9 @@ def compare_dumps(a: str | Path | Dump, b: str | Path | Dump, tolerances: Tolera
             br.tensors.append(compare_tensor(names_a[name], names_b[name], bd, contract, tols, run, progress, verify,
                                              run_dtypes=run_dtypes))
         _apply_probes(bd, br, da, db, list(names_a), list(names_b))
-        statuses = [t.status for t in br.tensors]
-        for s in ("incomparable", "missing", "diverged"):
-            if s in statuses:
-                br.status = s
-                br.reason = "; ".join(f"{t.name}: {t.reason}" for t in br.tensors if t.status == s)
-                break
+        ties.settle(br.tensors, names_a, names_b, bd.layout, run,
+                    lambda unit, bd=bd: tols.for_(bd.name, unit))
+        settle_status(br)
         if fail_fast and br.status in FAILING:
             stop = True
     _assign_roots(bounds, present, results)
@@ -213,6 +216,17 @@ def compare_dumps(a: str | Path | Dump, b: str | Path | Dump, tolerances: Tolera
             notes.append(f"the two runs had different {k}: the comparison may be meaningless")
     return Report(str(da.path), str(db.path), da.model, [results[b.name] for b in present], notes,
                   {"a": da.producer, "b": db.producer}, {"a": da.run, "b": db.run}, tols.origin)
+
+
+def settle_status(br) -> None:
+    """A boundary's status from its tensors': the worst failing one, else `benign` when a top-k
+    flipped only on near-ties, else match."""
+    statuses = [t.status for t in br.tensors]
+    for s in ("incomparable", "missing", "diverged", "benign"):
+        if s in statuses:
+            br.status = s
+            br.reason = "; ".join(f"{t.name}: {t.reason}" for t in br.tensors if t.status == s)
+            return
 
 
 def _apply_probes(bd: Boundary, br: BoundaryResult, da: Dump, db: Dump, na: list[str], nb: list[str]) -> None:
@@ -257,6 +271,11 @@ def _assign_roots(bounds: list[Boundary], present: list[Boundary], results: dict
         if any(results[i].status in FAILING + ("consequent",) for i in br.inputs):
             if br.status == "diverged":
                 br.status = "consequent"
+        elif br.status == "diverged" and any(results[i].status in ("benign", "cascade") for i in br.inputs):
+            # fed by a choice that flipped on a near-tie: the difference end to end is that flip's
+            # cascade, shown as information; the stage itself is judged by local error (the
+            # engine's stage on the reference's tensors, the reference's choice included)
+            br.status = "cascade"
         else:
             br.root = True
 

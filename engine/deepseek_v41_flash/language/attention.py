@@ -64,6 +64,7 @@ class ChunkShared:
     kv_cache: LayerCache | None = None
     key_cache: LayerCache | None = None
     selection: torch.Tensor | None = None  # [n, k] group ids, -1 = none
+    selection_scores: torch.Tensor | None = None  # [n, T] the key the selection ranked (-inf: not eligible)
     candidates: torch.Tensor | None = None  # [n, T] bool: blocks the candidate source kept
 
 
@@ -172,6 +173,7 @@ class Attention:
             shared.candidates = self._blocks(score, seen)
         elif self.candidate_user:
             score = score.masked_fill(~shared.candidates, float("-inf"))
+        shared.selection_scores = score  # recorded as `index.L.scores` (the tie rule reads it)
         k_keep = min(self.cfg.index_topk, n_groups)
         values, order = _best_first(score)
         values, order = values[:, :k_keep], order[:, :k_keep]
@@ -204,8 +206,11 @@ class Attention:
                     shared.key_cache = cache
             n_groups = (start + n) // self.ratio
             if self.index_source:
-                shared.selection = (torch.full((n, 0), -1, dtype=torch.long, device=x.device) if n_groups == 0 else
-                                    self._select(x, qr, start, n_groups, shared.key_cache, cos, sin, shared))
+                if n_groups == 0:
+                    shared.selection = torch.full((n, 0), -1, dtype=torch.long, device=x.device)
+                    shared.selection_scores = torch.full((n, 0), float("-inf"), device=x.device)
+                else:
+                    shared.selection = self._select(x, qr, start, n_groups, shared.key_cache, cos, sin, shared)
             sel = shared.selection
             if sel.shape[1]:
                 lat = torch.stack(shared.kv_cache.latents[:n_groups]).float()  # [T, hd]

@@ -140,6 +140,14 @@ class LanguageModel:
         return Sequence(self, input_ids, token_types, image, cells)
 
 
+def selection_scores(score: torch.Tensor, groups: int) -> torch.Tensor:
+    """A chunk's index scores [n, T_chunk] padded with -inf to the prompt's group count [n, groups]
+    (a chunk sees only the groups completed so far), fp32, so chunks concatenate row for row."""
+    out = torch.full((score.shape[0], groups), float("-inf"), dtype=torch.float32, device=score.device)
+    out[:, :score.shape[1]] = score.float()
+    return out
+
+
 class Sequence:
     """One prompt's run: prefill in chunks, then greedy decode."""
 
@@ -216,7 +224,8 @@ class Sequence:
             h = lm.attn[i](be.rms_norm(hyper.collapse(x, pre), bw.attn_norm, cfg.norm_eps), lo, self.caches[i], shared)
             x = hyper.expand(h, x, a_post, a_comb)
             f_pre, f_post, f_comb = hyper.mixes(x, bw.ffn_mix, *mix_args)
-            y, weights, chosen = lm.moe[i](be.rms_norm(hyper.collapse(x, a_pre), bw.ffn_norm, cfg.norm_eps), image)
+            ffn_in = be.rms_norm(hyper.collapse(x, a_pre), bw.ffn_norm, cfg.norm_eps)
+            y, weights, chosen = lm.moe[i](ffn_in, image)
             x = hyper.expand(y, x, f_post, f_comb)
             pre = f_pre
             if keep:
@@ -225,6 +234,9 @@ class Sequence:
                     pad = torch.full((sel.shape[0], cfg.index_topk - sel.shape[1]), -1, dtype=sel.dtype,
                                      device=sel.device)
                     out.setdefault(f"index.{i}.ids", []).append(torch.cat([sel, pad], 1).sort(dim=-1).values)
+                    out.setdefault(f"index.{i}.scores", []).append(
+                        selection_scores(shared.selection_scores, self.ids.numel() // lm.attn[i].ratio))
+                out.setdefault(f"router.{i}.scores", []).append(lm.moe[i].biased_scores(ffn_in, image))
                 ids_sorted, order = chosen.sort(dim=-1)
                 out.setdefault(f"attn.{i}", []).append(h)
                 out.setdefault(f"router.{i}.ids", []).append(ids_sorted)
@@ -281,8 +293,11 @@ class Sequence:
 
 
 def boundary_of(name: str) -> str:
-    """`router.3.ids` -> `router.3.ids`, `engram.1.gate` -> `engram.1`, `hidden.2` -> `hidden.2`."""
+    """`router.3.ids` -> `router.3.ids`, `engram.1.gate` -> `engram.1`, `hidden.2` -> `hidden.2`; the
+    scores behind a choice belong to the choice: `router.3.scores` -> `router.3.ids`."""
     parts = name.split(".")
     if parts[0] == "engram":
         return ".".join(parts[:2])
+    if parts[-1] == "scores":
+        return ".".join(parts[:-1] + ["ids"])
     return name

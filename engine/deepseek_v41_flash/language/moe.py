@@ -58,13 +58,25 @@ class MoE:
         weights, ids = self.backend.moe_route(logits, self.gate.bias, self.gate.bias_vl, rows,
                                               self.topk, self.route_scale)
         if self.fault == "router-biased-weights":
-            s = F.softplus(logits.float()).sqrt()
-            b = self.gate.bias.expand_as(s)
-            if self.gate.bias_vl is not None and rows is not None:
-                b = torch.where(rows.view(-1, 1), self.gate.bias_vl.view(1, -1), b)
-            w = (s + b).gather(-1, ids)
+            w = self._biased(logits, rows).gather(-1, ids)
             weights = w / (w.sum(-1, keepdim=True) + 1e-20) * self.route_scale
         return weights, ids
+
+    def _biased(self, logits: torch.Tensor, rows: torch.Tensor | None) -> torch.Tensor:
+        """sqrt(softplus) scores plus the per-row bias: the key the top-k ranks [R, E] fp32."""
+        s = F.softplus(logits.float()).sqrt()
+        b = self.gate.bias.expand_as(s)
+        if self.gate.bias_vl is not None and rows is not None:
+            b = torch.where(rows.view(-1, 1), self.gate.bias_vl.view(1, -1), b)
+        return s + b
+
+    def biased_scores(self, x: torch.Tensor, image_rows: torch.Tensor | None) -> torch.Tensor:
+        """The scores that decided `route`'s choice for x [R, D] (recorded as `router.L.scores`, so a
+        set that differs from the reference's can be told a near-tie or a wrong choice). Computed
+        in torch whatever the backend: the kernel's own ranking key is not exposed."""
+        logits = self.backend.linear(x.float(), self.gate.weight, None) / self.gate_temp
+        rows = None if self.fault == "router-text-bias-for-images" else image_rows
+        return self._biased(logits, rows)
 
     def _expert(self, bank: ExpertBank, e: int, x: torch.Tensor, scale: torch.Tensor | None) -> torch.Tensor:
         gate = self.backend.linear(x, bank.w1[e], None).float()
