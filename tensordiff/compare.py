@@ -157,8 +157,12 @@ def _boundary_name(contract: Contract | None, e: Entry) -> str:
 
 def compare_dumps(a: str | Path | Dump, b: str | Path | Dump, tolerances: Tolerances | str | Path | None = None,
                   *, contract: Contract | None = None, fail_fast: bool = False, verify: bool = False,
-                  progress: Progress | None = None) -> Report:
+                  progress: Progress | None = None, floor: str | Path | Dump | None = None) -> Report:
+    """`floor`: the oracle's own run in the candidate's precision (A's model, same inputs), when
+    there is one: the tie rule then sets how close a near-tie must be by ITS error against A."""
     da = a if isinstance(a, Dump) else open_dump(a)
+    df = floor if isinstance(floor, Dump) or floor is None else open_dump(floor)
+    floor_entries = {e.name: e for e in df.entries} if df is not None else None
     db = b if isinstance(b, Dump) else open_dump(b)
     if da.path.resolve() == db.path.resolve():
         raise BadInput(f"the same directory was given twice ({da.path}); compare two different dumps")
@@ -196,7 +200,7 @@ def compare_dumps(a: str | Path | Dump, b: str | Path | Dump, tolerances: Tolera
                                              run_dtypes=run_dtypes))
         _apply_probes(bd, br, da, db, list(names_a), list(names_b))
         ties.settle(br.tensors, names_a, names_b, bd.layout, run,
-                    lambda unit, bd=bd: tols.for_(bd.name, unit))
+                    lambda unit, bd=bd: tols.for_(bd.name, unit), floor_entries)
         settle_status(br)
         if fail_fast and br.status in FAILING:
             stop = True

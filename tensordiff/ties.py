@@ -50,7 +50,7 @@ class Flip:
     meaning: str = ""
 
     def as_json(self) -> dict:
-        return asdict(self)
+        return {**asdict(self), "ref_only": list(self.ref_only), "cand_only": list(self.cand_only)}
 
 
 def _read(entry: Entry, rows: np.ndarray | None = None) -> np.ndarray:
@@ -140,7 +140,8 @@ def settle(tensors: list[TensorResult], ents_a: dict[str, Entry], ents_b: dict[s
         unit = (st.dtype.get("unit") if st is not None else None) or sa_e.dtype.name
         tol = tolerance_for(unit)
         sa, sb = _read(sa_e, rows), _read(sb_e, rows)
-        fa = _read(floor[sname], rows) if floor and sname in floor else None
+        fe = floor.get(sname) if floor else None
+        fa = _read(fe, rows) if fe is not None and fe.shape == sa_e.shape else None
         flips = []
         for j, r in enumerate(rows):
             f = classify_row(int(r), ia[r], ib[r], sa[j], sb[j], unit, tol.atol, tol.rtol,
