@@ -27,6 +27,7 @@ import traceback
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from . import ties
 from .capture import Recorder
 from .compare import compare_tensor
 from .contract import Contract, ancestors, topological
@@ -210,6 +211,9 @@ def local_error(adapter, req, oracle_dir: str | Path, report: Report, tolerances
     rec.close()
     ld = open_dump(out_dir)
     run = od.run
+    # a stage of a bf16 engine stores some tensors in fp32: judge them in the runs' compute dtypes,
+    # as end to end does
+    run_dtypes = tuple(d for d in (req.dtype, od.run.get("dtype")) if isinstance(d, str))
     by = {b.name: b for b in bounds}
     for lr in results:
         if lr.boundary not in produced:
@@ -220,11 +224,14 @@ def local_error(adapter, req, oracle_dir: str | Path, report: Report, tolerances
             if name not in got:
                 lr.tensors.append(TensorResult(name, lr.boundary, "missing", reason="the stage did not return it"))
                 continue
-            lr.tensors.append(compare_tensor(ea, got[name], by[lr.boundary], contract, tolerances, run))
+            lr.tensors.append(compare_tensor(ea, got[name], by[lr.boundary], contract, tolerances, run,
+                                             run_dtypes=run_dtypes))
         for name in got:
             if name not in want:
                 lr.tensors.append(TensorResult(name, lr.boundary, "missing", reason="not in the oracle dump"))
-        for s in ("incomparable", "missing", "diverged"):
+        b = by[lr.boundary]
+        ties.settle(lr.tensors, want, got, b.layout, run, lambda unit, b=b: tolerances.for_(b.name, unit))
+        for s in ("incomparable", "missing", "diverged", "benign"):
             bad = [t for t in lr.tensors if t.status == s]
             if bad:
                 lr.status = s

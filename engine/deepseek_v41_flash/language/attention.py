@@ -66,11 +66,15 @@ class ChunkShared:
     selection: torch.Tensor | None = None  # [n, k] group ids, -1 = none
     selection_scores: torch.Tensor | None = None  # [n, T] the key the selection ranked (-inf: not eligible)
     candidates: torch.Tensor | None = None  # [n, T] bool: blocks the candidate source kept
+    # local error only: layer -> [n, k] selection to attend to instead of the layer's own (the
+    # reference's choice, so a stage after a near-tie flip is judged on the same positions)
+    forced: dict | None = None
 
 
 class Attention:
     def __init__(self, layer_id: int, cfg, w: AttnWeights, backend, kernel_quant: bool = False):
         self.cfg, self.w, self.backend = cfg, w, backend
+        self.layer_id = layer_id
         self.kernel_quant = kernel_quant
         self.H, self.hd, self.rd = cfg.n_heads, cfg.head_dim, cfg.rope_head_dim
         self.window = cfg.window_size
@@ -211,6 +215,8 @@ class Attention:
                     shared.selection_scores = torch.full((n, 0), float("-inf"), device=x.device)
                 else:
                     shared.selection = self._select(x, qr, start, n_groups, shared.key_cache, cos, sin, shared)
+                    if shared.forced is not None and self.layer_id in shared.forced:
+                        shared.selection = shared.forced[self.layer_id]
             sel = shared.selection
             if sel.shape[1]:
                 lat = torch.stack(shared.kv_cache.latents[:n_groups]).float()  # [T, hd]

@@ -23,7 +23,7 @@ import torch
 from ... import backend as backends
 from .attention import ChunkShared
 from .engram import EngramHashState
-from .model import LanguageModel
+from .model import LanguageModel, selection_scores
 from .run import DTYPES
 from .tokens import DEFAULT_PROMPT, tokenize
 from . import hyper
@@ -92,37 +92,53 @@ def make_language_stages(req, run: dict, image_rows: torch.Tensor | None = None)
             x_mid, _ = self.mid(L - 1)
             return hyper.mixes(x_mid, lm.blocks[L - 1].ffn_mix, *mix_args)[0]
 
-        def attention(self, L: int):
+        def attention(self, L: int, own_choice: bool = False):
             """Engine attention of layers 0..L, each on its forced input; layer L's output [S, D]
-            and (for an index source) its selection [S, k]."""
-            if L not in self._attn:
-                self._attn[L] = self._attention(L)
-            return self._attn[L]
+            and (for an index source) its selection [S, k] with the scores it ranked [S, T].
+            Attention attends to the REFERENCE's selections where the reference has them (so an
+            engine choice that flipped on a near-tie does not count against the attention
+            stage); `own_choice` runs the engine's own choices (the indexer stage itself)."""
+            key = (L, own_choice)
+            if key not in self._attn:
+                self._attn[key] = self._attention(L, own_choice)
+            return self._attn[key]
 
-        def _attention(self, L: int):
+        def _attention(self, L: int, own_choice: bool):
             caches = [lm.attn[j].new_cache(lm.dtype, dev) for j in range(L + 1)]
             xs = [be.rms_norm(hyper.collapse(self.stream(j)[0], self.pre_mix(j)), lm.blocks[j].attn_norm,
                               cfg.norm_eps) for j in range(L + 1)]
-            outs, sels = [], []
+            ref_sel = {} if own_choice else {j: self.ref[f"index.{j}.ids"].to(dev) for j in range(L + 1)
+                                             if f"index.{j}.ids" in self.ref}
+            outs, sels, scores = [], [], []
             for lo, hi in chunks:
-                shared = ChunkShared()
+                shared = ChunkShared(forced={j: t[lo:hi] for j, t in ref_sel.items()} or None)
                 for j in range(L + 1):
                     h = lm.attn[j](xs[j][lo:hi], lo, caches[j], shared)
                 outs.append(h)
-                if lm.attn[L].index_source:
+                if lm.attn[L].index_source and own_choice:
                     sel = shared.selection
                     pad = torch.full((sel.shape[0], cfg.index_topk - sel.shape[1]), -1, dtype=sel.dtype,
                                      device=sel.device)
                     sels.append(torch.cat([sel, pad], 1).sort(dim=-1).values)
-            return torch.cat(outs), (torch.cat(sels) if sels else None)
+                    scores.append(selection_scores(shared.selection_scores, n // lm.attn[L].ratio))
+            return torch.cat(outs), (torch.cat(sels) if sels else None), (torch.cat(scores) if scores else None)
 
-        def ffn(self, L: int):
+        def ffn(self, L: int, own_choice: bool = True):
+            """(hidden.L, router ids ascending, weights aligned, router scores). With
+            `own_choice` False the engine mixes the REFERENCE's choice of experts (its own weights
+            for them), so `router.L.weights` and `hidden.L` are judged on the same experts after
+            a near-tie flip of the router."""
             x_mid, a_pre = self.mid(L)
-            y, weights, chosen = lm.moe[L](be.rms_norm(hyper.collapse(x_mid, a_pre), lm.blocks[L].ffn_norm,
-                                                        cfg.norm_eps), image)
+            x_in = be.rms_norm(hyper.collapse(x_mid, a_pre), lm.blocks[L].ffn_norm, cfg.norm_eps)
+            forced = None
+            if not own_choice and f"router.{L}.ids" in self.ref:
+                ref_ids = self.ref[f"router.{L}.ids"].to(dev)
+                forced = (lm.moe[L].weights_for(x_in, ref_ids, image), ref_ids)
+            y, weights, chosen = lm.moe[L](x_in, image, forced)
             _, f_post, f_comb = hyper.mixes(x_mid, lm.blocks[L].ffn_mix, *mix_args)
             ids_sorted, order = chosen.sort(dim=-1)
-            return hyper.expand(y, x_mid, f_post, f_comb), ids_sorted, weights.gather(-1, order)
+            return (hyper.expand(y, x_mid, f_post, f_comb), ids_sorted, weights.gather(-1, order),
+                    lm.moe[L].biased_scores(x_in, image))
 
     forced = Forced()
 
@@ -146,11 +162,13 @@ def make_language_stages(req, run: dict, image_rows: torch.Tensor | None = None)
         if L in lm.engram:
             stages[f"engram.{L}"] = stage(lambda f, L=L: {f"engram.{L}.gate": f.stream(L)[1]})
         if lm.attn[L].index_source:
-            stages[f"index.{L}.ids"] = stage(lambda f, L=L: {f"index.{L}.ids": f.attention(L)[1]})
+            stages[f"index.{L}.ids"] = stage(lambda f, L=L: {f"index.{L}.ids": f.attention(L, True)[1],
+                                                             f"index.{L}.scores": f.attention(L, True)[2]})
         stages[f"attn.{L}"] = stage(lambda f, L=L: {f"attn.{L}": f.attention(L)[0]})
-        stages[f"router.{L}.ids"] = stage(lambda f, L=L: {f"router.{L}.ids": f.ffn(L)[1]})
-        stages[f"router.{L}.weights"] = stage(lambda f, L=L: {f"router.{L}.weights": f.ffn(L)[2]})
-        stages[f"hidden.{L}"] = stage(lambda f, L=L: {f"hidden.{L}": f.ffn(L)[0]})
+        stages[f"router.{L}.ids"] = stage(lambda f, L=L: {f"router.{L}.ids": f.ffn(L)[1],
+                                                          f"router.{L}.scores": f.ffn(L)[3]})
+        stages[f"router.{L}.weights"] = stage(lambda f, L=L: {f"router.{L}.weights": f.ffn(L, own_choice=False)[2]})
+        stages[f"hidden.{L}"] = stage(lambda f, L=L: {f"hidden.{L}": f.ffn(L, own_choice=False)[0]})
 
     def logits(f):
         last = cfg.n_layers - 1
