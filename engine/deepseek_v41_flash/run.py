@@ -120,6 +120,9 @@ def run(req, rec) -> None:
                 "grid": list(plan.grid), "cells": list(plan.cells), "span": plan.span},
         dtype=req.dtype, device=req.device, weights=W.fingerprint(req.weights_dir), versions=versions(),
         fault=req.fault, backend=eng.backend.name)
+    if req.taps and getattr(rec, "enabled", True):
+        for name, t in plan.record().items():
+            rec.record(name, t, boundary="plan")
     t2 = time.perf_counter()
     with torch.inference_mode():
         aligned = eng.encode(patches, plan, rec if req.taps else None)

@@ -41,6 +41,8 @@ def run(req, rec) -> None:
     img = decode(Path(req.image))
     px = preprocess(img, cfg.processor, processor, raster=fault == F.MERGE_ORDER_RASTER)
     grid_thw = px.grid_thw
+    for name, t in px.plan.record().items():
+        rec.record(name, t, boundary="plan")
     rec.record("patches", px.pixel_values)
 
     weights = load_visual(req.weights_dir, dtype, req.device)

@@ -20,7 +20,7 @@ from tensordiff.errors import BadInput
 
 from .checkpoint import default_dtype, fingerprint, load_into
 from .config import ModelArgs
-from .image_processor import load_image, num_image_tokens
+from .image_processor import load_image, num_image_tokens, plan_record
 from .vision import Aligner, ViT
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
@@ -107,6 +107,9 @@ def run(req, rec) -> None:
         inputs={"image": image_facts(req.image), "grid": [n_vit_h, n_vit_w], "cells": [n_llm_h, n_llm_w],
                 "span": num_image_tokens(n_llm_h, n_llm_w)},
         dtype=req.dtype, device=req.device, weights=fingerprint(checkpoint), versions=versions())
+    if getattr(rec, "enabled", True):
+        for name, t in plan_record(req.image, args).items():
+            rec.record(name, t, boundary="plan")
     handles = tap(model, rec) if getattr(rec, "enabled", True) else []
     t2 = time.perf_counter()
     try:

@@ -2,9 +2,12 @@
 
 Data flow (the contract's DAG):
 
-    patches ──┐
-              ├─> block0 -> final_norm -> aligner
-    rope ─────┘
+           ┌─> patches ──┐
+    plan ──┤             ├─> block0 -> final_norm -> aligner
+           └─> rope ─────┘
+
+`plan` holds every discrete preprocessing decision (sizes, grid, pad offset, token counts), so a
+resize bug names ONE root there, not its every consequence.
 
 The runners are imported only when asked for (no torch at import: the core compare must work
 without model code).
@@ -18,9 +21,13 @@ from . import deepseek_language_contract as language
 NAME = "deepseek-v4.1-flash"
 
 CONTRACT = Contract(NAME, (
-    Boundary("patches", (), "pixel rows [N, 588] bf16, (c, y, x) per 14x14 patch, raster order over the "
+    Boundary("plan", (), "the preprocessing decisions, int64, compared exactly: plan.size [src_w, src_h, "
+             "canvas_w, canvas_h, content_w, content_h, offset_x, offset_y], plan.grid [patch_h, patch_w, cell_h, "
+             "cell_w], plan.tokens [patches, span], plan.flags [scaled up to min pixels, re-solved for the token "
+             "budget]"),
+    Boundary("patches", ("plan",), "pixel rows [N, 588] bf16, (c, y, x) per 14x14 patch, raster order over the "
              "patch grid (the logical 588 columns, never the backend's 592)", layout="grid", probes=("within-unit",)),
-    Boundary("rope", (), "2D RoPE tables rope.cos / rope.sin [N, 32] fp32, blocked: 16 row angles then "
+    Boundary("rope", ("plan",), "2D RoPE tables rope.cos / rope.sin [N, 32] fp32, blocked: 16 row angles then "
              "16 column angles per patch", layout="grid", probes=("unit-circle",)),
     Boundary("block0", ("patches", "rope"), "output of vision block 0 [N, 1024]", layout="grid"),
     Boundary("final_norm", ("block0",), "vision.norm output [N, 1024] (after all blocks)", layout="grid"),
@@ -29,7 +36,7 @@ CONTRACT = Contract(NAME, (
 ))
 
 FAULTS = (
-    Fault("contain-ceil", "patches", "contain rounds the short side with ceil instead of round",
+    Fault("contain-ceil", "plan", "contain rounds the short side with ceil instead of round",
           needs="an aspect ratio where ceil and round differ (e.g. 1024x701)"),
     Fault("rope-interleaved", "rope", "2D RoPE angles interleaved (row, col, ...) instead of blocked"),
     Fault("aligner-flat-pad", "aligner", "zero rows appended to the flattened patches instead of a "
