@@ -12,9 +12,10 @@ VISION_GELU_ERF = "vision-gelu-erf"  # block MLPs with exact GELU instead of the
 TOWER_SKIP_LAST_BLOCK = "tower-skip-last-block"  # off by one: the last block never runs
 MERGER_GELU_TANH = "merger-gelu-tanh"  # the merger's exact GELU replaced by the tanh form
 DEEPSTACK_OFF_BY_ONE = "deepstack-off-by-one"  # DeepStack taps read as 1-based block numbers
+RESIZE_CEIL_SIDES = "resize-ceil-sides"  # smart_resize rounds both sides up to the factor
 
 ALL = (MERGE_ORDER_RASTER, POSEMBED_ALIGN_CORNERS_FALSE, ROPE_HW_SWAP, DEEPSTACK_DROP, MROPE_NO_DELTA,
-       VISION_GELU_ERF, TOWER_SKIP_LAST_BLOCK, MERGER_GELU_TANH, DEEPSTACK_OFF_BY_ONE)
+       VISION_GELU_ERF, TOWER_SKIP_LAST_BLOCK, MERGER_GELU_TANH, DEEPSTACK_OFF_BY_ONE, RESIZE_CEIL_SIDES)
 
 
 def check(fault: str | None) -> str | None:

@@ -39,7 +39,8 @@ def run(req, rec) -> None:
     processor = req.options.get("processor") or default_processor()
 
     img = decode(Path(req.image))
-    px = preprocess(img, cfg.processor, processor, raster=fault == F.MERGE_ORDER_RASTER)
+    px = preprocess(img, cfg.processor, processor, raster=fault == F.MERGE_ORDER_RASTER,
+                    ceil_sides=fault == F.RESIZE_CEIL_SIDES)
     grid_thw = px.grid_thw
     for name, t in px.plan.record().items():
         rec.record(name, t, boundary="plan")

@@ -11,7 +11,7 @@ import math
 from dataclasses import dataclass
 
 from ..errors import EngineInputError
-from ..runtime.sizing import ceil_to, floor_to, to_int
+from ..runtime.sizing import Rounding, ceil_to, floor_to, to_int
 
 MAX_ASPECT = 200
 
@@ -51,12 +51,14 @@ class ResizePlan:
                 "plan.flags": ints(int(self.shrunk), int(self.grown))}
 
 
-def smart_resize(height: int, width: int, factor: int, min_pixels: int, max_pixels: int) -> tuple[int, int]:
+def smart_resize(height: int, width: int, factor: int, min_pixels: int, max_pixels: int,
+                 sides: Rounding = "round") -> tuple[int, int]:
+    """`sides` is "round" (the official rule); "ceil" is the planted `resize-ceil-sides` bug."""
     if min(height, width) <= 0:
         raise EngineInputError(f"image of {width}x{height} pixels has no area")
     if max(height, width) / min(height, width) > MAX_ASPECT:
         raise EngineInputError(f"image of {width}x{height} pixels has an aspect ratio over {MAX_ASPECT}")
-    h, w = rounded(height, width, factor)
+    h, w = rounded(height, width, factor, sides)
     if h * w > max_pixels:
         beta = math.sqrt(height * width / max_pixels)
         h = max(factor, floor_to(height / beta, factor))
@@ -68,12 +70,13 @@ def smart_resize(height: int, width: int, factor: int, min_pixels: int, max_pixe
     return h, w
 
 
-def rounded(height: int, width: int, factor: int) -> tuple[int, int]:
+def rounded(height: int, width: int, factor: int, sides: Rounding = "round") -> tuple[int, int]:
     """Both sides to the nearest multiple of `factor`: the size before any pixel limit."""
-    return to_int(height / factor, "round") * factor, to_int(width / factor, "round") * factor
+    return to_int(height / factor, sides) * factor, to_int(width / factor, sides) * factor
 
 
-def plan(height: int, width: int, patch_size: int, merge_size: int, min_pixels: int, max_pixels: int) -> ResizePlan:
-    h, w = smart_resize(height, width, patch_size * merge_size, min_pixels, max_pixels)
-    fh, fw = rounded(height, width, patch_size * merge_size)
+def plan(height: int, width: int, patch_size: int, merge_size: int, min_pixels: int, max_pixels: int,
+         sides: Rounding = "round") -> ResizePlan:
+    h, w = smart_resize(height, width, patch_size * merge_size, min_pixels, max_pixels, sides)
+    fh, fw = rounded(height, width, patch_size * merge_size, sides)
     return ResizePlan(height, width, h, w, patch_size, merge_size, shrunk=h * w < fh * fw, grown=h * w > fh * fw)

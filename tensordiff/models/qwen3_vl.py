@@ -84,6 +84,8 @@ FAULTS = (
     Fault("merger-gelu-tanh", "aligner", "the merger's exact GELU replaced by the tanh approximation",
           needs="float32 (the change is ~1e-3 absolute, near bf16 resolution)"),
     Fault("deepstack-off-by-one", "deepstack.0", "DeepStack taps read as 1-based block numbers (one block late)"),
+    Fault("resize-ceil-sides", "plan", "smart_resize rounds both sides UP to a multiple of patch x merge instead of "
+          "to the nearest", needs="a side whose remainder modulo 32 is 1..15 (e.g. 1000 px; not the bundled 1024x701)"),
 )
 
 
