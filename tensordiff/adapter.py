@@ -69,6 +69,9 @@ class ModelAdapter:
     # tensors upstream of its boundary). Returns `make_stages(req, run) -> {boundary: stage}`,
     # `stage(inputs: {name: tensor}) -> {name: tensor}`; see `tensordiff/local_error.py`.
     stages: Callable[[], Any] | None = None
+    # Optional: the discrete preprocessing rules an image may exercise (`tensordiff.geometry.Rule`,
+    # predicates over the oracle's `plan` boundary); the gate reports which its images reach.
+    geometry: tuple[Any, ...] = ()
 
     def runner(self, side: str) -> Runner:
         if side not in SIDES:

@@ -339,6 +339,11 @@ def gate(config, json_path, junit_path, html_path, out, models, fault, weights, 
                     click.echo(f"local error: {c.local.summary()}")
         click.echo("")
         click.echo(render_breakdown(res))
+    for line in res.coverage_lines():  # warnings (to stderr) even when quiet: a rule no image reaches
+        if line.startswith("warning"):
+            click.echo(line, err=True)
+        elif not quiet:
+            click.echo(line)
     failed = [c for c in res.cases if not c.passed]
     if failed:
         click.echo(f"GATE FAIL: {len(failed)} of {len(res.cases)} case(s) diverged ({cfg.name})")

@@ -200,6 +200,7 @@ class CaseResult:
     oracle_cached: bool = False
     views: list = field(default_factory=list)
     dumps: dict[str, str] = field(default_factory=dict)
+    geometry: list[str] = field(default_factory=list)  # discrete preprocessing rules this image exercises
 
     @property
     def passed(self) -> bool:
@@ -229,6 +230,7 @@ class CaseResult:
                 "label": self.label, "passed": self.passed, "error": self.error,
                 "timings": {k: round(v, 4) for k, v in self.timings.items()},
                 "runner_timings": self.runner_timings, "oracle_cached": self.oracle_cached, "dumps": self.dumps,
+                "geometry": self.geometry,
                 "report": self.report.as_json() if self.report is not None else None,
                 "local_error": self.local.as_json() if self.local is not None else None}
 
@@ -246,6 +248,27 @@ class GateResult:
     @property
     def exit_code(self) -> int:
         return 0 if self.passed else 1
+
+    def coverage(self) -> dict:
+        """model -> `geometry.Coverage` of its images (models that declare geometry rules)."""
+        from . import registry
+        from .geometry import Coverage
+
+        out = {}
+        for c in self.cases:
+            rules = registry.adapter(c.model).geometry
+            if rules:
+                out.setdefault(c.model, (rules, {}))[1][c.label] = c.geometry
+        return {m: Coverage.of(rules, imgs) for m, (rules, imgs) in out.items()}
+
+    def coverage_lines(self) -> list[str]:
+        lines = []
+        for model, cov in self.coverage().items():
+            hit = [r.name for r in cov.rules if r.name not in cov.missing]
+            lines.append(f"geometry ({model}): {len(hit)} of {len(cov.rules)} rules exercised"
+                         + (f": {', '.join(hit)}" if hit else ""))
+            lines.extend(cov.warnings(model))
+        return lines
 
     def breakdown(self) -> dict[str, float]:
         out = {"setup": self.timings.get("setup", 0.0), **{k: 0.0 for k in STAGES}}
@@ -266,6 +289,7 @@ class GateResult:
         return {"gate": self.config.name, "config": str(self.config.path) if self.config.path else None,
                 "verdict": "pass" if self.passed else "fail", "passed": self.passed,
                 "failed": [c.label for c in self.cases if not c.passed],
+                "geometry": {m: cov.as_json() for m, cov in self.coverage().items()},
                 "timings": {k: round(v, 4) for k, v in self.breakdown().items()},
                 "cases": [c.as_json() for c in self.cases]}
 
@@ -435,6 +459,10 @@ def run_gate(cfg: GateConfig, *, fault: str | None = None, models: list[str] | N
                 with _timed(case.timings, "engine", prog, label):
                     edir = run_side(adapter, "engine", req, work / "engine")
                 case.dumps = {"oracle": str(odir), "engine": str(edir)}
+                if adapter.geometry:
+                    from .geometry import exercised
+
+                    case.geometry = exercised(adapter.geometry, open_dump(odir))
                 with _timed(case.timings, "compare", prog, label):
                     case.report = compare_dumps(odir, edir, tols)
                 do_local = m.local_error if local is None else local

@@ -14,8 +14,11 @@ without model code).
 """
 from __future__ import annotations
 
+import math
+
 from ..adapter import Fault, ModelAdapter, lazy
 from ..contract import Boundary, Contract
+from ..geometry import Rule
 from . import deepseek_language_contract as language
 
 NAME = "deepseek-v4.1-flash"
@@ -50,6 +53,30 @@ FAULTS = (
 
 
 
+def _contain_round_ne_ceil(plan) -> bool:
+    """The contained short side (Pillow's contain: h / w * W for a source wider than the canvas,
+    else w / h * H) has a fraction where round and ceil disagree."""
+    sw, sh, cw, ch = plan["plan.size"][:4]
+    if sw * ch == sh * cw:
+        return False
+    exact = sh / sw * cw if sw / sh > cw / ch else sw / sh * ch
+    return round(exact) != math.ceil(exact)
+
+
+GEOMETRY = (
+    Rule("grid-width-not-multiple-of-3", "patch grid width not a multiple of 3: the aligner's 3x3 cells pad "
+         "the right edge", lambda p: p["plan.grid"][1] % 3 != 0),
+    Rule("grid-height-not-multiple-of-3", "patch grid height not a multiple of 3: the 3x3 cells pad the "
+         "bottom edge", lambda p: p["plan.grid"][0] % 3 != 0),
+    Rule("contain-round-ne-ceil", "the contained short side rounds differently with round and ceil",
+         _contain_round_ne_ceil),
+    Rule("over-token-budget", "the span would exceed vision_max_n_token: the size is solved again",
+         lambda p: bool(p["plan.flags"][1])),
+    Rule("under-min-pixels", "under vision_min_pixels: the picture is scaled up first",
+         lambda p: bool(p["plan.flags"][0])),
+)
+
+
 def _weights(spec: str):
     from ..synthetic.deepseek_v41_flash import resolve
 
@@ -70,5 +97,6 @@ ADAPTER = ModelAdapter(
     engine=lazy("engine.deepseek_v41_flash.run:run"),
     weights=_weights,
     stages=lazy("engine.deepseek_v41_flash.stages:make_stages"),
+    geometry=GEOMETRY,
     description="DeepSeek V4.1 Flash: preprocessing, 32-layer ViT with 2D RoPE, 3x3 aligner; with a prompt, the language backbone",
 )

@@ -23,6 +23,7 @@ from typing import Sequence
 from ..adapter import Fault, ModelAdapter, lazy
 from ..contract import Boundary, Contract, TensorRule
 from ..errors import BadInput
+from ..geometry import Rule
 
 NAME = "qwen3-vl"
 DEEPSTACK = re.compile(r"^deepstack\.(\d+)$")
@@ -92,6 +93,24 @@ FAULTS = (
 
 
 
+def _side_round_ne_ceil(plan) -> bool:
+    """A source side rounds to a different multiple of patch x merge with round and ceil (and no
+    pixel limit rescales it afterwards)."""
+    sw, sh, rw, _ = plan["plan.size"]
+    factor = rw // plan["plan.grid"][4]
+    if any(plan["plan.flags"]):
+        return False
+    return any(round(v / factor) != -(-v // factor) for v in (sw, sh))
+
+
+GEOMETRY = (
+    Rule("qwen-max-pixels", "smart_resize shrinks the picture to max_pixels", lambda p: bool(p["plan.flags"][0])),
+    Rule("qwen-min-pixels", "smart_resize grows the picture to min_pixels", lambda p: bool(p["plan.flags"][1])),
+    Rule("qwen-side-round-ne-ceil", "a side where rounding to the 32-px factor differs from ceil, unclamped",
+         _side_round_ne_ceil),
+)
+
+
 def _weights(spec: str) -> Path:
     if spec.startswith("synthetic:"):
         from ..synthetic.qwen3_vl import ensure
@@ -116,6 +135,7 @@ ADAPTER = ModelAdapter(
     engine=lazy("engine.qwen3_vl.runner:run"),
     weights=_weights,
     stages=lazy("engine.qwen3_vl.stages:make_stages"),
+    geometry=GEOMETRY,
     description="Qwen3-VL vision path (smart_resize, merge-order patches, interpolated position table, 2D RoPE, "
                 "ViT, merger, DeepStack) and the M-RoPE positions of the image span; oracle = transformers",
 )
