@@ -72,6 +72,10 @@ class ModelAdapter:
     # Optional: the discrete preprocessing rules an image may exercise (`tensordiff.geometry.Rule`,
     # predicates over the oracle's `plan` boundary); the gate reports which its images reach.
     geometry: tuple[Any, ...] = ()
+    # The code the ORACLE side runs: dotted module/package names (or file/folder paths), found
+    # without importing them. Their bytes key the oracle cache (`oracle_cache.key`), so editing
+    # the oracle invalidates its cached dumps; an adapter that declares none gets no oracle cache.
+    sources: tuple[str, ...] = ()
 
     def runner(self, side: str) -> Runner:
         if side not in SIDES:
@@ -96,13 +100,3 @@ def lazy(target: str) -> Callable[[], Any]:
         return getattr(importlib.import_module(module), attr)
 
     return load
-
-
-def fingerprint_file(path: Path) -> str:
-    import hashlib
-
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()

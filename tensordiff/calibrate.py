@@ -207,7 +207,8 @@ def calibrate(model: str, images, *, weights: str = "synthetic:tiny", device: st
     """The oracle at `dtype` (the reference) against itself under each variant, on every image."""
     from . import registry
     from .compare import compare_dumps
-    from .gate import oracle_dump
+    from .metrics import FloatResult
+    from .pipeline import oracle_dump, oracle_request
     from .runs import make_request
 
     if not (isinstance(multiple, (int, float)) and multiple > 0 and math.isfinite(multiple)):
@@ -227,14 +228,15 @@ def calibrate(model: str, images, *, weights: str = "synthetic:tiny", device: st
     with tempfile.TemporaryDirectory(prefix="tensordiff-calibrate-") as tmp:
         for i, img in enumerate(images):
             _, req = make_request(model, image=img, weights=weights, device=device, dtype=dtype)
-            ref, _ = oracle_dump(adapter, req, Path(tmp) / f"ref-{i}", use_cache)
+            req = oracle_request(req)
+            ref = oracle_dump(adapter, req, Path(tmp) / f"ref-{i}", use_cache).path
             for j, v in enumerate(vs):
                 if v.label in cal.failed:
                     continue
                 vreq = variant_request(req, v)
                 try:
-                    vdir, _ = oracle_dump(adapter, vreq, Path(tmp) / f"var-{i}-{j}", use_cache,
-                                          wrap=(lambda v=v: _sdpa_only(v.value)) if v.key == "sdpa" else None)
+                    vdir = oracle_dump(adapter, vreq, Path(tmp) / f"var-{i}-{j}", use_cache,
+                                       wrap=(lambda v=v: _sdpa_only(v.value)) if v.key == "sdpa" else None).path
                 except BadInput:
                     raise
                 except RuntimeError as e:  # e.g. no kernel for this backend on this device/shape
@@ -247,15 +249,14 @@ def calibrate(model: str, images, *, weights: str = "synthetic:tiny", device: st
                     for t in b.tensors:
                         unit = t.dtype.get("unit")
                         m = t.metrics
-                        if unit is None or "max_abs" not in m:
+                        if unit is None or not isinstance(m, FloatResult):
                             continue
                         f = cal.floors.setdefault((b.name, unit), Floor(b.name, unit))
                         f.samples += 1
-                        ma = m["max_abs"]
-                        if not (isinstance(ma, float) and math.isfinite(ma)) or ma > f.max_abs:
-                            f.max_abs, f.variant = (ma if isinstance(ma, float) else math.inf), v.label
-                        if isinstance(m.get("cosine"), float) and math.isfinite(m["cosine"]):
-                            f.cosine = min(f.cosine, m["cosine"])
+                        if not math.isfinite(m.max_abs) or m.max_abs > f.max_abs:
+                            f.max_abs, f.variant = (m.max_abs if math.isfinite(m.max_abs) else math.inf), v.label
+                        if math.isfinite(m.cosine):
+                            f.cosine = min(f.cosine, m.cosine)
                 echo(f"{Path(img).name}: {v.label}: measured {len(rep.boundaries)} boundaries")
     cal.boundaries = list(order)
     cal.timings["total"] = time.perf_counter() - t0

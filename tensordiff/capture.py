@@ -65,6 +65,17 @@ def to_raw(tensor: Any) -> tuple[np.ndarray, DType]:
     return np.ascontiguousarray(arr).astype(dt.storage, copy=False), dt
 
 
+def merge_run(run: dict, fields: dict) -> None:
+    """Merge `fields` into the run record in place: tables merge key by key, at every depth, so a
+    runner adding `inputs={"grid": ...}` keeps the core's `inputs.image`; any other value replaces."""
+    for k, v in fields.items():
+        if isinstance(v, dict) and isinstance(run.get(k), dict):
+            run[k] = dict(run[k])
+            merge_run(run[k], v)
+        else:
+            run[k] = v
+
+
 def _on_accelerator(tensor: Any) -> bool:
     dev = getattr(tensor, "device", None)
     return dev is not None and getattr(dev, "type", "cpu") not in ("cpu", "meta")
@@ -144,7 +155,8 @@ class Recorder:
         return list(self._names)
 
     def update_run(self, **fields: Any) -> None:
-        self.run.update(fields)
+        """Add facts to the manifest's run record, merged in deeply (see `merge_run`)."""
+        merge_run(self.run, fields)
 
     def close(self) -> Path:
         if self._closed:
@@ -230,4 +242,4 @@ class MemoryRecorder:
         self.tensors[name] = tensor.detach().clone() if hasattr(tensor, "detach") else np.array(tensor, copy=True)
 
     def update_run(self, **fields: Any) -> None:
-        self.run.update(fields)
+        merge_run(self.run, fields)

@@ -54,11 +54,9 @@ def _writable(path: Path | None) -> None:
         raise BadInput(f"cannot write {path}: it is a directory")
 
 
-def _emit_report(report, json_path) -> int:
-    from .report import print_rich, render_text, write_json
+def _print_report(report) -> int:
+    from .report import print_rich, render_text
 
-    if json_path:
-        write_json(report, json_path)
     if sys.stdout.isatty():
         print_rich(report, _console())
     else:
@@ -107,8 +105,11 @@ def compare(a, b, json_path, tolerances, fail_fast, verify, junit_path=None, htm
             report = compare_dumps(da, db, tolerances, fail_fast=fail_fast, verify=verify, progress=cb)
     else:
         report = compare_dumps(da, db, tolerances, fail_fast=fail_fast, verify=verify)
-    _emit_ci_reports(report, junit_path, html_path, da)
-    sys.exit(_emit_report(report, json_path))
+    from .pipeline import lone_case, write_reports
+
+    write_reports(report_json=report.as_json(), json_path=json_path, cases=[lone_case(report, da if html_path else None)],
+                  junit_path=junit_path, html_path=html_path, title=f"tensordiff: {report.model}")
+    sys.exit(_print_report(report))
 
 
 @cli.command()
@@ -116,8 +117,6 @@ def compare(a, b, json_path, tolerances, fail_fast, verify, junit_path=None, htm
 @click.option("--verify", is_flag=True, help="Read every tensor and check its sha256.")
 def inspect(directory, verify):
     """List a dump's model, producer, run and tensors (reads no tensor data unless --verify)."""
-    import hashlib
-
     from .dump import open_dump
 
     d = open_dump(directory)
@@ -129,14 +128,7 @@ def inspect(directory, verify):
     for e in d.entries:
         status = ""
         if verify:
-            h = hashlib.sha256()
-            r = e.stored.reader()
-            try:
-                for s in range(0, e.stored.numel, 1 << 22):
-                    h.update(r.read(s, min(e.stored.numel, s + (1 << 22))).tobytes())
-            finally:
-                r.close()
-            ok = e.sha256 is None or h.hexdigest() == e.sha256
+            ok = e.sha256 is None or e.computed_sha256() == e.sha256
             status = "  sha256 ok" if ok and e.sha256 else ("  no sha256" if ok else "  SHA256 MISMATCH")
             bad += not ok
         click.echo(f"{e.name:<28} {e.boundary:<16} {e.dtype.name:<9} {str(list(e.shape)):<20} "
@@ -204,30 +196,15 @@ def dump(model, side, out, fmt, force, **kw):
               help="Also write a self-contained HTML report (boundary table, error heatmaps) here.")
 def check(model, json_path, tolerances, out, oracle_dtype, no_cache, junit_path=None, html_path=None, **kw):
     """Run the oracle and the engine on one image, compare, and name the earliest divergence."""
-    from .runs import check as run_check
+    from .pipeline import CaseSpec, check as run_check, lone_case, write_reports
 
-    _writable(json_path)
-    _writable(junit_path)
-    _writable(html_path)
-    keep = None
-    if html_path is not None and out is None:  # the heatmap's picture comes from the oracle dump
-        import tempfile
-
-        keep = Path(tempfile.mkdtemp(prefix="tensordiff-check-html-"))
-        out = keep / "dumps"
-    try:
-        report = run_check(model, json_path=json_path, tolerances=tolerances, out=out, oracle_dtype=oracle_dtype,
-                           use_cache=not no_cache, **kw)
-        if junit_path or html_path:
-            from .dump import open_dump
-
-            _emit_ci_reports(report, junit_path, html_path, open_dump(report.a) if html_path else None)
-    finally:
-        if keep is not None:
-            import shutil
-
-            shutil.rmtree(keep, ignore_errors=True)
-    sys.exit(_emit_report(report, json_path))
+    for p in (json_path, junit_path, html_path):
+        _writable(p)
+    case = run_check(CaseSpec(model, oracle_dtype=oracle_dtype, **kw), out=out, tolerances=tolerances,
+                     use_cache=not no_cache, views=html_path is not None)
+    write_reports(report_json=case.report.as_json(), json_path=json_path, cases=[lone_case(case.report, views=case.views)],
+                  junit_path=junit_path, html_path=html_path, title=f"tensordiff: {case.report.model}")
+    sys.exit(_print_report(case.report))
 
 
 @cli.command()
@@ -244,20 +221,6 @@ def faults(model):
         click.echo(f"{a.name}:")
         for f in a.faults:
             click.echo(f"  {f.name:<32} -> {f.boundary:<16} {f.description}")
-
-
-def _emit_ci_reports(report, junit_path, html_path, dump_a=None) -> None:
-    """--junit / --html for compare and check: one case, the report's two dumps."""
-    from .report_junit import case_of, write_junit
-
-    case = case_of(report)
-    if junit_path:
-        write_junit([case], junit_path)
-    if html_path:
-        from .report_html import heat_views, write_html
-
-        case.views = heat_views(report, dump_a)
-        write_html([case], html_path, title=f"tensordiff: {report.model}")
 
 
 EPILOG_GATE = """\b
@@ -297,38 +260,22 @@ def gate(config, json_path, junit_path, html_path, out, models, fault, weights, 
     import time
 
     from .gate import load_gate, render_breakdown, run_gate
+    from .pipeline import check_weights, write_reports
     from .report import render_text
 
     for p in (json_path, junit_path, html_path):
         _writable(p)
     cfg = load_gate(config)
-    if weights is not None and not weights.startswith("synthetic:"):
-        if not Path(weights).is_dir():
-            raise BadInput(f"--weights {weights!r} is neither synthetic:<variant> nor a checkpoint directory")
-        weights = str(Path(weights).resolve())
+    weights = check_weights(weights, Path.cwd(), "--weights") if weights is not None else None
     overrides = {"weights": weights, "device": device, "dtype": dtype, "oracle_dtype": oracle_dtype, "backend": backend}
     res = run_gate(cfg, fault=fault, models=list(models) or None, out=out, use_cache=False if no_cache else None,
                    local=False if no_local_error else None, overrides=overrides, html=html_path is not None,
                    echo=click.echo)
     t0 = time.perf_counter()
-    if junit_path:
-        from .report_junit import write_junit
-
-        write_junit(res.cases, junit_path, name=cfg.name)
-    if html_path:
-        from .report_html import write_html
-
-        write_html(res.cases, html_path, title=cfg.name)
+    write_reports(cases=res.cases, junit_path=junit_path, html_path=html_path, title=cfg.name, name=cfg.name)
     res.timings["report"] = time.perf_counter() - t0
     res.timings["total"] = res.timings.get("total", 0.0) + res.timings["report"]
-    if json_path:
-        import json
-
-        from .result import _finite
-
-        from .storage import write_text_atomic
-
-        write_text_atomic(json_path, json.dumps(_finite(res.as_json()), indent=1) + "\n", "the JSON report")
+    write_reports(report_json=res.as_json() if json_path else None, json_path=json_path)
     if not quiet:
         for c in res.cases:
             if not c.passed and c.report is not None:

@@ -9,6 +9,9 @@ import fnmatch
 from dataclasses import dataclass, field
 from typing import Callable, Sequence
 
+from .errors import BadInput
+from .probes import PROBES
+
 # How the rows of a boundary's tensors map to the picture, used to say what an index means.
 #   "grid":  row r is patch (r // w, r % w) of run.inputs.grid = [h, w]
 #   "merge": rows in 2x2-merge order over run.inputs.grid = [h, w] (Qwen3-VL)
@@ -17,6 +20,10 @@ from typing import Callable, Sequence
 #   "tokens": row r is sequence position r
 #   "plain": no meaning beyond the index
 LAYOUTS = ("grid", "merge", "cells", "merged", "tokens", "plain")
+# How a tensor's two sides are compared: float values within tolerance, exactly equal, or top-k
+# id rows as sets.
+# scores: the key a top-k ranked, kept beside its `.ids` for the tie rule, not judged as values
+MODES = ("values", "exact", "topk-sets", "scores")
 
 
 @dataclass(frozen=True)
@@ -25,11 +32,21 @@ class Boundary:
     inputs: tuple[str, ...] = ()
     meaning: str = ""
     layout: str = "plain"
-    # Semantic probes run on each side alone; they catch a mislabelled tensor.
-    #   "unit-circle": cos^2 + sin^2 == 1 across `<b>.cos` / `<b>.sin`
-    #   "within-unit": every value in [-1, 1]
-    #   "unit-rms": every row has RMS 1 (a norm without an affine weight)
+    # Semantic probes run on each side alone; they catch a mislabelled tensor. Names from
+    # `tensordiff.probes.PROBES`: "unit-circle", "within-unit", "unit-rms".
     probes: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        # refused here, when the contract is built, not on the first comparison that reaches it
+        if self.layout not in LAYOUTS:
+            raise ContractError(f"boundary {self.name!r}: unknown layout {self.layout!r} (known: {', '.join(LAYOUTS)})")
+        for p in self.probes:
+            if p not in PROBES:
+                raise ContractError(f"boundary {self.name!r}: unknown probe {p!r} (known: {', '.join(PROBES)})")
+
+
+class ContractError(BadInput):
+    """A contract that names something tensordiff does not know (a probe, a layout, a mode)."""
 
 
 @dataclass(frozen=True)
@@ -37,7 +54,11 @@ class TensorRule:
     """How tensors whose name matches `pattern` (fnmatch) are compared."""
 
     pattern: str
-    mode: str  # "values" | "exact" | "topk-sets"
+    mode: str  # "values" | "exact" | "topk-sets" | "scores"
+
+    def __post_init__(self) -> None:
+        if self.mode not in MODES:
+            raise ContractError(f"tensor rule {self.pattern!r}: unknown mode {self.mode!r} (known: {', '.join(MODES)})")
 
 
 @dataclass(frozen=True)

@@ -33,6 +33,19 @@ class Entry:
     def dtype(self):
         return self.stored.dtype
 
+    def computed_sha256(self) -> str:
+        """sha256 of the stored elements, read in bounded chunks (compare with `sha256`)."""
+        import hashlib
+
+        h = hashlib.sha256()
+        r = self.stored.reader()
+        try:
+            for s in range(0, self.stored.numel, 1 << 22):
+                h.update(r.read(s, min(self.stored.numel, s + (1 << 22))).tobytes())
+        finally:
+            r.close()
+        return h.hexdigest()
+
 
 @dataclass(frozen=True)
 class Dump:

@@ -18,17 +18,15 @@ file is one line and exit 2, never a half-run gate.
 """
 from __future__ import annotations
 
-import shutil
 import sys
-import tempfile
 import time
 import tomllib
-from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable
 
 from .errors import BadInput
+from .pipeline import STAGES, CaseResult, CaseSpec, check_weights, prepare_out, run_case, workspace  # noqa: F401 (re-exported)
 
 IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".webp", ".bmp", ".gif", ".tif", ".tiff")
 DEFAULT_IMAGE = "tensordiff:default"
@@ -152,12 +150,7 @@ def from_mapping(data: dict, path: Path | None = None, known_models=None) -> Gat
             from .tolerance import load
 
             load(tol_path)  # validate now: a bad tolerance file must not surface after an hour of runs
-        weights = merged["weights"]
-        if not weights.startswith("synthetic:"):
-            wp = _resolve(base, weights)
-            if not wp.is_dir():
-                raise BadInput(f"{w}: weights {weights!r} is neither synthetic:<variant> nor a checkpoint directory ({wp})")
-            weights = str(wp)
+        weights = check_weights(merged["weights"], base, w)
         cases.append(ModelCase(
             name=m["name"], weights=weights, images=expand_images(merged["images"], base, w),
             prompts=tuple(merged["prompts"]), dtype=merged["dtype"], oracle_dtype=merged["oracle_dtype"],
@@ -181,59 +174,6 @@ def load_gate(path: str | Path, known_models=None) -> GateConfig:
 
 
 # ----------------------------------------------------------------------------- running
-
-STAGES = ("weights", "oracle", "engine", "compare", "local_error", "report")
-
-
-@dataclass
-class CaseResult:
-    model: str
-    image: Path
-    prompt: str | None
-    dtype: str
-    label: str
-    report: Any = None  # Report
-    local: Any = None  # LocalReport | None
-    timings: dict[str, float] = field(default_factory=dict)
-    runner_timings: dict[str, dict] = field(default_factory=dict)  # what runners put in run.timings
-    error: str | None = None
-    oracle_cached: bool = False
-    views: list = field(default_factory=list)
-    dumps: dict[str, str] = field(default_factory=dict)
-    geometry: list[str] = field(default_factory=list)  # discrete preprocessing rules this image exercises
-
-    @property
-    def passed(self) -> bool:
-        return (self.report is not None and self.report.verdict == "match"
-                and (self.local is None or self.local.origin is None))
-
-    def summary_line(self) -> str:
-        t = self.timings
-        total = sum(t.values())
-        parts = ", ".join(f"{k} {v:.2f}" for k, v in t.items())
-        timing = f"({total:.2f} s: {parts}{'; oracle cached' if self.oracle_cached else ''})"
-        if self.report is None:
-            return f"ERROR {self.label}: {self.error} {timing}"
-        from .report import headline
-
-        r = self.report
-        local = ""
-        if self.local is not None:
-            local = (f"; local origin `{self.local.origin}`" if self.local.origin
-                     else "; local: every stage within tolerance" if self.local.available else "; local: n/a")
-        if self.passed:
-            return f"PASS  {self.label}: {len(r.boundaries)} boundaries within tolerance{local} {timing}"
-        return f"FAIL  {self.label}: {headline(r)}{local} {timing}"
-
-    def as_json(self) -> dict:
-        return {"model": self.model, "image": str(self.image), "prompt": self.prompt, "dtype": self.dtype,
-                "label": self.label, "passed": self.passed, "error": self.error,
-                "timings": {k: round(v, 4) for k, v in self.timings.items()},
-                "runner_timings": self.runner_timings, "oracle_cached": self.oracle_cached, "dumps": self.dumps,
-                "geometry": self.geometry,
-                "report": self.report.as_json() if self.report is not None else None,
-                "local_error": self.local.as_json() if self.local is not None else None}
-
 
 @dataclass
 class GateResult:
@@ -337,44 +277,6 @@ class _Progress:
             self.p.console.print(line, markup=False, highlight=False)
 
 
-@contextmanager
-def _timed(timings: dict, key: str, prog: _Progress | None = None, label: str = ""):
-    if prog:
-        prog.step(label, key.replace("_", " "))
-    t0 = time.perf_counter()
-    try:
-        yield
-    finally:
-        timings[key] = timings.get(key, 0.0) + time.perf_counter() - t0
-        if prog:
-            prog.done_step()
-
-
-def oracle_dump(adapter, oreq, scratch: Path, use_cache: bool, wrap=None) -> tuple[Path, bool]:
-    """The oracle's dump for `oreq`: from the cache when its key matches, else run (and cache).
-    Returns (directory, cached?). The cached directory is read in place, never modified."""
-    from .runs import oracle_key, run_side
-    from .synthetic import cache_root
-
-    cached = cache_root() / "oracle" / oracle_key(adapter, oreq) if use_cache else None
-    if cached is not None and (cached / "manifest.json").is_file():
-        return cached, True
-    target = cached.with_name(cached.name + f".tmp-{id(oreq)}") if cached is not None else scratch
-    shutil.rmtree(target, ignore_errors=True)
-    if wrap is not None:
-        with wrap():
-            run_side(adapter, "oracle", oreq, target)
-    else:
-        run_side(adapter, "oracle", oreq, target)
-    if cached is None:
-        return target, False
-    try:
-        target.rename(cached)
-    except OSError:  # another process cached it first: theirs is as good
-        shutil.rmtree(target, ignore_errors=True)
-    return cached, False
-
-
 def _label(model: str, image: Path, prompt: str | None, dtype: str, base: Path | None, fault: str | None) -> str:
     from .inputs import default_image_path
 
@@ -399,10 +301,6 @@ def run_gate(cfg: GateConfig, *, fault: str | None = None, models: list[str] | N
     """Run every case. `overrides` replaces ModelCase fields (device, dtype, weights, backend);
     `fault` plants a named engine fault in every model that has it; `html` computes heatmaps."""
     from . import registry
-    from .compare import compare_dumps
-    from .dump import open_dump
-    from .local_error import local_error, unavailable
-    from .runs import make_request, run_side
     from .tolerance import load as load_tolerances
 
     t_start = time.perf_counter()
@@ -415,16 +313,13 @@ def run_gate(cfg: GateConfig, *, fault: str | None = None, models: list[str] | N
                            f"(it has: {', '.join(m.name for m in cfg.models)})")
     if overrides:
         mcs = [replace(m, **{k: v for k, v in overrides.items() if v is not None}) for m in mcs]
-    adapters = {m.name: registry.adapter(m.name) for m in mcs}
+    adapters = {m.name: registry.adapter(m.name) for m in mcs}  # looked up once, used by every case
     if fault is not None:
         having = [n for n, a in adapters.items() if any(f.name == fault for f in a.faults)]
         if not having:
             known = sorted({f.name for a in adapters.values() for f in a.faults})
             raise BadInput(f"no model in this gate has a fault {fault!r} (known: {', '.join(known) or 'none'})")
-    if out is not None:
-        out = Path(out)
-        if out.exists() and any(out.iterdir()):
-            raise BadInput(f"{out} exists and is not empty; refusing to overwrite dumps there")
+    out = prepare_out(out)
     plan = [(m, img, pr) for m in mcs for img in m.images for pr in (m.prompts or (None,))]
     t0 = time.perf_counter()
     for a in adapters.values():  # import both sides (torch, model code) once, outside the per-case clocks
@@ -432,63 +327,29 @@ def run_gate(cfg: GateConfig, *, fault: str | None = None, models: list[str] | N
     setup = time.perf_counter() - t0
     echo = echo or (lambda s: print(s, flush=True))
     show = sys.stderr.isatty() if progress is None else progress
-    tmp = Path(tempfile.mkdtemp(prefix="tensordiff-gate-"))
     results: list[CaseResult] = []
     base = cfg.path.parent if cfg.path else None
-    try:
-        with _Progress(len(plan), show, steps=len(STAGES) - (0 if html else 1)) as prog:
-            for i, (m, img, prompt) in enumerate(plan):
-                adapter = adapters[m.name]
-                f = fault if fault and any(x.name == fault for x in adapter.faults) else None
-                dt = m.dtype if m.oracle_dtype in (None, m.dtype) else f"{m.dtype} (oracle {m.oracle_dtype})"
-                label = _label(m.name, img, prompt, dt, base, f)
-                prog.case(label)
-                case = CaseResult(m.name, img, prompt, m.dtype, label)
-                results.append(case)
-                work = (out / f"case-{i:03d}") if out is not None else tmp / f"case-{i:03d}"
-                work.mkdir(parents=True, exist_ok=True)
-                tols = load_tolerances(m.tolerances) if m.tolerances else load_tolerances(None)
-                with _timed(case.timings, "weights", prog, label):
-                    _, req = make_request(m.name, image=img, weights=m.weights, device=m.device, dtype=m.dtype,
-                                          backend=m.backend, fault=f, prompt=prompt, chunk=m.chunk, decode=m.decode)
-                oreq = replace(req, fault=None, backend="torch", chunk=None, dtype=m.oracle_dtype or m.dtype)
-                with _timed(case.timings, "oracle", prog, label):
-                    odir, case.oracle_cached = oracle_dump(adapter, oreq, work / "oracle", use_cache)
-                if out is not None and odir != work / "oracle":
-                    shutil.copytree(odir, work / "oracle")
-                with _timed(case.timings, "engine", prog, label):
-                    edir = run_side(adapter, "engine", req, work / "engine")
-                case.dumps = {"oracle": str(odir), "engine": str(edir)}
-                if adapter.geometry:
-                    from .geometry import exercised
-
-                    case.geometry = exercised(adapter.geometry, open_dump(odir))
-                with _timed(case.timings, "compare", prog, label):
-                    case.report = compare_dumps(odir, edir, tols)
-                do_local = m.local_error if local is None else local
-                if do_local:
-                    with _timed(case.timings, "local_error", prog, label):
-                        case.local = (local_error(adapter, req, odir, case.report, tols, work)
-                                      if adapter.stages is not None else unavailable(adapter.name))
-                else:
-                    prog.done_step()
-                if html:
-                    from .report_html import heat_views
-
-                    with _timed(case.timings, "report", prog, label):
-                        case.views = heat_views(case.report, open_dump(odir))
-                for side, d in (("oracle", odir), ("engine", edir)):
-                    if side == "oracle" and case.oracle_cached:
-                        continue  # a cached dump's timings are another run's
-                    rt = open_dump(d).run.get("timings")
-                    if isinstance(rt, dict):
-                        case.runner_timings[side] = rt
-                prog.done_case()
-                line = case.summary_line()
-                prog.log(line) if prog.p else echo(line)
-    finally:
-        if out is None:
-            shutil.rmtree(tmp, ignore_errors=True)
+    tols = {m.tolerances: load_tolerances(m.tolerances) for m in mcs}  # each file read once
+    with workspace(out, "tensordiff-gate-") as (root, kept), \
+            _Progress(len(plan), show, steps=len(STAGES) - (0 if html else 1)) as prog:
+        for i, (m, img, prompt) in enumerate(plan):
+            adapter = adapters[m.name]
+            f = fault if fault and any(x.name == fault for x in adapter.faults) else None
+            dt = m.dtype if m.oracle_dtype in (None, m.dtype) else f"{m.dtype} (oracle {m.oracle_dtype})"
+            label = _label(m.name, img, prompt, dt, base, f)
+            prog.case(label)
+            work = root / f"case-{i:03d}"
+            work.mkdir(parents=True, exist_ok=True)
+            spec = CaseSpec(m.name, image=img, weights=m.weights, device=m.device, dtype=m.dtype,
+                            oracle_dtype=m.oracle_dtype, backend=m.backend, fault=f, prompt=prompt, chunk=m.chunk,
+                            decode=m.decode)
+            case = run_case(spec, work, kept=kept, tolerances=tols[m.tolerances], use_cache=use_cache,
+                            local=m.local_error if local is None else local, views=html, label=label, prog=prog,
+                            adapter=adapter)
+            results.append(case)
+            prog.done_case()
+            line = case.summary_line()
+            prog.log(line) if prog.p else echo(line)
     return GateResult(cfg, results, {"setup": setup, "total": time.perf_counter() - t_start})
 
 

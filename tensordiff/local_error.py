@@ -27,12 +27,11 @@ import traceback
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from . import ties
 from .capture import Recorder
-from .compare import compare_tensor
 from .contract import Contract, ancestors, topological
 from .dump import Dump, open_dump
 from .errors import BadInput
+from .judge import Judge
 from .result import Report, TensorResult, _finite
 from .tolerance import Tolerances
 
@@ -143,18 +142,23 @@ def _to_torch(d: Dump, entry):
     return torch.from_numpy(raw.copy())
 
 
-def local_error(adapter, req, oracle_dir: str | Path, report: Report, tolerances: Tolerances, workdir: str | Path,
-                make_stages=None) -> LocalReport:
+def local_error(adapter, req, oracle_dir: str | Path, report: Report, tolerances: Judge | Tolerances | None,
+                workdir: str | Path, make_stages=None) -> LocalReport:
     """Run each engine stage on the oracle's tensors and compare with the oracle's outputs.
 
     `report` is the end-to-end report of the same case (for the side-by-side and the boundaries
-    present); `workdir` receives the local dump (`<workdir>/local`)."""
+    present); `workdir` receives the local dump (`<workdir>/local`). `tolerances` is the
+    end-to-end route's `Judge` (the pipeline passes it), or the user's tolerances, from which the
+    same judge is built: the adapter's contract, and the compute dtypes of the oracle's run and
+    of the engine's request, exactly as `compare_dumps` builds it from the two dumps."""
     if make_stages is None:
         if adapter.stages is None:
             return unavailable(adapter.name)
         make_stages = adapter.stages()
     od = open_dump(oracle_dir)
     contract = adapter.contract
+    judge = tolerances if isinstance(tolerances, Judge) else Judge.build(
+        contract, tolerances, run_dtypes=(od.run.get("dtype"), req.dtype))
     bounds = topological(contract.resolve(list(_by_boundary(od, contract))))
     present = {b.name for b in report.boundaries}
     e2e = {b.name: b.status for b in report.boundaries}
@@ -220,21 +224,9 @@ def local_error(adapter, req, oracle_dir: str | Path, report: Report, tolerances
             continue
         want = {e.name: e for e in ents.get(lr.boundary, [])}
         got = {n: ld.entry(n) for n in produced[lr.boundary]}
-        for name, ea in want.items():
-            if name not in got:
-                lr.tensors.append(TensorResult(name, lr.boundary, "missing", reason="the stage did not return it"))
-                continue
-            lr.tensors.append(compare_tensor(ea, got[name], by[lr.boundary], contract, tolerances, run,
-                                             run_dtypes=run_dtypes))
-        for name in got:
-            if name not in want:
-                lr.tensors.append(TensorResult(name, lr.boundary, "missing", reason="not in the oracle dump"))
-        b = by[lr.boundary]
-        ties.settle(lr.tensors, want, got, b.layout, run, lambda unit, b=b: tolerances.for_(b.name, unit))
-        for s in ("incomparable", "missing", "diverged", "benign"):
-            bad = [t for t in lr.tensors if t.status == s]
-            if bad:
-                lr.status = s
-                lr.reason = "; ".join(f"{t.name}: {t.reason}" for t in bad)
-                break
+        br = judge.boundary(by[lr.boundary], want, got, run,
+                            missing=("not in the oracle dump", "the stage did not return it"))
+        lr.tensors = br.tensors
+        if br.status != "match":
+            lr.status, lr.reason = br.status, br.reason
     return LocalReport(True, results, earliest_end_to_end=report.earliest)

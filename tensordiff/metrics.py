@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import math
 import threading
+from collections.abc import Mapping
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -28,6 +30,82 @@ _F32_EXP = 0x7F800000
 _F64_EXP = 0x7FF0000000000000
 _MIN_EXP = {"float64": -1022, "float32": -126, "float16": -14, "bfloat16": -126}
 _NUMPY_STEP = 1 << 18  # the numpy path's work arrays stay cache-sized whatever the chunk
+
+
+class MetricResult(Mapping):
+    """A tensor's metrics, typed. `as_json()` is the report's dict (keys stable); the same keys
+    read as a mapping (`m["max_abs"]`), so a report or script written against the dict form works."""
+
+    def as_json(self) -> dict:
+        raise NotImplementedError
+
+    def __getitem__(self, key: str):
+        return self.as_json()[key]
+
+    def __iter__(self):
+        return iter(self.as_json())
+
+    def __len__(self) -> int:
+        return len(self.as_json())
+
+
+@dataclass(frozen=True, eq=False)
+class FloatResult(MetricResult):
+    numel: int
+    max_abs: float  # inf when NaN/Inf appear on one side only
+    mean_abs: float
+    max_rel: float
+    rmse: float
+    cosine: float
+    sqnr_db: float
+    ulp_p50: float
+    ulp_p99: float
+    ulp_max: float
+    ulp_unit: str  # the dtype whose spacing a ULP is
+    mismatch_fraction: float
+    mismatches: int  # elements outside atol + rtol*|a|, plus one-sided NaN/Inf
+    nan: tuple[int, int]  # (A, B)
+    inf: tuple[int, int]
+    nonfinite_mismatch: int
+    range: tuple[tuple[float, float], tuple[float, float]]  # ((min A, max A), (min B, max B))
+
+    def as_json(self) -> dict:
+        return {"numel": self.numel, "max_abs": self.max_abs, "mean_abs": self.mean_abs, "max_rel": self.max_rel,
+                "rmse": self.rmse, "cosine": self.cosine, "sqnr_db": self.sqnr_db, "ulp_p50": self.ulp_p50,
+                "ulp_p99": self.ulp_p99, "ulp_max": self.ulp_max, "ulp_unit": self.ulp_unit,
+                "mismatch_fraction": self.mismatch_fraction, "mismatches": self.mismatches,
+                "nan": {"a": self.nan[0], "b": self.nan[1]}, "inf": {"a": self.inf[0], "b": self.inf[1]},
+                "nonfinite_mismatch": self.nonfinite_mismatch,
+                "range": {"a": list(self.range[0]), "b": list(self.range[1])}}
+
+
+@dataclass(frozen=True, eq=False)
+class ExactResult(MetricResult):
+    numel: int
+    mismatches: int
+    mismatch_fraction: float
+    max_abs: int
+
+    def as_json(self) -> dict:
+        return {"numel": self.numel, "mismatches": self.mismatches, "mismatch_fraction": self.mismatch_fraction,
+                "max_abs": self.max_abs}
+
+
+@dataclass(frozen=True, eq=False)
+class TopKResult(MetricResult):
+    rows: int
+    rows_differ: int
+    row_agreement: float
+    mean_overlap: float
+    mismatch_fraction: float
+    ties: dict | None = None  # the tie rule's verdict on the differing rows (`tensordiff.ties`)
+
+    def as_json(self) -> dict:
+        out = {"rows": self.rows, "rows_differ": self.rows_differ, "row_agreement": self.row_agreement,
+               "mean_overlap": self.mean_overlap, "mismatch_fraction": self.mismatch_fraction}
+        if self.ties is not None:
+            out["ties"] = self.ties
+        return out
 
 
 def _ulp_bins(u: np.ndarray) -> np.ndarray:
@@ -318,7 +396,7 @@ class FloatMetrics:
         b = int(np.searchsorted(c, math.ceil(q * total)))
         return min(_bin_upper(b), float(self.D[_ULP_MAX])) if b > 0 or hist[0] < total else 0.0
 
-    def result(self) -> dict:
+    def result(self) -> FloatResult:
         I, D = self.I, self.D
         sum_sq_a, sum_sq_b, sum_sq_err = float(D[_SUM_SQ_A]), float(D[_SUM_SQ_B]), float(D[_SUM_SQ_ERR])
         na, nb = math.sqrt(sum_sq_a), math.sqrt(sum_sq_b)
@@ -338,25 +416,13 @@ class FloatMetrics:
         if self.khist is not None:
             per_key = self.khist.reshape(_NSUB, _HSTRIDE)[:, :_NKEYS].sum(axis=0)
             hist = hist + np.bincount(_LUT, weights=per_key, minlength=_NBINS).astype(np.int64)
-        return {
-            "numel": n,
-            "max_abs": self.max_abs,
-            "mean_abs": float(D[_SUM_ABS]) / f,
-            "max_rel": float(D[_MAX_REL]),
-            "rmse": math.sqrt(sum_sq_err / f),
-            "cosine": cos,
-            "sqnr_db": sqnr,
-            "ulp_p50": self._percentile(hist, 0.5),
-            "ulp_p99": self._percentile(hist, 0.99),
-            "ulp_max": float(D[_ULP_MAX]),
-            "ulp_unit": self.unit.name,
-            "mismatch_fraction": bad / max(n, 1),
-            "mismatches": bad,
-            "nan": {"a": int(I[_NAN_A]), "b": int(I[_NAN_B])},
-            "inf": {"a": int(I[_INF_A]), "b": int(I[_INF_B])},
-            "nonfinite_mismatch": int(I[_MISMATCH]),
-            "range": {"a": [float(D[_MIN_A]), float(D[_MAX_A])], "b": [float(D[_MIN_B]), float(D[_MAX_B])]},
-        }
+        return FloatResult(
+            numel=n, max_abs=self.max_abs, mean_abs=float(D[_SUM_ABS]) / f, max_rel=float(D[_MAX_REL]),
+            rmse=math.sqrt(sum_sq_err / f), cosine=cos, sqnr_db=sqnr, ulp_p50=self._percentile(hist, 0.5),
+            ulp_p99=self._percentile(hist, 0.99), ulp_max=float(D[_ULP_MAX]), ulp_unit=self.unit.name,
+            mismatch_fraction=bad / max(n, 1), mismatches=bad, nan=(int(I[_NAN_A]), int(I[_NAN_B])),
+            inf=(int(I[_INF_A]), int(I[_INF_B])), nonfinite_mismatch=int(I[_MISMATCH]),
+            range=((float(D[_MIN_A]), float(D[_MAX_A])), (float(D[_MIN_B]), float(D[_MAX_B]))))
 
     def verdict(self) -> tuple[bool, str]:
         r = self.result()
@@ -365,11 +431,11 @@ class FloatMetrics:
         if I[_MISMATCH]:
             return True, (f"NaN/Inf on one side only ({I[_MISMATCH]} elements; A nan={I[_NAN_A]} inf={I[_INF_A]}, "
                           f"B nan={I[_NAN_B]} inf={I[_INF_B]})")
-        if r["mismatch_fraction"] > t.max_mismatch:
-            return True, (f"{r['mismatches']} of {r['numel']} elements ({100 * r['mismatch_fraction']:.3g}%) outside "
-                          f"atol={t.atol:g} rtol={t.rtol:g} (allowed {100 * t.max_mismatch:.3g}%); max abs {r['max_abs']:.4g}")
-        if t.min_cosine is not None and r["cosine"] < t.min_cosine:
-            return True, f"cosine {r['cosine']:.6f} < {t.min_cosine:g}"
+        if r.mismatch_fraction > t.max_mismatch:
+            return True, (f"{r.mismatches} of {r.numel} elements ({100 * r.mismatch_fraction:.3g}%) outside "
+                          f"atol={t.atol:g} rtol={t.rtol:g} (allowed {100 * t.max_mismatch:.3g}%); max abs {r.max_abs:.4g}")
+        if t.min_cosine is not None and r.cosine < t.min_cosine:
+            return True, f"cosine {r.cosine:.6f} < {t.min_cosine:g}"
         return False, ""
 
 
@@ -407,9 +473,9 @@ class ExactMetrics:
     def worst(self) -> int:
         return self.first
 
-    def result(self) -> dict:
-        return {"numel": self.n, "mismatches": self.diff, "mismatch_fraction": self.diff / max(self.n, 1),
-                "max_abs": self.max_abs}
+    def result(self) -> ExactResult:
+        return ExactResult(numel=self.n, mismatches=self.diff, mismatch_fraction=self.diff / max(self.n, 1),
+                           max_abs=self.max_abs)
 
     def verdict(self) -> tuple[bool, str]:
         if self.diff:
@@ -456,11 +522,10 @@ class TopKSetMetrics:
     def worst(self) -> int:
         return self.first
 
-    def result(self) -> dict:
-        return {"rows": self.rows, "rows_differ": self.diff_rows,
-                "row_agreement": 1 - self.diff_rows / max(self.rows, 1),
-                "mean_overlap": self.overlap / max(self.rows * self.k, 1),
-                "mismatch_fraction": self.diff_rows / max(self.rows, 1)}
+    def result(self) -> TopKResult:
+        return TopKResult(rows=self.rows, rows_differ=self.diff_rows, row_agreement=1 - self.diff_rows / max(self.rows, 1),
+                          mean_overlap=self.overlap / max(self.rows * self.k, 1),
+                          mismatch_fraction=self.diff_rows / max(self.rows, 1))
 
     def verdict(self) -> tuple[bool, str]:
         frac = self.diff_rows / max(self.rows, 1)

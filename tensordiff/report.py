@@ -26,26 +26,29 @@ def _g(x, fmt=".3g") -> str:
 
 
 def tensor_summary(t: TensorResult) -> str:
+    from .metrics import ExactResult, FloatResult, TopKResult
+
     m = t.metrics
     if t.status in ("missing", "incomparable"):
         return t.reason
-    if "cosine" in m:
-        s = (f"max|Δ| {_g(m['max_abs'])}  mean|Δ| {_g(m['mean_abs'])}  cos {m['cosine']:.6f}  "
-             f"SQNR {_g(m['sqnr_db'], '.1f')} dB  ULP p50/p99/max {_g(m['ulp_p50'])}/{_g(m['ulp_p99'])}/{_g(m['ulp_max'])}"
-             f" ({m['ulp_unit']})  outside {100 * m['mismatch_fraction']:.3g}%")
+    if isinstance(m, FloatResult):
+        s = (f"max|Δ| {_g(m.max_abs)}  mean|Δ| {_g(m.mean_abs)}  cos {m.cosine:.6f}  "
+             f"SQNR {_g(m.sqnr_db, '.1f')} dB  ULP p50/p99/max {_g(m.ulp_p50)}/{_g(m.ulp_p99)}/{_g(m.ulp_max)}"
+             f" ({m.ulp_unit})  outside {100 * m.mismatch_fraction:.3g}%")
         floor = t.tolerance.get("floor")
         if floor:
-            s += f"  = {m['max_abs'] / floor:.3g}× floor"
+            s += f"  = {m.max_abs / floor:.3g}× floor"
         return s
-    if "rows_differ" in m:
-        out = f"{m['rows_differ']}/{m['rows']} rows differ as sets, overlap {m['mean_overlap']:.3f}"
-        ties = m.get("ties")
-        if ties:
-            out += f"; {ties['benign']} near-ties (largest benign margin {_g(ties['max_benign_margin'])})"
+    if isinstance(m, TopKResult):
+        out = f"{m.rows_differ}/{m.rows} rows differ as sets, overlap {m.mean_overlap:.3f}"
+        if m.ties:
+            out += f"; {m.ties['benign']} near-ties (largest benign margin {_g(m.ties['max_benign_margin'])})"
         return out
+    if isinstance(m, ExactResult):
+        return f"{m.mismatches}/{m.numel} elements differ"
     if t.mode == "scores":
         return t.reason
-    return f"{m.get('mismatches', 0)}/{m.get('numel', 0)} elements differ"
+    return "0/0 elements differ"
 
 
 def _dtype_note(t: TensorResult) -> str:

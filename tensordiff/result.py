@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from typing import Any
 
 # benign: a top-k choice flipped only on near-ties (`ties`); cascade: diverged end to end, fed only
 # by such a flip (information: the stage is judged by local error). Neither fails a run.
@@ -21,7 +22,7 @@ class TensorResult:
     mode: str = "values"
     dtype: dict = field(default_factory=dict)  # {"a": .., "b": .., "unit": ..}
     shape: dict = field(default_factory=dict)
-    metrics: dict = field(default_factory=dict)
+    metrics: Any = field(default_factory=dict)  # a metrics.MetricResult ({} when not compared)
     tolerance: dict = field(default_factory=dict)
     worst: dict | None = None  # {"index": [...], "meaning": "...", "a": .., "b": ..}
     row_error: list | None = None  # max |a-b| per leading row (for heatmaps)
@@ -32,8 +33,13 @@ class TensorResult:
 
     def as_json(self) -> dict:
         d = {k: getattr(self, k) for k in ("name", "boundary", "status", "reason", "mode", "dtype", "shape",
-                                             "metrics", "tolerance", "worst", "probes")}
+                                             "tolerance", "worst", "probes")}
+        d["metrics"] = self.metrics_json()
         return _finite(d)
+
+    def metrics_json(self) -> dict:
+        m = self.metrics
+        return m.as_json() if hasattr(m, "as_json") else dict(m)
 
 
 @dataclass
@@ -61,7 +67,7 @@ class BoundaryResult:
         metrics = {}
         tol = {}
         for t in self.tensors:
-            metrics[t.name] = t.metrics
+            metrics[t.name] = t.metrics_json()
             tol[t.name] = t.tolerance
         return _finite({"name": self.name, "status": self.status, "root": self.root, "inputs": self.inputs,
                         "reason": self.reason, "meaning": self.meaning, "metrics": metrics, "tolerance": tol,

@@ -26,7 +26,7 @@ candidate's, so how close a tie must be is set by the oracle's own rounding.
 """
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 
 import numpy as np
 
@@ -148,9 +148,10 @@ def settle(tensors: list[TensorResult], ents_a: dict[str, Entry], ents_b: dict[s
                              None if fa is None else fa[j])
             flips.append(Flip(**{**asdict(f), "meaning": describe(layout, (int(r),), run)}))
         bad = [f for f in flips if not f.benign]
-        t.metrics["ties"] = {"rows_differ": len(flips), "benign": len(flips) - len(bad),
-                             "max_benign_margin": max((f.margin for f in flips if f.benign), default=0.0),
-                             "flips": [f.as_json() for f in (bad + [f for f in flips if f.benign])[:SHOWN]]}
+        t.metrics = replace(t.metrics, ties={
+            "rows_differ": len(flips), "benign": len(flips) - len(bad),
+            "max_benign_margin": max((f.margin for f in flips if f.benign), default=0.0),
+            "flips": [f.as_json() for f in (bad + [f for f in flips if f.benign])[:SHOWN]]})
         if bad:
             f = bad[0]
             t.reason = (f"{len(bad)} of {len(flips)} differing rows are not near-ties; row {f.row}"

@@ -9,7 +9,6 @@ to prefer on CUDA (see `engine.runtime.attention.KERNELS`).
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import time
 from pathlib import Path
 
@@ -96,12 +95,6 @@ class VisionEngine:
         return image_span(position, aligned, self.markers, plan.cells)
 
 
-def versions() -> dict:
-    import PIL
-
-    return {"torch": torch.__version__, "pillow": PIL.__version__}
-
-
 def run(req, rec) -> None:
     if req.weights_dir is None or req.image is None:
         raise EngineInputError("the DeepSeek V4.1 Flash engine needs a weights directory and an image")
@@ -113,13 +106,9 @@ def run(req, rec) -> None:
                        fault=req.fault, attention_prefer=prefer)
     t1 = time.perf_counter()
     plan, patches = eng.preprocess(req.image)
-    data = Path(req.image).read_bytes()
-    rec.update_run(
-        inputs={"image": {"sha256": hashlib.sha256(data).hexdigest(), "size": list(plan.source),
-                          "mode": _mode(req.image)},
-                "grid": list(plan.grid), "cells": list(plan.cells), "span": plan.span},
-        dtype=req.dtype, device=req.device, weights=W.fingerprint(req.weights_dir), versions=versions(),
-        fault=req.fault, backend=eng.backend.name)
+    # model facts only: the core writes the provenance (weights, versions, the image) itself
+    rec.update_run(inputs={"grid": list(plan.grid), "cells": list(plan.cells), "span": plan.span},
+                   backend=eng.backend.name)
     if req.taps and getattr(rec, "enabled", True):
         for name, t in plan.record().items():
             rec.record(name, t, boundary="plan")
@@ -139,10 +128,3 @@ def run(req, rec) -> None:
         rec.update_run(outputs={"generated": facts["generated"], "stop": facts["stop"]},
                        language={"prompt_tokens": facts["prompt_tokens"], "span_start": facts["span_start"],
                                  "vision_calls": facts["vision_calls"]})
-
-
-def _mode(path) -> str:
-    from PIL import Image
-
-    with Image.open(path) as im:
-        return im.mode

@@ -1,11 +1,8 @@
 """Lazy checkpoint reads for the engine: only the named tensors, through the safetensors index.
-
-`fingerprint` hashes config.json and the index (the same formula the oracle uses, written
-down in the dump format notes), so both sides' dumps name the same weights.
+(The weights' content identity is the core's: `tensordiff.provenance.weights_fingerprint`.)
 """
 from __future__ import annotations
 
-import hashlib
 import json
 from collections import defaultdict
 from pathlib import Path
@@ -54,17 +51,3 @@ def read(root: str | Path, names: list[str], device="cpu") -> dict[str, torch.Te
         except Exception as e:  # safetensors raises its own error types for a bad file or key
             raise EngineInputError(f"cannot read {keys[0]} from {root / shard}: {e}") from None
     return out
-
-
-def fingerprint(root: str | Path) -> str:
-    root = Path(root)
-    h = hashlib.sha256()
-    for name in ("config.json", INDEX):
-        h.update(name.encode() + b"\0")
-        p = root / name
-        h.update(p.read_bytes() if p.is_file() else b"")
-    lone = root / "model.safetensors"
-    if not (root / INDEX).is_file() and lone.is_file():
-        with open(lone, "rb") as f:
-            h.update(f.read(int.from_bytes(f.read(8), "little")))
-    return "sha256:" + h.hexdigest()

@@ -1,10 +1,8 @@
 """The engine's Qwen3-VL run: picture -> vision tower boundaries, prompt -> M-RoPE positions."""
 from __future__ import annotations
 
-import hashlib
 from pathlib import Path
 
-import PIL
 import torch
 
 from .. import backend as backends
@@ -14,7 +12,7 @@ from .config import load_config
 from .positions import decode_positions, mrope_positions, tokenize
 from .preprocess import decode, default_processor, preprocess
 from .vision import VisionTower
-from .weights import fingerprint, load_visual
+from .weights import load_visual
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -59,17 +57,10 @@ def run(req, rec) -> None:
     if req.decode:
         rec.record("positions.decode", decode_positions(prompt.input_ids.shape[0], req.decode, carried))
 
-    prior = getattr(rec, "run", None) or {}  # keep what the caller already wrote
+    # model facts only: the core writes the provenance (weights, versions, the image) itself
     inputs = {
-        "image": {"sha256": hashlib.sha256(Path(req.image).read_bytes()).hexdigest(),
-                  "width": img.shape[1], "height": img.shape[0]},
         "resized": [px.plan.resized_height, px.plan.resized_width],
         "grid": list(px.plan.grid), "cells": list(px.plan.cells), "grid_thw": list(grid_thw),
         "processor": processor, "prompt": req.prompt, "tokens": int(prompt.input_ids.shape[0]), "decode": req.decode,
     }
-    rec.update_run(
-        inputs={**(prior.get("inputs") or {}), **inputs},
-        weights=fingerprint(req.weights_dir),
-        versions={**(prior.get("versions") or {}), "torch": torch.__version__, "pillow": PIL.__version__},
-        dtype=req.dtype, device=req.device, backend=req.backend, fault=fault,
-    )
+    rec.update_run(inputs=inputs, fault=fault)

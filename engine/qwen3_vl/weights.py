@@ -1,7 +1,6 @@
 """Loading the tower's `model.visual.*` tensors from a checkpoint directory (sharded or not)."""
 from __future__ import annotations
 
-import hashlib
 import json
 from pathlib import Path
 
@@ -50,19 +49,3 @@ def load_visual(ckpt: Path, dtype: torch.dtype, device: str = "cpu") -> dict[str
             for k in keys:
                 out[k[len(PREFIX):]] = f.get_tensor(k).to(device=device, dtype=dtype)
     return out
-
-
-def fingerprint(ckpt: Path) -> str:
-    """sha256 over config.json, preprocessor_config.json and the shards holding the tower."""
-    ckpt = Path(ckpt)
-    h = hashlib.sha256()
-    names = ["config.json", "preprocessor_config.json"] + sorted(set(shard_files(ckpt).values()))
-    for name in names:
-        p = ckpt / name
-        if not p.exists():
-            continue
-        h.update(name.encode() + b"\0")
-        with open(p, "rb") as f:
-            for block in iter(lambda: f.read(1 << 20), b""):
-                h.update(block)
-    return h.hexdigest()

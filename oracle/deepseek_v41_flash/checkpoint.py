@@ -5,7 +5,6 @@ only the names asked for are read (safetensors' `safe_open` maps the file and sl
 """
 from __future__ import annotations
 
-import hashlib
 import json
 from contextlib import contextmanager
 from pathlib import Path
@@ -57,22 +56,6 @@ def load_tensors(checkpoint: str | Path, names: list[str]) -> dict[str, torch.Te
                     raise BadInput(f"shard {path} lacks {k}, which the index places there")
                 out[k] = f.get_tensor(k)
     return out
-
-
-def fingerprint(checkpoint: str | Path) -> str:
-    """sha256 of config.json and the index (or the lone shard's header): cheap, and the same
-    formula on both sides, so two dumps from one checkpoint carry one fingerprint."""
-    checkpoint = Path(checkpoint)
-    h = hashlib.sha256()
-    for name in ("config.json", INDEX):
-        p = checkpoint / name
-        h.update(name.encode() + b"\0")
-        h.update(p.read_bytes() if p.is_file() else b"")
-    if not (checkpoint / INDEX).is_file() and (checkpoint / SINGLE).is_file():
-        with open(checkpoint / SINGLE, "rb") as f:
-            n = int.from_bytes(f.read(8), "little")
-            h.update(f.read(n))
-    return "sha256:" + h.hexdigest()
 
 
 @contextmanager

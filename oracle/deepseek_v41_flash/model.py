@@ -684,7 +684,6 @@ def run(req, rec) -> None:
     (`req.options["image_rows"]` [cells_h*cells_w, dim], `req.options["cells"]`)."""
     import hashlib
 
-    from .checkpoint import fingerprint
     from .config import ModelArgs
 
     if req.weights_dir is None:
@@ -704,6 +703,4 @@ def run(req, rec) -> None:
                                         "prompt_tokens": facts["prompt_tokens"],
                                         "input_ids_sha256": hashlib.sha256(ids.numpy().tobytes()).hexdigest(),
                                         "span_start": facts["span_start"]}},
-                   outputs={"generated": facts["generated"], "stop": facts["stop"]},
-                   dtype=req.dtype, device=req.device, weights=fingerprint(req.weights_dir),
-                   versions={"torch": torch.__version__})
+                   outputs={"generated": facts["generated"], "stop": facts["stop"]})

@@ -8,7 +8,6 @@ actually received), `block0` [N, D], `final_norm` [N, D], `aligner` [T, dim].
 """
 from __future__ import annotations
 
-import hashlib
 import time
 import warnings
 from pathlib import Path
@@ -18,7 +17,7 @@ from torch import nn
 
 from tensordiff.errors import BadInput
 
-from .checkpoint import default_dtype, fingerprint, load_into
+from .checkpoint import default_dtype, load_into
 from .config import ModelArgs
 from .image_processor import load_image, num_image_tokens, plan_record
 from .vision import Aligner, ViT
@@ -75,19 +74,6 @@ def tap(model: VisionModel, rec) -> list:
     ]
 
 
-def image_facts(path: Path) -> dict:
-    from PIL import Image
-
-    data = Path(path).read_bytes()
-    with Image.open(path) as im:
-        return {"sha256": hashlib.sha256(data).hexdigest(), "size": [im.width, im.height], "mode": im.mode}
-
-
-def versions() -> dict:
-    import PIL
-
-    return {"torch": torch.__version__, "pillow": PIL.__version__}
-
 
 def run(req, rec) -> None:
     if req.weights_dir is None or req.image is None:
@@ -103,10 +89,9 @@ def run(req, rec) -> None:
     t1 = time.perf_counter()
 
     patches, n_vit_h, n_vit_w, n_llm_h, n_llm_w = load_image(req.image, args)
-    rec.update_run(
-        inputs={"image": image_facts(req.image), "grid": [n_vit_h, n_vit_w], "cells": [n_llm_h, n_llm_w],
-                "span": num_image_tokens(n_llm_h, n_llm_w)},
-        dtype=req.dtype, device=req.device, weights=fingerprint(checkpoint), versions=versions())
+    # model facts only: the core writes the provenance (weights, versions, the image) itself
+    rec.update_run(inputs={"grid": [n_vit_h, n_vit_w], "cells": [n_llm_h, n_llm_w],
+                           "span": num_image_tokens(n_llm_h, n_llm_w)})
     if getattr(rec, "enabled", True):
         for name, t in plan_record(req.image, args).items():
             rec.record(name, t, boundary="plan")

@@ -1,7 +1,6 @@
 """transformers' Qwen3VLVisionModel with a checkpoint's `model.visual.*` weights."""
 from __future__ import annotations
 
-import hashlib
 import json
 from pathlib import Path
 
@@ -59,19 +58,3 @@ def build(cfg, ckpt: Path, dtype: torch.dtype, device: str = "cpu", attn: str = 
     for name, buf in model.named_buffers():
         assert buf.device.type != "meta", f"buffer {name} was not materialised"
     return model.to(device=device).eval()
-
-
-def fingerprint(ckpt: Path) -> str:
-    """sha256 over config.json, preprocessor_config.json and the shards holding the tower
-    (the same definition the engine uses, so both dumps carry one fingerprint)."""
-    ckpt = Path(ckpt)
-    h = hashlib.sha256()
-    for name in ["config.json", "preprocessor_config.json"] + sorted(set(visual_shards(ckpt).values())):
-        p = ckpt / name
-        if not p.exists():
-            continue
-        h.update(name.encode() + b"\0")
-        with open(p, "rb") as f:
-            for block in iter(lambda: f.read(1 << 20), b""):
-                h.update(block)
-    return h.hexdigest()

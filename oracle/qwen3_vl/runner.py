@@ -3,7 +3,6 @@ get_rope_index for the positions. Nothing of transformers is re-typed here."""
 from __future__ import annotations
 
 import contextlib
-import hashlib
 from pathlib import Path
 
 import torch
@@ -38,9 +37,6 @@ def _exact_fp32(dtype):
 
 
 def run(req, rec) -> None:
-    import PIL
-    import transformers
-
     if req.weights_dir is None or req.image is None:
         raise BadInput("qwen3-vl needs a checkpoint directory and an image")
     if req.dtype not in DTYPES:
@@ -85,24 +81,10 @@ def run(req, rec) -> None:
 
     t, gh, gw = (int(v) for v in grid_thw[0])
     m, patch = cfg.vision_config.spatial_merge_size, cfg.vision_config.patch_size
-    versions = {"torch": torch.__version__, "transformers": transformers.__version__, "pillow": PIL.__version__}
-    try:
-        import torchvision
-
-        versions["torchvision"] = torchvision.__version__
-    except ImportError:
-        pass
-    prior = getattr(rec, "run", None) or {}  # keep what the caller already wrote
+    # model facts only: the core writes the provenance (weights, versions, the image) itself
     inputs = {
-        "image": {"sha256": hashlib.sha256(Path(req.image).read_bytes()).hexdigest(),
-                  "width": image.width, "height": image.height},
         "resized": [gh * patch, gw * patch], "grid": [gh, gw], "cells": [gh // m, gw // m], "grid_thw": [t, gh, gw],
         "processor": ran, "processor_class": type(proc).__name__, "prompt": req.prompt,
         "tokens": int(ids.shape[1]), "decode": req.decode,
     }
-    rec.update_run(
-        inputs={**(prior.get("inputs") or {}), **inputs},
-        weights=model_mod.fingerprint(req.weights_dir),
-        versions={**(prior.get("versions") or {}), **versions},
-        dtype=req.dtype, device=req.device, attn=model.config._attn_implementation,
-    )
+    rec.update_run(inputs=inputs, attn=model.config._attn_implementation)

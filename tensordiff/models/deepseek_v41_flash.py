@@ -96,6 +96,8 @@ ADAPTER = ModelAdapter(
     oracle=lazy("oracle.deepseek_v41_flash.run:run"),
     engine=lazy("engine.deepseek_v41_flash.run:run"),
     weights=_weights,
+    sources=("oracle.deepseek_v41_flash", "tensordiff.models.deepseek_v41_flash",
+             "tensordiff.models.deepseek_language_contract"),
     stages=lazy("engine.deepseek_v41_flash.stages:make_stages"),
     geometry=GEOMETRY,
     description="DeepSeek V4.1 Flash: preprocessing, 32-layer ViT with 2D RoPE, 3x3 aligner; with a prompt, the language backbone",

@@ -134,6 +134,7 @@ ADAPTER = ModelAdapter(
     oracle=lazy("oracle.qwen3_vl.runner:run"),
     engine=lazy("engine.qwen3_vl.runner:run"),
     weights=_weights,
+    sources=("oracle.qwen3_vl", "tensordiff.models.qwen3_vl"),
     stages=lazy("engine.qwen3_vl.stages:make_stages"),
     geometry=GEOMETRY,
     description="Qwen3-VL vision path (smart_resize, merge-order patches, interpolated position table, 2D RoPE, "

@@ -155,10 +155,10 @@ def weights_dir(spec: str) -> Path:
 
 
 ADAPTER = ModelAdapter(NAME, CONTRACT, FAULTS, oracle=lambda: oracle_run, engine=lambda: engine_run,
-                       weights=weights_dir, description="toy", stages=lambda: engine_stages)
+                       weights=weights_dir, description="toy", stages=lambda: engine_stages, sources=(__file__,))
 # The same model from a third party that does not expose stages.
 NO_STAGES = ModelAdapter("toy-nostages", Contract("toy-nostages", CONTRACT.boundaries), FAULTS,
-                         oracle=lambda: oracle_run, engine=lambda: engine_run, weights=weights_dir)
+                         oracle=lambda: oracle_run, engine=lambda: engine_run, weights=weights_dir, sources=(__file__,))
 TOYS = {ADAPTER.name: ADAPTER, NO_STAGES.name: NO_STAGES}
 
 

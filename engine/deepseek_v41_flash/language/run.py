@@ -16,7 +16,6 @@ import torch
 
 from ... import backend as backends
 from ...errors import EngineInputError
-from .. import weights as W
 from .model import LanguageModel
 from .tokens import DEFAULT_PROMPT, tokenize
 
@@ -57,6 +56,4 @@ def run(req, rec) -> None:
     facts = run_language(req, rec, image, tuple(cells) if cells is not None else None)
     rec.update_run(inputs={"language": {k: v for k, v in facts.items() if k not in ("generated", "stop", "chunk",
                                                                                     "vision_calls")}},
-                   outputs={"generated": facts["generated"], "stop": facts["stop"]},
-                   dtype=req.dtype, device=req.device, weights=W.fingerprint(req.weights_dir),
-                   versions={"torch": torch.__version__}, fault=req.fault, chunk=req.chunk)
+                   outputs={"generated": facts["generated"], "stop": facts["stop"]}, chunk=req.chunk)

@@ -1,0 +1,190 @@
+"""The judge: how a tensor of a model is compared, the same on every route.
+
+End to end (`compare_dumps`: the oracle's dump against the engine's) and locally (`local_error`:
+the oracle's tensor against the engine stage's output on the oracle's inputs), a tensor is
+judged by one `Judge`, built once from
+
+- the model's contract: its comparison modes (`TensorRule`), its probes, and the tolerances the
+  model itself knows it needs (`Contract.tolerances`, e.g. `index.*` near-tie top-k rows), merged
+  BENEATH the user's tolerances, so a user's matching table wins;
+- the user's tolerances (a TOML file, `[tool.tensordiff]`, or the dtype defaults);
+- the tie rule (`ties`): a top-k set tensor that differs only where the scores recorded beside
+  it are near-tied is `benign`, anything else diverges at the choice itself;
+- the runs' compute dtypes: a tensor stored in fp32 by a bf16 run (router weights, logits)
+  carries bf16 error, so it is judged in the narrowest of its two stored dtypes and the dtypes
+  the two runs computed in.
+
+    judge = Judge.build(contract, tolerances, run_dtypes=("float32", "bfloat16"))
+    tr = judge.tensor(entry_a, entry_b, boundary, run)         # one TensorResult
+    br = judge.boundary(boundary, entries_a, entries_b, run)   # tensors, probes, status
+
+A is the reference (the oracle), B the candidate (the engine or its stage).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable, Iterable, Mapping
+
+import numpy as np
+
+from . import stream, ties
+from .contract import Boundary, Contract
+from .dtypes import BY_NAME, DType, narrower
+from .dump import Entry
+from .errors import BadInput
+from .layout import describe
+from .metrics import ExactMetrics, FloatMetrics, TopKSetMetrics
+from .probes import PROBES
+from .result import BoundaryResult, TensorResult
+from .tolerance import Tolerance, Tolerances
+from .tolerance import load as load_tolerances
+from .tolerance import with_contract
+
+Progress = Callable[[int], None]  # called with bytes consumed (both sides)
+# A boundary's status from its tensors' statuses: the first of these present wins; `benign` is a
+# top-k set that differs only on near-ties (`ties`), which does not fail a run.
+SETTLE_ORDER = ("incomparable", "missing", "diverged", "benign")
+
+
+@dataclass(frozen=True)
+class Judge:
+    contract: Contract
+    tolerances: Tolerances  # the contract's tables already merged beneath the user's
+    run_dtypes: tuple[str, ...] = ()  # the compute dtypes of the two runs (float names only count)
+
+    @classmethod
+    def build(cls, contract: Contract, tolerances: Tolerances | str | None = None,
+              run_dtypes: Iterable[str | None] = ()) -> "Judge":
+        tols = tolerances if isinstance(tolerances, Tolerances) else load_tolerances(tolerances)
+        dts = tuple(dict.fromkeys(d for d in run_dtypes if isinstance(d, str) and d in BY_NAME
+                                  and BY_NAME[d].is_float))
+        return cls(contract, with_contract(tols, contract.tolerances), dts)
+
+    # ------------------------------------------------------------------ the rules
+
+    def mode(self, name: str, dtype: DType) -> str:
+        return self.contract.mode_for(name) or ("values" if dtype.is_float else "exact")
+
+    def unit(self, da: DType, db: DType) -> DType:
+        """The float dtype a float tensor pair is judged in: its tolerance and ULP unit."""
+        unit = narrower(da, db)
+        for name in self.run_dtypes:
+            unit = narrower(unit, BY_NAME[name])
+        return unit
+
+    def tolerance(self, boundary: str, dtype: str) -> Tolerance:
+        """`dtype` is the comparison unit's name for a float tensor, "int" for the others."""
+        return self.tolerances.for_(boundary, dtype)
+
+    # ------------------------------------------------------------------ one tensor
+
+    def tensor(self, ea: Entry, eb: Entry, boundary: Boundary, run: dict, *, progress: Progress | None = None,
+               verify: bool = False) -> TensorResult:
+        da, db = ea.dtype, eb.dtype
+        res = TensorResult(ea.name, boundary.name, "match", dtype={"a": da.name, "b": db.name},
+                           shape={"a": list(ea.shape), "b": list(eb.shape)})
+        if ea.shape != eb.shape:
+            res.status, res.reason = "incomparable", f"shape {list(ea.shape)} vs {list(eb.shape)}"
+            return res
+        if da.is_float != db.is_float:
+            res.status, res.reason = "incomparable", f"{da.name} vs {db.name} (float vs integer)"
+            return res
+        mode = res.mode = self.mode(ea.name, da)
+        if da.is_float:
+            unit = self.unit(da, db)
+            res.dtype["unit"] = unit.name
+            tol = self.tolerance(boundary.name, unit.name)
+            if mode == "scores":
+                # the ranking key behind a top-k choice: not judged as values (-inf marks candidates
+                # not eligible, and a near-tie makes no error material); the tie rule reads it
+                res.tolerance = tol.as_dict()
+                res.reason = "the scores behind this boundary's choice (read by the tie rule)"
+                return res
+            acc = FloatMetrics(da, db, unit, tol, ea.shape) if mode == "values" else ExactMetrics(da, db)
+        else:
+            tol = self.tolerance(boundary.name, "int")
+            k = ea.shape[-1] if ea.shape else 1
+            acc = TopKSetMetrics(k, tol) if mode == "topk-sets" else ExactMetrics(da, db)
+        res.tolerance = tol.as_dict()
+        n = ea.stored.numel
+        row = (ea.shape[-1] if mode == "topk-sets" and ea.shape
+               else (int(np.prod(ea.shape[1:])) if len(ea.shape) >= 2 else 0))
+        ha, hb = stream.sha256_pair(verify, ea.sha256, eb.sha256)
+        acc = stream.stream_pair(ea.stored, eb.stored, acc, stream.chunk_len(row), progress=progress, hashes=(ha, hb))
+        for h, ent, side in ((ha, ea, "A"), (hb, eb, "B")):
+            if h and h.hexdigest() != ent.sha256:
+                raise BadInput(f"{ent.stored.file}: tensor {ent.name!r} (side {side}) fails its sha256: the file is corrupt")
+        res.metrics = acc.result()
+        material, why = acc.verdict()
+        if material:
+            res.status, res.reason = "diverged", why
+        worst = acc.worst
+        if worst >= 0 and n:
+            idx = tuple(int(i) for i in np.unravel_index(worst, ea.shape)) if ea.shape else ()
+            res.worst = {"index": list(idx), "meaning": describe(boundary.layout, idx, run)}
+            res.worst.update(_values_at(ea, eb, worst))
+        if isinstance(acc, FloatMetrics) and acc.rows is not None:
+            res.row_error = acc.rows.tolist()
+        return res
+
+    # ------------------------------------------------------------------ one boundary
+
+    def boundary(self, bd: Boundary, ents_a: Mapping[str, Entry], ents_b: Mapping[str, Entry], run: dict, *,
+                 progress: Progress | None = None, verify: bool = False,
+                 missing: tuple[str, str] = ("not in A", "not in B"),
+                 floor: Mapping[str, Entry] | None = None) -> BoundaryResult:
+        """Every tensor of `bd` on both sides, then its probes, then the tie rule for its top-k
+        sets, then its status. `missing` is the reason given for a tensor that only B has, and
+        for one that only A has. `floor`: the entries of the oracle's run in the candidate's
+        precision, when there is one (the tie rule's floor is then its error, not B's)."""
+        br = BoundaryResult(bd.name, "match", meaning=bd.meaning, layout=bd.layout)
+        for name in list(ents_a) + [n for n in ents_b if n not in ents_a]:
+            if name not in ents_a or name not in ents_b:
+                br.tensors.append(TensorResult(name, bd.name, "missing",
+                                               reason=missing[1] if name in ents_a else missing[0]))
+                continue
+            br.tensors.append(self.tensor(ents_a[name], ents_b[name], bd, run, progress=progress, verify=verify))
+        self.probe(bd, br, ents_a, ents_b)
+        ties.settle(br.tensors, ents_a, ents_b, bd.layout, run, lambda unit: self.tolerance(bd.name, unit), floor)
+        br.status, br.reason = settle(br.tensors)
+        return br
+
+    def probe(self, bd: Boundary, br: BoundaryResult, ents_a: Mapping[str, Entry],
+              ents_b: Mapping[str, Entry]) -> None:
+        """Run `bd`'s probes on each side alone. A probe that holds on A (the reference) and fails
+        on B makes a tensor that matched in value diverge: a mislabelled tensor close in value."""
+        by = {t.name: t for t in br.tensors}
+        for name in bd.probes:
+            probe = PROBES[name]  # the contract was refused at build time if it is not there
+            pa = probe.check(dict(ents_a), by, "a")
+            pb = probe.check(dict(ents_b), by, "b")
+            for tname, t in by.items():
+                if tname not in pa or tname not in pb:
+                    continue
+                (oka, _), (okb, detail) = pa[tname], pb[tname]
+                t.probes[name] = {"a": oka, "b": okb, "detail": detail}
+                if oka and not okb and t.status == "match":
+                    t.status, t.reason = "diverged", f"probe {name} fails on B only ({detail})"
+
+
+def settle(tensors: list[TensorResult]) -> tuple[str, str]:
+    """A boundary's (status, reason) from its tensors."""
+    statuses = {t.status for t in tensors}
+    for s in SETTLE_ORDER:
+        if s in statuses:
+            return s, "; ".join(f"{t.name}: {t.reason}" for t in tensors if t.status == s)
+    return "match", ""
+
+
+def _values_at(ea: Entry, eb: Entry, flat: int) -> dict:
+    from .dtypes import to_float64
+
+    out = {}
+    for side, e in (("a", ea), ("b", eb)):
+        r = e.stored.reader()
+        try:
+            v = to_float64(r.read(flat, flat + 1), e.dtype)[0] if e.dtype.is_float else int(r.read(flat, flat + 1)[0])
+        finally:
+            r.close()
+        out[side] = float(v) if e.dtype.is_float else v
+    return out

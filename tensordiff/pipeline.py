@@ -1,0 +1,328 @@
+"""The pipeline of one case: the oracle (cached), the engine, the comparison, local error and
+the report views. `tensordiff check` is one case; `tensordiff gate` is a config, a loop over
+cases and a progress display (`gate.run_gate`); `tensordiff calibrate` takes its oracle dumps
+from `oracle_dump` here. Nothing else assembles these steps.
+
+    spec = CaseSpec("deepseek-v4.1-flash", fault="aligner-flat-pad")
+    case = check(spec)                  # a CaseResult: report, local error, timings, dumps
+    case.report.verdict                 # "match" | "diverged"
+
+Where dumps go: under `out` when given (refused when it exists and is not empty); otherwise in a
+temporary directory removed when the case ends, and the report says so in its notes. A cached
+oracle dump is used in place (it outlives the command) unless `out` asks for a copy.
+"""
+from __future__ import annotations
+
+import shutil
+import sys
+import tempfile
+import time
+from contextlib import contextmanager
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any, Callable, Iterator
+
+from . import oracle_cache
+from .adapter import ModelAdapter, RunRequest
+from .errors import BadInput
+
+# The steps of a case, in order, each timed (`CaseResult.timings`).
+STAGES = ("weights", "oracle", "engine", "compare", "local_error", "report")
+TEMPORARY_NOTE = ("the dumps this report names were temporary and are gone{cached}; "
+                  "pass --out DIR to keep them")
+
+
+@dataclass(frozen=True)
+class CaseSpec:
+    """Everything one case runs on; `request()` validates it into the engine's RunRequest."""
+
+    model: str
+    image: Path | None = None
+    weights: str = "synthetic:tiny"
+    device: str = "cpu"
+    dtype: str = "float32"
+    oracle_dtype: str | None = None  # None: the engine's dtype
+    backend: str = "torch"
+    fault: str | None = None
+    prompt: str | None = None
+    chunk: int | None = None
+    decode: int = 0
+    processor: str | None = None
+    extra: tuple[str, ...] = ()  # KEY=VALUE model options
+
+    def request(self) -> tuple[ModelAdapter, RunRequest]:
+        from .runs import make_request
+
+        return make_request(self.model, image=self.image, weights=self.weights, device=self.device, dtype=self.dtype,
+                            backend=self.backend, fault=self.fault, prompt=self.prompt, chunk=self.chunk,
+                            decode=self.decode, processor=self.processor, extra=self.extra)
+
+
+def oracle_request(req: RunRequest, oracle_dtype: str | None = None) -> RunRequest:
+    """The oracle's request for an engine request: no fault, reference kernels, one prefill
+    chunk, and its own dtype when one is asked for."""
+    return replace(req, fault=None, backend="torch", chunk=None, dtype=oracle_dtype or req.dtype)
+
+
+@dataclass(frozen=True)
+class OracleDump:
+    path: Path
+    cached: bool  # read from the cache (this run did not compute it)
+    cache: str  # oracle_cache.Lookup.status: "hit" | "miss" | "rejected" | "off", or "unused"
+    note: str = ""  # why a cached dump was rejected, or why there is no cache
+
+
+def oracle_dump(adapter: ModelAdapter, oreq: RunRequest, scratch: Path, use_cache: bool,
+                wrap: Callable[[], Any] | None = None) -> OracleDump:
+    """The oracle's dump for `oreq`: from the cache when a verified entry has its key, else run
+    (into the cache, or into `scratch` without one). `wrap()` is a context manager around the
+    run (calibrate's attention-kernel variants). A cached dump is read in place, never modified."""
+
+    from .runs import run_side
+
+    def produce(target: Path) -> Path:
+        with (wrap() if wrap is not None else _nothing()):
+            return run_side(adapter, "oracle", oreq, target)
+
+    if not use_cache:
+        return OracleDump(produce(scratch), False, "unused")
+    k = oracle_cache.key(adapter, oreq)
+    found = oracle_cache.lookup(k)
+    if found.path is not None:
+        return OracleDump(found.path, True, found.status)
+    if k is None:
+        return OracleDump(produce(scratch), False, found.status, found.note)
+    return OracleDump(oracle_cache.store(k, produce), False, found.status, found.note)
+
+
+@contextmanager
+def _nothing():
+    yield
+
+
+def prepare_out(out: str | Path | None) -> Path | None:
+    """The one check on an output directory: it may not exist yet, or be empty."""
+    if out is None:
+        return None
+    out = Path(out)
+    if out.exists() and (not out.is_dir() or any(out.iterdir())):
+        raise BadInput(f"{out} exists and is not empty; refusing to overwrite dumps there")
+    return out
+
+
+def check_weights(spec: str, base: Path, where: str) -> str:
+    """The one check on a weights SPEC from a file or an option: `synthetic:<variant>` as given,
+    else a checkpoint directory (relative to `base`), returned absolute."""
+    if spec.startswith("synthetic:"):
+        return spec
+    p = Path(spec).expanduser()
+    p = p if p.is_absolute() else base / p
+    if not p.is_dir():
+        raise BadInput(f"{where}: weights {spec!r} is neither synthetic:<variant> nor a checkpoint directory ({p})")
+    return str(p.resolve())
+
+
+@contextmanager
+def workspace(out: Path | None, prefix: str) -> Iterator[tuple[Path, bool]]:
+    """(directory for the dumps, kept?): `out` itself, or a temporary directory removed on exit."""
+    if out is not None:
+        out.mkdir(parents=True, exist_ok=True)
+        yield out, True
+        return
+    tmp = Path(tempfile.mkdtemp(prefix=prefix))
+    try:
+        yield tmp, False
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+# ----------------------------------------------------------------------------- one case
+
+@dataclass
+class CaseResult:
+    model: str
+    image: Path
+    prompt: str | None
+    dtype: str
+    label: str
+    report: Any = None  # Report
+    local: Any = None  # LocalReport | None
+    timings: dict[str, float] = field(default_factory=dict)
+    runner_timings: dict[str, dict] = field(default_factory=dict)  # what runners put in run.timings
+    error: str | None = None
+    oracle_cached: bool = False
+    oracle_cache: str = "unused"  # hit | miss | rejected | off | unused
+    views: list = field(default_factory=list)
+    dumps: dict[str, str] = field(default_factory=dict)
+    kept: bool = True  # the dumps named in `dumps` exist after the command
+    geometry: list[str] = field(default_factory=list)  # discrete preprocessing rules this image exercises
+
+    @property
+    def passed(self) -> bool:
+        return (self.report is not None and self.report.verdict == "match"
+                and (self.local is None or self.local.origin is None))
+
+    @property
+    def exit_code(self) -> int:
+        return 0 if self.passed else 1
+
+    def summary_line(self) -> str:
+        t = self.timings
+        total = sum(t.values())
+        parts = ", ".join(f"{k} {v:.2f}" for k, v in t.items())
+        timing = f"({total:.2f} s: {parts}{'; oracle cached' if self.oracle_cached else ''})"
+        if self.report is None:
+            return f"ERROR {self.label}: {self.error} {timing}"
+        from .report import headline
+
+        r = self.report
+        local = ""
+        if self.local is not None:
+            local = (f"; local origin `{self.local.origin}`" if self.local.origin
+                     else "; local: every stage within tolerance" if self.local.available else "; local: n/a")
+        if self.passed:
+            return f"PASS  {self.label}: {len(r.boundaries)} boundaries within tolerance{local} {timing}"
+        return f"FAIL  {self.label}: {headline(r)}{local} {timing}"
+
+    def as_json(self) -> dict:
+        return {"model": self.model, "image": str(self.image), "prompt": self.prompt, "dtype": self.dtype,
+                "label": self.label, "passed": self.passed, "error": self.error,
+                "timings": {k: round(v, 4) for k, v in self.timings.items()},
+                "runner_timings": self.runner_timings, "oracle_cached": self.oracle_cached,
+                "oracle_cache": self.oracle_cache, "dumps": self.dumps, "dumps_kept": self.kept,
+                "geometry": self.geometry,
+                "report": self.report.as_json() if self.report is not None else None,
+                "local_error": self.local.as_json() if self.local is not None else None}
+
+
+@contextmanager
+def timed(timings: dict, key: str, prog=None, label: str = ""):
+    """Add the block's wall time to `timings[key]`; tell `prog` (a gate progress) what runs."""
+    if prog:
+        prog.step(label, key.replace("_", " "))
+    t0 = time.perf_counter()
+    try:
+        yield
+    finally:
+        timings[key] = timings.get(key, 0.0) + time.perf_counter() - t0
+        if prog:
+            prog.done_step()
+
+
+def status(msg: str) -> None:
+    """A one-line status on a terminal's stderr (`check`); nothing when piped."""
+    if sys.stderr.isatty():
+        sys.stderr.write(f"\r\033[K{msg}")
+        sys.stderr.flush()
+
+
+def run_case(spec: CaseSpec, work: Path, *, kept: bool, tolerances=None, use_cache: bool = True,
+             local: bool = False, views: bool = False, label: str | None = None, prog=None,
+             adapter: ModelAdapter | None = None) -> CaseResult:
+    """Oracle (cached), engine, comparison, local error, report views, for one case. `work` holds
+    this case's dumps (`oracle/`, `engine/`, `local/`); `kept` says whether it outlives the
+    command. `tolerances` are the user's (a `Tolerances`, a file or None)."""
+    from .compare import compare_dumps
+    from .dump import open_dump
+    from .judge import Judge
+    from .local_error import local_error, unavailable
+    from .runs import run_side
+    from .tolerance import Tolerances
+    from .tolerance import load as load_tolerances
+
+    label = label or spec.model
+    case = CaseResult(spec.model, Path(spec.image) if spec.image else Path(), spec.prompt, spec.dtype, label,
+                      kept=kept)
+    with timed(case.timings, "weights", prog, label):
+        ad, req = spec.request()
+        adapter = adapter or ad
+        case.image = Path(req.image)
+        tols = tolerances if isinstance(tolerances, Tolerances) else load_tolerances(tolerances)
+    oreq = oracle_request(req, spec.oracle_dtype)
+    with timed(case.timings, "oracle", prog, label):
+        status(f"running the oracle ({spec.model}, {oreq.dtype}, {oreq.device})…")
+        od = oracle_dump(adapter, oreq, work / "oracle", use_cache)
+        case.oracle_cached, case.oracle_cache = od.cached, od.cache
+        odir = od.path
+        if kept and odir != work / "oracle":  # --out keeps both dumps side by side
+            shutil.copytree(odir, work / "oracle")
+            odir = work / "oracle"
+    with timed(case.timings, "engine", prog, label):
+        status(f"running the engine ({req.backend}, {req.dtype}{', fault ' + req.fault if req.fault else ''})…")
+        edir = run_side(adapter, "engine", req, work / "engine")
+    case.dumps = {"oracle": str(odir), "engine": str(edir)}
+    if adapter.geometry:
+        from .dump import open_dump
+        from .geometry import exercised
+
+        case.geometry = exercised(adapter.geometry, open_dump(odir))
+    judge = Judge.build(adapter.contract, tols, run_dtypes=(oreq.dtype, req.dtype))
+    with timed(case.timings, "compare", prog, label):
+        status("comparing…")
+        case.report = compare_dumps(odir, edir, judge)
+    if od.cache == "rejected":
+        case.report.notes.append(od.note)
+    if not kept:
+        where = "" if odir.is_relative_to(work) else f" except the oracle's, kept in the cache at {odir}"
+        case.report.notes.append(TEMPORARY_NOTE.format(cached=where))
+    if local:
+        with timed(case.timings, "local_error", prog, label):
+            case.local = (local_error(adapter, req, odir, case.report, judge, work)
+                          if adapter.stages is not None else unavailable(adapter.name))
+    elif prog:
+        prog.done_step()
+    if views:
+        from .report_html import heat_views
+
+        with timed(case.timings, "report", prog, label):
+            case.views = heat_views(case.report, open_dump(odir))
+    for side, d in (("oracle", odir), ("engine", edir)):
+        if side == "oracle" and case.oracle_cached:
+            continue  # a cached dump's timings are another run's
+        rt = open_dump(d).run.get("timings")
+        if isinstance(rt, dict):
+            case.runner_timings[side] = rt
+    status("")
+    return case
+
+
+def check(spec: CaseSpec, *, out: str | Path | None = None, tolerances=None, use_cache: bool = True,
+          views: bool = False, local: bool = False) -> CaseResult:
+    """`tensordiff check`: one case."""
+    out = prepare_out(out)
+    with workspace(out, "tensordiff-check-") as (work, kept):
+        return run_case(spec, work, kept=kept, tolerances=tolerances, use_cache=use_cache, views=views, local=local)
+
+
+# ----------------------------------------------------------------------------- report files
+
+def lone_case(report, dump_a=None, views=None):
+    """A report outside a gate (`compare`, `check`) as the one case of a JUnit / HTML file; its
+    heatmaps from `views`, or drawn over `dump_a` (the reference dump, opened) when given."""
+    from .report_html import heat_views
+    from .report_junit import case_of
+
+    case = case_of(report)
+    case.views = views if views is not None else (heat_views(report, dump_a) if dump_a is not None else [])
+    return case
+
+
+def write_reports(*, report_json: dict | None = None, json_path=None, cases=(), junit_path=None, html_path=None,
+                  title: str = "tensordiff", name: str | None = None) -> None:
+    """The report files of a command: the JSON (`report_json`, as the command shapes it), JUnit
+    and HTML over `cases`."""
+    if json_path and report_json is not None:
+        import json
+
+        from .result import _finite
+        from .storage import write_text_atomic
+
+        write_text_atomic(json_path, json.dumps(_finite(report_json), indent=1) + "\n", "the JSON report")
+    if junit_path:
+        from .report_junit import write_junit
+
+        write_junit(list(cases), junit_path, **({"name": name} if name else {}))
+    if html_path:
+        from .report_html import write_html
+
+        write_html(list(cases), html_path, title=title)

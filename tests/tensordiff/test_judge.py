@@ -1,0 +1,119 @@
+"""One judge on both routes: a tensor is judged alike end to end and locally; contracts that name
+an unknown probe, layout or mode are refused when built; every probe trips on its fault and
+stays quiet on a clean case."""
+from __future__ import annotations
+
+import pytest
+import torch
+from helpers_dumps import write
+
+from tensordiff.adapter import ModelAdapter
+from tensordiff.compare import compare_dumps
+from tensordiff.contract import Boundary, Contract, ContractError, TensorRule
+from tensordiff.judge import Judge
+from tensordiff.local_error import local_error
+from tensordiff.models import deepseek_language_contract as C
+from tensordiff.runs import make_request
+from tensordiff.tolerance import Tolerances
+
+# The language contract's own rule and tolerance for the indexer ids (near-tie rows allowed).
+LANG = Contract("toy-lang", (Boundary("embeddings", (), "rows", layout="tokens"),
+                             Boundary("index.0.ids", ("embeddings",), "top-k ids", layout="tokens")),
+                C.RULES, tolerances=C.TOLERANCES)
+ROWS, K = 200, 8
+B = {"index.0.ids": "index.0.ids"}
+
+
+def _ids(flip_rows: int) -> torch.Tensor:
+    ids = torch.stack([torch.randperm(64, generator=torch.Generator().manual_seed(r))[:K] for r in range(ROWS)])
+    out = ids.clone()
+    out[:flip_rows, 0] = 100 + torch.arange(flip_rows)  # a near-tie flip: one id of the row differs
+    return ids, out
+
+
+def _both_routes(tmp_path, flip_rows):
+    ids, eng = _ids(flip_rows)
+    emb = torch.randn(ROWS, 16, generator=torch.Generator().manual_seed(3))
+    run = {"dtype": "float32"}
+    odir = write(tmp_path / "oracle", {"embeddings": emb, "index.0.ids": ids}, model="toy-lang", run=run, boundaries=B)
+    edir = write(tmp_path / "engine", {"embeddings": emb, "index.0.ids": eng}, model="toy-lang", run=run, boundaries=B)
+    adapter = ModelAdapter("toy-lang", LANG, (), oracle=lambda: None, engine=lambda: None)
+    tols = Tolerances({}, {})
+    report = compare_dumps(odir, edir, tols, contract=LANG)
+    make_stages = lambda req, run: {"index.0.ids": lambda inputs: {"index.0.ids": eng}}  # noqa: E731
+    _, req = make_request("deepseek-v4.1-flash")
+    local = local_error(adapter, req, odir, report, tols, tmp_path, make_stages=make_stages)
+    return report.boundary("index.0.ids").tensors[0], local.get("index.0.ids").tensors[0]
+
+
+@pytest.mark.parametrize("flips,status", [(1, "match"), (5, "diverged")])
+def test_index_ids_are_judged_alike_end_to_end_and_locally(tmp_path, flips, status):
+    # 1 row of 200 (0.5%) is within the contract's max_mismatch 0.01; 5 rows (2.5%) are not. Before
+    # the judge, local error used the raw tolerances (max_mismatch 0) and named 1 flip an origin.
+    e2e, loc = _both_routes(tmp_path, flips)
+    assert e2e.status == loc.status == status
+    assert e2e.tolerance == loc.tolerance and e2e.tolerance["max_mismatch"] == 0.01
+    assert e2e.mode == loc.mode == "topk-sets"
+
+
+def test_the_runs_compute_dtypes_set_the_unit_on_both_routes(tmp_path):
+    x = torch.randn(32, 8, generator=torch.Generator().manual_seed(0))
+    contract = Contract("toy-dt", (Boundary("a"), Boundary("b", ("a",))))
+    odir = write(tmp_path / "o", {"a": x, "b": x}, model="toy-dt", run={"dtype": "float32"})
+    edir = write(tmp_path / "e", {"a": x, "b": x * (1 + 2 ** -8)}, model="toy-dt", run={"dtype": "bfloat16"})
+    report = compare_dumps(odir, edir, Tolerances({}, {}), contract=contract)
+    adapter = ModelAdapter("toy-dt", contract, (), oracle=lambda: None, engine=lambda: None)
+    _, req = make_request("deepseek-v4.1-flash", dtype="bfloat16")
+    stage = {"b": lambda inputs: {"b": x * (1 + 2 ** -8)}}
+    local = local_error(adapter, req, odir, report, Tolerances({}, {}), tmp_path, make_stages=lambda r, run: stage)
+    e2e, loc = report.boundary("b").tensors[0], local.get("b").tensors[0]
+    # fp32 stored, bf16 computed: judged in bf16 on both routes (2^-8 relative is within bf16, not fp32)
+    assert e2e.dtype["unit"] == loc.dtype["unit"] == "bfloat16"
+    assert e2e.status == loc.status == "match"
+    # the same change judged as fp32 (both runs fp32) diverges: the unit is what decides
+    fp32 = Judge.build(contract, Tolerances({}, {}), ("float32", "float32"))
+    assert compare_dumps(odir, edir, fp32).boundary("b").status == "diverged"
+
+
+def test_the_user_wins_over_the_contract():
+    user = Tolerances({}, {"index.*": {"max_mismatch": 0.0}}, "user.toml")
+    j = Judge.build(LANG, user)
+    assert j.tolerance("index.0.ids", "int").max_mismatch == 0.0
+    assert Judge.build(LANG, Tolerances({}, {})).tolerance("index.0.ids", "int").max_mismatch == 0.01
+
+
+@pytest.mark.parametrize("make,match", [
+    (lambda: Boundary("x", probes=("unit-norm",)), "unknown probe 'unit-norm'"),
+    (lambda: Boundary("x", layout="pixels"), "unknown layout 'pixels'"),
+    (lambda: TensorRule("*.ids", "sets"), "unknown mode 'sets'"),
+])
+def test_a_contract_naming_the_unknown_is_refused_when_built(make, match):
+    with pytest.raises(ContractError, match=match):
+        make()
+
+
+RMS = Contract("toy-rms", (Boundary("norm", probes=("unit-rms",)),))
+
+
+def _unit_rows(n=16, d=32, seed=0):
+    x = torch.randn(n, d, generator=torch.Generator().manual_seed(seed))
+    return x / x.pow(2).mean(-1, keepdim=True).sqrt()
+
+
+def test_unit_rms_probe_catches_a_norm_scaled_within_tolerance(tmp_path):
+    a = _unit_rows()
+    b = a * (1 + 5e-4)  # within fp32 atol + rtol*|a| and cosine 1: only the probe sees it
+    r = compare_dumps(write(tmp_path / "a", {"norm": a}), write(tmp_path / "b", {"norm": b}), contract=RMS)
+    t = r.boundary("norm").tensors[0]
+    assert t.status == "diverged" and "unit-rms" in t.reason
+    assert t.probes["unit-rms"]["a"] is True and t.probes["unit-rms"]["b"] is False
+
+
+def test_unit_rms_probe_is_quiet_on_a_clean_norm_and_when_the_reference_fails_too(tmp_path):
+    a = _unit_rows()
+    r = compare_dumps(write(tmp_path / "a", {"norm": a}), write(tmp_path / "b", {"norm": a.clone()}), contract=RMS)
+    assert r.verdict == "match" and r.boundary("norm").tensors[0].probes["unit-rms"]["b"] is True
+    raw = torch.randn(16, 32, generator=torch.Generator().manual_seed(1))  # no norm: A fails it too
+    r = compare_dumps(write(tmp_path / "c", {"norm": raw}), write(tmp_path / "d", {"norm": raw * (1 + 5e-4)}),
+                      contract=RMS)
+    assert r.verdict == "match"

@@ -1,0 +1,73 @@
+"""The one pipeline of a case: the oracle request, where the dumps go and what the report says
+about them, the output-directory and weights checks."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from tensordiff.errors import BadInput
+from tensordiff.gate import load_gate, run_gate
+from tensordiff.pipeline import CaseSpec, check, check_weights, oracle_request, prepare_out
+from tensordiff.runs import make_request
+
+import test_gate_toy as toy
+
+
+@pytest.fixture(autouse=True)
+def _toys(monkeypatch, tmp_path):
+    monkeypatch.setenv("TENSORDIFF_CACHE", str(tmp_path / "cache"))
+    toy.install(monkeypatch)
+
+
+def test_the_oracle_request_drops_what_only_the_engine_has():
+    _, req = make_request(toy.NAME, fault="rope-flip", chunk=3, dtype="bfloat16")
+    o = oracle_request(req)
+    assert (o.fault, o.backend, o.chunk, o.dtype) == (None, "torch", None, "bfloat16")
+    assert oracle_request(req, "float32").dtype == "float32" and o.image == req.image
+
+
+def test_without_out_the_report_says_its_dumps_were_temporary(tmp_path):
+    case = check(CaseSpec(toy.NAME, fault="aligner-bias"))
+    assert case.report.verdict == "diverged" and not case.kept
+    assert not Path(case.report.b).exists()  # the engine's dump went with the temporary directory
+    assert Path(case.report.a).exists()  # the oracle's is the cache entry, which stays
+    note = next(n for n in case.report.notes if "temporary" in n)
+    assert "--out" in note and str(case.report.a) in note
+    nocache = check(CaseSpec(toy.NAME), use_cache=False)
+    assert not Path(nocache.report.a).exists()
+    assert any("were temporary and are gone; pass --out" in n for n in nocache.report.notes)
+
+
+def test_with_out_every_dump_the_report_names_exists(tmp_path):
+    case = check(CaseSpec(toy.NAME), out=tmp_path / "run")
+    assert case.kept and case.report.verdict == "match"
+    assert Path(case.report.a) == tmp_path / "run" / "oracle" and Path(case.report.b) == tmp_path / "run" / "engine"
+    assert (Path(case.report.a) / "manifest.json").is_file() and (Path(case.report.b) / "manifest.json").is_file()
+    assert not any("temporary" in n for n in case.report.notes)
+    with pytest.raises(BadInput, match="exists and is not empty"):
+        check(CaseSpec(toy.NAME), out=tmp_path / "run")
+
+
+def test_the_gate_keeps_or_says(tmp_path):
+    cfg = load_gate(toy.write_gate(tmp_path))
+    res = run_gate(cfg, progress=False, echo=lambda s: None)
+    assert all(any("temporary" in n for n in c.report.notes) for c in res.cases)
+    kept = run_gate(cfg, out=tmp_path / "kept", progress=False, echo=lambda s: None)
+    (c,) = kept.cases
+    assert c.kept and all(Path(p).is_dir() for p in c.dumps.values())
+    assert Path(c.dumps["oracle"]).is_relative_to(tmp_path / "kept")
+
+
+def test_the_output_directory_and_weights_checks(tmp_path):
+    assert prepare_out(None) is None and prepare_out(tmp_path / "new") == tmp_path / "new"
+    (tmp_path / "empty").mkdir()
+    assert prepare_out(tmp_path / "empty") == tmp_path / "empty"
+    (tmp_path / "file").write_text("x")
+    with pytest.raises(BadInput, match="exists and is not empty"):
+        prepare_out(tmp_path / "file")
+    assert check_weights("synthetic:tiny", tmp_path, "w") == "synthetic:tiny"
+    (tmp_path / "ck").mkdir()
+    assert check_weights("ck", tmp_path, "w") == str((tmp_path / "ck").resolve())
+    with pytest.raises(BadInput, match="w: weights 'nope' is neither synthetic"):
+        check_weights("nope", tmp_path, "w")

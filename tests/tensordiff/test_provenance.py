@@ -1,0 +1,119 @@
+"""Provenance: one weights fingerprint (the content of every file read), one versions(), one
+image description, written once per side by the core; runners add model facts, merged deeply."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+
+from tensordiff import provenance
+from tensordiff.capture import MemoryRecorder, Recorder
+from tensordiff.dump import open_dump
+from tensordiff.inputs import default_image_path
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(autouse=True)
+def _cache(monkeypatch, tmp_path):
+    monkeypatch.setenv("TENSORDIFF_CACHE", str(tmp_path / "cache"))
+
+
+def _checkpoint(d: Path) -> Path:
+    d.mkdir()
+    (d / "config.json").write_text(json.dumps({"dim": 4}))
+    save_file({"w": torch.arange(12, dtype=torch.float32).reshape(3, 4)}, str(d / "model.safetensors"))
+    return d
+
+
+def _scale_in_place(shard: Path, name: str, by: float) -> None:
+    t = load_file(str(shard))
+    t[name] = t[name] * by
+    save_file(t, str(shard))  # same name and size: only the bytes (and the mtime) change
+
+
+def test_the_fingerprint_follows_the_bytes_of_every_file(tmp_path):
+    ck = _checkpoint(tmp_path / "ck")
+    before = provenance.weights_fingerprint(ck)
+    assert before.startswith("sha256:") and provenance.weights_fingerprint(ck) == before
+    size = (ck / "model.safetensors").stat().st_size
+    _scale_in_place(ck / "model.safetensors", "w", 1.5)
+    assert (ck / "model.safetensors").stat().st_size == size  # a name-and-size fingerprint was blind to this
+    assert provenance.weights_fingerprint(ck) != before
+    (ck / "config.json").write_text(json.dumps({"dim": 5}))
+    assert provenance.weights_fingerprint(ck) not in (before,)
+    assert provenance.weights_fingerprint(None) == "none"
+
+
+def test_a_second_fingerprint_costs_a_stat(tmp_path):
+    ck = _checkpoint(tmp_path / "ck")
+    shard = ck / "model.safetensors"
+    real = provenance.file_sha256(shard)
+    (memo,) = [p for p in (tmp_path / "cache" / "filehash").iterdir() if p.suffix == ".json"]
+    rec = json.loads(memo.read_text())
+    assert rec["sha256"] == real and rec["stamp"]["size"] == shard.stat().st_size
+    rec["sha256"] = "remembered"  # a planted memo: used as long as (size, mtime_ns, inode) hold
+    memo.write_text(json.dumps(rec))
+    assert provenance.file_sha256(shard) == "remembered"
+    st = shard.stat()
+    os.utime(shard, ns=(st.st_atime_ns, st.st_mtime_ns + 1_000_000))  # touched: hashed again
+    assert provenance.file_sha256(shard) == real
+
+
+def test_versions_and_the_image_description():
+    v = provenance.versions()
+    assert {"python", "torch", "numpy", "tensordiff"} <= set(v)
+    d = provenance.describe_image(default_image_path())
+    assert d["size"] == [d["width"], d["height"]] == [1024, 701]
+    assert len(d["sha256"]) == 64 and d["bytes"] == default_image_path().stat().st_size
+
+
+def test_sources_are_found_without_importing_them(tmp_path):
+    code = ("import sys; from tensordiff.provenance import source_files\n"
+            "files = source_files('oracle.deepseek_v41_flash')\n"
+            "assert any(rel == 'vision.py' for rel, _ in files), files\n"
+            "assert 'oracle' not in sys.modules and 'torch' not in sys.modules")
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT,
+                       env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert p.returncode == 0, p.stderr
+    mine = tmp_path / "my_oracle.py"
+    mine.write_text("x = 1\n")
+    before = provenance.source_digest((str(mine),))
+    mine.write_text("x = 2\n")  # a third-party adapter's oracle edited
+    assert provenance.source_digest((str(mine),)) != before
+    with pytest.raises(Exception, match="no module"):
+        provenance.source_files("no_such_package_xyz.sub")
+
+
+def test_update_run_merges_deeply(tmp_path):
+    rec = Recorder(tmp_path / "d", model="toy", run={"inputs": {"image": {"sha256": "abc"}},
+                                                     "versions": {"torch": "2", "numpy": "1"}})
+    rec.update_run(inputs={"grid": [2, 3]}, versions={"pillow": "11"}, attn="sdpa")
+    rec.record("x", torch.ones(1))
+    run = open_dump(rec.close()).run
+    assert run["inputs"] == {"image": {"sha256": "abc"}, "grid": [2, 3]}
+    assert run["versions"] == {"torch": "2", "numpy": "1", "pillow": "11"} and run["attn"] == "sdpa"
+    mem = MemoryRecorder()
+    mem.update_run(inputs={"a": 1})
+    mem.update_run(inputs={"b": 2})
+    assert mem.run == {"inputs": {"a": 1, "b": 2}}
+
+
+@pytest.mark.parametrize("model", ["deepseek-v4.1-flash", "qwen3-vl"])
+def test_both_sides_carry_one_provenance(tmp_path, model):
+    from tensordiff.runs import make_request, run_side
+
+    adapter, req = make_request(model)
+    runs = [open_dump(run_side(adapter, side, req, tmp_path / side)).run for side in ("oracle", "engine")]
+    want = provenance.versions()
+    for run in runs:
+        assert run["versions"] == want  # a runner once replaced it with {torch, pillow}
+        assert run["weights"] == provenance.weights_fingerprint(req.weights_dir)
+        assert run["inputs"]["image"] == provenance.describe_image(req.image)
+        assert run["inputs"]["grid"]  # the runner's own facts, merged in
