@@ -34,7 +34,8 @@ def base():
 
 
 def dump(side, req, path):
-    rec = Recorder(path, model="deepseek-v4.1-flash", producer={"name": side, "side": side})
+    # the run's compute dtype is what the core records (a bf16 run's fp32-stored tensors are judged in bf16)
+    rec = Recorder(path, model="deepseek-v4.1-flash", producer={"name": side, "side": side}, run={"dtype": req.dtype})
     _runners()[0 if side == "oracle" else 1](req, rec)
     return rec.close()
 
