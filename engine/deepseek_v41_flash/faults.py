@@ -9,7 +9,7 @@ from ..errors import EngineInputError
 
 FAULTS: dict[str, tuple[str, str]] = {
     # name: (boundary that must diverge first, what the bug is)
-    "contain-ceil": ("patches", "contain rounds the short side with ceil instead of round"),
+    "contain-ceil": ("plan", "contain rounds the short side with ceil instead of round"),
     "rope-interleaved": ("rope", "2D RoPE angles interleaved (row, col, row, col...) instead of blocked"),
     "aligner-flat-pad": ("aligner", "zero rows appended to the flattened patches instead of a right/bottom grid pad"),
     "gelu-tanh": ("aligner", "tanh-approximated GELU in the aligner instead of the exact erf GELU"),

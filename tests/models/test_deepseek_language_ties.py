@@ -125,3 +125,29 @@ def test_a_wrong_router_choice_is_named_at_the_choice(oracle32, base, tmp_path):
     report = compare_dumps(oracle32, dump("engine", req, tmp_path / "engine"), contract=CONTRACT)
     assert report.earliest == ["router.0.ids"]
     assert "not near-ties" in report.boundary("router.0.ids").tensors[0].reason
+
+
+def test_the_readme_prompt_example_passes_on_a_jpeg(tmp_path, capsys):
+    """`check --prompt "Describe <image>." --chunk 64 --decode 4` on a JPEG of the bundled picture
+    (quality 90): before the tie rule, row 320 of index.4.ids kept group 255 for 239 (a 1e-6
+    margin) and the run failed at attn.4; now the flip is benign and the run exits 0."""
+    import json
+
+    from PIL import Image
+
+    from tensordiff.cli import main
+    from tensordiff.inputs import default_image_path
+
+    jpg = tmp_path / "picture.jpg"
+    Image.open(default_image_path()).convert("RGB").save(jpg, quality=90)
+    with pytest.raises(SystemExit) as e:
+        main(["check", "deepseek-v4.1-flash", "--image", str(jpg), "--prompt", "Describe <image>.", "--chunk", "64",
+              "--decode", "4", "--json", str(tmp_path / "r.json")])
+    out = capsys.readouterr().out
+    assert e.value.code == 0, out[:2000]
+    rep = json.loads((tmp_path / "r.json").read_text())
+    rep = rep.get("report", rep)
+    for b in rep["boundaries"]:
+        for t in b["tensors"]:
+            for f in (t["metrics"].get("ties") or {}).get("flips", []):
+                assert f["benign"] and f["margin"] <= f["floor"], f
