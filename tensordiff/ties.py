@@ -14,11 +14,12 @@ a choice the scores do not explain is one. So each side records, beside the choi
 
 A flip needs the two errors to close the margin (e_cand_only - e_ref_only >= margin), so with
 scores that are right within the row's error, a genuine near-tie always has margin <= 2 * error.
-It is BENIGN when, in addition, the row's score error is itself within the scores' tolerance
-band in the compared dtype (atol + rtol * max |score_ref|: scores outside it are a bug in the
-scores, not a tie), every member involved is eligible on both sides (a different eligibility is
-a different candidate set, not a tie) and the candidate's own scores rank its picks first (a
-top-k that ignores its own scores is a bug). Anything else is a divergence of the choice itself.
+It is BENIGN when, in addition, the scores themselves are right within tolerance (the scores
+tensor judged as any float tensor of the compared dtype is, over the candidates eligible on both
+sides: wrong scores are a bug in the scores, not a tie), every member involved is eligible on
+both sides (a different eligibility is a different candidate set, not a tie) and the candidate's
+own scores rank its picks first (a top-k that ignores its own scores is a bug). Anything else is
+a divergence of the choice itself.
 
 When a floor run exists (the oracle in the run precision), the caller may pass its scores as
 `floor`: the row's error is then the floor run's error against the reference, not the
@@ -73,10 +74,27 @@ def differing_rows(ids_a: np.ndarray, ids_b: np.ndarray) -> np.ndarray:
     return np.nonzero((np.sort(ids_a, axis=1) != np.sort(ids_b, axis=1)).any(axis=1))[0]
 
 
+def scores_verdict(sa_e: Entry, sb_e: Entry, unit: str, tol) -> tuple[bool, str]:
+    """The scores judged as any float tensor of the compared dtype is (`FloatMetrics` with `tol`),
+    over the candidates eligible on both sides (eligibility that differs is judged per row).
+    (True, "") when they are right within tolerance."""
+    from .metrics import FloatMetrics
+
+    a, b = _read(sa_e), _read(sb_e)
+    both = np.isfinite(a) & np.isfinite(b)
+    a, b = np.where(both, a, 0.0).astype(np.float32), np.where(both, b, 0.0).astype(np.float32)
+    f32 = BY_NAME["float32"]
+    acc = FloatMetrics(f32, f32, BY_NAME[unit] if unit in BY_NAME else f32, tol, a.shape)
+    acc.update(0, a.reshape(-1), b.reshape(-1))
+    material, why = acc.verdict()
+    return not material, why
+
+
 def classify_row(row: int, ia: np.ndarray, ib: np.ndarray, sa: np.ndarray, sb: np.ndarray, unit: str,
-                 atol: float, rtol: float, fa: np.ndarray | None = None) -> Flip:
+                 scores_ok: tuple[bool, str] = (True, ""), fa: np.ndarray | None = None) -> Flip:
     """One differing row: ia/ib the two choices [k], sa/sb the two sides' scores [W], fa the floor
-    run's scores [W] or None. See the module docstring for the rule."""
+    run's scores [W] or None; `scores_ok` the scores tensor's own verdict (`scores_verdict`).
+    See the module docstring for the rule."""
     A, B = {int(x) for x in ia if x >= 0}, {int(x) for x in ib if x >= 0}
     ro, co = tuple(sorted(A - B)), tuple(sorted(B - A))
     if len(A) != len(B):
@@ -92,7 +110,6 @@ def classify_row(row: int, ia: np.ndarray, ib: np.ndarray, sa: np.ndarray, sb: n
         return Flip(row, ro, co, float("inf"), 0.0, False,
                     f"ids {bad} are not eligible on both sides: a different candidate set, not a tie")
     err = float(np.max(np.abs(sb[both] - sa[both])))
-    scale = float(np.max(np.abs(sa[both])))
     if fa is not None:  # the floor run's own error sets how close a tie must be
         ok = both & np.isfinite(fa)
         err_floor = float(np.max(np.abs(fa[ok] - sa[ok]))) if ok.any() else 0.0
@@ -103,10 +120,8 @@ def classify_row(row: int, ia: np.ndarray, ib: np.ndarray, sa: np.ndarray, sb: n
     floor = 2 * err_floor + 4 * u * involved
     margin = float(np.max(sa[list(ro)]) - np.min(sa[list(co)]))
     own = float(np.min(sb[list(co)]) - np.max(sb[list(ro)]))  # the candidate's lead of its picks
-    band = atol + rtol * scale
-    if err > band:
-        return Flip(row, ro, co, margin, floor, False,
-                    f"the row's scores differ by {err:.3g}, beyond their tolerance {band:.3g}: the scores are wrong")
+    if not scores_ok[0]:
+        return Flip(row, ro, co, margin, floor, False, f"the scores themselves diverge ({scores_ok[1]})")
     if own < -(4 * u * involved):
         return Flip(row, ro, co, margin, floor, False,
                     f"the candidate's own scores rank what it dropped {-own:.3g} higher: its top-k ignores them")
@@ -138,14 +153,13 @@ def settle(tensors: list[TensorResult], ents_a: dict[str, Entry], ents_b: dict[s
         rows = differing_rows(ia, ib)
         st = by.get(sname)
         unit = (st.dtype.get("unit") if st is not None else None) or sa_e.dtype.name
-        tol = tolerance_for(unit)
+        ok = scores_verdict(sa_e, sb_e, unit, tolerance_for(unit))
         sa, sb = _read(sa_e, rows), _read(sb_e, rows)
         fe = floor.get(sname) if floor else None
         fa = _read(fe, rows) if fe is not None and fe.shape == sa_e.shape else None
         flips = []
         for j, r in enumerate(rows):
-            f = classify_row(int(r), ia[r], ib[r], sa[j], sb[j], unit, tol.atol, tol.rtol,
-                             None if fa is None else fa[j])
+            f = classify_row(int(r), ia[r], ib[r], sa[j], sb[j], unit, ok, None if fa is None else fa[j])
             flips.append(Flip(**{**asdict(f), "meaning": describe(layout, (int(r),), run)}))
         bad = [f for f in flips if not f.benign]
         t.metrics = replace(t.metrics, ties={
