@@ -117,18 +117,21 @@ def _assign_roots(bounds: list[Boundary], present: list[Boundary], results: dict
                 out.extend(effective_inputs(by[i], seen))
         return out
 
+    after_flip: set[str] = set()  # boundaries downstream of a top-k choice that flipped on a near-tie
     for b in present:
         br = results[b.name]
         br.inputs = effective_inputs(b, set())
+        if br.status == "benign" or any(i in after_flip for i in br.inputs):
+            after_flip.add(b.name)
         if br.status not in FAILING:
             continue
         if any(results[i].status in FAILING + ("consequent",) for i in br.inputs):
             if br.status == "diverged":
                 br.status = "consequent"
-        elif br.status == "diverged" and any(results[i].status in ("benign", "cascade") for i in br.inputs):
-            # fed by a choice that flipped on a near-tie: the difference end to end is that flip's
-            # cascade, shown as information; the stage itself is judged by local error (the
-            # engine's stage on the reference's tensors, the reference's choice included)
+        elif br.status == "diverged" and any(i in after_flip for i in br.inputs):
+            # fed (through any path) by a choice that flipped on a near-tie: the difference end to
+            # end is that flip's cascade, shown as information; the stage itself is judged by
+            # local error (the engine's stage on the reference's tensors and choice)
             br.status = "cascade"
         else:
             br.root = True

@@ -112,7 +112,7 @@ def language_boundaries(present: Sequence[str], upstream: str | None = "aligner"
         out.append(Boundary(f"router.{L}.weights", (f"router.{L}.ids", f"attn.{L}") + attn_in,
                             f"mixture weights at layer {L} [S, top-k] aligned to the ascending ids: unbiased "
                             "scores, normalised, times route_scale", layout="tokens"))
-        out.append(Boundary(f"hidden.{L}", (f"router.{L}.weights", f"attn.{L}") + attn_in,
+        out.append(Boundary(f"hidden.{L}", (f"router.{L}.ids", f"router.{L}.weights", f"attn.{L}") + attn_in,
                             f"residual stream after block {L} [S, hc_mult, dim]", layout="tokens"))
         prev = f"hidden.{L}"
     if "logits" in names:

@@ -48,6 +48,7 @@ def oracle_reads(args) -> tuple[set[tuple[str, str]], dict[str, str]]:
             last_index = L
         if a.ratio and last_index is not None:
             edges.add((f"index.{last_index}.ids", f"attn.{L}"))
+        edges.add((f"router.{L}.ids", f"hidden.{L}"))  # MoE.forward runs the experts its gate chose
     return edges, keys_from
 
 

@@ -138,3 +138,19 @@ def test_without_scores_a_differing_set_stays_a_divergence(tmp_path):
     b = write(tmp_path / "b", {"pick.ids": top2(sb)})
     t = compare_dumps(a, b, contract=CONTRACT).boundary("pick").tensors[0]
     assert t.status == "diverged" and "no scores recorded" in t.reason
+
+
+def test_the_cascade_follows_every_path_from_the_flip(tmp_path):
+    """pick -> mix -> out: `mix` happens to match (a lenient tolerance), `out` does not; it is
+    still the flip's cascade, not a root."""
+    contract = Contract("toy", (Boundary("pick", ()), Boundary("mix", ("pick",)), Boundary("out", ("mix",))),
+                        rules=RULES, boundary_of=CONTRACT.boundary_of)
+    sa, sb = near_tie(scores())
+    mix = torch.randn(16, 4, generator=torch.Generator().manual_seed(1))
+    out_b = mix.clone()
+    out_b[3] += 1.0
+    a = write(tmp_path / "a", {"pick.ids": top2(sa), "pick.scores": sa, "mix": mix, "out": mix})
+    b = write(tmp_path / "b", {"pick.ids": top2(sb), "pick.scores": sb, "mix": mix, "out": out_b})
+    r = compare_dumps(a, b, contract=contract)
+    assert [r.boundary(n).status for n in ("pick", "mix", "out")] == ["benign", "match", "cascade"]
+    assert r.verdict == "match" and r.earliest == []
