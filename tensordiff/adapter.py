@@ -76,6 +76,11 @@ class ModelAdapter:
     # without importing them. Their bytes key the oracle cache (`oracle_cache.key`), so editing
     # the oracle invalidates its cached dumps; an adapter that declares none gets no oracle cache.
     sources: tuple[str, ...] = ()
+    # Optional: the tensor-name prefixes a run reads from the checkpoint (None: all of it). Only
+    # the shards holding them are hashed into the weights fingerprint (`provenance.run_weights`),
+    # so a vision gate on a 48-shard checkpoint reads one shard. Too narrow a list would let an
+    # edit go unseen: list every prefix either side reads.
+    weight_prefixes: Callable[[RunRequest], tuple[str, ...] | None] | None = None
 
     def runner(self, side: str) -> Runner:
         if side not in SIDES:

@@ -227,7 +227,7 @@ def calibrate(model: str, images, *, weights: str = "synthetic:tiny", device: st
     t0 = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="tensordiff-calibrate-") as tmp:
         for i, img in enumerate(images):
-            _, req = make_request(model, image=img, weights=weights, device=device, dtype=dtype)
+            _, req = make_request(model, image=img, weights=weights, device=device, dtype=dtype, adapter=adapter)
             req = oracle_request(req)
             ref = oracle_dump(adapter, req, Path(tmp) / f"ref-{i}", use_cache).path
             for j, v in enumerate(vs):

@@ -3,7 +3,7 @@ the expensive side and, for given inputs, never changes.
 
 The key is everything that determines the dump: the model, the code the oracle runs (the
 adapter's declared `sources`), the library versions, the CONTENT of the weights
-(`provenance.weights_fingerprint`), the image bytes, dtype, device, prompt, decode steps and
+(`provenance.run_weights`), the image bytes, dtype, device, prompt, decode steps and
 options. An adapter that declares no sources gets no cache: an edit to its oracle could not be
 seen.
 
@@ -44,13 +44,13 @@ def root() -> Path:
 
 def key(adapter, req) -> str | None:
     """The cache key of the oracle's dump for `req`, or None when the adapter declares no sources."""
-    from .provenance import source_digest, versions, weights_fingerprint
+    from .provenance import run_weights, source_digest, versions
 
     if not adapter.sources:
         return None
     img = hashlib.sha256(Path(req.image).read_bytes()).hexdigest() if req.image else "none"
     parts = {"model": adapter.name, "src": source_digest(adapter.sources), "versions": versions(),
-             "weights": weights_fingerprint(req.weights_dir), "image": img, "dtype": req.dtype,
+             "weights": run_weights(adapter, req), "image": img, "dtype": req.dtype,
              "device": req.device, "prompt": req.prompt, "decode": req.decode, "options": req.options}
     return hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()[:32]
 

@@ -50,12 +50,12 @@ class CaseSpec:
     processor: str | None = None
     extra: tuple[str, ...] = ()  # KEY=VALUE model options
 
-    def request(self) -> tuple[ModelAdapter, RunRequest]:
+    def request(self, adapter: ModelAdapter | None = None) -> tuple[ModelAdapter, RunRequest]:
         from .runs import make_request
 
         return make_request(self.model, image=self.image, weights=self.weights, device=self.device, dtype=self.dtype,
                             backend=self.backend, fault=self.fault, prompt=self.prompt, chunk=self.chunk,
-                            decode=self.decode, processor=self.processor, extra=self.extra)
+                            decode=self.decode, processor=self.processor, extra=self.extra, adapter=adapter)
 
 
 def oracle_request(req: RunRequest, oracle_dtype: str | None = None) -> RunRequest:
@@ -170,7 +170,8 @@ class CaseResult:
         t = self.timings
         total = sum(t.values())
         parts = ", ".join(f"{k} {v:.2f}" for k, v in t.items())
-        timing = f"({total:.2f} s: {parts}{'; oracle cached' if self.oracle_cached else ''})"
+        cache = {"hit": "; oracle cached", "rejected": "; cached oracle failed verification, recomputed"}
+        timing = f"({total:.2f} s: {parts}{cache.get(self.oracle_cache, '')})"
         if self.report is None:
             return f"ERROR {self.label}: {self.error} {timing}"
         from .report import headline
@@ -231,16 +232,16 @@ def run_case(spec: CaseSpec, work: Path, *, kept: bool, tolerances=None, use_cac
     from .tolerance import load as load_tolerances
 
     label = label or spec.model
+    say = status if prog is None else (lambda msg: None)  # a gate shows its own progress
     case = CaseResult(spec.model, Path(spec.image) if spec.image else Path(), spec.prompt, spec.dtype, label,
                       kept=kept)
     with timed(case.timings, "weights", prog, label):
-        ad, req = spec.request()
-        adapter = adapter or ad
+        adapter, req = spec.request(adapter)
         case.image = Path(req.image)
         tols = tolerances if isinstance(tolerances, Tolerances) else load_tolerances(tolerances)
     oreq = oracle_request(req, spec.oracle_dtype)
     with timed(case.timings, "oracle", prog, label):
-        status(f"running the oracle ({spec.model}, {oreq.dtype}, {oreq.device})…")
+        say(f"running the oracle ({spec.model}, {oreq.dtype}, {oreq.device})…")
         od = oracle_dump(adapter, oreq, work / "oracle", use_cache)
         case.oracle_cached, case.oracle_cache = od.cached, od.cache
         odir = od.path
@@ -248,7 +249,7 @@ def run_case(spec: CaseSpec, work: Path, *, kept: bool, tolerances=None, use_cac
             shutil.copytree(odir, work / "oracle")
             odir = work / "oracle"
     with timed(case.timings, "engine", prog, label):
-        status(f"running the engine ({req.backend}, {req.dtype}{', fault ' + req.fault if req.fault else ''})…")
+        say(f"running the engine ({req.backend}, {req.dtype}{', fault ' + req.fault if req.fault else ''})…")
         edir = run_side(adapter, "engine", req, work / "engine")
     case.dumps = {"oracle": str(odir), "engine": str(edir)}
     if adapter.geometry:
@@ -258,7 +259,7 @@ def run_case(spec: CaseSpec, work: Path, *, kept: bool, tolerances=None, use_cac
         case.geometry = exercised(adapter.geometry, open_dump(odir))
     judge = Judge.build(adapter.contract, tols, run_dtypes=(oreq.dtype, req.dtype))
     with timed(case.timings, "compare", prog, label):
-        status("comparing…")
+        say("comparing…")
         case.report = compare_dumps(odir, edir, judge)
     if od.cache == "rejected":
         case.report.notes.append(od.note)
@@ -282,7 +283,7 @@ def run_case(spec: CaseSpec, work: Path, *, kept: bool, tolerances=None, use_cac
         rt = open_dump(d).run.get("timings")
         if isinstance(rt, dict):
             case.runner_timings[side] = rt
-    status("")
+    say("")
     return case
 
 

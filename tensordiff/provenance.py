@@ -2,10 +2,12 @@
 never by a runner. A runner adds model facts only (its grid, its prompt tokens, the attention
 kernel it used) through `Recorder.update_run`, which merges them in deeply.
 
-- `weights_fingerprint(dir)`: the content identity of a checkpoint: sha256 over the name and
-  the sha256 of the BYTES of every file a run reads from it (its JSON files and safetensors
-  shards). A file's sha256 is cached in the cache dir by (size, mtime_ns, inode), so a second
-  run costs a stat per file; a file edited in place changes its mtime and is hashed again.
+- `run_weights(adapter, req)` / `weights_fingerprint(dir, prefixes)`: the content identity of
+  the weights a run reads: sha256 over the name and the sha256 of the BYTES of every file it
+  reads (the JSON files, and the safetensors shards holding the tensor-name prefixes the
+  adapter declares for the run, or all shards). A file's sha256 is cached in the cache dir by
+  (size, mtime_ns, inode), so a second run costs a stat per file; a file edited in place
+  changes its mtime and is hashed again.
 - `versions()`: the library versions a dump depends on.
 - `describe_image(path)`: the input image (sha256, size, mode, format).
 - `source_digest(sources)`: the code a model's oracle runs, from the files and packages its
@@ -28,6 +30,7 @@ from .errors import BadInput
 
 PACKAGES = ("torch", "transformers", "pillow", "numpy", "safetensors", "torchvision", "tensordiff")
 WEIGHT_SUFFIXES = (".json", ".safetensors")
+INDEX = "model.safetensors.index.json"
 BLOCK = 1 << 22
 # The core's own code that shapes a dump whatever the model: how tensors are recorded and stored.
 CORE_SOURCES = ("tensordiff.capture", "tensordiff.storage", "tensordiff.dtypes")
@@ -90,22 +93,42 @@ def file_sha256(path: str | Path) -> str:
     return digest
 
 
-def weight_files(wdir: Path) -> list[Path]:
-    return sorted(p for p in Path(wdir).iterdir() if p.is_file() and p.suffix in WEIGHT_SUFFIXES)
+def weight_files(wdir: Path, prefixes: tuple[str, ...] | None = None) -> list[Path]:
+    """The checkpoint files a run reads: every JSON file, and the safetensors shards that hold a
+    tensor whose name starts with one of `prefixes` (all shards when `prefixes` is None, or when
+    there is no readable index to say which shard holds what)."""
+    wdir = Path(wdir)
+    files = sorted(p for p in wdir.iterdir() if p.is_file() and p.suffix in WEIGHT_SUFFIXES)
+    if prefixes is None:
+        return files
+    try:
+        wm = json.loads((wdir / INDEX).read_text())["weight_map"]
+        needed = {shard for name, shard in wm.items() if name.startswith(tuple(prefixes))}
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return files  # no index (a lone model.safetensors) or a broken one the runner will refuse
+    return [p for p in files if p.suffix == ".json" or p.name in needed]
 
 
-def weights_fingerprint(wdir: str | Path | None) -> str:
-    """"sha256:<hex>" over (name, sha256 of bytes) of every JSON and safetensors file of the
-    checkpoint directory; "none" without one."""
+def weights_fingerprint(wdir: str | Path | None, prefixes: tuple[str, ...] | None = None) -> str:
+    """"sha256:<hex>" over (name, sha256 of bytes) of every checkpoint file a run reads
+    (`weight_files`); "none" without a checkpoint."""
     if wdir is None:
         return "none"
     wdir = Path(wdir)
     if not wdir.is_dir():
         raise BadInput(f"weights directory {wdir} does not exist")
     h = hashlib.sha256()
-    for p in weight_files(wdir):
+    for p in weight_files(wdir, prefixes):
         h.update(f"{p.name}\0{file_sha256(p)}\n".encode())
     return "sha256:" + h.hexdigest()
+
+
+def run_weights(adapter, req) -> str:
+    """The weights fingerprint of one run: the files the adapter says the run reads
+    (`ModelAdapter.weight_prefixes`), else the whole checkpoint. The manifest and the oracle
+    cache key both take it from here."""
+    prefixes = adapter.weight_prefixes(req) if adapter.weight_prefixes is not None else None
+    return weights_fingerprint(req.weights_dir, tuple(prefixes) if prefixes is not None else None)
 
 
 # ----------------------------------------------------------------------------- source identity

@@ -15,8 +15,9 @@ from .inputs import check_image, default_image_path
 
 def make_request(model: str, *, image=None, weights="synthetic:tiny", device="cpu", dtype="float32",
                  backend="torch", fault=None, prompt=None, chunk=None, decode=0, processor=None, extra=(),
-                 **options) -> tuple[ModelAdapter, RunRequest]:
-    adapter = registry.adapter(model)
+                 adapter: ModelAdapter | None = None, **options) -> tuple[ModelAdapter, RunRequest]:
+    """The validated request of one run; `adapter` when the caller already looked it up."""
+    adapter = adapter or registry.adapter(model)
     for item in extra:
         key, sep, value = item.partition("=")
         if not sep or not key:
@@ -52,12 +53,12 @@ def run_side(adapter: ModelAdapter, side: str, req: RunRequest, out: Path, *, fm
     merged in deeply)."""
     import tensordiff
 
-    from .provenance import describe_image, versions, weights_fingerprint
+    from .provenance import describe_image, run_weights, versions
 
     producer = {"name": f"tensordiff-{side}", "version": tensordiff.__version__, "side": side}
     image = describe_image(req.image)
     run = {"inputs": {"image": image} if image else {}, "dtype": req.dtype, "device": req.device,
-           "weights": weights_fingerprint(req.weights_dir), "weights_spec": req.weights, "versions": versions(),
+           "weights": run_weights(adapter, req), "weights_spec": req.weights, "versions": versions(),
            "backend": req.backend if side == "engine" else None, "fault": req.fault if side == "engine" else None}
     rec = Recorder(out, model=adapter.name, producer=producer, run=run, fmt=fmt, overwrite=overwrite)
     runner = adapter.runner(side)

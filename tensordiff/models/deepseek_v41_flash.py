@@ -77,6 +77,14 @@ GEOMETRY = (
 )
 
 
+def _reads(req) -> tuple[str, ...] | None:
+    """What a run reads from the checkpoint: the tower, the aligner and the image markers; with a
+    prompt or decode steps, the language backbone too (then: everything)."""
+    if req.prompt is None and not req.decode:
+        return ("vision.", "aligner.", "image_start", "image_end", "image_newline")
+    return None
+
+
 def _weights(spec: str):
     from ..synthetic.deepseek_v41_flash import resolve
 
@@ -96,6 +104,7 @@ ADAPTER = ModelAdapter(
     oracle=lazy("oracle.deepseek_v41_flash.run:run"),
     engine=lazy("engine.deepseek_v41_flash.run:run"),
     weights=_weights,
+    weight_prefixes=_reads,
     sources=("oracle.deepseek_v41_flash", "tensordiff.models.deepseek_v41_flash",
              "tensordiff.models.deepseek_language_contract"),
     stages=lazy("engine.deepseek_v41_flash.stages:make_stages"),

@@ -134,6 +134,7 @@ ADAPTER = ModelAdapter(
     oracle=lazy("oracle.qwen3_vl.runner:run"),
     engine=lazy("engine.qwen3_vl.runner:run"),
     weights=_weights,
+    weight_prefixes=lambda req: ("model.visual.",),  # both sides read the vision tower only
     sources=("oracle.qwen3_vl", "tensordiff.models.qwen3_vl"),
     stages=lazy("engine.qwen3_vl.stages:make_stages"),
     geometry=GEOMETRY,

@@ -67,6 +67,7 @@ def test_a_cached_dump_that_fails_its_sha256_is_a_miss_and_the_report_says_so(tm
     assert case.oracle_cache == "rejected" and not case.oracle_cached
     assert any("failed verification" in n and "block0" in n for n in case.report.notes)
     assert case.report.verdict == "match"  # judged against a fresh oracle, not the corrupt one
+    assert "cached oracle failed verification" in case.summary_line()
     assert oracle_cache.verify(oracle_cache.root() / key) is None
     assert check(spec).oracle_cache == "hit"
 

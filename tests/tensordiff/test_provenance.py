@@ -51,6 +51,24 @@ def test_the_fingerprint_follows_the_bytes_of_every_file(tmp_path):
     assert provenance.weights_fingerprint(None) == "none"
 
 
+def test_only_the_shards_a_run_reads_are_hashed(tmp_path):
+    ck = tmp_path / "ck"
+    ck.mkdir()
+    (ck / "config.json").write_text("{}")
+    save_file({"vision.w": torch.ones(4)}, str(ck / "a.safetensors"))
+    save_file({"layers.0.w": torch.ones(4)}, str(ck / "b.safetensors"))
+    (ck / "model.safetensors.index.json").write_text(json.dumps(
+        {"weight_map": {"vision.w": "a.safetensors", "layers.0.w": "b.safetensors"}}))
+    assert [p.name for p in provenance.weight_files(ck, ("vision.",))] == [
+        "a.safetensors", "config.json", "model.safetensors.index.json"]
+    vision, everything = provenance.weights_fingerprint(ck, ("vision.",)), provenance.weights_fingerprint(ck)
+    _scale_in_place(ck / "b.safetensors", "layers.0.w", 1.5)  # a tensor the vision run never reads
+    assert provenance.weights_fingerprint(ck, ("vision.",)) == vision
+    assert provenance.weights_fingerprint(ck) != everything
+    _scale_in_place(ck / "a.safetensors", "vision.w", 1.5)  # one it reads
+    assert provenance.weights_fingerprint(ck, ("vision.",)) != vision
+
+
 def test_a_second_fingerprint_costs_a_stat(tmp_path):
     ck = _checkpoint(tmp_path / "ck")
     shard = ck / "model.safetensors"
@@ -114,6 +132,6 @@ def test_both_sides_carry_one_provenance(tmp_path, model):
     want = provenance.versions()
     for run in runs:
         assert run["versions"] == want  # a runner once replaced it with {torch, pillow}
-        assert run["weights"] == provenance.weights_fingerprint(req.weights_dir)
+        assert run["weights"] == provenance.run_weights(adapter, req)
         assert run["inputs"]["image"] == provenance.describe_image(req.image)
         assert run["inputs"]["grid"]  # the runner's own facts, merged in
