@@ -69,6 +69,9 @@ class ChunkShared:
     # local error only: layer -> [n, k] selection to attend to instead of the layer's own (the
     # reference's choice, so a stage after a near-tie flip is judged on the same positions)
     forced: dict | None = None
+    # local error only: candidate source layer -> [n, T] the reference's scores, so the layers after
+    # it keep the reference's candidate blocks (a near-tie flip there changes the eligible set)
+    forced_scores: dict | None = None
 
 
 class Attention:
@@ -174,7 +177,9 @@ class Attention:
         visible = torch.arange(n_groups, device=x.device).unsqueeze(0) < seen.unsqueeze(1)
         score = score.masked_fill(~visible, float("-inf"))
         if self.candidate_source:
-            shared.candidates = self._blocks(score, seen)
+            ref = (shared.forced_scores or {}).get(self.layer_id)
+            key = score if ref is None else ref[:, :score.shape[1]].to(device=score.device, dtype=score.dtype)
+            shared.candidates = self._blocks(key, seen)
         elif self.candidate_user:
             score = score.masked_fill(~shared.candidates, float("-inf"))
         shared.selection_scores = score  # recorded as `index.L.scores` (the tie rule reads it)

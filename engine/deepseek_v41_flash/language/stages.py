@@ -109,9 +109,14 @@ def make_language_stages(req, run: dict, image_rows: torch.Tensor | None = None)
                               cfg.norm_eps) for j in range(L + 1)]
             ref_sel = {} if own_choice else {j: self.ref[f"index.{j}.ids"].to(dev) for j in range(L + 1)
                                              if f"index.{j}.ids" in self.ref}
+            # the candidate blocks are decided upstream (by the candidate source's scores): always
+            # the reference's, so a near-tie flip there does not change what later indexers may keep
+            c = cfg.candidate_source_layer
+            ref_blocks = {c: self.ref[f"index.{c}.scores"]} if f"index.{c}.scores" in self.ref and c < L else {}
             outs, sels, scores = [], [], []
             for lo, hi in chunks:
-                shared = ChunkShared(forced={j: t[lo:hi] for j, t in ref_sel.items()} or None)
+                shared = ChunkShared(forced={j: t[lo:hi] for j, t in ref_sel.items()} or None,
+                                     forced_scores={j: t[lo:hi] for j, t in ref_blocks.items()} or None)
                 for j in range(L + 1):
                     h = lm.attn[j](xs[j][lo:hi], lo, caches[j], shared)
                 outs.append(h)
