@@ -178,7 +178,8 @@ class Attention:
         score = score.masked_fill(~visible, float("-inf"))
         if self.candidate_source:
             ref = (shared.forced_scores or {}).get(self.layer_id)
-            key = score if ref is None else ref[:, :score.shape[1]].to(device=score.device, dtype=score.dtype)
+            # in fp32 as recorded: rounding the reference's scores to a bf16 run's dtype would make new ties
+            key = score if ref is None else ref[:, :score.shape[1]].to(device=score.device, dtype=torch.float32)
             shared.candidates = self._blocks(key, seen)
         elif self.candidate_user:
             score = score.masked_fill(~shared.candidates, float("-inf"))
