@@ -266,7 +266,12 @@ def run_case(spec: CaseSpec, work: Path, *, kept: bool, tolerances=None, use_cac
     if not kept:
         where = "" if odir.is_relative_to(work) else f" except the oracle's, kept in the cache at {odir}"
         case.report.notes.append(TEMPORARY_NOTE.format(cached=where))
-    if local:
+    # a near-tie flip's cascade passes end to end only because local error judges what it feeds:
+    # so a case with a cascade runs local error even when it was not asked for
+    cascade = any(b.status == "cascade" for b in case.report.boundaries)
+    if local or (cascade and adapter.stages is not None):
+        if cascade and not local:
+            say("a near-tie flip's cascade: judging the stages after it by local error…")
         with timed(case.timings, "local_error", prog, label):
             case.local = (local_error(adapter, req, odir, case.report, judge, work)
                           if adapter.stages is not None else unavailable(adapter.name))
