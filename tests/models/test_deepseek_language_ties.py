@@ -175,3 +175,25 @@ def test_bf16_gate_after_benign_flips_local_error_is_clean(tmp_path):
     statuses = {b.name: b.status for b in case.report.boundaries}
     assert "benign" in statuses.values() and "cascade" in statuses.values()
     assert case.local.available and case.local.origin is None, case.local.summary()
+
+
+def test_check_judges_a_cascade_by_local_error_so_a_bug_behind_a_flip_is_caught(tmp_path, capsys):
+    """bf16 against fp32: router.0.ids flips on a near-tie, so router.0.weights after it is only the
+    flip's cascade end to end; `check` then runs local error, which names the planted weights bug."""
+    import json
+
+    from PIL import Image
+
+    from tensordiff.cli import main
+    from tensordiff.inputs import default_image_path
+
+    jpg = tmp_path / "picture.jpg"
+    Image.open(default_image_path()).convert("RGB").save(jpg, quality=90)
+    with pytest.raises(SystemExit) as e:
+        main(["check", "deepseek-v4.1-flash", "--image", str(jpg), "--prompt", "Describe <image>.", "--chunk", "64",
+              "--dtype", "bfloat16", "--oracle-dtype", "float32", "--fault", "router-biased-weights",
+              "--json", str(tmp_path / "r.json")])
+    out = capsys.readouterr().out
+    assert e.value.code == 1, out[:2000]
+    rep = json.loads((tmp_path / "r.json").read_text())
+    assert rep["local_error"]["origin"] == "router.0.weights"
