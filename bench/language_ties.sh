@@ -112,6 +112,8 @@ for rc_file in sorted(out.glob("*.rc")):
         rep = data.get("report", data) if isinstance(data, dict) else {}
         bounds = rep.get("boundaries") or []
         row["verdict"] = rep.get("verdict")
+        loc = data.get("local_error") if isinstance(data, dict) else None
+        row["local_origin"] = (loc or {}).get("origin") if loc else "not run"
         row["roots"] = rep.get("earliest")
         flips = []
         for b in bounds:
@@ -130,11 +132,12 @@ for rc_file in sorted(out.glob("*.rc")):
             row["logits_cosine"] = (logits["tensors"][0].get("metrics") or {}).get("cosine")
     rows.append(row)
 (out / "summary.json").write_text(json.dumps(rows, indent=1) + "\n")
-lines = ["| check | exit | verdict | roots | benign flips (boundaries) | worst margin / floor | cascade | logits cos |",
-         "| --- | --- | --- | --- | --- | --- | --- | --- |"]
+lines = ["| check | exit | verdict | roots | local origin | benign flips (boundaries) | worst margin / floor | cascade | logits cos |",
+         "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
 for r in rows:
     w = r.get("worst_benign")
     lines.append(f"| {r['check']} | {r['exit']} | {r.get('verdict')} | {', '.join(r.get('roots') or []) or '-'} | "
+                 f"{r.get('local_origin') or '-'} | "
                  f"{sum(f.get('benign', False) for f in r.get('flips', []))} ({', '.join(r.get('benign_boundaries') or []) or '-'}) | "
                  f"{'%.3g / %.3g (%s row %d)' % (w['margin'], w['floor'], w['tensor'], w['row']) if w else '-'} | "
                  f"{len(r.get('cascade') or [])} | {r.get('logits_cosine', '-')} |")
