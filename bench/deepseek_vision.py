@@ -206,6 +206,7 @@ def main(argv=None) -> dict:
                 res.setdefault("errors", {})["graphs"] = eng.graphs.error
             if eng.tower._fused is not None and eng.tower._fused.error:
                 res.setdefault("errors", {})["fuse"] = eng.tower._fused.error
+            res["speed_path"] = eng.speed_path()  # what the default engine ran: block, graphs, SDPA kernel, fallbacks
 
             def with_taps():
                 rec = Recorder(tmp / "taps", model="deepseek-v4.1-flash")
@@ -257,7 +258,7 @@ def main(argv=None) -> dict:
                     if alt.tower._fused is not None and alt.tower._fused.full:
                         from engine.deepseek_v41_flash.fused import FusedBlock
 
-                        alt.tower._fused = FusedBlock(alt.tower, heads_major=True)
+                        alt.tower._fused = FusedBlock(alt.tower.block, heads_major=True)
                         tower[f"{name}_heads_major"], _ = timed(lambda: alt.encode(patches, plan, null), device,
                                                                      args.iters, args.warmup)
                 alt = None

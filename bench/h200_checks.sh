@@ -28,8 +28,8 @@ timeout 150 "$py" -m pytest -q -rs tests/engine/qwen3_vl tests/oracle/qwen3_vl t
 
 stage "deepseek whole model on cuda"
 P="Describe <image> in one line."
-td ds-whole check deepseek-v4.1-flash --device cuda --prompt "$P" --chunk 64 --decode 3
-td ds-whole-hip check deepseek-v4.1-flash --device cuda --backend hip --prompt "$P" --chunk 64 --decode 3
+td ds-whole check deepseek-v4.1-flash --device cuda --prompt "$P" --chunk 64 --decode 3 -o language_numerics=semantic
+td ds-whole-hip check deepseek-v4.1-flash --device cuda --backend hip --prompt "$P" --chunk 64 --decode 3 -o language_numerics=semantic
 td ds-whole-fault check deepseek-v4.1-flash --device cuda --backend hip --prompt "$P" --chunk 64 --fault router-text-bias-for-images
 td ds-bf16-hip check deepseek-v4.1-flash --device cuda --backend hip --dtype bfloat16 --prompt "$P" --chunk 64
 

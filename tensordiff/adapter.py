@@ -13,18 +13,10 @@ from pathlib import Path
 from typing import Any, Callable, Protocol
 
 from .contract import Contract
+from .faults import Fault, find
+from .options import NO_OPTIONS, OptionTable
 
 SIDES = ("oracle", "engine")
-
-
-@dataclass(frozen=True)
-class Fault:
-    """A real bug the engine can carry on purpose, and the boundary it must be caught at."""
-
-    name: str
-    boundary: str  # the earliest boundary the comparator must name (fnmatch pattern allowed)
-    description: str
-    needs: str = ""  # what the input must have for the fault to change numbers
 
 
 @dataclass(frozen=True)
@@ -40,6 +32,7 @@ class RunRequest:
     chunk: int | None = None  # engine prefill chunk length (None: one chunk)
     decode: int = 0  # decode steps after the prompt
     taps: bool = True
+    # typed values, parsed once against the adapter's option table (`tensordiff.options`)
     options: dict[str, Any] = field(default_factory=dict)
 
 
@@ -81,6 +74,8 @@ class ModelAdapter:
     # so a vision gate on a 48-shard checkpoint reads one shard. Too narrow a list would let an
     # edit go unseen: list every prefix either side reads.
     weight_prefixes: Callable[[RunRequest], tuple[str, ...] | None] | None = None
+    # The run options (`-o NAME=VALUE`): name, type, default, help; parsed once into RunRequest.options.
+    options: OptionTable = NO_OPTIONS
 
     def runner(self, side: str) -> Runner:
         if side not in SIDES:
@@ -88,10 +83,7 @@ class ModelAdapter:
         return self.oracle() if side == "oracle" else self.engine()
 
     def fault(self, name: str) -> Fault:
-        for f in self.faults:
-            if f.name == name:
-                return f
-        raise KeyError(name)
+        return find(self.faults, name)
 
 
 def lazy(target: str) -> Callable[[], Any]:

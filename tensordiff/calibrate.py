@@ -16,8 +16,9 @@ missing, or the variant could not run) keeps the dtype default, and the file say
 Variants (`--variant KEY=VALUE`, repeatable): `dtype=bfloat16|float32` changes the oracle's
 dtype; `sdpa=math|flash|efficient|cudnn` runs the oracle under `torch.nn.attention.sdpa_kernel`
 with only that kernel allowed (and records it in `RunRequest.options["sdpa"]`, so the oracle
-cache keeps them apart); any other key is passed through `RunRequest.options` to the oracle
-runner (e.g. `attn=eager` for the Qwen3-VL oracle, `processor=pil`).
+cache keeps them apart); any other key is one of the model's run options that the oracle reads
+(`tensordiff options MODEL`; e.g. `attention=eager` for the Qwen3-VL oracle, `processor=pil`),
+typed through that table; an unknown or engine-only key is refused.
 """
 from __future__ import annotations
 
@@ -29,8 +30,10 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timezone
 from pathlib import Path
+from typing import Any
 
 from .errors import BadInput
+from .options import oracle_option
 from .storage import write_text_atomic
 
 DEFAULT_VARIANTS = ("dtype=bfloat16",)
@@ -53,7 +56,7 @@ class Variant:
 
 def parse_variant(s: str) -> Variant:
     if "=" not in s:
-        raise BadInput(f"--variant {s!r}: expected KEY=VALUE (dtype=bfloat16, sdpa=math, attn=eager, ...)")
+        raise BadInput(f"--variant {s!r}: expected KEY=VALUE (dtype=bfloat16, sdpa=math, attention=eager, ...)")
     k, v = (x.strip() for x in s.split("=", 1))
     if not k or not v:
         raise BadInput(f"--variant {s!r}: expected KEY=VALUE")
@@ -86,6 +89,11 @@ class Calibration:
     boundaries: list[str] = field(default_factory=list)
     failed: dict[str, str] = field(default_factory=dict)  # variant -> why it could not run
     timings: dict[str, float] = field(default_factory=dict)
+    # The numeric pass (tensordiff.floor): the clean engine in the low precision of a dtype
+    # variant, three-way against the reference and that variant's oracle, over every image.
+    profile: Any = None  # floor.Profile | None
+    profile_dtype: str | None = None
+    profile_note: str = ""
 
     def measured(self) -> list[Floor]:
         return [f for f in self.floors.values() if f.max_abs > 0 and math.isfinite(f.max_abs)]
@@ -154,7 +162,29 @@ class Calibration:
             L.append(f"[tolerances.boundaries.{q(f.boundary)}.{f.unit}]")
             L += [f"{k} = {_num(v)}" for k, v in t.items() if v is not None]
             L.append("")
+        L += self._profile_toml()
         return "\n".join(L)
+
+    def _profile_toml(self) -> list[str]:
+        """[floor_rule] (the numeric pass's multipliers) and [profile.<tensor>.<stat>] (the clean
+        engine's ratios to the floor over the images: the gate flags a departure from them)."""
+        q = json.dumps
+        if self.profile is None:
+            return ["# numeric pass: no engine profile (" + (self.profile_note or "no dtype variant") + ")", ""]
+        L = [f"# The numeric pass: the clean {self.profile_dtype} engine's error against the reference as multiples",
+             "# of the oracle's own in that dtype, over the images above; multipliers are the defaults, raised",
+             "# where this engine's own worst clean ratio needs it. The gate flags a ratio outside",
+             "# [min - spread, max + spread] of the profile (spread = max - min; two images or more).",
+             "[floor_rule]"]
+        L += [f"{k} = {_num(v)}" for k, v in self.profile.rule().as_dict().items()]
+        L.append(f"# clean engine: {self.profile.images} image(s)"
+                 + (f", {len(self.profile.failed)} failing the default rule: " + "; ".join(self.profile.failed)
+                    if self.profile.failed else ", all within the default rule"))
+        L.append("")
+        for name, per in self.profile.summary().items():
+            for stat, v in per.items():
+                L += [f"[profile.{q(name)}.{stat}]"] + [f"{k} = {_num(x)}" for k, x in v.items()] + [""]
+        return L
 
     def render_text(self) -> str:
         lines = [f"calibration of {self.model} ({self.weights}): reference {self.reference}; "
@@ -169,6 +199,18 @@ class Calibration:
                              f"{f.variant}) -> atol {t['atol']:.3g}")
         for b, why in self.unmeasured().items():
             lines.append(f"  {b:<16} no floor: {why}")
+        if self.profile is not None:
+            rule = self.profile.rule()
+            lines.append(f"clean {self.profile_dtype} engine over {self.profile.images} image(s), ratio to the floor "
+                         f"min/median/max; multipliers {rule.as_dict()}")
+            for name, per in self.profile.summary().items():
+                lines.append(f"  {name:<16} " + "  ".join(f"{s} {v['min']:.3f}/{v['median']:.3f}/{v['max']:.3f}"
+                                                        for s, v in per.items() if s != "equals_floor_run")
+                             + ("  (bit-equal to the floor run: kept exact)" if "equals_floor_run" in per else ""))
+            for f in self.profile.failed:
+                lines.append(f"  clean engine diverged under the default rule: {f}")
+        elif self.profile_note:
+            lines.append(f"numeric pass: no engine profile ({self.profile_note})")
         return "\n".join(lines)
 
 
@@ -195,16 +237,21 @@ def _sdpa_only(name: str | None):
         yield
 
 
-def variant_request(req, v: Variant):
+def variant_request(req, v: Variant, adapter=None):
     if v.key == "dtype":
         return replace(req, dtype=v.value)
-    return replace(req, options={**req.options, v.key: v.value})
+    if v.key == "sdpa" or adapter is None:
+        return replace(req, options={**req.options, v.key: v.value})
+    name, value = oracle_option(adapter, v.key, v.value, f"--variant {v.label}")  # typed by the model's table
+    return replace(req, options={**req.options, name: value})
 
 
 def calibrate(model: str, images, *, weights: str = "synthetic:tiny", device: str = "cpu",
               dtype: str = "float32", variants=DEFAULT_VARIANTS, multiple: float = DEFAULT_MULTIPLE,
-              use_cache: bool = True, echo=None) -> Calibration:
-    """The oracle at `dtype` (the reference) against itself under each variant, on every image."""
+              use_cache: bool = True, echo=None, engine_profile: bool = True, backend: str = "torch") -> Calibration:
+    """The oracle at `dtype` (the reference) against itself under each variant, on every image;
+    with `engine_profile`, the clean engine in the low precision of the first dtype variant too,
+    three-way (tensordiff.floor), for the numeric pass's multipliers and profile."""
     from . import registry
     from .compare import compare_dumps
     from .metrics import FloatResult
@@ -221,19 +268,33 @@ def calibrate(model: str, images, *, weights: str = "synthetic:tiny", device: st
             raise BadInput(f"--variant {v.label} is the reference itself (reference dtype {dtype}); pick the other dtype")
     echo = echo or (lambda s: None)
     adapter = registry.adapter(model)
+    for v in vs:  # a runner option is checked against the model's table before anything runs
+        if v.key not in ("dtype", "sdpa"):
+            oracle_option(adapter, v.key, v.value, f"--variant {v.label}")
     cal = Calibration(model, weights, f"oracle {dtype}, default attention", [v.label for v in vs], float(multiple),
                       [str(i) for i in images])
     order: dict[str, None] = {}
     t0 = time.perf_counter()
+    low = next((v for v in vs if v.key == "dtype" and v.value != "float32"), None)
+    if engine_profile and low is not None and dtype == "float32":
+        from .floor import Profile
+
+        cal.profile, cal.profile_dtype = Profile(), low.value
+    elif engine_profile:
+        cal.profile_note = ("the reference must be float32 and a variant a lower dtype "
+                            f"(reference {dtype}, variants {', '.join(v.label for v in vs)})")
+    else:
+        cal.profile_note = "not asked for"
     with tempfile.TemporaryDirectory(prefix="tensordiff-calibrate-") as tmp:
         for i, img in enumerate(images):
-            _, req = make_request(model, image=img, weights=weights, device=device, dtype=dtype, adapter=adapter)
-            req = oracle_request(req)
+            _, ereq = make_request(model, image=img, weights=weights, device=device, dtype=dtype, backend=backend,
+                                   adapter=adapter)
+            req = oracle_request(ereq)
             ref = oracle_dump(adapter, req, Path(tmp) / f"ref-{i}", use_cache).path
             for j, v in enumerate(vs):
                 if v.label in cal.failed:
                     continue
-                vreq = variant_request(req, v)
+                vreq = variant_request(req, v, adapter)
                 try:
                     vdir = oracle_dump(adapter, vreq, Path(tmp) / f"var-{i}-{j}", use_cache,
                                        wrap=(lambda v=v: _sdpa_only(v.value)) if v.key == "sdpa" else None).path
@@ -258,6 +319,14 @@ def calibrate(model: str, images, *, weights: str = "synthetic:tiny", device: st
                         if math.isfinite(m.cosine):
                             f.cosine = min(f.cosine, m.cosine)
                 echo(f"{Path(img).name}: {v.label}: measured {len(rep.boundaries)} boundaries")
+                if cal.profile is not None and v is low:
+                    from .floor import three_way
+                    from .runs import run_side
+
+                    edir = run_side(adapter, "engine", replace(ereq, dtype=low.value), Path(tmp) / f"engine-{i}")
+                    num = three_way(ref, vdir, edir)
+                    cal.profile.add(num, Path(img).name)
+                    echo(f"{Path(img).name}: clean {low.value} engine, numeric pass {num.verdict}")
     cal.boundaries = list(order)
     cal.timings["total"] = time.perf_counter() - t0
     if not cal.boundaries and cal.failed:

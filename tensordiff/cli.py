@@ -18,6 +18,7 @@ Exit status: 0 every boundary within tolerance, 1 a material divergence, 2 bad i
 Examples:
   tensordiff compare dumps/sample-oracle dumps/sample-engine
   tensordiff compare oracle/ engine/ --json report.json --tolerances tol.toml
+  tensordiff compare oracle-fp32/ engine-bf16/ --floor oracle-bf16/   # numeric pass: x floor
 """
 
 
@@ -90,7 +91,10 @@ def cli():
 @click.option("--junit", "junit_path", type=click.Path(path_type=Path), help="Also write a JUnit XML report here.")
 @click.option("--html", "html_path", type=click.Path(path_type=Path),
               help="Also write a self-contained HTML report (boundary table, error heatmaps) here.")
-def compare(a, b, json_path, tolerances, fail_fast, verify, junit_path=None, html_path=None):
+@click.option("--floor", "floor_dir", type=click.Path(path_type=Path),
+              help="The oracle's dump in B's low precision (the floor run): judge B's error against A "
+                   "as a multiple of the floor's (three-way, row-aware).")
+def compare(a, b, json_path, tolerances, fail_fast, verify, junit_path=None, html_path=None, floor_dir=None):
     """Compare dump A (reference, e.g. the oracle) with dump B (candidate, e.g. your engine)."""
     from .compare import compare_dumps
     from .dump import open_dump
@@ -99,11 +103,17 @@ def compare(a, b, json_path, tolerances, fail_fast, verify, junit_path=None, htm
     _writable(junit_path)
     _writable(html_path)
     da, db = open_dump(a), open_dump(b)
-    prog, cb = _progress_factory(da.nbytes + db.nbytes, "comparing")
+    if floor_dir is not None:
+        from .floor import rule_of, three_way
+
+        report = three_way(da, open_dump(floor_dir), db, rule_of(tolerances), tolerances=tolerances)
+    else:
+        report = None
+    prog, cb = _progress_factory(da.nbytes + db.nbytes, "comparing") if report is None else (None, None)
     if prog:
         with prog:
             report = compare_dumps(da, db, tolerances, fail_fast=fail_fast, verify=verify, progress=cb)
-    else:
+    elif report is None:
         report = compare_dumps(da, db, tolerances, fail_fast=fail_fast, verify=verify)
     from .pipeline import lone_case, write_reports
 
@@ -155,15 +165,33 @@ def _model_options(f):
                      help="Decode steps after the prompt."),
         click.option("--processor", type=click.Choice(["pil", "torchvision"]), default=None,
                      help="Qwen3-VL image processor for both sides (default: torchvision when importable, else PIL)."),
-        click.option("--option", "-o", "extra", multiple=True, metavar="KEY=VALUE",
-                     help="A model-specific run option, repeatable (e.g. -o attention=math)."),
+        click.option("--option", "-o", "extra", multiple=True, metavar="NAME=VALUE",
+                     help="A model's run option, repeatable (e.g. -o attention=math, -o kernel_quant=false); "
+                          "each model's are listed below and by `tensordiff options MODEL`."),
     ]
     for o in reversed(opts):
         f = o(f)
     return f
 
 
-@cli.command()
+class _ModelCommand(click.Command):
+    """A command taking MODEL: its --help ends with every installed model's option table."""
+
+    def format_epilog(self, ctx, formatter):
+        super().format_epilog(ctx, formatter)
+        from . import registry
+        from .options import render
+
+        with formatter.section("Model options (-o NAME=VALUE; also `tensordiff options MODEL`)"):
+            for name in registry.names():
+                try:
+                    text = render(registry.adapter(name))
+                except BadInput as e:  # an adapter that cannot load: say so, keep the help
+                    text = f"{name}: {e}"
+                formatter.write_text("\b\n" + text)
+
+
+@cli.command(cls=_ModelCommand)
 @click.argument("model")
 @click.option("--side", type=click.Choice(["oracle", "engine"]), required=True)
 @click.option("--out", type=click.Path(path_type=Path), required=True, help="Dump directory to create.")
@@ -181,7 +209,7 @@ def dump(model, side, out, fmt, force, **kw):
     click.echo(f"wrote {path}")
 
 
-@cli.command()
+@cli.command(cls=_ModelCommand)
 @click.argument("model")
 @_model_options
 @click.option("--json", "json_path", type=click.Path(path_type=Path), help="Also write the machine report here.")
@@ -229,6 +257,21 @@ def faults(model):
         click.echo(f"{a.name}:")
         for f in a.faults:
             click.echo(f"  {f.name:<32} -> {f.boundary:<16} {f.description}")
+            if f.needs_text:
+                click.echo(f"  {'':<32}    {'':<16} needs: {f.needs_text}")
+
+
+@cli.command()
+@click.argument("model", required=False)
+def options(model):
+    """List each model's run options (-o NAME=VALUE): name, type, default, which side reads it, help."""
+    from . import registry
+    from .options import render
+
+    names = [model] if model else registry.names()
+    if not names:
+        raise BadInput("no model adapters are installed")
+    click.echo("\n\n".join(render(registry.adapter(n)) for n in names))
 
 
 EPILOG_GATE = """\b
@@ -288,8 +331,11 @@ def gate(config, json_path, junit_path, html_path, out, models, fault, weights, 
         for c in res.cases:
             if not c.passed and c.report is not None:
                 click.echo("")
-                click.echo(f"== {c.label}")
+                click.echo(f"== {c.label}" + (f" ({c.passes[0]} pass)" if c.numeric is not None else ""))
                 click.echo(render_text(c.report))
+                if c.numeric is not None:
+                    click.echo(f"== {c.label} (numeric pass)")
+                    click.echo(render_text(c.numeric))
                 if c.local is not None:
                     click.echo(f"local error: {c.local.summary()}")
         click.echo("")
@@ -314,13 +360,16 @@ def gate(config, json_path, junit_path, html_path, out, models, fault, weights, 
 @click.option("--model", "models", multiple=True, help="Calibrate only this model (repeatable).")
 @click.option("--variant", "variants", multiple=True,
               help="KEY=VALUE the oracle changes against itself: dtype=bfloat16 (default), sdpa=math|flash|"
-                   "efficient|cudnn, or a runner option such as attn=eager. Repeatable.")
+                   "efficient|cudnn, or an oracle run option (`tensordiff options MODEL`) such as "
+                   "attention=eager. Repeatable.")
 @click.option("--multiple", type=float, default=10.0, show_default=True, help="Tolerance = this many times the floor.")
 @click.option("--dtype", type=click.Choice(["float32", "bfloat16"]), default="float32", show_default=True,
               help="The reference oracle's dtype.")
 @click.option("--device", default=None, help="Override the gate's device.")
 @click.option("--no-cache", is_flag=True, help="Run the oracle even when a cached dump exists.")
-def calibrate(config, out, models, variants, multiple, dtype, device, no_cache):
+@click.option("--no-engine-profile", is_flag=True,
+              help="Skip the clean engine's profile (its ratios to the floor, for the gate's numeric pass).")
+def calibrate(config, out, models, variants, multiple, dtype, device, no_cache, no_engine_profile=False):
     """Measure each boundary's noise floor (the oracle against itself at another precision or
     attention kernel, on the gate's images) and write tolerances as a multiple of it."""
     from .calibrate import DEFAULT_VARIANTS, calibrate as run_calibrate, write
@@ -337,7 +386,8 @@ def calibrate(config, out, models, variants, multiple, dtype, device, no_cache):
         _writable(path)
         cal = run_calibrate(m.name, list(m.images), weights=m.weights, device=device or m.device, dtype=dtype,
                             variants=list(variants) or list(DEFAULT_VARIANTS), multiple=multiple,
-                            use_cache=cfg.cache and not no_cache, echo=lambda s: click.echo(s, err=True))
+                            use_cache=cfg.cache and not no_cache, echo=lambda s: click.echo(s, err=True),
+                            engine_profile=not no_engine_profile, backend=m.backend)
         write(cal, path)
         click.echo(cal.render_text())
         click.echo(f"wrote {path}")

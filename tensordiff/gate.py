@@ -28,6 +28,8 @@ from typing import Any, Callable
 from .errors import BadInput
 from .pipeline import STAGES, CaseResult, CaseSpec, check_weights, prepare_out, run_case, workspace  # noqa: F401 (re-exported)
 
+from .pipeline import PASSES  # noqa: E402  semantic, numeric, direct (see pipeline.run_case)
+
 IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".webp", ".bmp", ".gif", ".tif", ".tiff")
 DEFAULT_IMAGE = "tensordiff:default"
 
@@ -44,11 +46,13 @@ KEYS: dict[str, tuple[Callable[[Any], bool], str]] = {
     "local_error": (lambda v: isinstance(v, bool), "true or false"),
     "chunk": (lambda v: isinstance(v, int) and not isinstance(v, bool) and v >= 1, "a positive integer"),
     "decode": (lambda v: isinstance(v, int) and not isinstance(v, bool) and v >= 0, "a non-negative integer"),
+    "passes": (lambda v: isinstance(v, list) and v and all(x in PASSES for x in v) and len(set(v)) == len(v),
+               "a list of distinct passes: \"semantic\", \"numeric\", \"direct\""),
 }
 GATE_ONLY = {"name": (lambda v: isinstance(v, str), "a string"), "cache": (lambda v: isinstance(v, bool), "true or false")}
 DEFAULTS = {"weights": "synthetic:tiny", "images": [DEFAULT_IMAGE], "prompts": [], "dtype": "float32",
             "oracle_dtype": None, "device": "cpu", "backend": "torch", "tolerances": None, "local_error": True,
-            "chunk": None, "decode": 0}
+            "chunk": None, "decode": 0, "passes": None}
 
 
 @dataclass(frozen=True)
@@ -67,6 +71,18 @@ class ModelCase:
     local_error: bool = True
     chunk: int | None = None
     decode: int = 0
+    passes: tuple[str, ...] | None = None  # None: `case_passes` decides
+
+
+def case_passes(m: ModelCase) -> tuple[str, ...]:
+    """The passes a case runs: as configured, else semantic + numeric for a low-precision run,
+    semantic alone in float32 (where it is the direct comparison), direct when the gate pins an
+    oracle dtype other than the engine's (the one-pass comparison it asked for)."""
+    if m.passes:
+        return tuple(m.passes)
+    if m.oracle_dtype not in (None, m.dtype):
+        return ("direct",)
+    return ("semantic",) if m.dtype == "float32" else ("semantic", "numeric")
 
 
 @dataclass(frozen=True)
@@ -155,7 +171,8 @@ def from_mapping(data: dict, path: Path | None = None, known_models=None) -> Gat
             name=m["name"], weights=weights, images=expand_images(merged["images"], base, w),
             prompts=tuple(merged["prompts"]), dtype=merged["dtype"], oracle_dtype=merged["oracle_dtype"],
             device=merged["device"], backend=merged["backend"], tolerances=tol_path,
-            local_error=merged["local_error"], chunk=merged["chunk"], decode=merged["decode"]))
+            local_error=merged["local_error"], chunk=merged["chunk"], decode=merged["decode"],
+            passes=tuple(merged["passes"]) if merged["passes"] else None))
     name = gate.get("name") or (path.stem if path else "gate")
     return GateConfig(path, name, tuple(cases), gate.get("cache", True))
 
@@ -295,6 +312,16 @@ def _label(model: str, image: Path, prompt: str | None, dtype: str, base: Path |
     return " / ".join(parts)
 
 
+def _refusal(adapter, fault: str, m, prompt) -> str | None:
+    """Why case (m, prompt) cannot carry `fault` (None: it can): a gate plants a fault only in
+    the cases whose model has it and whose run takes its route."""
+    from .options import fault_refusal
+
+    # a semantic pass runs the engine in float32, so it carries faults below bf16 resolution
+    dtype = "float32" if "semantic" in case_passes(m) else m.dtype
+    return fault_refusal(adapter, fault, prompt=prompt, chunk=m.chunk, decode=m.decode, dtype=dtype)
+
+
 def run_gate(cfg: GateConfig, *, fault: str | None = None, models: list[str] | None = None, out: Path | None = None,
              use_cache: bool | None = None, local: bool | None = None, overrides: dict | None = None,
              html: bool = False, progress: bool | None = None, echo=None) -> GateResult:
@@ -313,12 +340,20 @@ def run_gate(cfg: GateConfig, *, fault: str | None = None, models: list[str] | N
                            f"(it has: {', '.join(m.name for m in cfg.models)})")
     if overrides:
         mcs = [replace(m, **{k: v for k, v in overrides.items() if v is not None}) for m in mcs]
+    for m in mcs:
+        if "numeric" in case_passes(m) and m.dtype == "float32":
+            raise BadInput(f"{m.name}: the numeric pass judges a low-precision run against float32; "
+                           "set dtype = \"bfloat16\" (or drop \"numeric\" from passes)")
     adapters = {m.name: registry.adapter(m.name) for m in mcs}  # looked up once, used by every case
     if fault is not None:
         having = [n for n, a in adapters.items() if any(f.name == fault for f in a.faults)]
         if not having:
             known = sorted({f.name for a in adapters.values() for f in a.faults})
             raise BadInput(f"no model in this gate has a fault {fault!r} (known: {', '.join(known) or 'none'})")
+        why = [_refusal(adapters[m.name], fault, m, pr) for m in mcs if m.name in having
+               for pr in (m.prompts or (None,))]
+        if all(why):  # no case would run the bug: a silent pass otherwise
+            raise BadInput(f"no case of this gate can carry it: {why[0]}")
     out = prepare_out(out)
     plan = [(m, img, pr) for m in mcs for img in m.images for pr in (m.prompts or (None,))]
     t0 = time.perf_counter()
@@ -330,11 +365,14 @@ def run_gate(cfg: GateConfig, *, fault: str | None = None, models: list[str] | N
     results: list[CaseResult] = []
     base = cfg.path.parent if cfg.path else None
     tols = {m.tolerances: load_tolerances(m.tolerances) for m in mcs}  # each file read once
+    from .floor import profile_of, rule_of
+
+    floors = {m.tolerances: (rule_of(m.tolerances), profile_of(m.tolerances)) for m in mcs}  # the numeric pass
     with workspace(out, "tensordiff-gate-") as (root, kept), \
             _Progress(len(plan), show, steps=len(STAGES) - (0 if html else 1)) as prog:
         for i, (m, img, prompt) in enumerate(plan):
             adapter = adapters[m.name]
-            f = fault if fault and any(x.name == fault for x in adapter.faults) else None
+            f = fault if fault and _refusal(adapter, fault, m, prompt) is None else None
             dt = m.dtype if m.oracle_dtype in (None, m.dtype) else f"{m.dtype} (oracle {m.oracle_dtype})"
             label = _label(m.name, img, prompt, dt, base, f)
             prog.case(label)
@@ -342,10 +380,10 @@ def run_gate(cfg: GateConfig, *, fault: str | None = None, models: list[str] | N
             work.mkdir(parents=True, exist_ok=True)
             spec = CaseSpec(m.name, image=img, weights=m.weights, device=m.device, dtype=m.dtype,
                             oracle_dtype=m.oracle_dtype, backend=m.backend, fault=f, prompt=prompt, chunk=m.chunk,
-                            decode=m.decode)
+                            decode=m.decode, passes=case_passes(m))
             case = run_case(spec, work, kept=kept, tolerances=tols[m.tolerances], use_cache=use_cache,
                             local=m.local_error if local is None else local, views=html, label=label, prog=prog,
-                            adapter=adapter)
+                            adapter=adapter, floor=floors[m.tolerances])
             results.append(case)
             prog.done_case()
             line = case.summary_line()

@@ -65,10 +65,12 @@ class Judge:
     def mode(self, name: str, dtype: DType) -> str:
         return self.contract.mode_for(name) or ("values" if dtype.is_float else "exact")
 
-    def unit(self, da: DType, db: DType) -> DType:
-        """The float dtype a float tensor pair is judged in: its tolerance and ULP unit."""
+    def unit(self, da: DType, db: DType, boundary: str = "", run: dict | None = None) -> DType:
+        """The float dtype a float tensor pair is judged in: its tolerance and ULP unit. A run may
+        declare another compute dtype for some boundaries (`run.boundary_dtypes`: fnmatch pattern
+        -> dtype; the DeepSeek language half in bf16 behind an fp32 vision tower)."""
         unit = narrower(da, db)
-        for name in self.run_dtypes:
+        for name in self.run_dtypes + boundary_dtypes(boundary, run):
             unit = narrower(unit, BY_NAME[name])
         return unit
 
@@ -91,7 +93,7 @@ class Judge:
             return res
         mode = res.mode = self.mode(ea.name, da)
         if da.is_float:
-            unit = self.unit(da, db)
+            unit = self.unit(da, db, boundary.name, run)
             res.dtype["unit"] = unit.name
             tol = self.tolerance(boundary.name, unit.name)
             if mode == "scores":
@@ -165,6 +167,17 @@ class Judge:
                 t.probes[name] = {"a": oka, "b": okb, "detail": detail}
                 if oka and not okb and t.status == "match":
                     t.status, t.reason = "diverged", f"probe {name} fails on B only ({detail})"
+
+
+def boundary_dtypes(boundary: str, run: dict | None) -> tuple[str, ...]:
+    """The float compute dtypes a run declares for `boundary` (`run.boundary_dtypes`)."""
+    import fnmatch
+
+    table = (run or {}).get("boundary_dtypes")
+    if not isinstance(table, dict):
+        return ()
+    return tuple(v for k, v in table.items() if isinstance(v, str) and v in BY_NAME and BY_NAME[v].is_float
+                 and fnmatch.fnmatchcase(boundary, k))
 
 
 def settle(tensors: list[TensorResult]) -> tuple[str, str]:

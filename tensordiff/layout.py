@@ -30,6 +30,26 @@ def row_position(layout: str, row: int, run: dict) -> tuple[int, int] | None:
     return None
 
 
+def token_type(pos: int, run: dict) -> str | None:
+    """TEXT, START, IMAGE cell (y, x), NEWLINE or END for sequence position `pos`, from the run's
+    image span (`language.span_start`, `inputs.cells`): [START] + ([IMAGE] * w + [NEWLINE]) * h + [END]."""
+    start = (run.get("language") or {}).get("span_start")
+    cells = _grid(run, "cells")
+    if not isinstance(start, int) or isinstance(start, bool) or cells is None:
+        return None
+    ch, cw = cells
+    k = pos - start
+    span = ch * (cw + 1) + 2
+    if k < 0 or k >= span:
+        return "TEXT"
+    if k == 0:
+        return "START"
+    if k == span - 1:
+        return "END"
+    y, x = divmod(k - 1, cw + 1)
+    return "NEWLINE" if x == cw else f"IMAGE cell (y={y}, x={x})"
+
+
 def describe(layout: str, index: tuple[int, ...], run: dict) -> str:
     if not index:
         return "scalar"
@@ -42,5 +62,6 @@ def describe(layout: str, index: tuple[int, ...], run: dict) -> str:
     if layout in ("cells", "merged") and pos:
         return f"token cell (y={pos[0]}, x={pos[1]}){ch}"
     if layout == "tokens":
-        return f"position {row}{ch}"
+        tt = token_type(row, run)
+        return f"position {row}{f' ({tt})' if tt else ''}{ch}"
     return f"index {list(index)}"

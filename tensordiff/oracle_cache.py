@@ -51,7 +51,8 @@ def key(adapter, req) -> str | None:
     img = hashlib.sha256(Path(req.image).read_bytes()).hexdigest() if req.image else "none"
     parts = {"model": adapter.name, "src": source_digest(adapter.sources), "versions": versions(),
              "weights": run_weights(adapter, req), "image": img, "dtype": req.dtype,
-             "device": req.device, "prompt": req.prompt, "decode": req.decode, "options": req.options}
+             "device": req.device, "prompt": req.prompt, "decode": req.decode,
+             "options": adapter.options.for_side(req.options, "oracle", undeclared=True)}
     return hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()[:32]
 
 

@@ -26,6 +26,12 @@ from . import oracle_cache
 from .adapter import ModelAdapter, RunRequest
 from .errors import BadInput
 
+# The passes a case can run (`CaseSpec.passes`; the gate picks them with `gate.case_passes`):
+#   semantic  engine float32 against oracle float32: approximations (a tanh GELU) that bf16 hides
+#   numeric   three-way in the run's precision: the engine's error as multiples of the oracle's own
+#             in that precision (tensordiff.floor), row-aware, against a calibrated profile if any
+#   direct    the engine at its dtype against the oracle at oracle_dtype (one comparison; `check`)
+PASSES = ("semantic", "numeric", "direct")
 # The steps of a case, in order, each timed (`CaseResult.timings`).
 STAGES = ("weights", "oracle", "engine", "compare", "local_error", "report")
 TEMPORARY_NOTE = ("the dumps this report names were temporary and are gone{cached}; "
@@ -49,13 +55,21 @@ class CaseSpec:
     decode: int = 0
     processor: str | None = None
     extra: tuple[str, ...] = ()  # KEY=VALUE model options
+    passes: tuple[str, ...] | None = None  # PASSES to run; None: ("direct",)
 
     def request(self, adapter: ModelAdapter | None = None) -> tuple[ModelAdapter, RunRequest]:
         from .runs import make_request
 
         return make_request(self.model, image=self.image, weights=self.weights, device=self.device, dtype=self.dtype,
                             backend=self.backend, fault=self.fault, prompt=self.prompt, chunk=self.chunk,
-                            decode=self.decode, processor=self.processor, extra=self.extra, adapter=adapter)
+                            decode=self.decode, processor=self.processor, extra=self.extra, adapter=adapter,
+                            fault_dtype=self.carrier_dtype)
+
+    @property
+    def carrier_dtype(self) -> str:
+        """The precision in which the case can carry a planted fault: a semantic pass runs the
+        engine in float32 whatever the case's dtype, so a fault below bf16 resolution is reached."""
+        return "float32" if self.passes and "semantic" in self.passes else self.dtype
 
 
 def oracle_request(req: RunRequest, oracle_dtype: str | None = None) -> RunRequest:
@@ -156,10 +170,13 @@ class CaseResult:
     dumps: dict[str, str] = field(default_factory=dict)
     kept: bool = True  # the dumps named in `dumps` exist after the command
     geometry: list[str] = field(default_factory=list)  # discrete preprocessing rules this image exercises
+    passes: tuple[str, ...] = ()  # what ran: `report` is the first (semantic/direct), `numeric` the three-way
+    numeric: Any = None  # Report of the numeric pass, when it ran beside another pass
 
     @property
     def passed(self) -> bool:
         return (self.report is not None and self.report.verdict == "match"
+                and (self.numeric is None or self.numeric.verdict == "match")
                 and (self.local is None or self.local.origin is None))
 
     @property
@@ -181,6 +198,12 @@ class CaseResult:
         if self.local is not None:
             local = (f"; local origin `{self.local.origin}`" if self.local.origin
                      else "; local: every stage within tolerance" if self.local.available else "; local: n/a")
+        if self.numeric is not None:
+            sem = (f"{len(r.boundaries)} boundaries within tolerance" if r.verdict == "match" else headline(r))
+            num = ("every boundary within its floor multiples" if self.numeric.verdict == "match"
+                   else headline(self.numeric))
+            return (f"{'PASS ' if self.passed else 'FAIL '} {self.label}: {self.passes[0]}: {sem}; numeric: {num}"
+                    f"{local} {timing}")
         if self.passed:
             return f"PASS  {self.label}: {len(r.boundaries)} boundaries within tolerance{local} {timing}"
         return f"FAIL  {self.label}: {headline(r)}{local} {timing}"
@@ -192,7 +215,9 @@ class CaseResult:
                 "runner_timings": self.runner_timings, "oracle_cached": self.oracle_cached,
                 "oracle_cache": self.oracle_cache, "dumps": self.dumps, "dumps_kept": self.kept,
                 "geometry": self.geometry,
+                "passes": list(self.passes),
                 "report": self.report.as_json() if self.report is not None else None,
+                "numeric": self.numeric.as_json() if self.numeric is not None else None,
                 "local_error": self.local.as_json() if self.local is not None else None}
 
 
@@ -219,10 +244,12 @@ def status(msg: str) -> None:
 
 def run_case(spec: CaseSpec, work: Path, *, kept: bool, tolerances=None, use_cache: bool = True,
              local: bool = False, views: bool = False, label: str | None = None, prog=None,
-             adapter: ModelAdapter | None = None) -> CaseResult:
+             adapter: ModelAdapter | None = None, floor=None) -> CaseResult:
     """Oracle (cached), engine, comparison, local error, report views, for one case. `work` holds
     this case's dumps (`oracle/`, `engine/`, `local/`); `kept` says whether it outlives the
-    command. `tolerances` are the user's (a `Tolerances`, a file or None)."""
+    command. `tolerances` are the user's (a `Tolerances`, a file or None). `spec.passes` says
+    what runs (`PASSES`): the first of semantic / direct gives `report`; numeric gives `numeric`
+    (or `report` when it runs alone), judged by `floor` = (FloorRule, profile) or the defaults."""
     from .compare import compare_dumps
     from .dump import open_dump
     from .judge import Judge
@@ -239,7 +266,16 @@ def run_case(spec: CaseSpec, work: Path, *, kept: bool, tolerances=None, use_cac
         adapter, req = spec.request(adapter)
         case.image = Path(req.image)
         tols = tolerances if isinstance(tolerances, Tolerances) else load_tolerances(tolerances)
-    oreq = oracle_request(req, spec.oracle_dtype)
+    passes = case.passes = tuple(spec.passes or ("direct",))
+    first = next((p for p in passes if p != "numeric"), None)
+    ereq = req  # the run in its own precision (the numeric pass)
+    if first == "semantic":  # both sides in float32
+        req, oracle_dtype = replace(req, dtype="float32"), "float32"
+    elif first == "direct":
+        oracle_dtype = spec.oracle_dtype
+    else:  # numeric alone: its floor run is the oracle the rest (local error) compares with
+        oracle_dtype = None
+    oreq = oracle_request(req, oracle_dtype)
     with timed(case.timings, "oracle", prog, label):
         say(f"running the oracle ({spec.model}, {oreq.dtype}, {oreq.device})…")
         od = oracle_dump(adapter, oreq, work / "oracle", use_cache)
@@ -260,7 +296,16 @@ def run_case(spec: CaseSpec, work: Path, *, kept: bool, tolerances=None, use_cac
     judge = Judge.build(adapter.contract, tols, run_dtypes=(oreq.dtype, req.dtype))
     with timed(case.timings, "compare", prog, label):
         say("comparing…")
-        case.report = compare_dumps(odir, edir, judge)
+        if first:
+            case.report = compare_dumps(odir, edir, judge)
+        if "numeric" in passes:
+            num = _numeric(adapter, ereq, odir if oreq.dtype == "float32" and first else None,
+                           odir if not first else None, edir if not first else None, work, kept, use_cache, tols,
+                           floor, case)
+            if first:
+                case.numeric = num
+            else:
+                case.report = num
     if od.cache == "rejected":
         case.report.notes.append(od.note)
     if not kept:
@@ -268,7 +313,7 @@ def run_case(spec: CaseSpec, work: Path, *, kept: bool, tolerances=None, use_cac
         case.report.notes.append(TEMPORARY_NOTE.format(cached=where))
     # a near-tie flip's cascade passes end to end only because local error judges what it feeds:
     # so a case with a cascade runs local error even when it was not asked for
-    cascade = any(b.status == "cascade" for b in case.report.boundaries)
+    cascade = any(b.status == "cascade" for r in (case.report, case.numeric) if r is not None for b in r.boundaries)
     if local or (cascade and adapter.stages is not None):
         if cascade and not local:
             say("a near-tie flip's cascade: judging the stages after it by local error…")
@@ -282,6 +327,8 @@ def run_case(spec: CaseSpec, work: Path, *, kept: bool, tolerances=None, use_cac
 
         with timed(case.timings, "report", prog, label):
             case.views = heat_views(case.report, open_dump(odir))
+            if case.numeric is not None:
+                case.views += heat_views(case.numeric, open_dump(odir))
     for side, d in (("oracle", odir), ("engine", edir)):
         if side == "oracle" and case.oracle_cached:
             continue  # a cached dump's timings are another run's
@@ -290,6 +337,26 @@ def run_case(spec: CaseSpec, work: Path, *, kept: bool, tolerances=None, use_cac
             case.runner_timings[side] = rt
     say("")
     return case
+
+
+def _numeric(adapter, req: RunRequest, ref: Path | None, floor_dir: Path | None, eng: Path | None, work: Path,
+             kept: bool, use_cache: bool, tols, floor, case: CaseResult):
+    """The numeric pass of one case: the oracle in float32 (`ref`, when another pass has it) and in
+    the run's dtype (`floor_dir`, the floor run), the engine in the run's dtype (`eng`, when run),
+    judged three-way (`floor.three_way`) by `floor` = (FloorRule, profile), else the defaults."""
+    from .floor import DEFAULT_RULE, three_way
+    from .runs import run_side
+
+    rule, profile = floor or (DEFAULT_RULE, {})
+    base = oracle_request(req)
+    if ref is None:
+        ref = oracle_dump(adapter, replace(base, dtype="float32"), work / "oracle-float32", use_cache).path
+    if floor_dir is None:
+        floor_dir = oracle_dump(adapter, base, work / "oracle-floor", use_cache).path
+    if eng is None:
+        eng = run_side(adapter, "engine", req, work / f"engine-{req.dtype}")
+    case.dumps.update({"reference": str(ref), "floor": str(floor_dir), "numeric_engine": str(eng)})
+    return three_way(ref, floor_dir, eng, rule, profile=profile, tolerances=tols)
 
 
 def check(spec: CaseSpec, *, out: str | Path | None = None, tolerances=None, use_cache: bool = True,

@@ -31,6 +31,8 @@ def tensor_summary(t: TensorResult) -> str:
     m = t.metrics
     if t.status in ("missing", "incomparable"):
         return t.reason
+    if t.mode == "floor":
+        return floor_summary(m)
     if isinstance(m, FloatResult):
         s = (f"max|Δ| {_g(m.max_abs)}  mean|Δ| {_g(m.mean_abs)}  cos {m.cosine:.6f}  "
              f"SQNR {_g(m.sqnr_db, '.1f')} dB  ULP p50/p99/max {_g(m.ulp_p50)}/{_g(m.ulp_p99)}/{_g(m.ulp_max)}"
@@ -49,6 +51,19 @@ def tensor_summary(t: TensorResult) -> str:
     if t.mode == "scores":
         return t.reason
     return "0/0 elements differ"
+
+
+def floor_summary(m: dict) -> str:
+    """A numeric-pass tensor: its error as multiples of the floor, and what the pass can see."""
+    if m.get("exact_floor"):
+        return (f"bit-exact across precisions: exact required; engine RMSE {_g(m['engine']['rmse'])}"
+                + ("" if m["engine"]["rmse"] else " (exact)"))
+    r, d = m["ratios"], m["detectable"]
+    w = (m.get("worst_rows") or [None])[0]
+    worst = f"  worst row {w['row']} ({w['meaning']}) {w['x_floor']:.3g}× its floor" if w else ""
+    return (f"× floor: RMSE {r['rmse']:.3f}  max row {r['row']:.3f}  cos deficit {r['cosine']:.3f}  "
+            f"outlier rows {m['outliers']}/{m['rows']}{worst}  (floor rel. RMSE {m['floor']['relative']:.3g}; "
+            f"detectable: {100 * d['tensor']:.3g}% tensor-wide, {100 * d['row']:.3g}% in one row)")
 
 
 def _dtype_note(t: TensorResult) -> str:
@@ -83,7 +98,9 @@ def render_text(r: Report, max_rows: int = 200) -> str:
         for t in b.tensors:
             if t.status != "match":
                 lines.append(f"  {t.name}: {t.reason}")
-                if t.worst:
+                if t.worst and t.mode == "floor":
+                    lines.append(f"    worst row {t.worst['index']}: {t.worst['meaning']} ({t.worst['x_floor']:.3g}× floor)")
+                elif t.worst:
                     w = t.worst
                     vals = f" (A={_g(w.get('a'), '.6g')}, B={_g(w.get('b'), '.6g')})" if "a" in w else ""
                     lines.append(f"    worst element {w['index']}: {w['meaning']}{vals}")
@@ -116,7 +133,15 @@ def print_rich(r: Report, console) -> None:
             if t.status != "match":
                 console.print(f"  [bold]{escape(t.name)}[/]: {escape(t.reason)}")
                 if t.worst:
-                    console.print(f"    worst element {t.worst['index']}: {escape(t.worst['meaning'])}")
+                    what = "row" if t.mode == "floor" else "element"
+                    console.print(f"    worst {what} {t.worst['index']}: {escape(t.worst['meaning'])}")
+    if any(t.mode == "floor" for b in r.boundaries for t in b.tensors):  # a numeric-pass report
+        for b in r.boundaries:
+            for i, t in enumerate(b.tensors):
+                mark = f"{b.status}{' (root)' if b.root else ''}" if i == 0 else ""
+                console.print(f"{escape(b.name if i == 0 else ''):<16} {escape(mark):<16} {escape(t.name):<18} "
+                              f"{escape(tensor_summary(t))}", highlight=False)
+        return
     table = Table(show_lines=False, header_style="bold")
     for col in ("boundary", "status", "tensor", "dtype", "max|Δ|", "cos", "SQNR dB", "ULP p99", "outside"):
         table.add_column(col)

@@ -227,7 +227,10 @@ def heat_views(report: Report, dump_a=None, only_failing: bool = False) -> list[
             if eg is None:
                 continue
             err, g = eg
-            scale = float(t.tolerance.get("atol") or 0.0) or float(t.tolerance.get("floor") or 0.0) or 1e-6
+            if t.mode == "floor":  # row_error holds each row's × floor: the outlier multiplier is "at tolerance"
+                scale = float((t.tolerance.get("rule") or {}).get("outlier") or 1.0)
+            else:
+                scale = float(t.tolerance.get("atol") or 0.0) or float(t.tolerance.get("floor") or 0.0) or 1e-6
             worst = None
             if np.isfinite(err).any():
                 wy, wx = np.unravel_index(int(np.nanargmax(np.where(np.isfinite(err), err, -1))), err.shape)
@@ -333,7 +336,8 @@ def _case_html(case, idx: int) -> str:
         return "".join(parts)
     ok = r.verdict == "match"
     local = getattr(case, "local", None)
-    ok = ok and (local is None or local.origin is None)
+    num = getattr(case, "numeric", None)
+    ok = ok and (local is None or local.origin is None) and (num is None or num.verdict == "match")
     parts.append(f"<div class='headline {'pass' if ok else 'fail'}'>{esc(headline(r))}</div>")
     if local is not None:
         parts.append(f"<p><b>Local error</b>: {esc(local.summary())}</p>")
@@ -347,6 +351,10 @@ def _case_html(case, idx: int) -> str:
                  "<th>× floor</th><th>cos</th><th>SQNR dB</th><th>outside</th><th>local error</th><th>reason</th></tr>")
     parts.append(_boundary_rows(r, local))
     parts.append("</table>")
+    numeric = getattr(case, "numeric", None)
+    if numeric is not None or r.tolerances.startswith("floor-relative"):
+        parts.append(_numeric_html(numeric if numeric is not None else r,
+                                   "the only pass" if numeric is None else "beside the semantic pass above"))
     timings = getattr(case, "timings", None) or {}
     if timings:
         cells = "".join(f"<td class=num>{esc(_g(v, '.3f'))} s</td>" for v in timings.values())
@@ -376,11 +384,43 @@ def _case_html(case, idx: int) -> str:
     return "\n".join(parts)
 
 
+def _numeric_html(rep: Report, where: str) -> str:
+    """The numeric pass: per tensor its error as multiples of the floor and what it can detect."""
+    from .report import floor_summary, headline as head
+
+    ok = rep.verdict == "match"
+    rows = []
+    for b in rep.boundaries:
+        for i, t in enumerate(b.tensors):
+            m = t.metrics
+            floor = isinstance(m, dict) and "ratios" in m
+            r, d = (m["ratios"], m["detectable"]) if floor else ({}, {})
+            w = (m.get("worst_rows") or [None])[0] if floor and not m.get("exact_floor") else None
+            cells = ([_g(r.get(k), ".3f") + "×" for k in ("rmse", "row", "cosine")]
+                     + [f"{m['outliers']}/{m['rows']}",
+                        f"{w['row']} ({w['meaning']}): {_g(w['x_floor'], '.3g')}×" if w else "–",
+                        "exact" if m.get("exact_floor") else f"{100 * d['tensor']:.3g}% / {100 * d['row']:.3g}%"]
+                     if floor and not m.get("exact_floor") else ["–"] * 5 + ["exact" if floor else "direct"])
+            status = (b.status + (" (root)" if b.root else "")) if i == 0 else ""
+            rows.append(f"<tr class='s-{esc(b.status)}'><td>{esc(b.name) if i == 0 else ''}</td><td>{esc(status)}</td>"
+                        f"<td><code>{esc(t.name)}</code></td>" + "".join(f"<td class=num>{esc(c)}</td>" for c in cells)
+                        + f"<td>{esc(t.reason) if t.status != 'match' else ''}</td></tr>")
+    return (f"<h3>Numeric pass ({esc(where)}): error as multiples of the floor</h3>"
+            f"<div class='headline {'pass' if ok else 'fail'}'>{esc(head(rep))}</div>"
+            "<p class=dim>floor = the oracle in the run's precision against the oracle in float32; detectable = the "
+            "smallest relative perturbation this pass sees at this precision, spread over the tensor / in one row.</p>"
+            "<table><tr><th>boundary</th><th>status</th><th>tensor</th><th>RMSE</th><th>max row</th>"
+            "<th>cos deficit</th><th>outlier rows</th><th>worst row</th><th>detectable</th><th>reason</th></tr>"
+            + "\n".join(rows) + "</table>"
+            + "".join(f"<p class=warn>note: {esc(n)}</p>" for n in rep.notes))
+
+
 def render_html(cases, title: str = "tensordiff report") -> str:
     from . import __version__
 
     cases = list(cases)
     failing = [c for c in cases if c.report is None or c.report.verdict != "match"
+               or (getattr(c, "numeric", None) is not None and c.numeric.verdict != "match")
                or (getattr(c, "local", None) is not None and c.local.origin is not None)]
     verdict = "PASS" if not failing else f"FAIL ({len(failing)} of {len(cases)} cases)"
     now = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")

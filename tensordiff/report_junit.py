@@ -47,8 +47,8 @@ def _classname(label: str) -> str:
     return clean(label).replace(".", "_")
 
 
-def _boundary_case(suite: ET.Element, label: str, b, local) -> tuple[int, int]:
-    tc = ET.SubElement(suite, "testcase", classname=_classname(label), name=clean(b.name), time="0")
+def _boundary_case(suite: ET.Element, label: str, b, local, prefix: str = "") -> tuple[int, int]:
+    tc = ET.SubElement(suite, "testcase", classname=_classname(label), name=clean(prefix + b.name), time="0")
     lines = [f"{t.name}: {t.status}: {tensor_summary(t)}" for t in b.tensors]
     lr = local.get(b.name) if local else None
     if lr is not None:
@@ -96,7 +96,16 @@ def build(cases, name: str = "tensordiff") -> ET.Element:
             for b in case.report.boundaries:
                 ff, ss = _boundary_case(suite, case.label, b, by_local)
                 n, f, s = n + 1, f + ff, s + ss
+            numeric = getattr(case, "numeric", None)  # the gate's numeric pass beside the semantic one
+            for b in (numeric.boundaries if numeric is not None else ()):
+                ff, ss = _boundary_case(suite, case.label, b, None, prefix="numeric: ")
+                n, f, s = n + 1, f + ff, s + ss
             props = ET.SubElement(suite, "properties")
+            if getattr(case, "passes", ()):
+                ET.SubElement(props, "property", name="passes", value=clean(", ".join(case.passes)))
+            if numeric is not None:
+                ET.SubElement(props, "property", name="numeric_verdict", value=clean(numeric.verdict))
+                ET.SubElement(props, "property", name="numeric_headline", value=clean(headline(numeric)))
             ET.SubElement(props, "property", name="verdict", value=clean(case.report.verdict))
             ET.SubElement(props, "property", name="headline", value=clean(headline(case.report)))
             ET.SubElement(props, "property", name="earliest", value=clean(",".join(case.report.earliest)))

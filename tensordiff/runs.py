@@ -15,20 +15,17 @@ from .inputs import check_image, default_image_path
 
 def make_request(model: str, *, image=None, weights="synthetic:tiny", device="cpu", dtype="float32",
                  backend="torch", fault=None, prompt=None, chunk=None, decode=0, processor=None, extra=(),
-                 adapter: ModelAdapter | None = None, **options) -> tuple[ModelAdapter, RunRequest]:
-    """The validated request of one run; `adapter` when the caller already looked it up."""
+                 adapter: ModelAdapter | None = None, fault_dtype: str | None = None, **options) -> tuple[ModelAdapter, RunRequest]:
+    """The validated request of one run; `adapter` when the caller already looked it up;
+    `fault_dtype` the precision a fault's needs are checked in (a case's float32 semantic pass)."""
+    from .options import parse_assignments, validate_request
+
     adapter = adapter or registry.adapter(model)
-    for item in extra:
-        key, sep, value = item.partition("=")
-        if not sep or not key:
-            raise BadInput(f"--option takes KEY=VALUE, not {item!r}")
-        options[key] = value
+    raw = {**options, **parse_assignments(extra)}
     if processor is not None:
-        options["processor"] = processor
-    if fault is not None:
-        known = [f.name for f in adapter.faults]
-        if fault not in known:
-            raise BadInput(f"unknown fault {fault!r} for {model} (known: {', '.join(known)})")
+        raw["processor"] = processor
+    _, options = validate_request(adapter, fault=fault, options=raw, prompt=prompt, chunk=chunk, decode=decode,
+                                  dtype=fault_dtype or dtype)
     if device != "cpu" and not device.startswith("cuda"):
         raise BadInput(f"unknown device {device!r} (cpu or cuda[:N])")
     if device.startswith("cuda"):
@@ -59,7 +56,8 @@ def run_side(adapter: ModelAdapter, side: str, req: RunRequest, out: Path, *, fm
     image = describe_image(req.image)
     run = {"inputs": {"image": image} if image else {}, "dtype": req.dtype, "device": req.device,
            "weights": run_weights(adapter, req), "weights_spec": req.weights, "versions": versions(),
-           "backend": req.backend if side == "engine" else None, "fault": req.fault if side == "engine" else None}
+           "backend": req.backend if side == "engine" else None, "fault": req.fault if side == "engine" else None,
+           "options": adapter.options.for_side(req.options, side)}
     rec = Recorder(out, model=adapter.name, producer=producer, run=run, fmt=fmt, overwrite=overwrite)
     runner = adapter.runner(side)
     try:

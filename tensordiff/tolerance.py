@@ -121,8 +121,8 @@ def from_mapping(m: dict, origin: str) -> Tolerances:
         elif k in DEFAULTS:
             dtypes[k] = _check_table(v, f"{origin}: {k}")
             dtypes[k] = {kk: vv for kk, vv in dtypes[k].items() if kk in _FIELDS}
-        elif k in ("floors", "calibration"):
-            continue  # written by `tensordiff calibrate` for the report
+        elif k in ("floors", "calibration", "floor_rule", "profile"):
+            continue  # written by `tensordiff calibrate`: the report's floors, the numeric pass's rule and profile
         else:
             raise BadInput(f"{origin}: unknown tolerance table {k!r} (a dtype name or 'boundaries')")
     return Tolerances(dtypes, bounds, origin)

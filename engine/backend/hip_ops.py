@@ -23,12 +23,14 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
+from tensordiff.models.deepseek_faults import ROUTER_TEXT_BIAS_FOR_IMAGES
+
 from ..errors import EngineInputError
 
 HIP_DIR = Path(__file__).resolve().parents[2] / "hip"
 FAMILIES = ("rms_norm", "rope", "patch_gemm", "aligner_gather", "moe_route", "embed_scatter", "status")
 KERNEL_FAULTS = {
-    "router-text-bias-for-images": "the router kernel ranks image rows with the text bias instead of bias_vl",
+    ROUTER_TEXT_BIAS_FOR_IMAGES: "the router kernel ranks image rows with the text bias instead of bias_vl",
 }
 _FLOATS = (torch.float32, torch.bfloat16)
 _MAX_TOPK = 8
@@ -206,7 +208,7 @@ class HipBackend:
         if bias_vl is not None and image_rows is not None:
             bvl = bias_vl.to(device=dev, dtype=torch.float32).contiguous()
             img = image_rows.to(device=dev, dtype=torch.bool).contiguous().view(torch.uint8)
-        fault = "router-text-bias-for-images" in self.faults
+        fault = ROUTER_TEXT_BIAS_FOR_IMAGES in self.faults
         with _on_device(logits):
             w, ids = self._k.moe_route(logits.contiguous(), b, bvl, img, int(topk), float(route_scale), fault,
                                        self.router_threads, _stream(logits))

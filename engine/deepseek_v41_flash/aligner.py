@@ -45,9 +45,23 @@ class AlignerWeights:
     b2: torch.Tensor
 
 
-def align(x: torch.Tensor, index: torch.Tensor, w: AlignerWeights, backend, gelu_tanh: bool = False) -> torch.Tensor:
+SPLIT_K = 64  # `splitk-bf16`: the width of one partial sum
+
+
+def _splitk_rounded(cells: torch.Tensor, w: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """The fault `splitk-bf16`: w1 as split-K partial sums, each rounded to bf16 and summed in
+    bf16 (a split-K kernel that keeps its partials in the output dtype instead of fp32)."""
+    acc = None
+    for k in range(0, cells.shape[-1], SPLIT_K):
+        part = (cells[:, k:k + SPLIT_K].float() @ w[:, k:k + SPLIT_K].float().T).to(torch.bfloat16)
+        acc = part if acc is None else (acc + part).to(torch.bfloat16)
+    return (acc.float() + b.float()).to(cells.dtype)
+
+
+def align(x: torch.Tensor, index: torch.Tensor, w: AlignerWeights, backend, gelu_tanh: bool = False,
+          splitk_bf16: bool = False) -> torch.Tensor:
     """x: [N, C] final-norm patches; index: [T, r*r] -> [T, dim]."""
     cells = backend.aligner_gather(x, index)  # [T, C*r*r] channel-major
-    h = backend.linear(cells, w.w1, w.b1)
+    h = _splitk_rounded(cells, w.w1, w.b1) if splitk_bf16 else backend.linear(cells, w.w1, w.b1)
     h = F.gelu(h, approximate="tanh" if gelu_tanh else "none")
     return backend.linear(h, w.w2, w.b2)

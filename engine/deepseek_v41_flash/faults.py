@@ -1,34 +1,34 @@
 """Named bugs the engine can carry on purpose (all off by default).
 
-Each is a mistake this field really makes; each must be caught by the comparator at the boundary
-named here (the adapter lists the same faults for `tensordiff faults`).
+Each is a mistake this field really makes; the one table of names, boundaries and needs is
+`tensordiff.models.deepseek_faults` (what `tensordiff faults` lists). The engine compares
+`fault == F.ROPE_INTERLEAVED`, never a string.
 """
 from __future__ import annotations
 
+from tensordiff.models.deepseek_faults import (  # noqa: F401  (the names the engine tests against)
+    ALIGNER_FLAT_PAD, CONTAIN_CEIL, ENGRAM_NGRAM_ACROSS_IMAGE, ENGRAM_SCALE_IGNORED, FP4_NIBBLES_SWAPPED, FP8_SCALE_IGNORED,
+    FP8_SCALE_TRANSPOSED, GELU_TANH, LANGUAGE_NAMES, NORM_EPS, NUMERIC_NAMES, RESIDUAL_SCALE, SPLITK_BF16, TAIL_ROW_SCALE,
+    OVERLAY_CHUNK_SHIFT, PATCH_PAD_NONZERO, ROPE_INTERLEAVED, ROUTER_BIASED_WEIGHTS, ROUTER_TEXT_BIAS_FOR_IMAGES,
+    VISION_NAMES)
+
 from ..errors import EngineInputError
 
-FAULTS: dict[str, tuple[str, str]] = {
-    # name: (boundary that must diverge first, what the bug is)
-    "contain-ceil": ("plan", "contain rounds the short side with ceil instead of round"),
-    "rope-interleaved": ("rope", "2D RoPE angles interleaved (row, col, row, col...) instead of blocked"),
-    "aligner-flat-pad": ("aligner", "zero rows appended to the flattened patches instead of a right/bottom grid pad"),
-    "gelu-tanh": ("aligner", "tanh-approximated GELU in the aligner instead of the exact erf GELU"),
-    "patch-pad-nonzero": ("block0", "the 588 -> 592 padding columns of the patch projection are not zero"),
-}
-
-
-# The language backbone's faults live with it (`language/model.py`); named here so one
-# `--fault` reaches the right half and an unknown name is still refused.
-LANGUAGE = ("router-text-bias-for-images", "router-biased-weights", "engram-ngram-across-image",
-            "overlay-chunk-shift")
+# The vision engine's own faults and the language backbone's (`language/`): one `--fault`
+# reaches the right half and an unknown name is still refused.
+VISION = VISION_NAMES  # the numeric faults included
+# Numeric faults: each moves numbers by about one to five times the bf16 noise floor, so only a
+# floor-relative verdict (tensordiff.floor, the gate's numeric pass) sees them in bf16.
+NUMERIC = NUMERIC_NAMES
+LANGUAGE = LANGUAGE_NAMES
 
 
 def check(fault: str | None) -> str | None:
     """The vision engine's fault (None when the fault belongs to the language backbone)."""
-    if fault is not None and fault not in FAULTS and fault not in LANGUAGE:
-        known = ", ".join((*FAULTS, *LANGUAGE))
+    if fault is not None and fault not in VISION and fault not in LANGUAGE:
+        known = ", ".join((*VISION, *LANGUAGE))
         raise EngineInputError(f"unknown fault {fault!r} for deepseek-v4.1-flash (known: {known})")
-    return fault if fault in FAULTS else None
+    return fault if fault in VISION else None
 
 
 def language(fault: str | None) -> str | None:

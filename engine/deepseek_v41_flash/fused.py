@@ -1,123 +1,97 @@
 """CUDA-only speed paths for the vision tower: compiled block segments and whole-pass CUDA graphs.
 
-Both are off on the CPU and change no CPU number. On CUDA they are governed by environment
-variables (read when a `VisionEngine` is built):
+Both are off on the CPU and change no CPU number. On CUDA they are governed by the run options
+`fuse` and `graphs` (`-o fuse=off`, `tensordiff.models.deepseek_options`), whose defaults come
+from environment variables (read when a `VisionEngine` is built):
 
     TENSORDIFF_FUSE    0: off; 1: on from the first pass; unset: on from an engine's second pass
-    TENSORDIFF_GRAPHS  0: off; 1/unset: the second pass of a grid captures, later passes replay
+    TENSORDIFF_GRAPHS  0: off; 1: the first pass of a grid captures; unset: the second pass
+                       captures, later passes replay
 
 "From the second pass" keeps a one-shot `tensordiff check` free of compile and capture time (it
 runs the plain eager block), while a served engine, or the benchmark, gets the fast path.
 
-Fusion: `torch.compile` (Inductor, Triton) of the block's two segments around attention:
-    pre:  rms_norm -> qkv GEMM + bias -> rope on q and k                   (norm and rope: one kernel each)
-    post: wo GEMM + bias + residual -> rms_norm -> w1 GEMM -> silu*up -> w2 GEMM + residual
-The segments call the torch backend's own ops, so they are that backend's semantics compiled;
-Inductor keeps fp32 between the fused elementwise steps where eager rounds to bf16 after each op
-(silu, then the product), which only removes roundings. Another backend's kernels (hip) stay
-eager: their calls are what that backend is tested on; only the glue between them (the
-residual adds, silu*up) is compiled there.
+Fusion: `torch.compile` (Inductor, Triton) of the pieces of `vision.VisionBlock` itself, around
+attention (which stays the runtime's call, with its kernel order and fallback):
+    attn_in: rms_norm -> qkv GEMM + bias -> rope on q and k                 (norm and rope: one kernel each)
+    out:     wo GEMM + bias + residual -> rms_norm -> w1 GEMM -> silu*up -> w2 GEMM + residual
+They are the block's own methods, so the compiled route is the eager route's code compiled, never a
+second copy of it; Inductor keeps fp32 between the fused elementwise steps where eager rounds to
+bf16 after each op (silu, then the product), which only removes roundings. Another backend's
+kernels (hip) stay eager: their calls are what that backend is tested on; only the glue between
+them (`attn_residual`, `ffn_residual`: the GEMMs, residual adds, silu*up) is compiled there.
 """
 from __future__ import annotations
 
-import os
+import copy
 
 import torch
-import torch.nn.functional as F
-
-from .vision import NORM_EPS
 
 
-def policy(name: str, default: str) -> str:
-    """'off', 'on' (from the first pass) or 'auto' (from the second) for TENSORDIFF_<name>."""
-    v = os.environ.get(f"TENSORDIFF_{name}", default).strip().lower()
-    return {"0": "off", "off": "off", "false": "off", "1": "on", "on": "on", "true": "on"}.get(v, "auto")
-
-
-def can_compile(device: torch.device) -> bool:
+def compile_unavailable(device: torch.device) -> str | None:
+    """Why the block cannot be compiled on `device`, or None."""
     if device.type != "cuda":
-        return False
+        return f"compiled blocks are CUDA only (device {device.type})"
     try:
         import triton  # noqa: F401  (Inductor's GPU code generator)
     except ImportError:
-        return False
-    return True
+        return "Triton is not installed (Inductor's GPU code generator)"
+    return None
+
+
+def can_compile(device: torch.device) -> bool:
+    return compile_unavailable(device) is None
 
 
 def _compile(fn):
     return torch.compile(fn, dynamic=False, fullgraph=True)
 
 
+def _heads_major(attn_in):
+    """attn_in writing q, k, v as contiguous [H, N, hd] (the layout SDPA kernels index natively)
+    behind [N, H, hd] views, instead of views of the [N, 3, H, hd] GEMM output."""
+    def pieces(*args):
+        return tuple(t.transpose(0, 1).contiguous().transpose(0, 1) for t in attn_in(*args))
+
+    return pieces
+
+
+def compiled(block, heads_major: bool = False):
+    """A copy of `block` (a `vision.VisionBlock`) whose pieces are those same pieces compiled."""
+    c = copy.copy(block)
+    if getattr(block.backend, "name", "") == "torch":
+        c.attn_in = _compile(_heads_major(block.attn_in) if heads_major else block.attn_in)
+        c.out = _compile(block.out)
+    else:  # c.out, the block's own method on the copy, runs the compiled glue around eager norms
+        c.attn_residual = _compile(block.attn_residual)
+        c.ffn_residual = _compile(block.ffn_residual)
+    return c
+
+
 class FusedBlock:
-    """`VisionTower.block`'s numbers through compiled segments; attention stays the runtime's call."""
+    """The block through its compiled pieces; if compiling fails, the eager block from then on,
+    with the reason in `error` (the engine writes it to the manifest's speed path)."""
 
-    def __init__(self, tower, heads_major: bool = False):
-        """heads_major: the pre segment writes q, k, v as contiguous [H, N, hd] (the layout SDPA
-        kernels index natively) instead of views of the [N, 3, H, hd] GEMM output."""
-        self.tower = tower
-        be = tower.backend
-        nh, hd = tower.cfg.vision_n_heads, tower.cfg.vision_head_dim
-        self.full = getattr(be, "name", "") == "torch"
-
-        if self.full:
-            def pre(x, norm1, wqkv, bqkv, cos, sin):
-                n = x.shape[0]
-                h = be.rms_norm(x, norm1, NORM_EPS)
-                qkv = be.linear(h, wqkv, bqkv).view(n, 3, nh, hd)
-                qk = be.rope_rotate_half(qkv[:, :2].reshape(n, 2 * nh, hd), cos, sin)
-                q, k, v = qk[:, :nh], qk[:, nh:], qkv[:, 2]
-                if heads_major:  # [N, H, hd] views of [H, N, hd] buffers
-                    return tuple(t.transpose(0, 1).contiguous().transpose(0, 1) for t in (q, k, v))
-                return q, k, v
-
-            def post(x, o, wo, bo, norm2, w1, w2):
-                n = x.shape[0]
-                x = x + be.linear(o.reshape(n, nh * hd), wo, bo)
-                h = be.rms_norm(x, norm2, NORM_EPS)
-                gate, up = be.linear(h, w1, None).chunk(2, dim=-1)
-                return x + be.linear(F.silu(gate) * up, w2, None)
-
-            self.pre, self.post = _compile(pre), _compile(post)
-        else:
-            def residual(x, o, wo, bo):
-                return x + F.linear(o.reshape(x.shape[0], nh * hd), wo, bo)
-
-            def mlp(x, h, w1, w2):
-                gate, up = F.linear(h, w1, None).chunk(2, dim=-1)
-                return x + F.linear(F.silu(gate) * up, w2, None)
-
-            self.residual, self.mlp = _compile(residual), _compile(mlp)
-
-    error: str | None = None  # why compiling failed (then every call runs the eager block)
-    _ok = False
+    def __init__(self, block, heads_major: bool = False):
+        self.eager = block
+        self.full = getattr(block.backend, "name", "") == "torch"  # the whole block compiled
+        self.compiled = compiled(block, heads_major)
+        self.error: str | None = None
+        self.ok = False  # compiled and ran
 
     def __call__(self, x, blk, cos, sin):
-        if self._ok:
-            return self._run(x, blk, cos, sin)
+        if self.ok:
+            return self.compiled(x, blk, cos, sin)
         if self.error is not None:
-            return self.tower.block(x, blk, cos, sin)
+            return self.eager(x, blk, cos, sin)
         try:  # the first call compiles: a toolchain failure must not take the engine down
-            y = self._run(x, blk, cos, sin)
+            y = self.compiled(x, blk, cos, sin)
         except Exception as e:
-            self.error = f"{type(e).__name__}: {str(e).strip().splitlines()[0] if str(e).strip() else ''}"
-            return self.tower.block(x, blk, cos, sin)
-        self._ok = True
+            text = str(e).strip()
+            self.error = f"{type(e).__name__}: {text.splitlines()[0] if text else ''}"
+            return self.eager(x, blk, cos, sin)
+        self.ok = True
         return y
-
-    def _run(self, x, blk, cos, sin):
-        t = self.tower
-        nh = t.cfg.vision_n_heads
-        if self.full:
-            q, k, v = self.pre(x, blk.norm1, blk.wqkv, blk.bqkv, cos, sin)
-            o = t.attend(q, k, v)
-            return self.post(x, o, blk.wo, blk.bo, blk.norm2, blk.w1, blk.w2)
-        be, n, hd = t.backend, x.shape[0], t.cfg.vision_head_dim
-        h = be.rms_norm(x, blk.norm1, NORM_EPS)
-        qkv = be.linear(h, blk.wqkv, blk.bqkv).view(n, 3, nh, hd)
-        qk = be.rope_rotate_half(qkv[:, :2].reshape(n, 2 * nh, hd), cos, sin)
-        o = t.attend(qk[:, :nh], qk[:, nh:], qkv[:, 2])
-        x = self.residual(x, o, blk.wo, blk.bo)
-        return self.mlp(x, be.rms_norm(x, blk.norm2, NORM_EPS), blk.w1, blk.w2)
 
 
 class GraphCache:
@@ -134,6 +108,7 @@ class GraphCache:
         self.graphs: dict = {}
         self.failed: set = set()
         self.error: str | None = None
+        self.captures = self.replays = 0  # what the speed path reports
 
     def __call__(self, key, x: torch.Tensor) -> torch.Tensor:
         g = self.graphs.get(key)
@@ -141,6 +116,7 @@ class GraphCache:
             graph, static_in, static_out = g
             static_in.copy_(x)
             graph.replay()
+            self.replays += 1
             return static_out.clone()
         self.seen[key] = self.seen.get(key, 0) + 1
         if key in self.failed or self.seen[key] <= self.after or len(self.graphs) >= self.size:
@@ -165,5 +141,6 @@ class GraphCache:
             torch.cuda.synchronize(x.device)
             return self.fn(x)
         self.graphs[key] = (graph, static_in, static_out)
+        self.captures += 1
         graph.replay()
         return static_out.clone()

@@ -3,8 +3,11 @@
     run(RunRequest(weights=..., weights_dir=..., image=..., device="cuda", dtype="bfloat16"), rec)
 
 Taps at the five boundaries are explicit `rec.record` calls guarded by `rec.enabled`, so a
-`NullRecorder` costs a branch. Options (`req.options`): `attention` = a list of SDPA kernel names
-to prefer on CUDA (see `engine.runtime.attention.KERNELS`).
+`NullRecorder` costs a branch. Options (`req.options`, typed by `tensordiff.models.deepseek_options`):
+`attention` = SDPA kernel names to prefer on CUDA (see `engine.runtime.attention.KERNELS`), `fuse`
+and `graphs` = the CUDA speed paths (`fused`), `kernel_quant` = the language kernels' round trips.
+The run's `speed_path` (`VisionEngine.speed_path`) goes into the manifest: what was asked, what ran,
+the SDPA kernels taken and every fallback with its reason.
 """
 from __future__ import annotations
 
@@ -14,14 +17,17 @@ from pathlib import Path
 
 import torch
 
+from tensordiff.models.deepseek_options import OPTIONS
+
 from .. import backend as backends
 from ..errors import EngineInputError
 from ..runtime import image as rimage
+from ..runtime.speed_path import SpeedPath
 from . import faults as F
 from . import weights as W
 from .aligner import AlignerWeights, align, cell_index
 from .config import Config
-from .fused import GraphCache, can_compile, policy
+from .fused import GraphCache, can_compile, compile_unavailable
 from .preprocess import ImagePlan, patch_rows, plan_image, render
 from .span import image_span
 from .vision import VisionTower, prepare_tower, tower_names
@@ -37,30 +43,69 @@ class VisionEngine:
     def __init__(self, checkpoint: str | Path, *, device="cpu", dtype="float32", backend="torch",
                  fault: str | None = None, attention_prefer=None, fuse: str | None = None,
                  graphs: str | None = None):
-        """fuse / graphs: 'off', 'on', 'auto' or None (the TENSORDIFF_FUSE / TENSORDIFF_GRAPHS
-        environment, see `fused`); both are off on the CPU whatever is asked."""
+        """fuse / graphs: 'off', 'on', 'auto' or None (the options' defaults: the TENSORDIFF_FUSE /
+        TENSORDIFF_GRAPHS environment, else 'auto'; see `fused`); both are off on the CPU whatever
+        is asked."""
         if dtype not in DTYPES:
             raise EngineInputError(f"dtype {dtype!r} is not supported (float32 or bfloat16)")
         self.fault = F.check(fault)
+        if fuse is None or graphs is None:  # the options' defaults: the environment, else auto
+            defaults = OPTIONS.resolve({})
+            fuse, graphs = fuse or defaults["fuse"], graphs or defaults["graphs"]
         self.device = torch.device(device)
         self.dtype = DTYPES[dtype]
         self.backend = backends.get(backend)
         self.checkpoint = Path(checkpoint)
         self.cfg = Config.load(self.checkpoint)
+        self.speed = SpeedPath()
+        # the typed options' values (None: their defaults, from TENSORDIFF_FUSE / TENSORDIFF_GRAPHS)
+        defaults = OPTIONS.resolve({})
+        self.asked = {"block": fuse or defaults["fuse"], "cuda_graphs": graphs or defaults["graphs"]}
+        cuda_only = None if self.device.type == "cuda" else f"CUDA graphs are CUDA only (device {self.device.type})"
+        self.policy = {"block": self._possible("vision block compiled -> eager", self.asked["block"],
+                                               None if can_compile(self.device) else
+                                               compile_unavailable(self.device)),
+                       "cuda_graphs": self._possible("CUDA graphs -> eager", self.asked["cuda_graphs"], cuda_only)}
         t = W.read(self.checkpoint, tower_names(self.cfg) + ALIGNER + MARKERS)
-        tw = prepare_tower(t, self.cfg, self.dtype, self.device, pad_nonzero=fault == "patch-pad-nonzero")
-        self.tower = VisionTower(self.cfg, tw, self.backend, rope_interleaved=fault == "rope-interleaved",
-                                 pad_nonzero=fault == "patch-pad-nonzero", attention_prefer=attention_prefer,
-                                 fuse=(fuse or policy("FUSE", "auto")) if can_compile(self.device) else "off")
-        graphs = (graphs or policy("GRAPHS", "auto")) if self.device.type == "cuda" else "off"
+        tw = prepare_tower(t, self.cfg, self.dtype, self.device, pad_nonzero=fault == F.PATCH_PAD_NONZERO)
+        self.tower = VisionTower(self.cfg, tw, self.backend, rope_interleaved=fault == F.ROPE_INTERLEAVED,
+                                 pad_nonzero=fault == F.PATCH_PAD_NONZERO, attention_prefer=attention_prefer,
+                                 numeric=self.fault if self.fault in F.NUMERIC else None,
+                                 fuse=self.policy["block"], speed=self.speed)
         # 'on' captures at a grid's first pass, 'auto' at its second (a one-shot run stays eager)
+        # a numeric fault keeps the eager block, and graphs would replay the unfaulted capture
+        graphs = "off" if self.tower.numeric else self.policy["cuda_graphs"]
         self.graphs = None if graphs == "off" else GraphCache(None, after=0 if graphs == "on" else 1)
         cast = lambda n: t[n].to(device=self.device, dtype=self.dtype).contiguous()  # noqa: E731
         self.aligner = AlignerWeights(*(cast(n) for n in ALIGNER))
         self.markers = {n: cast(n) for n in MARKERS}
 
+    def _possible(self, what: str, asked: str, why_not: str | None) -> str:
+        """`asked`, or 'off' where it cannot run here. Off on the CPU is the documented route for
+        'auto'; an explicit 'on', or 'auto' on a GPU, that cannot run is a silent fallback."""
+        if why_not is None:
+            return asked
+        if asked == "on" or (asked == "auto" and self.device.type == "cuda"):
+            self.speed.fallback(what, why_not)
+        return "off"
+
+    def speed_path(self) -> dict:
+        """The manifest's `speed_path`: what was asked, what ran, which attention kernels, every
+        fallback and why (as of the passes run so far)."""
+        fz, g = self.tower._fused, self.graphs
+        if fz is not None and fz.error:
+            self.speed.fallback("vision block compiled -> eager", fz.error)
+        if g is not None and g.error:
+            self.speed.fallback("CUDA graphs -> eager", g.error)
+        self.speed.parts["vision"] = {
+            "block": {"asked": self.asked["block"], "policy": self.policy["block"], "ran": self.tower.ran},
+            "cuda_graphs": {"asked": self.asked["cuda_graphs"], "policy": self.policy["cuda_graphs"],
+                            "captured": g.captures if g else 0, "replayed": g.replays if g else 0},
+            "attention_prefer": list(self.tower.attention_prefer) if self.tower.attention_prefer else None}
+        return self.speed.as_json()
+
     def plan(self, width: int, height: int) -> ImagePlan:
-        rounding = "ceil" if self.fault == "contain-ceil" else "round"
+        rounding = "ceil" if self.fault == F.CONTAIN_CEIL else "round"
         return plan_image(width, height, self.cfg, contain_rounding=rounding)
 
     def preprocess(self, path) -> tuple[ImagePlan, torch.Tensor]:
@@ -82,17 +127,29 @@ class VisionEngine:
         taps = rec is not None and rec.enabled
         if taps:
             rec.record("patches", patches)
-        x = self.tower.forward(patches, plan.grid, rec)
-        index = cell_index(*plan.grid, self.cfg.vision_downsample_ratio, x.device,
-                           flat_pad=self.fault == "aligner-flat-pad")
-        out = align(x, index, self.aligner, self.backend, gelu_tanh=self.fault == "gelu-tanh")
+        out = self.align(self.tower.forward(patches, plan.grid, rec), plan.grid)
         if taps:
             rec.record("aligner", out)
         return out
 
+    def align(self, x: torch.Tensor, grid: tuple[int, int]) -> torch.Tensor:
+        """Final-norm patches [N, C] of a `grid` -> aligner rows [T, dim]."""
+        index = cell_index(*grid, self.cfg.vision_downsample_ratio, x.device, flat_pad=self.fault == F.ALIGNER_FLAT_PAD)
+        return align(x, index, self.aligner, self.backend, gelu_tanh=self.fault == F.GELU_TANH,
+                     splitk_bf16=self.fault == F.SPLITK_BF16)
+
     def span(self, position: int, aligned: torch.Tensor, plan: ImagePlan):
         """The overlay span (rows for the whole image span) starting at sequence `position`."""
         return image_span(position, aligned, self.markers, plan.cells)
+
+
+def engine_for(req) -> VisionEngine:
+    """The VisionEngine a request asks for: its device, dtype, backend, fault and typed options."""
+    opts = OPTIONS.resolve(req.options)
+    return VisionEngine(req.weights_dir, device=req.device, dtype=req.dtype, backend=req.backend, fault=req.fault,
+                        attention_prefer=opts["attention"], fuse=opts["fuse"], graphs=opts["graphs"])
+
+
 
 
 def run(req, rec) -> None:
@@ -100,10 +157,8 @@ def run(req, rec) -> None:
         raise EngineInputError("the DeepSeek V4.1 Flash engine needs a weights directory and an image")
     if req.chunk is not None and req.prompt is None and req.decode == 0:
         raise EngineInputError("--chunk splits the language prefill: give a --prompt (with <image>) too")
-    prefer = req.options.get("attention") if req.options else None
     t0 = time.perf_counter()
-    eng = VisionEngine(req.weights_dir, device=req.device, dtype=req.dtype, backend=req.backend,
-                       fault=req.fault, attention_prefer=prefer)
+    eng = engine_for(req)
     t1 = time.perf_counter()
     plan, patches = eng.preprocess(req.image)
     # model facts only: the core writes the provenance (weights, versions, the image) itself
@@ -118,13 +173,16 @@ def run(req, rec) -> None:
     if eng.device.type == "cuda":
         torch.cuda.synchronize(eng.device)
     # the gate's time breakdown (`tensordiff gate` reads run.timings); forward includes the taps' copies
-    rec.update_run(timings={"load_weights": t1 - t0, "preprocess": t2 - t1, "forward": time.perf_counter() - t2})
+    rec.update_run(timings={"load_weights": t1 - t0, "preprocess": t2 - t1, "forward": time.perf_counter() - t2},
+                   speed_path=eng.speed_path())
     if req.prompt is not None or req.decode > 0:
-        from .language.run import run_language
+        from .language.run import SPEED, run_language
 
         # the tower ran once, above; prefill asks for its rows when it first reaches the span
         facts = run_language(dataclasses.replace(req, fault=F.language(req.fault)), rec, lambda: aligned,
                              tuple(plan.cells))
         rec.update_run(outputs={"generated": facts["generated"], "stop": facts["stop"]},
                        language={"prompt_tokens": facts["prompt_tokens"], "span_start": facts["span_start"],
-                                 "vision_calls": facts["vision_calls"]})
+                                 "vision_calls": facts["vision_calls"]},
+                       speed_path={**eng.speed_path(), "language": dict(SPEED)})
+

@@ -3,7 +3,7 @@
     stages = make_stages(req, run)        # run: the reference dump's run record (inputs.grid)
     stages["block0"]({"patches": ..., "rope.cos": ..., "rope.sin": ...}) -> {"block0": ...}
 
-Each stage is the engine's own code (`VisionTower.embed/block/norm`, `cell_index`, `align`) under
+Each stage is the engine's own code (`VisionTower.embed/block/later_blocks/norm`, `VisionEngine.align`) under
 the request's device, dtype, backend and fault; inputs arrive as the reference stored them (on
 the CPU, any dtype) and are cast here as the engine would hold them. `patches` and `rope` have no
 upstream boundary: their stage is the whole path from the image, already compared end to end.
@@ -15,14 +15,11 @@ import dataclasses
 import torch
 
 from . import faults as F
-from .aligner import align, cell_index
-from .run import VisionEngine
+from .run import engine_for
 
 
 def make_stages(req, run: dict) -> dict:
-    prefer = req.options.get("attention") if req.options else None
-    eng = VisionEngine(req.weights_dir, device=req.device, dtype=req.dtype, backend=req.backend,
-                       fault=req.fault, attention_prefer=prefer)
+    eng = engine_for(req)
     grid = tuple(int(v) for v in run["inputs"]["grid"])
     tower = eng.tower
 
@@ -39,17 +36,11 @@ def make_stages(req, run: dict) -> dict:
 
     @torch.inference_mode()
     def final_norm(i):
-        x = act(i["block0"])
-        cos, sin = rope(i)
-        for blk in tower.w.blocks[1:]:
-            x = tower.block(x, blk, cos, sin)
-        return {"final_norm": tower.norm(x)}
+        return {"final_norm": tower.norm(tower.later_blocks(act(i["block0"]), *rope(i), tower.block))}
 
     @torch.inference_mode()
     def aligner(i):
-        x = act(i["final_norm"])
-        index = cell_index(*grid, eng.cfg.vision_downsample_ratio, x.device, flat_pad=eng.fault == "aligner-flat-pad")
-        return {"aligner": align(x, index, eng.aligner, eng.backend, gelu_tanh=eng.fault == "gelu-tanh")}
+        return {"aligner": eng.align(act(i["final_norm"]), grid)}
 
     stages = {"block0": block0, "final_norm": final_norm, "aligner": aligner}
     if req.prompt is not None or req.decode > 0:  # the run went on into the language backbone

@@ -5,8 +5,11 @@ from pathlib import Path
 
 import torch
 
+from tensordiff.models.qwen3_vl_options import OPTIONS
+
 from .. import backend as backends
 from ..errors import EngineInputError
+from ..runtime.speed_path import SpeedPath
 from . import faults as F
 from .config import load_config
 from .positions import decode_positions, mrope_positions, tokenize
@@ -23,6 +26,13 @@ def torch_dtype(name: str) -> torch.dtype:
     return DTYPES[name]
 
 
+def load_tower(req, cfg, speed=None) -> VisionTower:
+    """The tower a `RunRequest` asks for (the runner's and the local-error stages' one)."""
+    dtype = torch_dtype(req.dtype)
+    return VisionTower(cfg.vision, load_visual(req.weights_dir, dtype, req.device), backends.get(req.backend), dtype,
+                       F.check(req.fault), speed=speed)
+
+
 def run(req, rec) -> None:
     fault = F.check(req.fault)
     if req.weights_dir is None:
@@ -31,10 +41,9 @@ def run(req, rec) -> None:
         raise EngineInputError("qwen3-vl needs an image")
     if req.decode < 0:
         raise EngineInputError(f"decode steps must be >= 0, not {req.decode}")
-    dtype = torch_dtype(req.dtype)
-    backend = backends.get(req.backend)
+    torch_dtype(req.dtype), backends.get(req.backend)  # a bad dtype or backend is refused before any work
     cfg = load_config(req.weights_dir)
-    processor = req.options.get("processor") or default_processor()
+    processor = OPTIONS.resolve(req.options)["processor"] or default_processor()
 
     img = decode(Path(req.image))
     px = preprocess(img, cfg.processor, processor, raster=fault == F.MERGE_ORDER_RASTER,
@@ -44,8 +53,8 @@ def run(req, rec) -> None:
         rec.record(name, t, boundary="plan")
     rec.record("patches", px.pixel_values)
 
-    weights = load_visual(req.weights_dir, dtype, req.device)
-    tower = VisionTower(cfg.vision, weights, backend, dtype, fault)
+    speed = SpeedPath(parts={"vision": {"block": {"ran": "eager"}}})  # no compiled route here
+    tower = load_tower(req, cfg, speed)
     with torch.inference_mode():
         tower(px.pixel_values.to(req.device), grid_thw, rec)
 
@@ -63,4 +72,4 @@ def run(req, rec) -> None:
         "grid": list(px.plan.grid), "cells": list(px.plan.cells), "grid_thw": list(grid_thw),
         "processor": processor, "prompt": req.prompt, "tokens": int(prompt.input_ids.shape[0]), "decode": req.decode,
     }
-    rec.update_run(inputs=inputs, fault=fault)
+    rec.update_run(inputs=inputs, fault=fault, speed_path=speed.as_json())

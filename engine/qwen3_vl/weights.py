@@ -1,10 +1,12 @@
 """Loading the tower's `model.visual.*` tensors from a checkpoint directory (sharded or not)."""
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import torch
+
+from tensordiff.errors import BadInput
+from tensordiff.shards import shard_map
 
 from ..errors import EngineInputError
 
@@ -13,21 +15,10 @@ PREFIX = "model.visual."
 
 def shard_files(ckpt: Path) -> dict[str, str]:
     """tensor name -> shard file name, for the `model.visual.*` tensors."""
-    ckpt = Path(ckpt)
-    index = ckpt / "model.safetensors.index.json"
-    if index.exists():
-        try:
-            wm = json.loads(index.read_text())["weight_map"]
-        except (json.JSONDecodeError, KeyError) as e:
-            raise EngineInputError(f"{index} is not a safetensors index ({e})") from None
-    elif (ckpt / "model.safetensors").exists():
-        from safetensors import safe_open
-
-        with safe_open(str(ckpt / "model.safetensors"), "pt") as f:
-            wm = {k: "model.safetensors" for k in f.keys()}
-    else:
-        raise EngineInputError(f"{ckpt} holds neither model.safetensors.index.json nor model.safetensors")
-    return {k: v for k, v in wm.items() if k.startswith(PREFIX)}
+    try:
+        return shard_map(ckpt, PREFIX)
+    except BadInput as e:
+        raise EngineInputError(str(e)) from None
 
 
 def load_visual(ckpt: Path, dtype: torch.dtype, device: str = "cpu") -> dict[str, torch.Tensor]:

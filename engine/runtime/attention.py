@@ -38,32 +38,76 @@ def _backends(prefer: Sequence[str]):
     return [getattr(SDPBackend, table[name]) for name in prefer if hasattr(SDPBackend, table[name])]
 
 
-_BROKEN: set[str] = set()  # kernels that raised at run time in this process: not asked for again
+# kernels that raised at run time in this process, with why: not asked for again
+_BROKEN: dict[str, str] = {}
+
+# `torch._fused_sdp_choice` answers with SDPBackend's integer values
+_CHOICE = {0: "math", 1: "flash", 2: "efficient", 3: "cudnn", 4: "overrideable"}
+# what each name is switched by (torch.backends.cuda.<flag>() also governs the CPU's flash kernel)
+_FLAGS = {"flash": "flash_sdp_enabled", "efficient": "mem_efficient_sdp_enabled", "cudnn": "cudnn_sdp_enabled",
+          "math": "math_sdp_enabled"}
+CPU_ORDER = ("flash", "math")  # PyTorch's own choice on the CPU: its flash kernel, else math
 
 
-def _sdpa(q4, k4, v4, scale, prefer):
+def _ran(q4, k4, v4, scale) -> str:
+    """The kernel SDPA dispatches this call to, under the kernel context now in force."""
+    try:
+        return _CHOICE.get(int(torch._fused_sdp_choice(q4, k4, v4, scale=scale)), "unknown")
+    except (AttributeError, RuntimeError, TypeError):  # a torch without the query
+        return "unknown"
+
+
+def _declined(name: str) -> str:
+    flag = getattr(torch.backends.cuda, _FLAGS.get(name, ""), None)
+    if flag is not None and not flag():
+        return f"{name} is disabled (torch.backends.cuda.{_FLAGS[name]}() is False)"
+    return f"{name} declined the call (its dtype, head size, layout or device is not supported)"
+
+
+def _note(log, q4, k4, v4, scale, order) -> None:
+    """Tell `log` which kernel runs, and why the first one asked for did not when it did not."""
+    if log is None:
+        return
+    ran = _ran(q4, k4, v4, scale)
+    log.kernel(ran)
+    asked = [n for n in order if n not in _BROKEN]
+    for name in order:
+        if name in _BROKEN:
+            log.fallback(f"sdpa {name} skipped", f"it raised earlier in this process: {_BROKEN[name]}")
+    if asked and ran not in ("unknown", asked[0]):
+        ahead = asked[:asked.index(ran)] if ran in asked else asked
+        log.fallback(f"sdpa {asked[0]} -> {ran}", "; ".join(_declined(n) for n in ahead))
+
+
+def _sdpa(q4, k4, v4, scale, prefer, log=None):
     if sdpa_kernel is None or q4.device.type != "cuda":
+        _note(log, q4, k4, v4, scale, CPU_ORDER)
         return F.scaled_dot_product_attention(q4, k4, v4, scale=scale)
-    names = [n for n in (prefer or KERNELS) if n not in _BROKEN]
+    order = list(prefer or KERNELS)
+    names = [n for n in order if n not in _BROKEN]
     try:
         with _kernel_context(_backends(names)):
+            _note(log, q4, k4, v4, scale, order)
             return F.scaled_dot_product_attention(q4, k4, v4, scale=scale)
-    except RuntimeError:
+    except RuntimeError as e:
         # a kernel that accepted the call can still fail inside (cuDNN graph build): drop the
         # first choice for this process and let the next one take the call
         if len(names) < 2:
             raise
-        _BROKEN.add(names[0])
-        return _sdpa(q4, k4, v4, scale, [n for n in names if n != names[0]])
+        text = str(e).strip()
+        _BROKEN[names[0]] = f"{type(e).__name__}: {text.splitlines()[0] if text else ''}"
+        return _sdpa(q4, k4, v4, scale, order, log)  # `names` now leaves the broken one out
 
 
 def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, scale: float | None = None,
-              cu_seqlens: Sequence[int] | None = None, prefer: Sequence[str] | None = None) -> torch.Tensor:
+              cu_seqlens: Sequence[int] | None = None, prefer: Sequence[str] | None = None,
+              log=None) -> torch.Tensor:
     """Full (bidirectional) attention. q, k, v: [N, H, hd] with a unit last stride.
 
     cu_seqlens: optional host list of sequence boundaries [0, n1, n1+n2, ..., N]; each sequence
     attends only within itself (several images packed in one call). Default scale 1/sqrt(hd).
     prefer: CUDA kernel names from KERNELS to try, in order.
+    log: a `speed_path.SpeedPath` (or None) told which kernel each call ran and every fallback.
     Returns [N, H, hd], a view of the kernel's output (the fused kernels lay it out [1, N, H, hd],
     so a following reshape to [N, H * hd] is free there).
     """
@@ -76,6 +120,6 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, scale: float
     for a, b in zip(bounds[:-1], bounds[1:]):
         # [n, H, hd] -> [1, H, n, hd]: a strided view, no copy
         q4, k4, v4 = (t[a:b].transpose(0, 1).unsqueeze(0) for t in (q, k, v))
-        o = _sdpa(q4, k4, v4, scale, prefer)  # [1, H, n, hd]
+        o = _sdpa(q4, k4, v4, scale, prefer, log)  # [1, H, n, hd]
         outs.append(o.squeeze(0).transpose(0, 1))
     return outs[0] if len(outs) == 1 else torch.cat(outs, 0)

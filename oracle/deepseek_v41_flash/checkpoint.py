@@ -40,7 +40,7 @@ def load_tensors(checkpoint: str | Path, names: list[str]) -> dict[str, torch.Te
     missing = [n for n in names if n not in wmap]
     if missing:
         shown = ", ".join(missing[:8]) + (f" and {len(missing) - 8} more" if len(missing) > 8 else "")
-        raise BadInput(f"checkpoint {checkpoint} lacks {len(missing)} tensor(s) the vision path needs: {shown}")
+        raise BadInput(f"checkpoint {checkpoint} lacks {len(missing)} tensor(s) the model needs: {shown}")
     by_shard: dict[str, list[str]] = {}
     for n in names:
         by_shard.setdefault(wmap[n], []).append(n)
@@ -70,15 +70,46 @@ def default_dtype(dtype: torch.dtype):
         torch.set_default_dtype(prev)
 
 
+# Stored as they are, never converted: the low-precision weight formats and their scales.
+QUANTISED = (torch.float8_e4m3fn, torch.float4_e2m1fn_x2, torch.float8_e8m0fnu)
+# What a plain (bf16 / fp32) parameter may be read from: a float cast loses nothing it declares.
+PLAIN = (torch.bfloat16, torch.float16, torch.float32)
+
+
+def check_stored(name: str, stored: torch.dtype, declared: torch.dtype, checkpoint: Path) -> None:
+    """A quantised parameter takes exactly its format; a plain one only a float dtype. Anything
+    else would be a silent cast (an FP8 weight read without its scale), so it is bad input."""
+    if declared in QUANTISED:
+        if stored != declared:
+            raise BadInput(f"{name} in {checkpoint} is stored as {stored}, but the config's dtype / expert_dtype "
+                           f"make it {declared}: not converted")
+    elif stored not in PLAIN:
+        raise BadInput(f"{name} in {checkpoint} is stored as {stored}, but the config makes it a plain {declared} "
+                       f"tensor (a quantised weight under a bf16 config?): not cast silently")
+
+
+def missing_scales(wmap: dict[str, str], names: list[str]) -> list[str]:
+    """The `<module>.scale` names absent whose `<module>.weight` is present."""
+    return [n for n in names if n.endswith(".scale") and n not in wmap and n[: -len("scale")] + "weight" in wmap]
+
+
 def load_into(model: torch.nn.Module, checkpoint: Path, device=None) -> torch.nn.Module:
     """Fill a module built on the meta device with the checkpoint's tensors, by parameter name,
     each cast to its parameter's dtype (the activation dtype, or fp32 where the official module
-    declares fp32); a shape that disagrees with the config is bad input."""
+    declares fp32) unless it is quantised (see `check_stored`); a shape that disagrees with the
+    config is bad input, and so is a quantised weight without its scale."""
     params = dict(model.named_parameters())
+    no_scale = missing_scales(weight_map(checkpoint), list(params))
+    if no_scale:
+        s = no_scale[0]
+        more = f" (and {len(no_scale) - 1} more)" if len(no_scale) > 1 else ""
+        raise BadInput(f"checkpoint {checkpoint} lacks {s}{more}: the config's dtype / expert_dtype make "
+                       f"{s[: -len('scale')]}weight quantised, and it is not read without its block scale")
     stored = load_tensors(checkpoint, list(params))
     state = {}
     for name, p in params.items():
         t = stored[name]
+        check_stored(name, t.dtype, p.dtype, checkpoint)
         if tuple(t.shape) != tuple(p.shape):
             raise BadInput(f"{name} in {checkpoint} has shape {list(t.shape)}, the config implies {list(p.shape)}")
         state[name] = t.to(device=device, dtype=p.dtype)

@@ -16,6 +16,8 @@ import numpy as np
 import torch
 from torch import nn
 
+from .quant import Fp8Table, QuantLinear
+
 DEAD = -1
 
 
@@ -119,8 +121,8 @@ class NgramHasher:
 
 
 class Engram(nn.Module):
-    """Gated n-gram memory at one layer. The table is bf16 here (the release stores it fp8 with a
-    per-32 scale; the FP8 format is out of scope)."""
+    """Gated n-gram memory at one layer. The table is FP8 with a scale per row and 32 columns
+    when the config's dtype is fp8 (the release); a bf16 config's table is plain."""
 
     def __init__(self, args, layer_id: int, layout: EngramLayout):
         super().__init__()
@@ -128,8 +130,11 @@ class Engram(nn.Module):
         self.layer_hash_index = layout.layer_ids.index(layer_id)
         self.dim, self.hc_mult, self.eps = args.dim, args.hc_mult, args.norm_eps
         self.clamp_value = 1e-6
-        self.embed = nn.Embedding(layout.num_embeddings[self.layer_hash_index], layout.head_dim)
-        self.wkv = nn.Linear(layout.n_hash_cols * layout.head_dim, args.dim * (args.hc_mult + 1), bias=False)
+        rows = layout.num_embeddings[self.layer_hash_index]
+        fp8 = args.dtype == "fp8"
+        self.embed = Fp8Table(rows, layout.head_dim) if fp8 else nn.Embedding(rows, layout.head_dim)
+        n_in, n_out = layout.n_hash_cols * layout.head_dim, args.dim * (args.hc_mult + 1)
+        self.wkv = QuantLinear(n_in, n_out, "fp8") if fp8 else nn.Linear(n_in, n_out, bias=False)
         self.q_weight = nn.Parameter(torch.ones(args.hc_mult, args.dim))
         self.k_weight = nn.Parameter(torch.ones(args.hc_mult, args.dim))
 

@@ -4,20 +4,20 @@ embed (+ image-span overwrite) -> `hc_mult` residual copies -> per layer: Engram
 then a Block (hyper-connection mixes around latent sparse attention and a dual-bias MoE) ->
 collapse -> final norm -> LM head. Module and parameter names are the checkpoint's.
 
-What this oracle does not model, on purpose (say so wherever numbers are compared):
-- quantised storage: experts FP4, dense layers FP8, the Engram table FP8. Weights are bf16
-  (fp32 where the official module declares fp32) and Linear layers are plain matmuls;
-- the DSpark draft layers (`mtp.*`);
-What it does model of the kernels: the attention kernel's online softmax over blocks of 64
-selected positions with its bf16 rounding of the probabilities before P·V; and, when
-`kernel_quant` is on, the FP8 window-KV and FP4 indexer / compressed-KV activation quantisation
-(values to the low-precision grid and back, in place, as `act_quant` / `fp4_act_quant` do). It is
-OFF by default: two independent fp32 routes differ by ~1e-7, and a value that lands on a rounding
-midpoint flips by a whole FP8/FP4 step on one side only (measured: one flip in a 475-token
-prompt, attn.2 off by 1.9e-3 over the 8 window rows, 0.19 by attn.4), a false divergence.
-The run dtype replaces bf16 as the activation dtype (float32 by default); fp32 upcasts of the
-official code stay fp32. Only single-shot prefill (start_pos 0) exists here: decode is checked
-by full recomputation, and the engine's chunked prefill against slices of this result.
+Numerics (`language_numerics`): by default what the official code computes, its only mode:
+bf16 activations with the kernels' quantisation (`quant`): quantised weights read as stored
+(FP8 dense layers and Engram table with block scales, FP4 routed experts) and used through the
+block-scaled FP8 GEMM, the window KV rounded to FP8, the indexer's q / k and the compressed KV to
+FP4. `-o language_numerics=semantic` is the labelled semantic mode: the run's dtype (float32 by
+default), weights dequantised exactly, no activation rounding (`kernel_quant` overrides the
+rounding either way). Between two independent fp32 routes (~1e-7 apart) a value on a rounding
+midpoint flips by a whole FP8/FP4 step on one side only, so the semantic mode is where an fp32
+comparison is tight; the official mode is the yardstick for a bf16 engine.
+Also modelled: the attention kernel's online softmax over blocks of 64 selected positions with
+its rounding of the probabilities to the activation dtype before P·V.
+Not modelled: the DSpark draft layers (`mtp.*`). Only single-shot prefill (start_pos 0) exists
+here: decode is checked by full recomputation, and the engine's chunked prefill against slices
+of this result.
 """
 from __future__ import annotations
 
@@ -31,10 +31,12 @@ import torch.nn.functional as F
 from torch import nn
 
 from tensordiff.errors import BadInput
+from tensordiff.models.deepseek_options import OPTIONS
 
 from .checkpoint import default_dtype, load_into
 from .engram import Engram, EngramLayout, NgramHasher
 from .image_processor import IMAGE, IMAGE_END, IMAGE_NEW_LINE, IMAGE_START, TEXT
+from .quant import QuantLinear, fp4_round_trip, fp8_round_trip, set_kernel
 from .tokens import DEFAULT_PROMPT, build_prompt, compressed_token_map
 
 
@@ -50,8 +52,21 @@ class RMSNorm(nn.Module):
         return (self.weight * xf).to(x.dtype)
 
 
-def linear(dim_in: int, dim_out: int, dtype: torch.dtype | None = None) -> nn.Linear:
+def linear(dim_in: int, dim_out: int, dtype: torch.dtype | None = None, fmt: str | None = None) -> nn.Module:
+    """A bias-free projection: plain (the activation dtype, or `dtype`), or stored FP8 / FP4 with
+    its scale when `fmt` is "fp8" / "fp4"."""
+    if fmt is not None:
+        return QuantLinear(dim_in, dim_out, fmt)
     return nn.Linear(dim_in, dim_out, bias=False, dtype=dtype)
+
+
+def dense_format(args) -> str | None:
+    """The storage of the Linears the official code builds with the default dtype."""
+    return "fp8" if args.dtype == "fp8" else None
+
+
+def expert_format(args) -> str | None:
+    return "fp4" if args.expert_dtype == "fp4" else dense_format(args)
 
 
 @lru_cache(8)
@@ -85,48 +100,6 @@ def rotate(x: torch.Tensor, freqs: torch.Tensor, inverse: bool = False) -> torch
 def rotate_tail(x: torch.Tensor, rd: int, freqs: torch.Tensor, inverse: bool = False) -> torch.Tensor:
     """RoPE on the last `rd` channels only (the rest is the no-position part of the head)."""
     return torch.cat([x[..., :-rd], rotate(x[..., -rd:], freqs, inverse)], -1)
-
-
-FP8_MAX, FP4_MAX = 448.0, 6.0
-E2M1 = torch.tensor([0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0])
-
-
-def _pow2_ceil(v: torch.Tensor) -> torch.Tensor:
-    """2^ceil(log2(v)) for v > 0, exactly (the kernels' power-of-two `ue8m0` scales)."""
-    m, e = torch.frexp(v)  # v = m * 2^e, m in [0.5, 1)
-    return torch.ldexp(torch.ones_like(v), torch.where(m == 0.5, e - 1, e))
-
-
-def fp8_round_trip(x: torch.Tensor, block: int = 32) -> torch.Tensor:
-    """The kernels' in-place FP8 activation quantisation (`act_quant(..., inplace=True)`): per
-    `block` channels a power-of-two scale from the block's max, values to e4m3 (nearest even,
-    saturating) and back. Returns x.dtype."""
-    g = x.float().unflatten(-1, (-1, block))
-    amax = g.abs().amax(-1, keepdim=True).clamp_min(1e-4)
-    scale = _pow2_ceil(amax * torch.tensor(1.0 / FP8_MAX, dtype=torch.float32))
-    q = (g / scale).clamp(-FP8_MAX, FP8_MAX).to(torch.float8_e4m3fn).float()
-    return (q * scale).flatten(-2).to(x.dtype)
-
-
-def _e2m1(v: torch.Tensor) -> torch.Tensor:
-    """Nearest FP4 (E2M1) value, ties to the even code; v already within [-6, 6]."""
-    dist = (v.abs().unsqueeze(-1) - E2M1).abs().double()  # fp32 distances, exact in fp64
-    # a tie goes to the even code: the odd codes' distances get a nudge far below any fp32 gap
-    pick = (dist + (torch.arange(8) % 2) * 1e-12).argmin(-1)
-    return torch.copysign(E2M1[pick], v)
-
-
-def fp4_round_trip(x: torch.Tensor, block: int, e4m3_scale: bool = False) -> torch.Tensor:
-    """The kernels' in-place FP4 quantisation (`fp4_act_quant(..., inplace=True)`): power-of-two
-    scales per `block` for the indexer, e4m3-rounded amax/6 scales (block 16) for compressed KV."""
-    g = x.float().unflatten(-1, (-1, block))
-    amax = g.abs().amax(-1, keepdim=True)
-    if e4m3_scale:
-        scale = (amax.clamp_min(6 * 2.0**-9) / FP4_MAX).clamp(-FP8_MAX, FP8_MAX).to(torch.float8_e4m3fn).float()
-    else:
-        scale = _pow2_ceil(amax.clamp_min(6 * 2.0**-126) * torch.tensor(1.0 / FP4_MAX, dtype=torch.float32))
-    v = (g / scale).clamp(-FP4_MAX, FP4_MAX)
-    return (_e2m1(v) * scale).flatten(-2).to(x.dtype)
 
 
 def window_indices(seqlen: int, window: int) -> torch.Tensor:
@@ -231,7 +204,7 @@ class Indexer(nn.Module):
         self.is_candidate_source = layer_id == args.candidate_source_layer
         self.uses_candidates = 0 <= args.candidate_source_layer < layer_id
         self.candidate_topk_blocks, self.candidate_block_size = args.candidate_topk_blocks, args.candidate_block_size
-        self.wq_b = linear(args.q_lora_rank, self.n_heads * self.head_dim)
+        self.wq_b = linear(args.q_lora_rank, self.n_heads * self.head_dim, fmt=dense_format(args))
         self.weights_proj = linear(args.dim, self.n_heads)
         if self.owns_k:
             self.wk = linear(args.head_dim, self.head_dim)
@@ -302,13 +275,15 @@ class Attention(nn.Module):
         self.ratio = args.compress_ratios[layer_id]
         self.scale = self.head_dim**-0.5
         self.attn_sink = nn.Parameter(torch.zeros(self.n_heads, dtype=torch.float32))
-        self.wq_a = linear(args.dim, args.q_lora_rank)
+        fmt = dense_format(args)
+        self.wq_a = linear(args.dim, args.q_lora_rank, fmt=fmt)
         self.q_norm = RMSNorm(args.q_lora_rank, args.norm_eps)
-        self.wq_b = linear(args.q_lora_rank, self.n_heads * self.head_dim)
-        self.wkv = linear(args.dim, self.head_dim)
+        self.wq_b = linear(args.q_lora_rank, self.n_heads * self.head_dim, fmt=fmt)
+        self.wkv = linear(args.dim, self.head_dim, fmt=fmt)
         self.kv_norm = RMSNorm(self.head_dim, args.norm_eps)
+        # wo_a is bf16 in the release (used as a grouped einsum, never through the FP8 GEMM)
         self.wo_a = linear(self.n_heads * self.head_dim // self.n_groups, self.n_groups * self.o_lora_rank)
-        self.wo_b = linear(self.n_groups * self.o_lora_rank, args.dim)
+        self.wo_b = linear(self.n_groups * self.o_lora_rank, args.dim, fmt=fmt)
         self.is_kv_source = layer_id in args.kv_source_layers
         self.is_index_source = layer_id in args.index_source_layers
         self.compressor = Compressor(args, layer_id, dtype) if self.is_kv_source else None
@@ -398,11 +373,11 @@ class Gate(nn.Module):
 class Expert(nn.Module):
     """SwiGLU with the training clamps: up on both sides, gate from above."""
 
-    def __init__(self, dim: int, inter_dim: int, swiglu_limit: float):
+    def __init__(self, dim: int, inter_dim: int, swiglu_limit: float, fmt: str | None):
         super().__init__()
-        self.w1 = linear(dim, inter_dim)
-        self.w2 = linear(inter_dim, dim)
-        self.w3 = linear(dim, inter_dim)
+        self.w1 = linear(dim, inter_dim, fmt=fmt)
+        self.w2 = linear(inter_dim, dim, fmt=fmt)
+        self.w3 = linear(dim, inter_dim, fmt=fmt)
         self.limit = swiglu_limit
 
     def forward(self, x: torch.Tensor, weights: torch.Tensor | None = None) -> torch.Tensor:
@@ -422,10 +397,10 @@ class MoE(nn.Module):
         self.dim = args.dim
         self.n_routed_experts = args.n_routed_experts
         self.gate = Gate(args)
-        self.experts = nn.ModuleList(Expert(args.dim, args.moe_inter_dim, args.swiglu_limit)
+        self.experts = nn.ModuleList(Expert(args.dim, args.moe_inter_dim, args.swiglu_limit, expert_format(args))
                                      for _ in range(args.n_routed_experts))
         assert args.n_shared_experts == 1
-        self.shared_experts = Expert(args.dim, args.moe_inter_dim, args.swiglu_limit)
+        self.shared_experts = Expert(args.dim, args.moe_inter_dim, args.swiglu_limit, dense_format(args))
 
     def forward(self, x: torch.Tensor, image_mask: torch.Tensor | None = None) -> torch.Tensor:
         shape = x.shape
@@ -625,6 +600,7 @@ def build(args, checkpoint: Path, dtype: torch.dtype, kernel_quant: bool = False
     with default_dtype(dtype), torch.device("meta"):
         model = LanguageModel(args, dtype, kernel_quant)
     load_into(model, checkpoint)
+    set_kernel(model, kernel_quant, dtype)
     if layout is not None:
         model.hasher = NgramHasher(layout, token_map, args.engram_pad_id, n_compressed)
     return model
@@ -660,6 +636,45 @@ def generate(model: LanguageModel, input_ids: torch.Tensor, token_types: torch.T
     return {"generated": tokens, "stop": stop}
 
 
+NUMERICS = ("official", "semantic")
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+
+
+@dataclass(frozen=True)
+class Numerics:
+    mode: str  # "official" or "semantic"
+    dtype: torch.dtype
+    kernel_quant: bool
+
+    def facts(self) -> dict:
+        """As recorded in the manifest (`run.language_numerics`)."""
+        return {"mode": self.mode, "dtype": str(self.dtype).removeprefix("torch."), "kernel_quant": self.kernel_quant}
+
+    def boundary_dtypes(self) -> dict:
+        """The language boundaries' compute dtype, for the comparator (`run.boundary_dtypes`):
+        the vision half may run in another."""
+        return dict.fromkeys(LANGUAGE_BOUNDARIES, self.facts()["dtype"])
+
+
+# every language boundary, as fnmatch patterns
+LANGUAGE_BOUNDARIES = ("embeddings", "engram.*", "index.*", "attn.*", "router.*", "hidden.*", "logits*")
+
+
+def language_numerics(req) -> Numerics:
+    """The language half's numerics from the request: `official` (default) = bf16 with the
+    kernels' quantisation whatever dtype the vision half runs in; `semantic` = the run's dtype,
+    exact weights, no rounding. `-o kernel_quant=...` overrides the rounding in either mode."""
+    opts = OPTIONS.resolve(req.options)  # typed: a hand-built request may hold the user's strings
+    mode = opts["language_numerics"]
+    if mode not in NUMERICS:
+        raise BadInput(f"language_numerics must be official or semantic (got {mode!r})")
+    if req.dtype not in DTYPES:
+        raise BadInput(f"dtype {req.dtype!r} is not supported (float32 or bfloat16)")
+    dtype = torch.bfloat16 if mode == "official" else DTYPES[req.dtype]
+    kq = opts["kernel_quant"]  # None: the mode's own rounding
+    return Numerics(mode, dtype, mode == "official" if kq is None else kq)
+
+
 def run_language(args, checkpoint: Path, dtype: torch.dtype, prompt: str | None, image_rows: torch.Tensor | None,
                  cells: tuple[int, int] | None, decode: int, rec, kernel_quant: bool = False) -> dict:
     """The language half of an oracle run: tokenise, overlay the image span with `image_rows`
@@ -688,19 +703,18 @@ def run(req, rec) -> None:
 
     if req.weights_dir is None:
         raise BadInput("the DeepSeek V4.1 Flash language oracle needs a weights directory")
-    dtypes = {"float32": torch.float32, "bfloat16": torch.bfloat16}
-    if req.dtype not in dtypes:
-        raise BadInput(f"dtype {req.dtype!r} is not supported (float32 or bfloat16)")
-    opts = req.options or {}
+    num = language_numerics(req)
+    opts = OPTIONS.resolve(req.options)  # typed, defaults filled (a hand-built request may hold strings)
     rows, cells = opts.get("image_rows"), opts.get("cells")
     args = ModelArgs.from_dir(req.weights_dir)
-    facts = run_language(args, Path(req.weights_dir), dtypes[req.dtype], req.prompt, rows,
+    facts = run_language(args, Path(req.weights_dir), num.dtype, req.prompt, rows,
                          tuple(cells) if cells is not None else None, req.decode, rec,
-                         kernel_quant=bool(opts.get("kernel_quant", False)))
+                         kernel_quant=num.kernel_quant)
     ids, _, _ = build_prompt(req.prompt if req.prompt is not None else DEFAULT_PROMPT, args,
                              tuple(cells) if rows is not None else None)
     rec.update_run(inputs={"language": {"prompt": req.prompt if req.prompt is not None else DEFAULT_PROMPT,
                                         "prompt_tokens": facts["prompt_tokens"],
                                         "input_ids_sha256": hashlib.sha256(ids.numpy().tobytes()).hexdigest(),
                                         "span_start": facts["span_start"]}},
-                   outputs={"generated": facts["generated"], "stop": facts["stop"]})
+                   outputs={"generated": facts["generated"], "stop": facts["stop"]},
+                   language_numerics=num.facts(), boundary_dtypes=num.boundary_dtypes())

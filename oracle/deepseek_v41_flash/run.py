@@ -16,6 +16,7 @@ import torch
 from torch import nn
 
 from tensordiff.errors import BadInput
+from tensordiff.models.deepseek_options import OPTIONS
 
 from .checkpoint import default_dtype, load_into
 from .config import ModelArgs
@@ -107,12 +108,14 @@ def run(req, rec) -> None:
     # the gate's time breakdown (`tensordiff gate` reads run.timings); forward includes the taps' copies
     rec.update_run(timings={"load_weights": t1 - t0, "preprocess": t2 - t1, "forward": time.perf_counter() - t2})
     if wants_language(req):
-        from .model import run_language
+        from .model import language_numerics, run_language
 
-        facts = run_language(args, checkpoint, dtype, req.prompt, aligned.detach(), (n_llm_h, n_llm_w), req.decode,
-                             rec, kernel_quant=bool((req.options or {}).get("kernel_quant", False)))
+        num = language_numerics(req)
+        facts = run_language(args, checkpoint, num.dtype, req.prompt, aligned.detach(), (n_llm_h, n_llm_w),
+                             req.decode, rec, kernel_quant=num.kernel_quant)
         rec.update_run(outputs={"generated": facts["generated"], "stop": facts["stop"]},
-                       language={"prompt_tokens": facts["prompt_tokens"], "span_start": facts["span_start"]})
+                       language={"prompt_tokens": facts["prompt_tokens"], "span_start": facts["span_start"]},
+                       language_numerics=num.facts(), boundary_dtypes=num.boundary_dtypes())
 
 
 def wants_language(req) -> bool:

@@ -1,29 +1,18 @@
 """transformers' Qwen3VLVisionModel with a checkpoint's `model.visual.*` weights."""
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import torch
 
 from tensordiff.errors import BadInput
+from tensordiff.shards import shard_map
 
 PREFIX = "model.visual."
 
 
 def visual_shards(ckpt: Path) -> dict[str, str]:
-    ckpt = Path(ckpt)
-    index = ckpt / "model.safetensors.index.json"
-    if index.exists():
-        wm = json.loads(index.read_text())["weight_map"]
-    elif (ckpt / "model.safetensors").exists():
-        from safetensors import safe_open
-
-        with safe_open(str(ckpt / "model.safetensors"), "pt") as f:
-            wm = {k: "model.safetensors" for k in f.keys()}
-    else:
-        raise BadInput(f"{ckpt} holds neither model.safetensors.index.json nor model.safetensors")
-    return {k: v for k, v in wm.items() if k.startswith(PREFIX)}
+    return shard_map(ckpt, PREFIX)
 
 
 def build(cfg, ckpt: Path, dtype: torch.dtype, device: str = "cpu", attn: str = "sdpa"):

@@ -8,6 +8,7 @@ from pathlib import Path
 import torch
 
 from tensordiff.errors import BadInput
+from tensordiff.models.qwen3_vl_options import OPTIONS
 
 from . import config as config_mod
 from . import model as model_mod
@@ -44,8 +45,9 @@ def run(req, rec) -> None:
     if req.decode < 0:
         raise BadInput(f"decode steps must be >= 0, not {req.decode}")
     dtype = DTYPES[req.dtype]
+    opts = OPTIONS.resolve(req.options)  # typed, defaults filled
     cfg = config_mod.load_config(req.weights_dir)
-    proc, ran = processor_mod.build(req.weights_dir, req.options.get("processor"))
+    proc, ran = processor_mod.build(req.weights_dir, opts["processor"])
     image = processor_mod.load_image(Path(req.image))
     try:
         batch = proc(images=[image], return_tensors="pt")
@@ -56,7 +58,7 @@ def run(req, rec) -> None:
         rec.record(name, t, boundary="plan")
     rec.record("patches", pixel_values)
 
-    model = model_mod.build(cfg, req.weights_dir, dtype, req.device, attn=req.options.get("attn", "sdpa"))
+    model = model_mod.build(cfg, req.weights_dir, dtype, req.device, attn=opts["attention"])
     taps = Taps(model)
     try:
         with torch.inference_mode(), _exact_fp32(dtype):

@@ -15,7 +15,6 @@ from __future__ import annotations
 import re
 from typing import Sequence
 
-from ..adapter import Fault
 from ..contract import Boundary, TensorRule
 
 # Both top-k choices are dumped with the key they ranked (`router.L.scores`: the biased router
@@ -27,20 +26,6 @@ from ..contract import Boundary, TensorRule
 RULES = (TensorRule("router.*.ids", "topk-sets"), TensorRule("index.*.ids", "topk-sets"),
          TensorRule("router.*.scores", "scores"), TensorRule("index.*.scores", "scores"))
 TOLERANCES: dict = {}
-
-FAULTS = (
-    # the first MoE layer (0) and the first Engram layer (1, in the released and tiny configs)
-    Fault("router-text-bias-for-images", "router.0.ids",
-          "image-span rows ranked with the text `bias` instead of `bias_vl`", needs="an image in the prompt"),
-    Fault("router-biased-weights", "router.0.weights",
-          "mixture weights taken from the biased scores (score + bias) instead of the raw scores"),
-    Fault("engram-ngram-across-image", "engram.1",
-          "image positions not cached as DEAD, so the n-grams after an image reach into it",
-          needs="text right after the image span and a layer with Engram"),
-    Fault("overlay-chunk-shift", "embeddings",
-          "chunked prefill overlays the image span at its absolute offset inside every chunk",
-          needs="--chunk smaller than the span's start + length, so a chunk boundary cuts or precedes the span"),
-)
 
 _LAYERED = re.compile(r"^(engram|index|attn|router|hidden)\.(\d+)(?:\.(ids|weights|gate|scores))?$")
 _STEP = re.compile(r"^logits\.step\.(\d+)$")

@@ -1,4 +1,5 @@
-"""DeepSeek V4.1 Flash: the boundary contract of the vision path, its faults and both runners.
+"""DeepSeek V4.1 Flash: the boundary contract of the vision path, its faults (`deepseek_faults`),
+its options (`deepseek_options`) and both runners.
 
 Data flow (the contract's DAG):
 
@@ -16,10 +17,12 @@ from __future__ import annotations
 
 import math
 
-from ..adapter import Fault, ModelAdapter, lazy
+from ..adapter import ModelAdapter, lazy
 from ..contract import Boundary, Contract
 from ..geometry import Rule
+from . import deepseek_faults as faults
 from . import deepseek_language_contract as language
+from .deepseek_options import OPTIONS
 
 NAME = "deepseek-v4.1-flash"
 
@@ -37,20 +40,6 @@ CONTRACT = Contract(NAME, (
     Boundary("aligner", ("final_norm",), "aligner output [tokens, 5120]: 3x3 cells, right/bottom zero pad, "
              "channel-major unfold, w2(gelu(w1(x)))", layout="cells"),
 ))
-
-FAULTS = (
-    Fault("contain-ceil", "plan", "contain rounds the short side with ceil instead of round",
-          needs="an aspect ratio where ceil and round differ (e.g. 1024x701)"),
-    Fault("rope-interleaved", "rope", "2D RoPE angles interleaved (row, col, ...) instead of blocked"),
-    Fault("aligner-flat-pad", "aligner", "zero rows appended to the flattened patches instead of a "
-          "right/bottom grid pad", needs="a patch grid whose width is not a multiple of 3"),
-    Fault("gelu-tanh", "aligner", "tanh-approximated GELU in the aligner instead of exact erf",
-          needs="float32 (the change is ~1e-4 relative, under bf16 resolution)"),
-    Fault("patch-pad-nonzero", "block0", "non-zero padding columns in the 592-wide patch projection"),
-)
-
-
-
 
 
 def _contain_round_ne_ceil(plan) -> bool:
@@ -100,7 +89,8 @@ CONTRACT = Contract(NAME, CONTRACT.boundaries, rules=language.RULES,
 ADAPTER = ModelAdapter(
     name=NAME,
     contract=CONTRACT,
-    faults=FAULTS + language.FAULTS,
+    faults=faults.FAULTS,
+    options=OPTIONS,
     oracle=lazy("oracle.deepseek_v41_flash.run:run"),
     engine=lazy("engine.deepseek_v41_flash.run:run"),
     weights=_weights,

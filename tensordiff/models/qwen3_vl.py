@@ -1,4 +1,5 @@
-"""Qwen3-VL: the boundary contract of the vision path and image positions, its faults, both runners.
+"""Qwen3-VL: the boundary contract of the vision path and image positions, its faults
+(`qwen3_vl_faults`), its options (`qwen3_vl_options`), both runners.
 
 Data flow (the contract's DAG):
 
@@ -20,10 +21,12 @@ import re
 from pathlib import Path
 from typing import Sequence
 
-from ..adapter import Fault, ModelAdapter, lazy
+from ..adapter import ModelAdapter, lazy
 from ..contract import Boundary, Contract, TensorRule
 from ..errors import BadInput
 from ..geometry import Rule
+from .qwen3_vl_faults import FAULTS
+from .qwen3_vl_options import OPTIONS
 
 NAME = "qwen3-vl"
 DEEPSTACK = re.compile(r"^deepstack\.(\d+)$")
@@ -70,29 +73,6 @@ def boundary_of(tensor: str) -> str:
 CONTRACT = Contract(NAME, boundaries_for(()), rules=(TensorRule("positions.*", "exact"), TensorRule("plan.*", "exact")),
                     resolver=boundaries_for, boundary_of=boundary_of)
 
-FAULTS = (
-    Fault("merge-order-raster", "patches", "pixel rows in plain raster order instead of 2x2 merge groups",
-          needs="a patch grid more than 2 patches wide"),
-    Fault("posembed-align-corners-false", "pos_embed", "position table resampled with half-pixel centres "
-          "(align_corners=False) instead of corner-aligned", needs="a patch grid other than 48 on a side"),
-    Fault("rope-hw-swap", "rope", "height and width swapped in the 2D RoPE positions"),
-    Fault("deepstack-drop", "deepstack.*", "DeepStack features not produced (zeroed)"),
-    Fault("mrope-no-delta", "positions", "decode positions continue from the sequence length instead of "
-          "rope_deltas", needs="an image of more than one merged cell (rope_deltas != 0)"),
-    Fault("vision-gelu-erf", "block0", "vision block MLPs use exact GELU instead of gelu_pytorch_tanh",
-          needs="float32 (the change is ~1e-3 absolute, near bf16 resolution)"),
-    Fault("tower-skip-last-block", "final_norm", "off by one in the block loop: the last vision block never runs"),
-    Fault("merger-gelu-tanh", "aligner", "the merger's exact GELU replaced by the tanh approximation",
-          needs="float32 (the change is ~1e-3 absolute, near bf16 resolution)"),
-    Fault("deepstack-off-by-one", "deepstack.0", "DeepStack taps read as 1-based block numbers (one block late)"),
-    Fault("resize-ceil-sides", "plan", "smart_resize rounds both sides UP to a multiple of patch x merge instead of "
-          "to the nearest", needs="a side whose remainder modulo 32 is 1..15 (e.g. 1000 px; not the bundled 1024x701)"),
-)
-
-
-
-
-
 def _side_round_ne_ceil(plan) -> bool:
     """A source side rounds to a different multiple of patch x merge with round and ceil (and no
     pixel limit rescales it afterwards)."""
@@ -131,6 +111,7 @@ ADAPTER = ModelAdapter(
     name=NAME,
     contract=CONTRACT,
     faults=FAULTS,
+    options=OPTIONS,
     oracle=lazy("oracle.qwen3_vl.runner:run"),
     engine=lazy("engine.qwen3_vl.runner:run"),
     weights=_weights,

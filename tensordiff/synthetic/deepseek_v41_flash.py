@@ -13,7 +13,8 @@ Values: each unit (`vision.patch_embed`, `vision.blocks.N`, `vision.norm`, `alig
 at trained-like scales: fan-in scaled weights, residual outputs scaled down by sqrt(2 * layers),
 small biases, norm weights near 1. Stored in bf16, as the released vision weights are.
 
-`tiny` also holds the language backbone (`deepseek_v41_flash_language`, merged into the same
+`tiny-fp8` is `tiny` in the released storage (FP8 dense layers and Engram table with block scales,
+FP4 routed experts). `tiny` also holds the language backbone (`deepseek_v41_flash_language`, merged into the same
 config and index); `full` holds the vision path only (tower, aligner, span markers).
 """
 from __future__ import annotations
@@ -69,7 +70,15 @@ def _tiny() -> dict:
     return {**FULL, **language_config(TINY_DIM), **TINY_VISION}
 
 
-CONFIGS: dict[str, Callable[[], dict]] = {"tiny": _tiny, "full": lambda: dict(FULL)}
+def _tiny_fp8() -> dict:
+    from .deepseek_v41_flash_language import quantised_config
+
+    return quantised_config(_tiny())
+
+
+# `tiny-fp8` is `tiny` stored as the released checkpoint is: FP8 dense layers and Engram table with
+# their block scales, FP4 routed experts (see `deepseek_v41_flash_language`).
+CONFIGS: dict[str, Callable[[], dict]] = {"tiny": _tiny, "tiny-fp8": _tiny_fp8, "full": lambda: dict(FULL)}
 
 
 # --------------------------------------------------------------------------- names and shapes
@@ -132,7 +141,8 @@ def _language_values(cfg: dict) -> Iterator[tuple[str, dict]]:
 # Units each size holds: `full` is the vision path only (the released language backbone is
 # ~280B parameters); `tiny` holds the whole model.
 UNIT_WRITERS: dict[str, list[Callable[[dict], Iterator[tuple[str, dict]]]]] = {
-    "tiny": [_vision_values, _language_values], "full": [_vision_values]}
+    "tiny": [_vision_values, _language_values], "tiny-fp8": [_vision_values, _language_values],
+    "full": [_vision_values]}
 
 SHARD_BYTES = 512 << 20
 
@@ -183,7 +193,7 @@ def _write(target: Path, cfg: dict, writers) -> None:
 def synthetic_dir(size: str) -> Path:
     """The cached checkpoint for `size` ("tiny" or "full"), written on first use."""
     if size not in CONFIGS:
-        raise BadInput(f"unknown synthetic size {size!r} (tiny or full)")
+        raise BadInput(f"unknown synthetic size {size!r} ({', '.join(CONFIGS)})")
     cfg = CONFIGS[size]()
     from .deepseek_v41_flash_language import SYNTH_VERSION
 

@@ -8,8 +8,21 @@ Two ways in:
 - `write_checkpoint(path, config)`: a language-only directory (tests that feed a fixed aligner
   output instead of running the tower).
 
-Storage: matrices bf16; fp32 where the official module declares fp32 (`attn_sink`, gate `bias` /
-`bias_vl`, the `hc_*` mixes). The released FP4 experts / FP8 dense layers are out of scope.
+Storage follows the config's `dtype` / `expert_dtype`, as the released checkpoint stores it
+(the official `inference/model.py` builds its `Linear`s from them):
+- `dtype: "bf16"` (the small default): matrices bf16; fp32 where the official module declares
+  fp32 (`attn_sink`, gate `bias` / `bias_vl`, the `hc_*` mixes); the Engram table bf16 too (an
+  extension: the official code only reads an FP8 table).
+- `dtype: "fp8"`: the dense projections that the official code builds as FP8 `Linear`s (attention
+  `wq_a`, `wq_b`, `wkv`, `wo_b`; indexer `wq_b`; shared experts; Engram `wkv`) are stored
+  float8_e4m3fn with a float8_e8m0fnu `<module>.scale` per 32x32 block; the Engram table
+  `engram.embed.weight` float8_e4m3fn with `engram.embed.scale` per row and 32 columns. The rest
+  stays bf16 / fp32 as above (`wo_a`, `weights_proj`, indexer `wk`, the compressor, the gate).
+- `expert_dtype: "fp4"`: routed experts' `w1` / `w2` / `w3` float4_e2m1fn_x2 (two values per byte,
+  the even element in the low nibble, [out, in/2]) with a float8_e8m0fnu scale per row and 32
+  inputs; with `expert_dtype: null` they follow `dtype`.
+Quantised values are the bf16 master's, each 32-block first given its own power-of-two gain so
+that the block scales differ (a transposed or ignored scale changes the numbers).
 """
 from __future__ import annotations
 
@@ -174,8 +187,105 @@ def synth(name: str, shape: tuple[int, ...], dtype: str):
     return t.to(getattr(torch, dtype))
 
 
+# Dense projections the official model builds with the default (config `dtype`) Linear dtype;
+# `wo_a`, `weights_proj`, the indexer's `wk`, the compressor and the gate declare their own.
+FP8_LINEARS = ("attn.wq_a", "attn.wq_b", "attn.wkv", "attn.wo_b", "attn.indexer.wq_b", "engram.wkv",
+               "ffn.shared_experts.w1", "ffn.shared_experts.w2", "ffn.shared_experts.w3")
+QUANT_BLOCK = 32  # the official fp8_block_size / fp4_block_size
+FP8_MAX, FP4_MAX = 448.0, 6.0
+
+
+def storage_format(cfg: dict, name: str) -> str | None:
+    """"fp8" (block-scaled e4m3 matrix), "fp8-rows" (the Engram table: e4m3, a scale per row and
+    32 columns), "fp4" (e2m1 packed, a scale per row and 32 inputs) or None (stored as is)."""
+    parts = name.split(".")
+    if parts[0] != "layers" or not name.endswith(".weight"):
+        return None
+    sub = ".".join(parts[2:-1])  # layers.N.<sub>.weight
+    dense = "fp8" if cfg.get("dtype") == "fp8" else None
+    if sub == "engram.embed":
+        return "fp8-rows" if dense else None
+    if sub.startswith("ffn.experts."):
+        return "fp4" if cfg.get("expert_dtype") == "fp4" else dense
+    return dense if sub in FP8_LINEARS else None
+
+
+def _pow2_ceil(v):
+    """2^ceil(log2 v), v > 0 (the ue8m0 scale of a block)."""
+    import torch
+
+    m, e = torch.frexp(v)
+    return torch.ldexp(torch.ones_like(v), torch.where(m == 0.5, e - 1, e))
+
+
+def _block_gains(name: str, rows: int, cols: int, block_rows: int):
+    """A power-of-two gain per block (2^-1, 1 or 2, renormalised), seeded by the tensor's name."""
+    import torch
+
+    g = generator(name + ":block-gain")
+    nb_r, nb_c = -(-rows // block_rows), -(-cols // QUANT_BLOCK)
+    k = torch.randint(-1, 2, (nb_r, nb_c), generator=g).float()
+    gain = torch.exp2(k) / 1.75 ** 0.5
+    return gain.repeat_interleave(block_rows, 0)[:rows].repeat_interleave(QUANT_BLOCK, 1)[:, :cols]
+
+
+E2M1_GRID = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0)
+
+
+def _e2m1_codes(v):
+    """fp32 in [-6, 6] -> 4-bit codes (bit 3 the sign): nearest grid value; a value exactly halfway
+    goes to the even code (round-half-even, as the hardware conversion)."""
+    import torch
+
+    grid = torch.tensor(E2M1_GRID)
+    mids = (grid[1:] + grid[:-1]) / 2
+    up_on_tie = torch.arange(1, 8) % 2 == 0  # crossing mid i lands on code i + 1
+    a = v.abs().unsqueeze(-1)
+    code = (a > mids).sum(-1) + ((a == mids) & up_on_tie).sum(-1)
+    return code.to(torch.uint8) | (torch.signbit(v).to(torch.uint8) << 3)
+
+
+def quantise(fmt: str, name: str, w) -> dict:
+    """{name: stored weight, scale name: float8_e8m0fnu scale} for a master weight `w` [out, in]."""
+    import torch
+
+    rows, cols = w.shape
+    if cols % QUANT_BLOCK:
+        raise ValueError(f"{name}: {cols} inputs is not a multiple of the {QUANT_BLOCK}-wide quantisation block")
+    block_rows = QUANT_BLOCK if fmt == "fp8" else 1
+    w = w.float() * _block_gains(name, rows, cols, block_rows)
+    nb_r = -(-rows // block_rows)
+    padded = torch.zeros(nb_r * block_rows, cols)
+    padded[:rows] = w
+    blocks = padded.view(nb_r, block_rows, cols // QUANT_BLOCK, QUANT_BLOCK)
+    amax = blocks.abs().amax(dim=(1, 3)).clamp_min(1e-30)  # [nb_r, nb_c]
+    top = FP4_MAX if fmt == "fp4" else FP8_MAX
+    scale = _pow2_ceil(amax / top)
+    full = scale.repeat_interleave(block_rows, 0)[:rows].repeat_interleave(QUANT_BLOCK, 1)
+    v = (w / full).clamp(-top, top)
+    if fmt == "fp4":
+        codes = _e2m1_codes(v)
+        stored = (codes[:, 0::2] | (codes[:, 1::2] << 4)).contiguous().view(torch.float4_e2m1fn_x2)
+    else:
+        stored = v.to(torch.float8_e4m3fn)
+    base = name[: -len(".weight")]
+    return {name: stored, base + ".scale": scale.to(torch.float8_e8m0fnu)}
+
+
+def stored_tensors(cfg: dict, name: str, shape: tuple[int, ...], dtype: str) -> dict:
+    """The tensor(s) a checkpoint stores for one logical weight: itself, or a quantised weight and
+    its scale."""
+    fmt = storage_format(cfg, name)
+    master = synth(name, shape, dtype)
+    return quantise(fmt, name, master) if fmt else {name: master}
+
+
 def language_tensors(cfg: dict, skip: set[str] | frozenset[str] = frozenset()) -> dict:
-    return {n: synth(n, shape, dt) for n, (shape, dt) in language_shapes(cfg).items() if n not in skip}
+    out = {}
+    for n, (shape, dt) in language_shapes(cfg).items():
+        if n not in skip:
+            out.update(stored_tensors(cfg, n, shape, dt))
+    return out
 
 
 def write_checkpoint(path: Path, cfg: dict) -> Path:
@@ -204,15 +314,27 @@ def write_checkpoint(path: Path, cfg: dict) -> Path:
     return path
 
 
-def tiny_language_checkpoint(dim: int = 64) -> Path:
-    """The cached language-only tiny checkpoint (tests)."""
+# The released checkpoint's storage: FP8 dense layers and Engram table, FP4 routed experts. The
+# Engram head grows to one 32-wide quantisation block.
+QUANTISED = {"dtype": "fp8", "expert_dtype": "fp4", "engram_head_dim": 32}
+
+
+def quantised_config(cfg: dict) -> dict:
+    return {**cfg, **QUANTISED}
+
+
+def tiny_language_checkpoint(dim: int = 64, quantised: bool = False) -> Path:
+    """The cached language-only tiny checkpoint (tests); `quantised`: in the released storage."""
     import hashlib
 
     from . import cache_root
 
     cfg = language_config(dim)
+    if quantised:
+        cfg = quantised_config(cfg)
     key = hashlib.sha256(f"{SYNTH_VERSION}:{json.dumps(cfg, sort_keys=True)}".encode()).hexdigest()[:12]
-    return write_checkpoint(cache_root() / f"deepseek-v41-flash-language-tiny-{key}", cfg)
+    kind = "tiny-fp8" if quantised else "tiny"
+    return write_checkpoint(cache_root() / f"deepseek-v41-flash-language-{kind}-{key}", cfg)
 
 
 # Beyond this many language parameters a synthetic checkpoint leaves the language backbone out
@@ -237,7 +359,7 @@ def language_units(cfg: dict):
             unit = ".".join(parts[:depth])
         else:
             unit = parts[0]
-        units.setdefault(unit, {})[name] = synth(name, shape, dt)
+        units.setdefault(unit, {}).update(stored_tensors(cfg, name, shape, dt))
     yield from units.items()
 
 

@@ -13,6 +13,7 @@ import torch
 
 from engine.backend import pad_columns
 from engine.backend.torch_ops import TorchBackend
+from tensordiff.models import deepseek_faults as D
 
 pytestmark = pytest.mark.skipif(
     not torch.cuda.is_available(),
@@ -281,7 +282,7 @@ def test_router_fault_uses_the_text_bias_on_image_rows_only(hip, ref, gen):
     bias = randn(experts, gen=gen)
     bias_vl = -bias + randn(experts, gen=gen)  # far from the text bias: other experts win
     image = torch.arange(rows, device="cuda") % 3 == 0
-    faulty = hip.with_faults({"router-text-bias-for-images"})
+    faulty = hip.with_faults({D.ROUTER_TEXT_BIAS_FOR_IMAGES})
     w, ids = faulty.moe_route(logits, bias, bias_vl, image, 6, 1.5)
     _, ids_ok = ref.moe_route(logits, bias, bias_vl, image, 6, 1.5)
     _, ids_text = ref.moe_route(logits, bias, None, None, 6, 1.5)

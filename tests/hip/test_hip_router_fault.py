@@ -15,6 +15,7 @@ from tensordiff.capture import Recorder
 from tensordiff.compare import compare_dumps
 from tensordiff.contract import Contract
 from tensordiff.models import deepseek_language_contract as C
+from tensordiff.models import deepseek_faults as D
 
 CONTRACT = Contract("deepseek-v4.1-flash", (), C.RULES, resolver=C.make_resolver(()), boundary_of=C.boundary_of)
 ROWS, DIM, EXPERTS, TOPK = 48, 64, 384, 6
@@ -67,7 +68,7 @@ def test_kernel_fault_is_caught_by_the_comparator(tmp_path):
     ref = route_dump(TorchBackend(), tmp_path / "oracle", "cuda")
     clean = compare_dumps(ref, route_dump(HipBackend(), tmp_path / "hip", "cuda"), contract=CONTRACT)
     assert clean.verdict == "match", str(clean)
-    faulty = HipBackend(faults={"router-text-bias-for-images"})
+    faulty = HipBackend(faults={D.ROUTER_TEXT_BIAS_FOR_IMAGES})
     report = compare_dumps(ref, route_dump(faulty, tmp_path / "hip-fault", "cuda"), contract=CONTRACT)
     assert report.verdict == "diverged", str(report)
     assert report.earliest == ["router.0.ids"], report.earliest

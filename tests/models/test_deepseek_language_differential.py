@@ -4,7 +4,9 @@ A fixed random aligner output stands in for the vision tower (its own tests cove
 prompt is text - image - text on the tiny language config (8 experts, top-2, Engram at layers 1
 and 3, window 8, compressed KV with an indexer). The clean engine must match in one chunk, in
 chunks that cut the image span, and over several decode steps; every language fault must be
-named at its own boundary by the comparator.
+named at its own boundary by the comparator. These run the semantic numerics (fp32, no kernel
+rounding: `language_numerics=semantic`), where two fp32 routes agree to ~1e-6; the official
+default (bf16 with the kernels' quantisation) is tested in test_deepseek_language_quantised.py.
 """
 import pytest
 import torch
@@ -15,6 +17,7 @@ from tensordiff.compare import compare_dumps
 from tensordiff.contract import Contract
 from tensordiff.models import deepseek_language_contract as C
 from tensordiff.synthetic.deepseek_v41_flash_language import tiny_language_checkpoint
+from tensordiff.models import deepseek_faults as D
 
 CELLS = (2, 3)
 PROMPT = "A picture: <image> What does it show?"  # span starts at 12, length 10
@@ -34,7 +37,7 @@ def rows():
 
 def request(checkpoint, rows, **kw):
     return RunRequest(weights="synthetic:tiny-language", weights_dir=checkpoint, prompt=PROMPT, decode=DECODE,
-                      options={"image_rows": rows, "cells": CELLS}, **kw)
+                      options={"image_rows": rows, "cells": CELLS, "language_numerics": "semantic"}, **kw)
 
 
 def dump(side, req, path):
@@ -64,34 +67,37 @@ def test_clean_engine_matches(oracle_dump, checkpoint, rows, tmp_path, chunk):
 
 
 @pytest.mark.parametrize("fault,chunk", [
-    ("router-text-bias-for-images", None),
-    ("router-biased-weights", None),
-    ("engram-ngram-across-image", None),
-    ("overlay-chunk-shift", 7),
+    (D.ROUTER_TEXT_BIAS_FOR_IMAGES, None),
+    (D.ROUTER_BIASED_WEIGHTS, None),
+    (D.ENGRAM_NGRAM_ACROSS_IMAGE, None),
+    (D.OVERLAY_CHUNK_SHIFT, 7),
 ])
 def test_fault_is_localised(oracle_dump, checkpoint, rows, tmp_path, fault, chunk):
     eng = dump("engine", request(checkpoint, rows, chunk=chunk, fault=fault), tmp_path / "engine")
     report = compare_dumps(oracle_dump, eng, contract=CONTRACT)
     assert report.verdict == "diverged"
-    want = next(f.boundary for f in C.FAULTS if f.name == fault)
+    want = next(f.boundary for f in D.LANGUAGE_FAULTS if f.name == fault)
     assert report.earliest == [want]  # the first MoE / Engram layer, not a later symptom
 
 
 def test_overlay_fault_is_invisible_in_one_chunk(oracle_dump, checkpoint, rows, tmp_path):
-    eng = dump("engine", request(checkpoint, rows, fault="overlay-chunk-shift"), tmp_path / "engine")
+    eng = dump("engine", request(checkpoint, rows, fault=D.OVERLAY_CHUNK_SHIFT), tmp_path / "engine")
     assert compare_dumps(oracle_dump, eng, contract=CONTRACT).verdict == "match"
 
 
 def test_kernel_quantisation_matches_on_both_sides(checkpoint, rows, tmp_path):
-    """The kernels' FP8 / FP4 activation round trips, on for both sides (off by default: on long
-    prompts an isolated rounding flip between two fp32 routes is a false divergence)."""
+    """The kernels' FP8 / FP4 activation round trips, switched on for both sides in the fp32
+    semantic mode (on long prompts an isolated rounding flip between two fp32 routes is a false
+    divergence, so the semantic mode leaves them off)."""
     import dataclasses
 
     req = dataclasses.replace(request(checkpoint, rows, chunk=7), decode=1,
-                              options={"image_rows": rows, "cells": CELLS, "kernel_quant": True})
+                              options={"image_rows": rows, "cells": CELLS, "kernel_quant": True,
+                                       "language_numerics": "semantic"})
     odir = dump("oracle", dataclasses.replace(req, chunk=None), tmp_path / "oracle")
     edir = dump("engine", req, tmp_path / "engine")
     report = compare_dumps(odir, edir, contract=CONTRACT)
     assert report.verdict == "match", [(b.name, b.reason) for b in report.boundaries if b.status != "match"]
-    plain = dump("engine", dataclasses.replace(req, options={"image_rows": rows, "cells": CELLS}), tmp_path / "plain")
+    plain = dump("engine", dataclasses.replace(req, options={"image_rows": rows, "cells": CELLS,
+                                                             "language_numerics": "semantic"}), tmp_path / "plain")
     assert compare_dumps(odir, plain, contract=CONTRACT).earliest == ["attn.0"]  # the switch is live

@@ -1,5 +1,6 @@
 """Local error for the language backbone: each engine stage on the oracle's own tensors. The
-clean engine's stages all match; each planted fault's stage is the origin."""
+clean engine's stages all match; each planted fault's stage is the origin. Semantic numerics
+(fp32); the official bf16 mode's local error is in test_deepseek_language_quantised.py."""
 import dataclasses
 
 import pytest
@@ -13,6 +14,7 @@ from tensordiff.local_error import local_error
 from tensordiff.models import deepseek_language_contract as C
 from tensordiff.synthetic.deepseek_v41_flash_language import tiny_language_checkpoint
 from tensordiff.tolerance import load
+from tensordiff.models import deepseek_faults as D
 
 CONTRACT = Contract("deepseek-v4.1-flash", (), C.RULES, resolver=C.make_resolver(()), boundary_of=C.boundary_of)
 
@@ -29,7 +31,7 @@ def base():
     rows = torch.randn(6, 64, generator=torch.Generator().manual_seed(7))
     return RunRequest(weights="synthetic:tiny-language", weights_dir=tiny_language_checkpoint(),
                       prompt="A picture: <image> What does it show?", decode=1,
-                      options={"image_rows": rows, "cells": (2, 3)})
+                      options={"image_rows": rows, "cells": (2, 3), "language_numerics": "semantic"})
 
 
 @pytest.fixture(scope="module")
@@ -40,8 +42,8 @@ def oracle_dump(base, tmp_path_factory):
     return rec.close()
 
 
-@pytest.mark.parametrize("fault,chunk", [(None, 7), ("router-text-bias-for-images", None),
-                                         ("router-biased-weights", None), ("engram-ngram-across-image", 5)])
+@pytest.mark.parametrize("fault,chunk", [(None, 7), (D.ROUTER_TEXT_BIAS_FOR_IMAGES, None),
+                                         (D.ROUTER_BIASED_WEIGHTS, None), (D.ENGRAM_NGRAM_ACROSS_IMAGE, 5)])
 def test_local_origin(base, oracle_dump, tmp_path, fault, chunk):
     from engine.deepseek_v41_flash.language.stages import make_language_stages
 
@@ -50,10 +52,10 @@ def test_local_origin(base, oracle_dump, tmp_path, fault, chunk):
     rec = Recorder(tmp_path / "engine", model="deepseek-v4.1-flash")
     engine_run(req, rec)
     report = compare_dumps(oracle_dump, rec.close(), contract=CONTRACT)
-    adapter = ModelAdapter("deepseek-v4.1-flash", CONTRACT, C.FAULTS, oracle=lambda: oracle_run,
+    adapter = ModelAdapter("deepseek-v4.1-flash", CONTRACT, D.LANGUAGE_FAULTS, oracle=lambda: oracle_run,
                            engine=lambda: engine_run)
     local = local_error(adapter, req, oracle_dump, report, load(None), tmp_path, make_stages=make_language_stages)
-    want = None if fault is None else next(f.boundary for f in C.FAULTS if f.name == fault)
+    want = None if fault is None else next(f.boundary for f in D.LANGUAGE_FAULTS if f.name == fault)
     assert local.origin == want, local.summary()
     stageless = {r.boundary for r in local.boundaries if r.status == "no-stage"}
     assert stageless == {"logits.step.1"}  # decode steps are compared end to end only

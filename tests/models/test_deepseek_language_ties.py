@@ -11,6 +11,7 @@ from tensordiff.capture import Recorder
 from tensordiff.compare import compare_dumps
 from tensordiff.contract import Contract
 from tensordiff.local_error import local_error
+from tensordiff.models import deepseek_faults as F
 from tensordiff.models import deepseek_language_contract as C
 from tensordiff.synthetic.deepseek_v41_flash_language import tiny_language_checkpoint
 from tensordiff.tolerance import load
@@ -29,8 +30,9 @@ def _runners():
 @pytest.fixture(scope="module")
 def base():
     rows = torch.randn(6, 64, generator=torch.Generator().manual_seed(7))
+    # the language half in fp32 semantic numerics: the official bf16 default rounds both sides alike
     return RunRequest(weights="synthetic:tiny-language", weights_dir=tiny_language_checkpoint(), prompt=PROMPT,
-                      decode=2, options={"image_rows": rows, "cells": (2, 3)})
+                      decode=2, options={"image_rows": rows, "cells": (2, 3), "language_numerics": "semantic"})
 
 
 def dump(side, req, path):
@@ -49,7 +51,7 @@ def local(req, oracle_dir, report, tmp_path):
     from engine.deepseek_v41_flash.language.stages import make_language_stages
 
     o, e = _runners()
-    adapter = ModelAdapter("deepseek-v4.1-flash", CONTRACT, C.FAULTS, oracle=lambda: o, engine=lambda: e)
+    adapter = ModelAdapter("deepseek-v4.1-flash", CONTRACT, F.LANGUAGE_FAULTS, oracle=lambda: o, engine=lambda: e)
     return local_error(adapter, req, oracle_dir, report, load(None), tmp_path, make_stages=make_language_stages)
 
 
@@ -121,7 +123,7 @@ def test_a_wrong_index_choice_is_named_at_the_choice(oracle32, base, tmp_path, m
 
 
 def test_a_wrong_router_choice_is_named_at_the_choice(oracle32, base, tmp_path):
-    req = dataclasses.replace(base, dtype="bfloat16", fault="router-text-bias-for-images")
+    req = dataclasses.replace(base, dtype="bfloat16", fault=F.ROUTER_TEXT_BIAS_FOR_IMAGES)
     report = compare_dumps(oracle32, dump("engine", req, tmp_path / "engine"), contract=CONTRACT)
     assert report.earliest == ["router.0.ids"]
     assert "not near-ties" in report.boundary("router.0.ids").tensors[0].reason
@@ -191,7 +193,7 @@ def test_check_judges_a_cascade_by_local_error_so_a_bug_behind_a_flip_is_caught(
     Image.open(default_image_path()).convert("RGB").save(jpg, quality=90)
     with pytest.raises(SystemExit) as e:
         main(["check", "deepseek-v4.1-flash", "--image", str(jpg), "--prompt", "Describe <image>.", "--chunk", "64",
-              "--dtype", "bfloat16", "--oracle-dtype", "float32", "--fault", "router-biased-weights",
+              "--dtype", "bfloat16", "--oracle-dtype", "float32", "--fault", F.ROUTER_BIASED_WEIGHTS,
               "--json", str(tmp_path / "r.json")])
     out = capsys.readouterr().out
     assert e.value.code == 1, out[:2000]

@@ -23,4 +23,5 @@ def test_bench_smoke_tiny_cpu(tmp_path, capsys):
     assert saved["engine_vs_oracle"]["cosine"] > 0.9999  # fp32: the two routes agree
     assert saved["flops"]["total"] == sum(saved["flops"][k] for k in ("gemm", "attention", "aligner"))
     assert res["engine_tflops"] > 0
+    assert saved["speed_path"]["vision"]["block"]["ran"] == "eager"  # the CPU has no compiled route
     assert "tower + aligner" in capsys.readouterr().out

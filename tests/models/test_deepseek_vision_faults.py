@@ -13,10 +13,10 @@ import pytest
 from tensordiff.compare import compare_dumps
 from tensordiff.registry import adapter
 from tensordiff.runs import make_request, run_side
+from tensordiff.models import deepseek_faults as D
 
 MODEL = "deepseek-v4.1-flash"
-LANGUAGE = ("router-text-bias-for-images", "router-biased-weights", "engram-ngram-across-image",
-            "overlay-chunk-shift")  # need a prompt: tests/models/test_deepseek_whole_model.py
+LANGUAGE = D.LANGUAGE_NAMES  # need a prompt: tests/models/test_deepseek_whole_model.py
 FAULTS = [(f.name, f.boundary) for f in adapter(MODEL).faults if f.name not in LANGUAGE]
 
 
@@ -27,11 +27,11 @@ def oracle_dump(tmp_path_factory):
 
 
 def test_adapter_lists_the_engine_faults():
-    from engine.deepseek_v41_flash.faults import FAULTS as ENGINE
     from engine.deepseek_v41_flash.faults import LANGUAGE as ENGINE_LANGUAGE
+    from engine.deepseek_v41_flash.faults import VISION as ENGINE
 
-    assert {n: b for n, b in FAULTS} == {n: b for n, (b, _) in ENGINE.items()}
-    assert len(FAULTS) == 5
+    assert [n for n, _ in FAULTS] == list(ENGINE)
+    assert len(FAULTS) == 9  # 5 semantic faults + 4 numeric ones (faults.NUMERIC)
     assert {f.name for f in adapter(MODEL).faults} - {n for n, _ in FAULTS} == set(ENGINE_LANGUAGE) == set(LANGUAGE)
 
 
@@ -60,7 +60,7 @@ def test_cli_check_exits_1_and_names_the_boundary(tmp_path, capsys):
     from tensordiff.cli import main
 
     with pytest.raises(SystemExit) as e:
-        main(["check", MODEL, "--fault", "contain-ceil", "--json", str(tmp_path / "r.json")])
+        main(["check", MODEL, "--fault", D.CONTAIN_CEIL, "--json", str(tmp_path / "r.json")])
     out = capsys.readouterr().out
     # the resize decision itself is the one root: `plan` (patches, rope follow from it)
     assert e.value.code == 1 and "`plan`" in out.splitlines()[0]

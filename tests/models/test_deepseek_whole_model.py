@@ -7,6 +7,7 @@ import pytest
 from PIL import Image
 
 from tensordiff.runs import check
+from tensordiff.models import deepseek_faults as D
 
 PROMPT = "Look: <image> What is in the picture?"
 
@@ -22,7 +23,10 @@ def picture(tmp_path_factory):
 
 
 def run(picture, **kw):
-    return check("deepseek-v4.1-flash", image=picture, prompt=PROMPT, chunk=16, decode=2, **kw)
+    # the language half in its fp32 semantic numerics, as the fp32 vision half (the official bf16
+    # default drifts by rounding: test_deepseek_language_quantised.py)
+    return check("deepseek-v4.1-flash", image=picture, prompt=PROMPT, chunk=16, decode=2,
+                 extra=("language_numerics=semantic",), **kw)
 
 
 def test_clean_whole_model_matches_with_a_chunk_cutting_the_span(picture):
@@ -36,11 +40,11 @@ def test_clean_whole_model_matches_with_a_chunk_cutting_the_span(picture):
 
 
 @pytest.mark.parametrize("fault,boundary", [
-    ("router-text-bias-for-images", "router.0.ids"),
-    ("router-biased-weights", "router.0.weights"),
-    ("engram-ngram-across-image", "engram.1"),
-    ("overlay-chunk-shift", "embeddings"),
-    ("aligner-flat-pad", "aligner"),
+    (D.ROUTER_TEXT_BIAS_FOR_IMAGES, "router.0.ids"),
+    (D.ROUTER_BIASED_WEIGHTS, "router.0.weights"),
+    (D.ENGRAM_NGRAM_ACROSS_IMAGE, "engram.1"),
+    (D.OVERLAY_CHUNK_SHIFT, "embeddings"),
+    (D.ALIGNER_FLAT_PAD, "aligner"),
 ])
 def test_faults_localised_across_vision_and_language(picture, fault, boundary):
     r = run(picture, fault=fault)
@@ -50,5 +54,5 @@ def test_faults_localised_across_vision_and_language(picture, fault, boundary):
 def test_unknown_fault_names_both_halves(picture):
     from tensordiff.errors import BadInput
 
-    with pytest.raises(BadInput, match="router-biased-weights"):
+    with pytest.raises(BadInput, match=D.ROUTER_BIASED_WEIGHTS):
         run(picture, fault="no-such-fault")

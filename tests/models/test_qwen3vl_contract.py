@@ -12,6 +12,7 @@ from tensordiff.capture import Recorder
 from tensordiff.compare import compare_dumps
 from tensordiff.contract import ancestors, topological
 from tensordiff.errors import BadInput, IncomparableDumps
+from tensordiff.models import deepseek_faults as D
 from tensordiff.models.qwen3_vl import ADAPTER, CONTRACT
 from tensordiff.synthetic import qwen3_vl as S
 
@@ -129,4 +130,4 @@ def test_engine_carries_exactly_the_adapter_faults():
 
     assert set(faults.ALL) == {f.name for f in ADAPTER.faults}
     with pytest.raises(EngineInputError, match="unknown qwen3-vl fault"):
-        faults.check("contain-ceil")
+        faults.check(D.CONTAIN_CEIL)  # another model's fault

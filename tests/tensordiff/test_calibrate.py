@@ -111,3 +111,77 @@ def test_deepseek_tiny_floors_are_finite_and_positive_and_fused_sdpa_is_reported
     assert all(0 < f.max_abs < math.inf for f in measured.values())
     assert "sdpa=flash" in cal.failed
     assert "failed_variants" in cal.to_toml()
+
+
+@pytest.mark.parametrize("model,variant,needle", [
+    ("qwen3-vl", "attn=nonsense", "not one of sdpa, eager"),
+    ("qwen3-vl", "warp=9", "not dtype, sdpa or an option of qwen3-vl"),
+    ("deepseek-v4.1-flash", "attention=math", "engine only"),  # the oracle would not move: no floor
+    (toy.NAME, "attn=eager", "this model takes no options"),
+])
+def test_a_runner_option_variant_is_checked_against_the_models_table(toys, model, variant, needle):
+    # refused before any run (no weights resolved, no oracle started)
+    with pytest.raises(BadInput, match=needle):
+        calibrate(model, [default_image_path()], variants=[variant])
+
+
+def test_a_variant_value_reaches_the_oracle_typed(toys):
+    from tensordiff.calibrate import variant_request
+    from tensordiff.runs import make_request
+
+    ad, req = make_request("qwen3-vl")
+    v = variant_request(req, parse_variant("attn=eager"), ad)
+    assert v.options["attention"] == "eager" and "attn" not in v.options
+
+
+def _two_pictures(tmp_path):
+    from PIL import Image
+
+    other = tmp_path / "other.png"
+    Image.effect_noise((96, 64), 40).convert("RGB").save(other)
+    return [default_image_path(), other]
+
+
+def test_calibrate_records_the_clean_engines_profile_and_multipliers(toys, tmp_path):
+    from tensordiff.floor import DEFAULT_RULE, profile_of, rule_of
+
+    cal = calibrate(toy.NAME, _two_pictures(tmp_path), variants=["dtype=bfloat16"])
+    assert cal.profile is not None and cal.profile.images == 2 and not cal.profile.failed
+    summary = cal.profile.summary()
+    assert set(summary) == {"block0", "final_norm", "aligner"}  # patches and rope are bit-exact: no ratio
+    for per in summary.values():
+        # the toy engine is the oracle's own arithmetic: bit-equal to the floor run, so kept exact
+        assert set(per) == {"rmse", "row", "cosine", "equals_floor_run"} and per["equals_floor_run"]["all"]
+        assert all(v["n"] == 2 and v["min"] <= v["median"] <= v["max"] for k, v in per.items()
+                   if k != "equals_floor_run")
+    path = write(cal, tmp_path / "cal.toml")
+    prof = profile_of(path)
+    assert prof["block0"]["rmse"]["n"] == 2
+    rule = rule_of(path)
+    # the toy engine is the oracle's own code: its ratios are 1, so the defaults stand
+    assert rule == DEFAULT_RULE
+    assert "clean bfloat16 engine over 2 image(s)" in cal.render_text()
+    load_tolerances(path)  # still a tolerance file
+
+
+def test_profile_from_calibrate_flags_a_drift_the_gate_used_to_pass(toys, tmp_path):
+    imgs = _two_pictures(tmp_path)
+    cal = calibrate(toy.NAME, imgs, variants=["dtype=bfloat16"])
+    write(cal, tmp_path / "cal.toml")
+    (tmp_path / "pics").mkdir()
+    for p in imgs:
+        (tmp_path / "pics" / p.name).write_bytes(p.read_bytes())
+    cfg = load_gate(toy.write_gate(tmp_path, 'dtype = "bfloat16"\ntolerances = "cal.toml"\nlocal_error = false\n'
+                                              'images = ["pics"]\n'))
+    clean = run_gate(cfg, progress=False, echo=lambda s: None)
+    assert clean.passed and all(c.numeric is not None and c.numeric.verdict == "match" for c in clean.cases)
+    drift = run_gate(cfg, fault="oracle-like-drift", progress=False, echo=lambda s: None)
+    assert not drift.passed
+    assert any(c.numeric.earliest == ["block0"] for c in drift.cases)
+
+
+def test_no_engine_profile(toys, tmp_path):
+    cal = calibrate(toy.NAME, [default_image_path()], variants=["dtype=bfloat16"], engine_profile=False)
+    assert cal.profile is None and "floor_rule" not in tomllib.loads(cal.to_toml())
+    ref16 = calibrate(toy.NAME, [default_image_path()], variants=["dtype=float32"], dtype="bfloat16")
+    assert ref16.profile is None and "reference must be float32" in ref16.profile_note

@@ -251,3 +251,16 @@ def test_fp32_tensors_of_a_bf16_run_are_judged_in_bf16(tmp_path):
     assert t.status == "match" and t.dtype["unit"] == "bfloat16"
     a32, b32 = write(tmp_path / "c", {"w": x}), write(tmp_path / "d", {"w": y})
     assert compare_dumps(a32, b32).verdict == "diverged"
+
+
+def test_a_run_declares_the_compute_dtype_of_some_boundaries(tmp_path):
+    """A half of a model that computes in bf16 behind an fp32 run (the DeepSeek language backbone
+    behind the fp32 vision tower) declares it per boundary pattern; the others stay fp32."""
+    x = torch.randn(64, 32)
+    y = x * (1 + 4e-3)
+    run = {"dtype": "float32", "boundary_dtypes": {"lang*": "bfloat16"}}
+    a = write(tmp_path / "a", {"lang0": x, "vis": x}, run=run)
+    b = write(tmp_path / "b", {"lang0": y, "vis": y}, run=run)
+    rep = compare_dumps(a, b)
+    assert rep.boundary("lang0").status == "match" and rep.boundary("lang0").tensors[0].dtype["unit"] == "bfloat16"
+    assert rep.boundary("vis").status == "diverged"  # not declared: judged in fp32

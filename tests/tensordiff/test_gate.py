@@ -213,3 +213,29 @@ def test_cli_compare_writes_junit_and_html(tmp_path, capsys):
     suite = ET.parse(tmp_path / "c.xml").getroot().find("testsuite")
     assert suite.get("tests") == "5" and suite.get("failures") == "4"
     assert (tmp_path / "c.html").read_text().count("<figure>") == 6
+
+
+# ----------------------------------------------------------------------------- faults and their routes
+
+def _toy_with_a_language_fault(monkeypatch):
+    """The toy, whose aligner fault now says it needs the language route (a prompt)."""
+    import dataclasses
+
+    from tensordiff.faults import LANGUAGE
+
+    faults = tuple(dataclasses.replace(f, needs=(LANGUAGE,)) if f.name == "aligner-bias" else f for f in toy.FAULTS)
+    monkeypatch.setitem(toy.TOYS, toy.NAME, dataclasses.replace(toy.ADAPTER, faults=faults))
+
+
+def test_a_fault_no_case_can_carry_is_bad_input(tmp_path, monkeypatch):
+    _toy_with_a_language_fault(monkeypatch)
+    with pytest.raises(BadInput, match="no case of this gate can carry it: fault 'aligner-bias' needs --prompt"):
+        run_gate(load_gate(toy.write_gate(tmp_path)), fault="aligner-bias", progress=False, echo=lambda s: None)
+
+
+def test_a_fault_is_planted_in_the_cases_that_take_its_route(tmp_path, monkeypatch):
+    _toy_with_a_language_fault(monkeypatch)
+    cfg = load_gate(toy.write_gate(tmp_path, 'prompts = ["describe <image>"]\n'))
+    res = run_gate(cfg, fault="aligner-bias", progress=False, echo=lambda s: None)
+    assert res.exit_code == 1 and res.cases[0].report.earliest == ["aligner"]
+    assert "fault aligner-bias" in res.cases[0].label

@@ -15,6 +15,8 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from ..faults import ENGRAM_NGRAM_ACROSS_IMAGE
+
 BLOCKED = -1  # before the sequence start, or an image position (DEAD)
 
 
@@ -72,7 +74,7 @@ class EngramHashState:
     def __init__(self, tables: EngramTables, fault: str | None = None):
         self.t = tables
         self.window = torch.full((tables.max_ngram - 1,), BLOCKED, dtype=torch.int64)  # oldest first
-        self.ignore_dead = fault == "engram-ngram-across-image"
+        self.ignore_dead = fault == ENGRAM_NGRAM_ACROSS_IMAGE
 
     def hash(self, ids: torch.Tensor, image: torch.Tensor) -> torch.Tensor:
         """ids, image: [n] -> hash rows [n, layers, (max_ngram-1)*heads] int64."""

@@ -31,15 +31,15 @@ from ...errors import EngineInputError
 from ...runtime.embedding import Span, overlay
 from .. import weights as W
 from ..config import Config
+from ..faults import LANGUAGE as FAULTS, OVERLAY_CHUNK_SHIFT
 from ..span import span_rows
-from . import hyper
+from . import hyper, quant
 from .attention import Attention, AttnWeights, ChunkShared
 from .engram import EngramHashState, EngramLayer, EngramTables
+from .layer import Layer, first_stream, index_ids, selection_scores
 from .moe import ExpertBank, GateWeights, MoE
 from .tokens import compressed_token_map
 
-FAULTS = ("router-text-bias-for-images", "router-biased-weights", "engram-ngram-across-image",
-          "overlay-chunk-shift")
 
 
 @dataclass(frozen=True)
@@ -53,11 +53,14 @@ class BlockWeights:
 class LanguageModel:
     def __init__(self, cfg: Config, t: dict[str, torch.Tensor], dtype: torch.dtype, backend,
                  fault: str | None = None, device="cpu", kernel_quant: bool = False):
+        # quantised checkpoint weights go through the wrapper's `linear` (`quant.QuantBackend`)
+        backend = quant.QuantBackend(backend, kernel_quant)
         self.cfg, self.dtype, self.backend, self.fault = cfg, dtype, backend, fault
         self.device = torch.device(device)
         f32 = torch.float32
-        act = lambda n: t[n].to(device=self.device, dtype=dtype).contiguous()  # noqa: E731
-        fp = lambda n: t[n].to(device=self.device, dtype=f32).contiguous()  # noqa: E731
+        # a matrix as stored: plain in the activation dtype, or FP8 / FP4 with its scale
+        act = lambda n: quant.weight(t, n, cfg, dtype, self.device, fault)  # noqa: E731
+        fp = lambda n: quant.plain(t, n, f32, self.device)  # noqa: E731
         self.embed = act("embed.weight")
         self.markers = {n: act(n) for n in ("image_start", "image_end", "image_newline")}
         self.norm = fp("norm.weight")  # norm weights fp32, as the backend protocol takes them
@@ -87,9 +90,9 @@ class LanguageModel:
             self.attn.append(Attention(i, cfg, aw, backend, kernel_quant))
             f = p + "ffn."
             E = cfg.n_routed_experts
-            stack = lambda k: torch.stack([act(f + f"experts.{e}.{k}.weight") for e in range(E)])  # noqa: E731
+            stack = lambda k: _stack([act(f + f"experts.{e}.{k}.weight") for e in range(E)])  # noqa: E731
             bank = ExpertBank(stack("w1"), stack("w3"), stack("w2"))
-            shared = ExpertBank(*(act(f + f"shared_experts.{k}.weight").unsqueeze(0) for k in ("w1", "w3", "w2")))
+            shared = ExpertBank(*(_stack([act(f + f"shared_experts.{k}.weight")]) for k in ("w1", "w3", "w2")))
             gate = GateWeights(fp(f + "gate.weight"), fp(f + "gate.bias"),
                                fp(f + "gate.bias_vl") if f + "gate.bias_vl" in t else None)
             self.moe.append(MoE(gate, bank, shared, topk=cfg.n_activated_experts, route_scale=cfg.route_scale,
@@ -100,6 +103,15 @@ class LanguageModel:
                 self.engram[i] = EngramLayer(act(g + "embed.weight"), act(g + "wkv.weight"),
                                              fp(g + "q_weight") * fp(g + "k_weight"), cfg.hc_mult, cfg.dim,
                                              cfg.norm_eps)
+        # the decoder layers by id, in stack order: what prefill, decode and the stages run
+        self.stack = {i: Layer(i, cfg, self.blocks[i], self.attn[i], self.moe[i], self.engram.get(i),
+                               cfg.engram_layer_ids.index(i) if i in self.engram else None, backend)
+                      for i in range(cfg.n_layers)}
+
+    def logits(self, x: torch.Tensor, pre: torch.Tensor) -> torch.Tensor:
+        """The stream leaving the last layer [n, hc, D] and its FFN-side pre mix -> logits [n, vocab] fp32."""
+        final = self.backend.rms_norm(hyper.collapse(x, pre), self.norm, self.cfg.norm_eps)
+        return self.backend.linear(final.float(), self.head, None)
 
     @staticmethod
     def tensor_names(cfg: Config) -> list[str]:
@@ -125,7 +137,7 @@ class LanguageModel:
                 names += [f + e + f"{k}.weight" for k in ("w1", "w2", "w3")]
             if i in cfg.engram_layer_ids:
                 names += [p + "engram." + n for n in ("embed.weight", "wkv.weight", "q_weight", "k_weight")]
-        return names
+        return names + [quant.scale_name(n) for n in names if quant.weight_format(cfg, n)]
 
     @classmethod
     def load(cls, checkpoint: str | Path, *, dtype: torch.dtype, backend, fault: str | None = None,
@@ -140,12 +152,8 @@ class LanguageModel:
         return Sequence(self, input_ids, token_types, image, cells)
 
 
-def selection_scores(score: torch.Tensor, groups: int) -> torch.Tensor:
-    """A chunk's index scores [n, T_chunk] padded with -inf to the prompt's group count [n, groups]
-    (a chunk sees only the groups completed so far), fp32, so chunks concatenate row for row."""
-    out = torch.full((score.shape[0], groups), float("-inf"), dtype=torch.float32, device=score.device)
-    out[:, :score.shape[1]] = score.float()
-    return out
+def _stack(ws: list):
+    return quant.QuantWeight.stack(ws) if isinstance(ws[0], quant.QuantWeight) else torch.stack(ws)
 
 
 class Sequence:
@@ -192,14 +200,14 @@ class Sequence:
         lm = self.lm
         emb = lm.embed[self.ids[lo:hi].to(lm.device)].clone()
         spans = self._spans(lo, hi)
-        if lm.fault == "overlay-chunk-shift":
+        if lm.fault == OVERLAY_CHUNK_SHIFT:
             spans = [self._span] if self._span is not None else []
             return overlay(emb, 0, spans, lm.backend)  # wrong: the chunk's own start is ignored
         return overlay(emb, lo, spans, lm.backend)
 
     def _forward(self, lo: int, hi: int, out: dict | None) -> torch.Tensor:
         """Positions lo..hi-1 through the stack; returns logits [n, vocab] fp32."""
-        lm, cfg, be = self.lm, self.lm.cfg, self.lm.backend
+        lm, cfg = self.lm, self.lm.cfg
         ids, types = self.ids[lo:hi], self.types[lo:hi]  # host tensors
         image = (types >= 0).to(lm.device)
         emb = self.embed(lo, hi)
@@ -208,43 +216,26 @@ class Sequence:
             out.setdefault("embeddings", []).append(emb)
         # n-gram hashing is host integer work; only the hash rows go to the device
         hashes = self.engram_state.hash(ids, types >= 0).to(lm.device) if self.engram_state is not None else None
-        hc = cfg.hc_mult
-        x = emb.unsqueeze(1).repeat(1, hc, 1)  # [n, hc, D]
-        pre = torch.zeros(x.shape[0], hc, dtype=torch.float32, device=lm.device)
-        pre[:, 0] = 1.0
+        x, pre = first_stream(emb, cfg.hc_mult)
         shared = ChunkShared()
-        mix_args = (hc, cfg.hc_sinkhorn_iters, cfg.hc_eps, cfg.norm_eps, be)
-        for i, bw in enumerate(lm.blocks):
-            if i in lm.engram:
-                k = lm.engram_tables.layer_ids.index(i)
-                x, gate = lm.engram[i](x, hashes[:, k], image, be)
-                if keep:
-                    out.setdefault(f"engram.{i}.gate", []).append(gate)
-            a_pre, a_post, a_comb = hyper.mixes(x, bw.attn_mix, *mix_args)
-            h = lm.attn[i](be.rms_norm(hyper.collapse(x, pre), bw.attn_norm, cfg.norm_eps), lo, self.caches[i], shared)
-            x = hyper.expand(h, x, a_post, a_comb)
-            f_pre, f_post, f_comb = hyper.mixes(x, bw.ffn_mix, *mix_args)
-            ffn_in = be.rms_norm(hyper.collapse(x, a_pre), bw.ffn_norm, cfg.norm_eps)
-            y, weights, chosen = lm.moe[i](ffn_in, image)
-            x = hyper.expand(y, x, f_post, f_comb)
-            pre = f_pre
+        for i, layer in lm.stack.items():
+            cache = self.caches[i]
+            o = layer(x, pre, lambda h_in: layer.attn(h_in, lo, cache, shared), image, hashes)
+            x, pre = o.hidden, o.pre
             if keep:
-                if lm.attn[i].index_source:  # the indexer's choice, [n, index_topk] ascending, -1 padded
-                    sel = shared.selection
-                    pad = torch.full((sel.shape[0], cfg.index_topk - sel.shape[1]), -1, dtype=sel.dtype,
-                                     device=sel.device)
-                    out.setdefault(f"index.{i}.ids", []).append(torch.cat([sel, pad], 1).sort(dim=-1).values)
+                if o.gate is not None:
+                    out.setdefault(f"engram.{i}.gate", []).append(o.gate)
+                if layer.attn.index_source:  # the indexer's choice
+                    out.setdefault(f"index.{i}.ids", []).append(index_ids(shared.selection, cfg.index_topk))
                     out.setdefault(f"index.{i}.scores", []).append(
-                        selection_scores(shared.selection_scores, self.ids.numel() // lm.attn[i].ratio))
-                out.setdefault(f"router.{i}.scores", []).append(lm.moe[i].biased_scores(ffn_in, image))
-                ids_sorted, order = chosen.sort(dim=-1)
-                out.setdefault(f"attn.{i}", []).append(h)
-                out.setdefault(f"router.{i}.ids", []).append(ids_sorted)
-                out.setdefault(f"router.{i}.weights", []).append(weights.gather(-1, order))
+                        selection_scores(shared.selection_scores, self.ids.numel() // layer.attn.ratio))
+                out.setdefault(f"router.{i}.scores", []).append(layer.router_scores(o, image))
+                out.setdefault(f"attn.{i}", []).append(o.attn)
+                out.setdefault(f"router.{i}.ids", []).append(o.router_ids)
+                out.setdefault(f"router.{i}.weights", []).append(o.router_weights)
                 out.setdefault(f"hidden.{i}", []).append(x)
-        final = be.rms_norm(hyper.collapse(x, pre), lm.norm, cfg.norm_eps)
         self.pos = hi
-        return be.linear(final.float(), lm.head, None)
+        return lm.logits(x, pre)
 
     @torch.inference_mode()
     def prefill(self, chunk: int | None = None, taps=None) -> torch.Tensor:

@@ -16,6 +16,7 @@ import torch
 import torch.nn.functional as F
 
 from ...errors import EngineInputError
+from ..faults import ROUTER_BIASED_WEIGHTS, ROUTER_TEXT_BIAS_FOR_IMAGES
 
 
 @dataclass(frozen=True)
@@ -54,10 +55,10 @@ class MoE:
     def route(self, x: torch.Tensor, image_rows: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
         """x: [R, D] -> (weights [R, k] fp32, ids [R, k] int64, best first)."""
         logits = self.backend.linear(x.float(), self.gate.weight, None) / self.gate_temp
-        rows = None if self.fault == "router-text-bias-for-images" else image_rows
+        rows = None if self.fault == ROUTER_TEXT_BIAS_FOR_IMAGES else image_rows
         weights, ids = self.backend.moe_route(logits, self.gate.bias, self.gate.bias_vl, rows,
                                               self.topk, self.route_scale)
-        if self.fault == "router-biased-weights":
+        if self.fault == ROUTER_BIASED_WEIGHTS:
             weights = self._mix(self._biased(logits, rows), ids)
         return weights, ids
 
@@ -69,7 +70,7 @@ class MoE:
         """The mixture weights of a GIVEN choice ids [R, k] (local error: the reference's choice,
         so the weights are judged on the same experts after a near-tie flip)."""
         logits = self.backend.linear(x.float(), self.gate.weight, None) / self.gate_temp
-        if self.fault == "router-biased-weights":
+        if self.fault == ROUTER_BIASED_WEIGHTS:
             return self._mix(self._biased(logits, image_rows), ids)
         return self._mix(F.softplus(logits.float()).sqrt(), ids)
 
@@ -86,7 +87,7 @@ class MoE:
         set that differs from the reference's can be told a near-tie or a wrong choice). Computed
         in torch whatever the backend: the kernel's own ranking key is not exposed."""
         logits = self.backend.linear(x.float(), self.gate.weight, None) / self.gate_temp
-        rows = None if self.fault == "router-text-bias-for-images" else image_rows
+        rows = None if self.fault == ROUTER_TEXT_BIAS_FOR_IMAGES else image_rows
         return self._biased(logits, rows)
 
     def _expert(self, bank: ExpertBank, e: int, x: torch.Tensor, scale: torch.Tensor | None) -> torch.Tensor:

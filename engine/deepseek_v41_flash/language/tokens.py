@@ -38,23 +38,29 @@ def compressed_token_map(vocab_size: int) -> tuple[torch.Tensor, int]:
     return torch.tensor(ids, dtype=torch.int64), len(first)
 
 
+def _text(s: str) -> torch.Tensor:
+    return torch.tensor([b + OFFSET for b in s.encode("utf-8")], dtype=torch.int64)
+
+
 def tokenize(prompt: str, cfg, cells: tuple[int, int] | None) -> tuple[torch.Tensor, torch.Tensor]:
+    """(input_ids [S], token_types [S]): BOS, the text before the tag, the image span (when
+    `cells` are given), the text after it."""
     if cfg.vocab_size < 256 + OFFSET or cfg.image_token_id < 256 + OFFSET:
         raise EngineInputError("this checkpoint's vocabulary cannot hold the byte tokenizer of synthetic checkpoints")
-    pieces = prompt.split(IMAGE_TAG)
-    if len(pieces) > 2:
-        raise EngineInputError(f"the prompt holds {len(pieces) - 1} '{IMAGE_TAG}' tags; one image is supported")
-    if len(pieces) == 2 and cells is None:
+    tags = prompt.count(IMAGE_TAG)
+    if tags > 1:
+        raise EngineInputError(f"the prompt holds {tags} '{IMAGE_TAG}' tags; one image is supported")
+    if tags and cells is None:
         raise EngineInputError(f"the prompt holds '{IMAGE_TAG}' but no image was given")
-    if cells is not None and len(pieces) == 1:
-        pieces = ["", prompt]
-    text = lambda s: [b + OFFSET for b in s.encode("utf-8")]  # noqa: E731
-    ids = [0] + text(pieces[0])
-    types = torch.full((len(ids),), TEXT, dtype=torch.int64)
+    before, _, after = prompt.partition(IMAGE_TAG) if tags else ("", "", prompt)
     if cells is None:
-        return torch.tensor(ids, dtype=torch.int64), types
-    st = span_types(*cells)
-    tail = text(pieces[1])
-    ids = ids + [cfg.image_token_id] * st.numel() + tail
-    types = torch.cat([types, st, torch.full((len(tail),), TEXT, dtype=torch.int64)])
-    return torch.tensor(ids, dtype=torch.int64), types
+        before, after = prompt, ""
+    # the sequence as (ids, types) segments: BOS + text | image span | text
+    head = torch.cat([torch.zeros(1, dtype=torch.int64), _text(before)])
+    segments = [(head, torch.full_like(head, TEXT))]
+    if cells is not None:
+        st = span_types(*cells)
+        segments.append((torch.full_like(st, cfg.image_token_id), st))
+    tail = _text(after)
+    segments.append((tail, torch.full_like(tail, TEXT)))
+    return torch.cat([i for i, _ in segments]), torch.cat([t for _, t in segments])

@@ -16,6 +16,7 @@ from engine.runtime import image as rimage
 from engine.runtime import patches as rpatches
 from engine.runtime.attention import attention
 from engine.runtime.embedding import Span, intersect, overlay
+from engine.runtime.speed_path import SpeedPath
 
 BE = get("torch")
 
@@ -153,8 +154,12 @@ def test_cuda_kernel_order_and_fallback(monkeypatch):
 
     monkeypatch.setattr(A, "sdpa_kernel", Ctx)
     monkeypatch.setattr(A.F, "scaled_dot_product_attention", fake_sdpa)
-    monkeypatch.setattr(A, "_BROKEN", set())
+    monkeypatch.setattr(A, "_BROKEN", {})
     q4 = types.SimpleNamespace(device=types.SimpleNamespace(type="cuda"))
-    assert A._sdpa(q4, q4, q4, None, None) == "ran with flash"
+    log = SpeedPath()
+    assert A._sdpa(q4, q4, q4, None, None, log) == "ran with flash"
     assert calls[0] == ["cudnn", "flash", "efficient", "math"] and "cudnn" in A._BROKEN
+    # the dropped kernel is a fallback the speed path names, with the error that dropped it
+    assert log.fallbacks == [{"what": "sdpa cudnn skipped",
+                              "why": "it raised earlier in this process: RuntimeError: cuDNN graph build failed"}]
     assert A._sdpa(q4, q4, q4, None, ["cudnn", "efficient"]) == "ran with efficient"

@@ -12,6 +12,7 @@ from engine.deepseek_v41_flash.language.moe import ExpertBank, GateWeights, MoE
 from engine.deepseek_v41_flash.language.tokens import compressed_token_map, tokenize
 from engine.errors import EngineInputError
 from tensordiff.synthetic.deepseek_v41_flash_language import language_config
+from tensordiff.models import deepseek_faults as D
 
 RAW = [0.60, 0.55, 0.50, 0.45]
 
@@ -46,12 +47,12 @@ def test_text_only_interface_is_the_same_call():
 
 
 def test_fault_text_bias_for_images_changes_the_image_row_only():
-    ids, _ = routed(four_expert_moe("router-text-bias-for-images"), torch.tensor([False, True]))
+    ids, _ = routed(four_expert_moe(D.ROUTER_TEXT_BIAS_FOR_IMAGES), torch.tensor([False, True]))
     assert ids == [[0, 1], [0, 1]]
 
 
 def test_fault_biased_weights_uses_the_biased_scores():
-    ids, w = routed(four_expert_moe("router-biased-weights"), torch.tensor([False, True]))
+    ids, w = routed(four_expert_moe(D.ROUTER_BIASED_WEIGHTS), torch.tensor([False, True]))
     assert ids == [[0, 1], [0, 2]]
     torch.testing.assert_close(w[1], torch.tensor([0.60, 0.70]) / 1.30 * 1.5)
 
@@ -104,7 +105,7 @@ def test_engram_dead_image_positions_stop_look_back(tables):
     out = EngramHashState(t).hash(ids, image)
     fresh = EngramHashState(t).hash(ids[after:after + 1], image[after:after + 1])
     torch.testing.assert_close(out[after], fresh[0])
-    crossed = EngramHashState(t, fault="engram-ngram-across-image").hash(ids, image)
+    crossed = EngramHashState(t, fault=D.ENGRAM_NGRAM_ACROSS_IMAGE).hash(ids, image)
     assert not torch.equal(crossed[after], out[after])
     torch.testing.assert_close(crossed[:int(image.nonzero().min())], out[:int(image.nonzero().min())])
 

@@ -1,0 +1,45 @@
+"""The Qwen3-VL tower's pieces are written once: its local-error stages, fed the engine's OWN
+tensors, give back the engine's tensors bit for bit (a stage holding its own copy of the merger
+would drift from the tower's); a fault planted only in the stages breaks exactly its boundary.
+The run also writes its speed path (the SDPA kernel used, any fallback) into the manifest."""
+import dataclasses
+
+import pytest
+from torch.nn.attention import SDPBackend, sdpa_kernel
+
+from engine.qwen3_vl.stages import make_stages
+from tensordiff.models import qwen3_vl_faults as Q
+
+
+@pytest.fixture(scope="module")
+def case(own_run):
+    return own_run("qwen3-vl")
+
+
+def test_stages_on_the_engines_own_tensors_reproduce_it(case, stages_on_own_tensors):
+    req, rec = case
+    out = stages_on_own_tensors(make_stages, req, rec)
+    assert {"block0", "final_norm", "aligner", "deepstack.0"} <= set(out)
+    for name, t in out.items():
+        assert t.dtype == rec.tensors[name].dtype and t.equal(rec.tensors[name]), name
+
+
+@pytest.mark.parametrize("fault,broken", [(Q.MERGER_GELU_TANH, {"aligner"}),
+                                          (Q.DEEPSTACK_DROP, {"deepstack.0", "deepstack.1", "deepstack.2"})])
+def test_a_fault_planted_in_the_stages_breaks_its_boundary_only(case, stages_on_own_tensors, fault, broken):
+    req, rec = case
+    out = stages_on_own_tensors(make_stages, dataclasses.replace(req, fault=fault), rec)
+    assert {n for n, t in out.items() if not t.equal(rec.tensors[n])} == broken & set(out)
+
+
+def test_the_manifest_names_the_sdpa_kernel_and_a_forced_math_fallback(case, own_run):
+    sp = case[1].run["speed_path"]
+    assert sp["vision"]["block"] == {"ran": "eager"}
+    assert list(sp["attention"]["sdpa"]) == ["flash"] and sp["fallbacks"] == []
+    with sdpa_kernel([SDPBackend.MATH]):
+        _, rec = own_run("qwen3-vl")
+    sp = rec.run["speed_path"]
+    assert list(sp["attention"]["sdpa"]) == ["math"]
+    assert sp["fallbacks"] == [{"what": "sdpa flash -> math",
+                                "why": "flash is disabled (torch.backends.cuda.flash_sdp_enabled() is False)"}]
+    assert set(rec.run) >= {"inputs", "speed_path"}  # model facts only: the core writes the provenance

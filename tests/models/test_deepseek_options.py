@@ -1,0 +1,51 @@
+"""DeepSeek V4.1 Flash's options reach both runners typed. The language default is the official
+numerics (bf16 with the kernels' rounding), so `-o kernel_quant=on` is the default run tensor for
+tensor; in the semantic mode (no rounding) `-o kernel_quant=false` is that mode's default run (it
+used to be `bool("false")`, i.e. ON), and `kernel_quant=true` really changes the dump there, so
+the equalities below could fail."""
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from tensordiff.dump import open_dump
+from tensordiff.runs import make_request, run_side
+
+MODEL = "deepseek-v4.1-flash"
+PROMPT = "Describe <image> briefly."
+
+
+def digests(path) -> dict[str, str]:
+    d = open_dump(path)
+    return {e.name: e.sha256 for e in d.entries}
+
+
+@pytest.fixture(scope="module", params=["engine", "oracle"])
+def dumps(request, tmp_path_factory):
+    side = request.param
+    tmp = tmp_path_factory.mktemp(f"ds-options-{side}")
+    out = {}
+    sem = "language_numerics=semantic"
+    for label, extra in (("official", ()), ("official-true", ("kernel_quant=true",)), ("default", (sem,)),
+                         ("false", (sem, "kernel_quant=false")), ("true", (sem, "kernel_quant=true"))):
+        ad, req = make_request(MODEL, weights="synthetic:tiny", prompt=PROMPT, extra=extra)
+        out[label] = digests(run_side(ad, side, req, tmp / label))
+    # a hand-built request still holding the user's string: the runner types it the same way
+    raw = dataclasses.replace(req, options={**req.options, "kernel_quant": "false", "language_numerics": "semantic"})
+    out["raw-false"] = digests(run_side(ad, side, raw, tmp / "raw-false"))
+    return side, out
+
+
+def test_kernel_quant_false_is_the_default_dump(dumps):
+    side, d = dumps
+    assert d["false"] == d["default"] == d["raw-false"], side
+    assert d["official-true"] == d["official"], side
+    assert all(d["default"].values())  # every tensor carries a digest: the equality compares content
+
+
+def test_kernel_quant_true_changes_the_language_boundaries(dumps):
+    side, d = dumps
+    changed = {n for n in d["default"] if d["true"].get(n) != d["default"][n]}
+    assert changed and all(not n.startswith(("patches", "rope", "block0", "final_norm", "aligner")) for n in changed)
+    assert any(n.startswith("attn.") for n in changed), (side, sorted(changed))
