@@ -70,7 +70,7 @@ def test_every_deepseek_fault_fails_the_gate_at_its_boundary(fault, small_pictur
     model = {"name": "deepseek-v4.1-flash", "images": [str(small_picture)]}
     if not vision:  # a language fault needs the backbone to run: a prompt, and chunks that cut the span
         model.update(prompts=["A picture: <image> What does it show?"], chunk=16)
-    if "synthetic:tiny-fp8" in registry.adapter("deepseek-v4.1-flash").fault(fault).needs:
+    if any("synthetic:tiny-fp8" in n.text for n in registry.adapter("deepseek-v4.1-flash").fault(fault).needs):
         model["weights"] = "synthetic:tiny-fp8"  # the checkpoint-reading faults need scales to misread
     res = run_gate(from_mapping({"model": [model]}), fault=fault, progress=False, echo=lambda s: None)
     assert res.exit_code == 1

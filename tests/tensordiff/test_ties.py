@@ -154,3 +154,24 @@ def test_the_cascade_follows_every_path_from_the_flip(tmp_path):
     r = compare_dumps(a, b, contract=contract)
     assert [r.boundary(n).status for n in ("pick", "mix", "out")] == ["benign", "match", "cascade"]
     assert r.verdict == "match" and r.earliest == []
+
+
+def test_the_numeric_pass_judges_a_flip_by_the_tie_rule_with_the_floor_runs_error(tmp_path):
+    """floor.three_way (the gate's numeric pass) reads the tie rule as the direct comparison does,
+    the near-tie floor being the floor run's own error of the scores: a flip inside it is benign,
+    the same flip where the floor run barely moves the scores is a divergence of the choice."""
+    from tensordiff.floor import three_way
+
+    sa, sb = near_tie(scores())
+    ia, ib = top2(sa), top2(sb)
+    a = write(tmp_path / "a", {"pick.ids": ia, "pick.scores": sa})
+    b = write(tmp_path / "b", {"pick.ids": ib, "pick.scores": sb})
+    noisy = write(tmp_path / "f1", {"pick.ids": ia, "pick.scores": sa + 1e-5 * torch.randn(
+        sa.shape, generator=torch.Generator().manual_seed(4))})
+    r = three_way(a, noisy, b, contract=CONTRACT)
+    t = r.boundary("pick").tensors[0]
+    assert t.status == "benign" and r.verdict == "match", t.reason
+    assert t.metrics["ties"]["flips"][0]["row"] == 3
+    quiet = write(tmp_path / "f2", {"pick.ids": ia, "pick.scores": sa + 1e-9})
+    t = three_way(a, quiet, b, contract=CONTRACT).boundary("pick").tensors[0]
+    assert t.status == "diverged" and "exceeds the tie floor" in t.reason, t.reason
