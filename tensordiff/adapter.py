@@ -62,6 +62,9 @@ class ModelAdapter:
     # tensors upstream of its boundary). Returns `make_stages(req, run) -> {boundary: stage}`,
     # `stage(inputs: {name: tensor}) -> {name: tensor}`; see `tensordiff/local_error.py`.
     stages: Callable[[], Any] | None = None
+    # Optional: the discrete preprocessing rules an image may exercise (`tensordiff.geometry.Rule`,
+    # predicates over the oracle's `plan` boundary); the gate reports which its images reach.
+    geometry: tuple[Any, ...] = ()
     # The code the ORACLE side runs: dotted module/package names (or file/folder paths), found
     # without importing them. Their bytes key the oracle cache (`oracle_cache.key`), so editing
     # the oracle invalidates its cached dumps; an adapter that declares none gets no oracle cache.

@@ -227,9 +227,17 @@ def check(model, json_path, tolerances, out, oracle_dtype, no_cache, junit_path=
                   inputs=[kw.get("image"), _weights_path(kw.get("weights")), tolerances, out])
     case = run_check(CaseSpec(model, oracle_dtype=oracle_dtype, **kw), out=out, tolerances=tolerances,
                      use_cache=not no_cache, views=html_path is not None)
-    write_reports(report_json=case.report.as_json(), json_path=json_path, cases=[lone_case(case.report, views=case.views)],
+    report_json = case.report.as_json()
+    if case.local is not None:  # ran for a near-tie flip's cascade: it decides what the flip feeds
+        report_json["local_error"] = case.local.as_json()
+    write_reports(report_json=report_json, json_path=json_path, cases=[lone_case(case.report, views=case.views)],
                   junit_path=junit_path, html_path=html_path, title=f"tensordiff: {case.report.model}")
-    sys.exit(_print_report(case.report, show_all))
+    code = _print_report(case.report, show_all)
+    if case.local is not None:
+        click.echo(f"local error: {case.local.summary()}")
+        if case.local.origin is not None:
+            code = 1
+    sys.exit(code)
 
 
 @cli.command()
@@ -330,6 +338,11 @@ def gate(config, json_path, junit_path, html_path, out, models, fault, weights, 
                     click.echo(f"local error: {c.local.summary()}")
         click.echo("")
         click.echo(render_breakdown(res))
+    for line in res.coverage_lines():  # warnings (to stderr) even when quiet: a rule no image reaches
+        if line.startswith("warning"):
+            click.echo(line, err=True)
+        elif not quiet:
+            click.echo(line)
     failed = [c for c in res.cases if not c.passed]
     if failed:
         click.echo(f"GATE FAIL: {len(failed)} of {len(res.cases)} case(s) diverged ({cfg.name})")

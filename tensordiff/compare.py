@@ -46,11 +46,16 @@ def _boundary_name(contract: Contract | None, e: Entry) -> str:
 
 def compare_dumps(a: str | Path | Dump, b: str | Path | Dump,
                   tolerances: Judge | Tolerances | str | Path | None = None, *, contract: Contract | None = None,
-                  fail_fast: bool = False, verify: bool = False, progress: Progress | None = None) -> Report:
+                  fail_fast: bool = False, verify: bool = False, progress: Progress | None = None,
+                  floor: str | Path | Dump | None = None) -> Report:
     """Compare every boundary of A and B. `tolerances` is the user's (a file, a `Tolerances`), or
     a ready `Judge` (then its contract is the contract): the pipeline passes the judge it also
-    hands to local error, so both routes judge a tensor alike."""
+    hands to local error, so both routes judge a tensor alike. `floor`: the oracle's own run in
+    B's precision, when there is one: the tie rule then sets how close a near-tie must be by ITS
+    error against A."""
     da = a if isinstance(a, Dump) else open_dump(a)
+    df = floor if isinstance(floor, Dump) or floor is None else open_dump(floor)
+    floor_entries = {e.name: e for e in df.entries} if df is not None else None
     db = b if isinstance(b, Dump) else open_dump(b)
     if da.path.resolve() == db.path.resolve():
         raise BadInput(f"the same directory was given twice ({da.path}); compare two different dumps")
@@ -79,7 +84,7 @@ def compare_dumps(a: str | Path | Dump, b: str | Path | Dump,
             continue
         ents_a, ents_b = by_b[bd.name]
         br = results[bd.name] = judge.boundary(bd, {e.name: e for e in ents_a}, {e.name: e for e in ents_b}, run,
-                                               progress=progress, verify=verify)
+                                               progress=progress, verify=verify, floor=floor_entries)
         if fail_fast and br.status in FAILING:
             stop = True
     _assign_roots(bounds, present, results)
@@ -117,14 +122,22 @@ def _assign_roots(bounds: list[Boundary], present: list[Boundary], results: dict
                 out.extend(effective_inputs(by[i], seen))
         return out
 
+    after_flip: set[str] = set()  # boundaries downstream of a top-k choice that flipped on a near-tie
     for b in present:
         br = results[b.name]
         br.inputs = effective_inputs(b, set())
+        if br.status == "benign" or any(i in after_flip for i in br.inputs):
+            after_flip.add(b.name)
         if br.status not in FAILING:
             continue
         if any(results[i].status in FAILING + ("consequent",) for i in br.inputs):
             if br.status == "diverged":
                 br.status = "consequent"
+        elif br.status == "diverged" and any(i in after_flip for i in br.inputs):
+            # fed (through any path) by a choice that flipped on a near-tie: the difference end to
+            # end is that flip's cascade, shown as information; the stage itself is judged by
+            # local error (the engine's stage on the reference's tensors and choice)
+            br.status = "cascade"
         else:
             br.root = True
 

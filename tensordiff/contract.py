@@ -22,7 +22,8 @@ from .probes import PROBES
 LAYOUTS = ("grid", "merge", "cells", "merged", "tokens", "plain")
 # How a tensor's two sides are compared: float values within tolerance, exactly equal, or top-k
 # id rows as sets.
-MODES = ("values", "exact", "topk-sets")
+# scores: the key a top-k ranked, kept beside its `.ids` for the tie rule, not judged as values
+MODES = ("values", "exact", "topk-sets", "scores")
 
 
 @dataclass(frozen=True)
@@ -53,7 +54,7 @@ class TensorRule:
     """How tensors whose name matches `pattern` (fnmatch) are compared."""
 
     pattern: str
-    mode: str  # "values" | "exact" | "topk-sets"
+    mode: str  # "values" | "exact" | "topk-sets" | "scores"
 
     def __post_init__(self) -> None:
         if self.mode not in MODES:

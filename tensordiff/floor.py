@@ -281,6 +281,7 @@ def three_way(ref: str | Path | Dump, floor: str | Path | Dump, cand: str | Path
     `profile`: {tensor name: {stat: {min, median, max, n}}} from a calibration.
     """
     from .compare import _assign_roots, _boundary_name, resolve_contract
+    from . import ties
     from .judge import Judge, settle
     from .result import BoundaryResult, Report, TensorResult
 
@@ -342,6 +343,10 @@ def three_way(ref: str | Path | Dump, floor: str | Path | Dump, cand: str | Path
             br.tensors.append(t)
         ents = [{n: d.entry(n) for n in by_b[bd.name] if n in d.names} for d in (dr, dc)]
         judge.probe(bd, br, *ents)
+        # a top-k set that differs is judged by the tie rule as in the direct comparison, its
+        # near-tie margin measured against the floor run's own error of the scores
+        floor_ents = {n: df.entry(n) for n in by_b[bd.name] if n in df.names}
+        ties.settle(br.tensors, *ents, bd.layout, run, lambda unit, b=bd.name: judge.tolerance(b, unit), floor_ents)
         br.status, br.reason = settle(br.tensors)
     if not compared:
         raise BadInput(f"the three dumps ({dr.path}, {df.path}, {dc.path}) share no tensor: nothing was compared")

@@ -214,6 +214,27 @@ class GateResult:
     def exit_code(self) -> int:
         return 0 if self.passed else 1
 
+    def coverage(self) -> dict:
+        """model -> `geometry.Coverage` of its images (models that declare geometry rules)."""
+        from . import registry
+        from .geometry import Coverage
+
+        out = {}
+        for c in self.cases:
+            rules = registry.adapter(c.model).geometry
+            if rules:
+                out.setdefault(c.model, (rules, {}))[1][c.label] = c.geometry
+        return {m: Coverage.of(rules, imgs) for m, (rules, imgs) in out.items()}
+
+    def coverage_lines(self) -> list[str]:
+        lines = []
+        for model, cov in self.coverage().items():
+            hit = [r.name for r in cov.rules if r.name not in cov.missing]
+            lines.append(f"geometry ({model}): {len(hit)} of {len(cov.rules)} rules exercised"
+                         + (f": {', '.join(hit)}" if hit else ""))
+            lines.extend(cov.warnings(model))
+        return lines
+
     def breakdown(self) -> dict[str, float]:
         out = {"setup": self.timings.get("setup", 0.0), **{k: 0.0 for k in STAGES}}
         for c in self.cases:
@@ -233,6 +254,7 @@ class GateResult:
         return {"gate": self.config.name, "config": str(self.config.path) if self.config.path else None,
                 "verdict": "pass" if self.passed else "fail", "passed": self.passed,
                 "failed": [c.label for c in self.cases if not c.passed],
+                "geometry": {m: cov.as_json() for m, cov in self.coverage().items()},
                 "timings": {k: round(v, 4) for k, v in self.breakdown().items()},
                 "cases": [c.as_json() for c in self.cases]}
 

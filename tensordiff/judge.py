@@ -8,6 +8,8 @@ judged by one `Judge`, built once from
   model itself knows it needs (`Contract.tolerances`, e.g. `index.*` near-tie top-k rows), merged
   BENEATH the user's tolerances, so a user's matching table wins;
 - the user's tolerances (a TOML file, `[tool.tensordiff]`, or the dtype defaults);
+- the tie rule (`ties`): a top-k set tensor that differs only where the scores recorded beside
+  it are near-tied is `benign`, anything else diverges at the choice itself;
 - the runs' compute dtypes: a tensor stored in fp32 by a bf16 run (router weights, logits)
   carries bf16 error, so it is judged in the narrowest of its two stored dtypes and the dtypes
   the two runs computed in.
@@ -25,7 +27,7 @@ from typing import Callable, Iterable, Mapping
 
 import numpy as np
 
-from . import stream
+from . import stream, ties
 from .contract import Boundary, Contract
 from .dtypes import BY_NAME, DType, narrower
 from .dump import Entry
@@ -39,8 +41,9 @@ from .tolerance import load as load_tolerances
 from .tolerance import with_contract
 
 Progress = Callable[[int], None]  # called with bytes consumed (both sides)
-# A boundary's status from its tensors' statuses: the first of these present wins.
-SETTLE_ORDER = ("incomparable", "missing", "diverged")
+# A boundary's status from its tensors' statuses: the first of these present wins; `benign` is a
+# top-k set that differs only on near-ties (`ties`), which does not fail a run.
+SETTLE_ORDER = ("incomparable", "missing", "diverged", "benign")
 
 
 @dataclass(frozen=True)
@@ -93,6 +96,12 @@ class Judge:
             unit = self.unit(da, db, boundary.name, run)
             res.dtype["unit"] = unit.name
             tol = self.tolerance(boundary.name, unit.name)
+            if mode == "scores":
+                # the ranking key behind a top-k choice: not judged as values (-inf marks candidates
+                # not eligible, and a near-tie makes no error material); the tie rule reads it
+                res.tolerance = tol.as_dict()
+                res.reason = "the scores behind this boundary's choice (read by the tie rule)"
+                return res
             acc = FloatMetrics(da, db, unit, tol, ea.shape) if mode == "values" else ExactMetrics(da, db)
         else:
             tol = self.tolerance(boundary.name, "int")
@@ -124,9 +133,12 @@ class Judge:
 
     def boundary(self, bd: Boundary, ents_a: Mapping[str, Entry], ents_b: Mapping[str, Entry], run: dict, *,
                  progress: Progress | None = None, verify: bool = False,
-                 missing: tuple[str, str] = ("not in A", "not in B")) -> BoundaryResult:
-        """Every tensor of `bd` on both sides, then its probes, then its status. `missing` is the
-        reason given for a tensor that only B has, and for one that only A has."""
+                 missing: tuple[str, str] = ("not in A", "not in B"),
+                 floor: Mapping[str, Entry] | None = None) -> BoundaryResult:
+        """Every tensor of `bd` on both sides, then its probes, then the tie rule for its top-k
+        sets, then its status. `missing` is the reason given for a tensor that only B has, and
+        for one that only A has. `floor`: the entries of the oracle's run in the candidate's
+        precision, when there is one (the tie rule's floor is then its error, not B's)."""
         br = BoundaryResult(bd.name, "match", meaning=bd.meaning, layout=bd.layout)
         for name in list(ents_a) + [n for n in ents_b if n not in ents_a]:
             if name not in ents_a or name not in ents_b:
@@ -135,6 +147,7 @@ class Judge:
                 continue
             br.tensors.append(self.tensor(ents_a[name], ents_b[name], bd, run, progress=progress, verify=verify))
         self.probe(bd, br, ents_a, ents_b)
+        ties.settle(br.tensors, ents_a, ents_b, bd.layout, run, lambda unit: self.tolerance(bd.name, unit), floor)
         br.status, br.reason = settle(br.tensors)
         return br
 

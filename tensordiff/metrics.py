@@ -98,10 +98,14 @@ class TopKResult(MetricResult):
     row_agreement: float
     mean_overlap: float
     mismatch_fraction: float
+    ties: dict | None = None  # the tie rule's verdict on the differing rows (`tensordiff.ties`)
 
     def as_json(self) -> dict:
-        return {"rows": self.rows, "rows_differ": self.rows_differ, "row_agreement": self.row_agreement,
-                "mean_overlap": self.mean_overlap, "mismatch_fraction": self.mismatch_fraction}
+        out = {"rows": self.rows, "rows_differ": self.rows_differ, "row_agreement": self.row_agreement,
+               "mean_overlap": self.mean_overlap, "mismatch_fraction": self.mismatch_fraction}
+        if self.ties is not None:
+            out["ties"] = self.ties
+        return out
 
 
 def _ulp_bins(u: np.ndarray) -> np.ndarray:

@@ -167,6 +167,7 @@ class CaseResult:
     views: list = field(default_factory=list)
     dumps: dict[str, str] = field(default_factory=dict)
     kept: bool = True  # the dumps named in `dumps` exist after the command
+    geometry: list[str] = field(default_factory=list)  # discrete preprocessing rules this image exercises
     passes: tuple[str, ...] = ()  # what ran: `report` is the first (semantic/direct), `numeric` the three-way
     numeric: Any = None  # Report of the numeric pass, when it ran beside another pass
 
@@ -211,6 +212,7 @@ class CaseResult:
                 "timings": {k: round(v, 4) for k, v in self.timings.items()},
                 "runner_timings": self.runner_timings, "oracle_cached": self.oracle_cached,
                 "oracle_cache": self.oracle_cache, "dumps": self.dumps, "dumps_kept": self.kept,
+                "geometry": self.geometry,
                 "passes": list(self.passes),
                 "report": self.report.as_json() if self.report is not None else None,
                 "numeric": self.numeric.as_json() if self.numeric is not None else None,
@@ -284,6 +286,11 @@ def run_case(spec: CaseSpec, work: Path, *, kept: bool, tolerances=None, use_cac
         say(f"running the engine ({req.backend}, {req.dtype}{', fault ' + req.fault if req.fault else ''})…")
         edir = run_side(adapter, "engine", req, work / "engine")
     case.dumps = {"oracle": str(odir), "engine": str(edir)}
+    if adapter.geometry:
+        from .dump import open_dump
+        from .geometry import exercised
+
+        case.geometry = exercised(adapter.geometry, open_dump(odir))
     judge = Judge.build(adapter.contract, tols, run_dtypes=(oreq.dtype, req.dtype))
     with timed(case.timings, "compare", prog, label):
         say("comparing…")
@@ -302,8 +309,13 @@ def run_case(spec: CaseSpec, work: Path, *, kept: bool, tolerances=None, use_cac
     if not kept:
         where = "" if odir.is_relative_to(work) else f" except the oracle's, kept in the cache at {odir}"
         case.report.notes.append(TEMPORARY_NOTE.format(cached=where))
-    local = local and spec.layers is None  # local error re-runs whole-model stages: not with a layer subset
-    if local:
+    # a near-tie flip's cascade passes end to end only because local error judges what it feeds:
+    # so a case with a cascade runs local error even when it was not asked for (not with a layer
+    # subset: local error re-runs whole-model stages)
+    cascade = any(b.status == "cascade" for r in (case.report, case.numeric) if r is not None for b in r.boundaries)
+    if spec.layers is None and (local or (cascade and adapter.stages is not None)):
+        if cascade and not local:
+            say("a near-tie flip's cascade: judging the stages after it by local error…")
         with timed(case.timings, "local_error", prog, label):
             case.local = (local_error(adapter, req, odir, case.report, judge, work)
                           if adapter.stages is not None else unavailable(adapter.name))

@@ -12,7 +12,7 @@ from pathlib import Path
 from .result import Report, TensorResult
 
 MARK = {"match": "ok", "diverged": "DIVERGED", "consequent": "consequent", "missing": "MISSING",
-        "incomparable": "INCOMPARABLE", "skipped": "skipped"}
+        "incomparable": "INCOMPARABLE", "skipped": "skipped", "benign": "benign (tie)", "cascade": "cascade"}
 
 
 def _g(x, fmt=".3g") -> str:
@@ -46,9 +46,14 @@ def tensor_summary(t: TensorResult) -> str:
             s += f"  = {m.max_abs / floor:.3g}× floor"
         return s
     if isinstance(m, TopKResult):
-        return f"{m.rows_differ}/{m.rows} rows differ as sets, overlap {m.mean_overlap:.3f}"
+        out = f"{m.rows_differ}/{m.rows} rows differ as sets, overlap {m.mean_overlap:.3f}"
+        if m.ties:
+            out += f"; {m.ties['benign']} near-ties (largest benign margin {_g(m.ties['max_benign_margin'])})"
+        return out
     if isinstance(m, ExactResult):
         return f"{m.mismatches}/{m.numel} elements differ"
+    if t.mode == "scores":
+        return t.reason
     return "0/0 elements differ"
 
 
@@ -72,7 +77,15 @@ def _dtype_note(t: TensorResult) -> str:
 
 def headline(r: Report) -> str:
     if r.verdict == "match":
-        return f"MATCH: all {len(r.boundaries)} boundaries within tolerance ({r.model})"
+        benign = [b.name for b in r.boundaries if b.status == "benign"]
+        cascade = [b.name for b in r.boundaries if b.status == "cascade"]
+        tail = ""
+        if benign:
+            tail = f"; {len(benign)} choices flipped on near-ties only ({', '.join(benign[:4])}{'…' if len(benign) > 4 else ''})"
+        if cascade:
+            tail += (f", {len(cascade)} boundaries after them differ as that flip's cascade (judged by local error, "
+                     "the engine's stage on the reference's tensors)")
+        return f"MATCH: all {len(r.boundaries)} boundaries within tolerance ({r.model}){tail}"
     parts = []
     for n in r.earliest:
         b = r.boundary(n)
@@ -151,7 +164,7 @@ def print_rich(r: Report, console) -> None:
     for col in ("boundary", "status", "tensor", "dtype", "max|Δ|", "cos", "SQNR dB", "ULP p99", "outside"):
         table.add_column(col)
     colors = {"match": "green", "diverged": "red", "consequent": "yellow", "missing": "red",
-              "incomparable": "red", "skipped": "dim"}
+              "incomparable": "red", "skipped": "dim", "benign": "cyan", "cascade": "cyan"}
     for b in r.boundaries:
         for i, t in enumerate(b.tensors):
             m = t.metrics

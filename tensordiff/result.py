@@ -6,8 +6,11 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
-STATUSES = ("match", "diverged", "consequent", "missing", "incomparable", "skipped")
+# benign: a top-k choice flipped only on near-ties (`ties`); cascade: diverged end to end, fed only
+# by such a flip (information: the stage is judged by local error). Neither fails a run.
+STATUSES = ("match", "diverged", "consequent", "missing", "incomparable", "skipped", "benign", "cascade")
 FAILING = ("diverged", "missing", "incomparable")
+PASSING = ("match", "skipped", "benign", "cascade")
 
 
 @dataclass
@@ -84,7 +87,7 @@ class Report:
 
     @property
     def verdict(self) -> str:
-        return "match" if all(b.status in ("match", "skipped") for b in self.boundaries) else "diverged"
+        return "match" if all(b.status in PASSING for b in self.boundaries) else "diverged"
 
     @property
     def earliest(self) -> list[str]:

@@ -38,6 +38,18 @@ class ImagePlan:
     grid: tuple[int, int]  # (h, w) patches
     cells: tuple[int, int]  # (h, w) tokens after the aligner
     budget_solved: bool  # the token budget forced a second sizing
+    upscaled: bool = False  # scaled up to about vision_min_pixels first
+
+    def record(self) -> dict[str, torch.Tensor]:
+        """The decisions as int64 tensors, the `plan` boundary (names and layout in
+        tensordiff's contract): size, grid, token counts, the two sizing branches taken."""
+        def ints(*v):
+            return torch.tensor(v, dtype=torch.int64)
+
+        return {"plan.size": ints(*self.source, *self.target, *self.content, *self.offset),
+                "plan.grid": ints(*self.grid, *self.cells),
+                "plan.tokens": ints(self.n_patches, self.span),
+                "plan.flags": ints(int(self.upscaled), int(self.budget_solved))}
 
     @property
     def n_patches(self) -> int:
@@ -101,7 +113,8 @@ def plan_image(width: int, height: int, cfg: Config, *, contain_rounding: sizing
     else:
         offset = (0, sizing.centre_offset(px_h, ch))
     return ImagePlan(source=(width, height), target=(px_w, px_h), content=(cw, ch), offset=offset,
-                     grid=(px_h // p, px_w // p), cells=cells, budget_solved=solved)
+                     grid=(px_h // p, px_w // p), cells=cells, budget_solved=solved,
+                     upscaled=sizing.below_min_pixels(width, height, cfg.vision_min_pixels))
 
 
 def render(picture, plan: ImagePlan) -> np.ndarray:

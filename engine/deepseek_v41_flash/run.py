@@ -172,6 +172,9 @@ def run(req, rec) -> None:
     # model facts only: the core writes the provenance (weights, versions, the image) itself
     rec.update_run(inputs={"grid": list(plan.grid), "cells": list(plan.cells), "span": plan.span},
                    backend=eng.backend.name)
+    if req.taps and getattr(rec, "enabled", True):
+        for name, t in plan.record().items():
+            rec.record(name, t, boundary="plan")
     t2 = time.perf_counter()
     with torch.inference_mode():
         aligned = eng.encode(patches, plan, rec if req.taps else None)

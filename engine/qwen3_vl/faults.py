@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from tensordiff.models.qwen3_vl_faults import (  # noqa: F401  (the names the engine tests against)
     DEEPSTACK_DROP, DEEPSTACK_OFF_BY_ONE, MERGE_ORDER_RASTER, MERGER_GELU_TANH, MROPE_NO_DELTA, NAMES,
-    POSEMBED_ALIGN_CORNERS_FALSE, ROPE_HW_SWAP, TOWER_SKIP_LAST_BLOCK, VISION_GELU_ERF)
+    POSEMBED_ALIGN_CORNERS_FALSE, RESIZE_CEIL_SIDES, ROPE_HW_SWAP, TOWER_SKIP_LAST_BLOCK, VISION_GELU_ERF)
 
 from ..errors import EngineInputError
 

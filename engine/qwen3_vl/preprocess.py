@@ -79,11 +79,14 @@ def patchify(image: torch.Tensor, cfg: ProcessorConfig, raster: bool = False) ->
     return rows.reshape(n, c * t * p * p).contiguous()
 
 
-def preprocess(img: np.ndarray, cfg: ProcessorConfig, processor: str, raster: bool = False) -> Pixels:
+def preprocess(img: np.ndarray, cfg: ProcessorConfig, processor: str, raster: bool = False,
+               ceil_sides: bool = False) -> Pixels:
+    """`raster` / `ceil_sides`: the planted `merge-order-raster` / `resize-ceil-sides` bugs."""
     if processor not in PROCESSORS:
         raise EngineInputError(f"unknown image processor {processor!r} ({' or '.join(PROCESSORS)})")
     height, width = img.shape[:2]
-    rp = plan(height, width, cfg.patch_size, cfg.merge_size, cfg.shortest_edge, cfg.longest_edge)
+    rp = plan(height, width, cfg.patch_size, cfg.merge_size, cfg.shortest_edge, cfg.longest_edge,
+              "ceil" if ceil_sides else "round")
     if (rp.resized_height, rp.resized_width) != (height, width):
         resize = interpolate.resize_bicubic_pil if processor == "pil" else interpolate.resize_bicubic_aa_torch
         img = resize(img, rp.resized_height, rp.resized_width)

@@ -46,8 +46,11 @@ def run(req, rec) -> None:
     processor = OPTIONS.resolve(req.options)["processor"] or default_processor()
 
     img = decode(Path(req.image))
-    px = preprocess(img, cfg.processor, processor, raster=fault == F.MERGE_ORDER_RASTER)
+    px = preprocess(img, cfg.processor, processor, raster=fault == F.MERGE_ORDER_RASTER,
+                    ceil_sides=fault == F.RESIZE_CEIL_SIDES)
     grid_thw = px.grid_thw
+    for name, t in px.plan.record().items():
+        rec.record(name, t, boundary="plan")
     rec.record("patches", px.pixel_values)
 
     speed = SpeedPath(parts={"vision": {"block": {"ran": "eager"}}})  # no compiled route here

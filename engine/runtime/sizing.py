@@ -31,11 +31,15 @@ def ceil_div(a: int, b: int) -> int:
     return -(-a // b)
 
 
+def below_min_pixels(width: int, height: int, min_pixels: int) -> bool:
+    return 0 < width * height < min_pixels
+
+
 def upscale_to_min_pixels(width: int, height: int, min_pixels: int) -> tuple[int, int]:
     """Scale (width, height) up, keeping the aspect, until the area reaches about `min_pixels`;
     each side is truncated (so the result may fall just short). Larger images pass unchanged."""
     area = width * height
-    if not 0 < area < min_pixels:
+    if not below_min_pixels(width, height, min_pixels):
         return width, height
     ratio = (min_pixels / area) ** 0.5
     return int(width * ratio), int(height * ratio)

@@ -72,17 +72,49 @@ def plan_image_grid(width: int, height: int, args) -> tuple[int, int, int, int]:
     A pure function of its arguments. Small images are first scaled up (truncating) to reach
     `vision_min_pixels`; the pixel size is then rounded up to whole patches.
     """
+    return plan_with_decisions(width, height, args)[0]
+
+
+def plan_with_decisions(width: int, height: int, args) -> tuple[tuple[int, int, int, int], bool, bool]:
+    """`plan_image_grid`'s result and the two branches it took: (plan, scaled up to the minimum
+    pixels, re-solved for the token budget). The tensordiff `plan` boundary records them."""
     p = args.vision_patch_size
     if args.vision_max_wh_ratio is not None and width > height * args.vision_max_wh_ratio:
         width = height * args.vision_max_wh_ratio
-    if 0 < width * height < args.vision_min_pixels:
+    upscaled = 0 < width * height < args.vision_min_pixels
+    if upscaled:
         ratio = (args.vision_min_pixels / (width * height)) ** 0.5
         width = int(width * ratio)
         height = int(height * ratio)
     best_width = math.ceil(width / p) * p
     best_height = math.ceil(height / p) * p
-    return safe_resize(height, width, best_height, best_width, p, args.vision_downsample_ratio,
-                       args.vision_max_n_token)
+    solved = num_image_tokens(*llm_grid(best_height, best_width, p, args.vision_downsample_ratio)) > args.vision_max_n_token
+    return (safe_resize(height, width, best_height, best_width, p, args.vision_downsample_ratio,
+                        args.vision_max_n_token), upscaled, solved)
+
+
+def plan_record(path, args) -> dict[str, torch.Tensor]:
+    """The discrete preprocessing decisions of one image as int64 tensors (the `plan` boundary):
+    plan.size [src_w, src_h, canvas_w, canvas_h, content_w, content_h, offset_x, offset_y],
+    plan.grid [patch_h, patch_w, cell_h, cell_w], plan.tokens [patches, span],
+    plan.flags [scaled up to vision_min_pixels, re-solved for vision_max_n_token].
+    The content size is what Pillow's contain (inside `ImageOps.pad`) gives; the offset is pad's
+    centring, round((canvas - content) / 2) on the short side."""
+    image = open_rgb(path)
+    (n_llm_h, n_llm_w, best_height, best_width), upscaled, solved = plan_with_decisions(image.width, image.height, args)
+    p = args.vision_patch_size
+    if args.vision_max_wh_ratio is not None and image.width >= args.vision_max_wh_ratio * image.height:
+        cw, ch, ox, oy = best_width, best_height, 0, 0  # stretched, no pad
+    else:
+        cw, ch = ImageOps.contain(image, (best_width, best_height)).size
+        ox, oy = (round((best_width - cw) * 0.5), 0) if cw != best_width else (0, round((best_height - ch) * 0.5))
+    def ints(*v):
+        return torch.tensor(v, dtype=torch.int64)
+
+    return {"plan.size": ints(image.width, image.height, best_width, best_height, cw, ch, ox, oy),
+            "plan.grid": ints(best_height // p, best_width // p, n_llm_h, n_llm_w),
+            "plan.tokens": ints((best_height // p) * (best_width // p), num_image_tokens(n_llm_h, n_llm_w)),
+            "plan.flags": ints(int(upscaled), int(solved))}
 
 
 def open_rgb(path) -> Image.Image:

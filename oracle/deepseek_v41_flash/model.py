@@ -149,6 +149,7 @@ class SharedAttention:
     compress_kv: torch.Tensor | None = None
     index_k: torch.Tensor | None = None
     topk_idxs: torch.Tensor | None = None
+    topk_scores: torch.Tensor | None = None  # [B, S, T] the key the indexer's top-k ranked (recorded)
     candidates: torch.Tensor | None = None  # [B, S, T] bool, from `candidate_source_layer`
     kernel_quant: bool = False  # the kernels' FP8 / FP4 activation round trips (see the module doc)
     decode_keys: "DecodeKeys | None" = None  # the official decode rule for index keys, when asked for
@@ -294,6 +295,7 @@ class Indexer(nn.Module):
             shared.candidates = candidate_blocks(score, visible, self.candidate_topk_blocks, self.candidate_block_size)
         elif self.uses_candidates:
             score = score.masked_fill(~shared.candidates, -torch.inf)
+        shared.topk_scores = score
         k = min(self.topk, s // ratio)
         idx = top_k_earliest(score, k).indices.sort(dim=-1).values
         return torch.where(idx < visible, idx + offset, -1)
@@ -383,6 +385,7 @@ class Attention(nn.Module):
             if self.is_index_source:
                 if n_comp == 0:
                     shared.topk_idxs = torch.empty(b, s, 0, dtype=torch.long)
+                    shared.topk_scores = torch.empty(b, s, 0)
                 else:
                     shared.topk_idxs = self.indexer(x, qr, latent, self.freqs, shared, offset=s)
             if latent is not None:
@@ -428,7 +431,10 @@ class Gate(nn.Module):
         bias = self.bias
         if image_mask is not None and self.bias_vl is not None:
             bias = torch.where(image_mask.unsqueeze(-1), self.bias_vl, bias)
-        indices = (scores + bias).topk(self.topk, dim=-1).indices
+        # the ranking key, kept for the recorder (`router.L.scores`): a differing choice is then
+        # judged against the reference's own margin between the experts involved
+        self.biased = scores + bias
+        indices = self.biased.topk(self.topk, dim=-1).indices
         weights = scores.gather(1, indices)
         if self.norm_topk_prob and self.topk > 1:
             weights = weights / (weights.sum(dim=-1, keepdim=True) + 1e-20)
@@ -621,6 +627,7 @@ class LanguageModel(nn.Module):
             if rec is not None and layer.attn.is_index_source:
                 rec.record(f"index.{i}.ids", index_record(shared.topk_idxs[0], h.size(1), self.args.index_topk),
                            boundary=f"index.{i}.ids")
+                rec.record(f"index.{i}.scores", shared.topk_scores[0].float(), boundary=f"index.{i}.ids")
             if rec is not None:
                 rec.record(f"hidden.{i}", h[0], boundary=f"hidden.{i}")
         h = Block.hc_pre(h, pre_mix)
@@ -644,11 +651,12 @@ def tap(model: LanguageModel, rec) -> list:
         def attn_out(_m, _a, out, i=i):
             rec.record(f"attn.{i}", out[0], boundary=f"attn.{i}")
 
-        def routed(_m, _a, out, i=i):
+        def routed(gate, _a, out, i=i):
             weights, ids = out
             ids_sorted, order = ids.sort(dim=-1)
             rec.record(f"router.{i}.ids", ids_sorted, boundary=f"router.{i}.ids")
             rec.record(f"router.{i}.weights", weights.gather(-1, order), boundary=f"router.{i}.weights")
+            rec.record(f"router.{i}.scores", gate.biased, boundary=f"router.{i}.ids")
 
         handles.append(layer.attn.register_forward_hook(attn_out))
         handles.append(layer.ffn.gate.register_forward_hook(routed))

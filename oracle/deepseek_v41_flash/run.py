@@ -20,7 +20,7 @@ from tensordiff.models.deepseek_options import OPTIONS
 
 from .checkpoint import default_dtype, load_into
 from .config import ModelArgs
-from .image_processor import load_image, num_image_tokens
+from .image_processor import load_image, num_image_tokens, plan_record
 from .vision import Aligner, ViT
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
@@ -93,6 +93,9 @@ def run(req, rec) -> None:
     # model facts only: the core writes the provenance (weights, versions, the image) itself
     rec.update_run(inputs={"grid": [n_vit_h, n_vit_w], "cells": [n_llm_h, n_llm_w],
                            "span": num_image_tokens(n_llm_h, n_llm_w)})
+    if getattr(rec, "enabled", True):
+        for name, t in plan_record(req.image, args).items():
+            rec.record(name, t, boundary="plan")
     handles = tap(model, rec) if getattr(rec, "enabled", True) else []
     t2 = time.perf_counter()
     try:

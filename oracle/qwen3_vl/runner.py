@@ -13,6 +13,7 @@ from tensordiff.models.qwen3_vl_options import OPTIONS
 from . import config as config_mod
 from . import model as model_mod
 from . import positions as positions_mod
+from . import plan as plan_mod
 from . import processor as processor_mod
 from .hooks import Taps
 
@@ -53,6 +54,8 @@ def run(req, rec) -> None:
     except ValueError as e:  # e.g. smart_resize's aspect-ratio limit: the user's picture, not a bug
         raise BadInput(f"the image processor refuses {req.image}: {e}") from None
     pixel_values, grid_thw = batch["pixel_values"], batch["image_grid_thw"]
+    for name, t in plan_mod.plan_record(proc, image, grid_thw).items():
+        rec.record(name, t, boundary="plan")
     rec.record("patches", pixel_values)
 
     model = model_mod.build(cfg, req.weights_dir, dtype, req.device, attn=opts["attention"])

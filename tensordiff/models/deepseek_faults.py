@@ -32,7 +32,7 @@ FP4_NIBBLES_SWAPPED = "fp4-nibbles-swapped"
 ENGRAM_SCALE_IGNORED = "engram-scale-ignored"
 
 VISION = (
-    Fault(CONTAIN_CEIL, "patches", "contain rounds the short side with ceil instead of round",
+    Fault(CONTAIN_CEIL, "plan", "contain rounds the short side with ceil instead of round",
           needs=(Need("an aspect ratio where ceil and round differ (the default 1024x701 picture has one)"),)),
     Fault(ROPE_INTERLEAVED, "rope", "2D RoPE angles interleaved (row, col, ...) instead of blocked"),
     Fault(ALIGNER_FLAT_PAD, "aligner", "zero rows appended to the flattened patches instead of a "

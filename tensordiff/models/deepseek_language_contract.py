@@ -17,14 +17,17 @@ from typing import Sequence
 
 from ..contract import Boundary, TensorRule
 
-RULES = (TensorRule("router.*.ids", "topk-sets"), TensorRule("index.*.ids", "topk-sets"))
+# Both top-k choices are dumped with the key they ranked (`router.L.scores`: the biased router
+# scores [S, experts]; `index.L.scores`: the indexer's scores [S, groups], -inf where a group is not
+# eligible). A row whose set differs is then judged by the reference's own margin (tensordiff.ties):
+# repeated image content makes near-ties (seen: 0.23574823 vs 0.23574818, 2e-7 relative) that
+# summation order decides, and those flips are benign; every other difference is a divergence of
+# the choice. No fraction of rows is allowed to differ blindly.
+RULES = (TensorRule("router.*.ids", "topk-sets"), TensorRule("index.*.ids", "topk-sets"),
+         TensorRule("router.*.scores", "scores"), TensorRule("index.*.scores", "scores"))
+TOLERANCES: dict = {}
 
-# The indexer keeps the top-k of ReLU'd scores over compressed positions; repeated image content
-# makes near-ties (seen: 0.23574823 vs 0.23574818, 2e-7 relative) that fp32 summation order
-# decides. One row in a hundred may pick a different set; a real indexer bug moves many more.
-TOLERANCES = {"index.*": {"max_mismatch": 0.01}}
-
-_LAYERED = re.compile(r"^(engram|index|attn|router|hidden)\.(\d+)(?:\.(ids|weights|gate))?$")
+_LAYERED = re.compile(r"^(engram|index|attn|router|hidden)\.(\d+)(?:\.(ids|weights|gate|scores))?$")
 _STEP = re.compile(r"^logits\.step\.(\d+)$")
 
 
@@ -33,6 +36,8 @@ def boundary_of(name: str) -> str:
     m = _LAYERED.match(name)
     if m and m.group(1) == "engram":
         return f"engram.{m.group(2)}"
+    if m and m.group(3) == "scores":  # the key behind a choice belongs to the choice
+        return f"{m.group(1)}.{m.group(2)}.ids"
     if "." not in name:
         return name
     if m or _STEP.match(name):
@@ -59,6 +64,7 @@ def language_boundaries(present: Sequence[str], upstream: str | None = "aligner"
         out.append(Boundary("embeddings", ups, "token embeddings after the image-span overlay [S, dim]: START/END/"
                             "NEWLINE learned rows, IMAGE rows = aligner rows in reading order", layout="tokens"))
     prev = "embeddings"
+    index_sources = sorted(L for L in layers if f"index.{L}.ids" in names)
     for L in sorted(layers):
         # every stage also reads the residual stream itself (the Engram gate and the attention
         # output do not capture it), so each lists the previous layer's stream as an input
@@ -69,21 +75,29 @@ def language_boundaries(present: Sequence[str], upstream: str | None = "aligner"
                                 "sqrt of the normalised stream·key dot), 0 on image rows", layout="tokens"))
             first = f"engram.{L}"
         attn_in = (first,) if first == prev else (first, prev)
-        idx_in = ()
+        earlier = [S for S in index_sources if S < L]
         if f"index.{L}.ids" in names:
-            out.append(Boundary(f"index.{L}.ids", attn_in, f"compressed groups each query keeps at layer {L} "
-                                "[S, index_topk], ascending, -1 padded: the indexer's top-k (ties to the earlier "
-                                "group), within the candidate blocks where a candidate source runs", layout="tokens"))
-            idx_in = (f"index.{L}.ids",)
+            # an index source may keep only the candidate source's blocks and read an earlier
+            # layer's index keys: every earlier choice is an input (the candidate source is not
+            # told apart by name, and a missing edge names a wrong root where an extra one cannot)
+            out.append(Boundary(f"index.{L}.ids", tuple(f"index.{S}.ids" for S in earlier) + attn_in,
+                                f"compressed groups each query keeps at layer {L} [S, index_topk], ascending, -1 "
+                                "padded: the indexer's top-k (ties to the earlier group), within the candidate "
+                                "blocks where a candidate source runs; index.L.scores is the key it ranked",
+                                layout="tokens"))
+        # attention reads the selection of the latest index source at or above it (its own, or
+        # one it shares down the stack)
+        source = max((S for S in index_sources if S <= L), default=None)
+        idx_in = (f"index.{source}.ids",) if source is not None else ()
         out.append(Boundary(f"attn.{L}", idx_in + attn_in, f"attention output of layer {L} [S, dim] (window + compressed "
                             "KV, before the hyper-connection expand)", layout="tokens"))
         out.append(Boundary(f"router.{L}.ids", (f"attn.{L}",) + attn_in, f"experts chosen per row at layer {L} "
-                            "[S, top-k], ascending; image-span rows ranked with bias_vl, text rows with bias",
-                            layout="tokens"))
+                            "[S, top-k], ascending; image-span rows ranked with bias_vl, text rows with bias; "
+                            "router.L.scores is the biased key it ranked [S, experts]", layout="tokens"))
         out.append(Boundary(f"router.{L}.weights", (f"router.{L}.ids", f"attn.{L}") + attn_in,
                             f"mixture weights at layer {L} [S, top-k] aligned to the ascending ids: unbiased "
                             "scores, normalised, times route_scale", layout="tokens"))
-        out.append(Boundary(f"hidden.{L}", (f"router.{L}.weights", f"attn.{L}") + attn_in,
+        out.append(Boundary(f"hidden.{L}", (f"router.{L}.ids", f"router.{L}.weights", f"attn.{L}") + attn_in,
                             f"residual stream after block {L} [S, hc_mult, dim]", layout="tokens"))
         prev = f"hidden.{L}"
     if "logits" in names:

@@ -3,17 +3,23 @@ its options (`deepseek_options`) and both runners.
 
 Data flow (the contract's DAG):
 
-    patches ──┐
-              ├─> block0 -> final_norm -> aligner
-    rope ─────┘
+           ┌─> patches ──┐
+    plan ──┤             ├─> block0 -> final_norm -> aligner
+           └─> rope ─────┘
+
+`plan` holds every discrete preprocessing decision (sizes, grid, pad offset, token counts), so a
+resize bug names ONE root there, not its every consequence.
 
 The runners are imported only when asked for (no torch at import: the core compare must work
 without model code).
 """
 from __future__ import annotations
 
+import math
+
 from ..adapter import ModelAdapter, lazy
 from ..contract import Boundary, Contract
+from ..geometry import Rule
 from . import deepseek_faults as faults
 from . import deepseek_language_contract as language
 from .deepseek_options import OPTIONS
@@ -21,15 +27,43 @@ from .deepseek_options import OPTIONS
 NAME = "deepseek-v4.1-flash"
 
 CONTRACT = Contract(NAME, (
-    Boundary("patches", (), "pixel rows [N, 588] bf16, (c, y, x) per 14x14 patch, raster order over the "
+    Boundary("plan", (), "the preprocessing decisions, int64, compared exactly: plan.size [src_w, src_h, "
+             "canvas_w, canvas_h, content_w, content_h, offset_x, offset_y], plan.grid [patch_h, patch_w, cell_h, "
+             "cell_w], plan.tokens [patches, span], plan.flags [scaled up to min pixels, re-solved for the token "
+             "budget]"),
+    Boundary("patches", ("plan",), "pixel rows [N, 588] bf16, (c, y, x) per 14x14 patch, raster order over the "
              "patch grid (the logical 588 columns, never the backend's 592)", layout="grid", probes=("within-unit",)),
-    Boundary("rope", (), "2D RoPE tables rope.cos / rope.sin [N, 32] fp32, blocked: 16 row angles then "
+    Boundary("rope", ("plan",), "2D RoPE tables rope.cos / rope.sin [N, 32] fp32, blocked: 16 row angles then "
              "16 column angles per patch", layout="grid", probes=("unit-circle",)),
     Boundary("block0", ("patches", "rope"), "output of vision block 0 [N, 1024]", layout="grid"),
     Boundary("final_norm", ("block0",), "vision.norm output [N, 1024] (after all blocks)", layout="grid"),
     Boundary("aligner", ("final_norm",), "aligner output [tokens, 5120]: 3x3 cells, right/bottom zero pad, "
              "channel-major unfold, w2(gelu(w1(x)))", layout="cells"),
 ))
+
+
+def _contain_round_ne_ceil(plan) -> bool:
+    """The contained short side (Pillow's contain: h / w * W for a source wider than the canvas,
+    else w / h * H) has a fraction where round and ceil disagree."""
+    sw, sh, cw, ch = plan["plan.size"][:4]
+    if sw * ch == sh * cw:
+        return False
+    exact = sh / sw * cw if sw / sh > cw / ch else sw / sh * ch
+    return round(exact) != math.ceil(exact)
+
+
+GEOMETRY = (
+    Rule("grid-width-not-multiple-of-3", "patch grid width not a multiple of 3: the aligner's 3x3 cells pad "
+         "the right edge", lambda p: p["plan.grid"][1] % 3 != 0),
+    Rule("grid-height-not-multiple-of-3", "patch grid height not a multiple of 3: the 3x3 cells pad the "
+         "bottom edge", lambda p: p["plan.grid"][0] % 3 != 0),
+    Rule("contain-round-ne-ceil", "the contained short side rounds differently with round and ceil",
+         _contain_round_ne_ceil),
+    Rule("over-token-budget", "the span would exceed vision_max_n_token: the size is solved again",
+         lambda p: bool(p["plan.flags"][1])),
+    Rule("under-min-pixels", "under vision_min_pixels: the picture is scaled up first",
+         lambda p: bool(p["plan.flags"][0])),
+)
 
 
 def _reads(req) -> tuple[str, ...] | None:
@@ -64,5 +98,6 @@ ADAPTER = ModelAdapter(
     sources=("oracle.deepseek_v41_flash", "tensordiff.models.deepseek_v41_flash",
              "tensordiff.models.deepseek_language_contract"),
     stages=lazy("engine.deepseek_v41_flash.stages:make_stages"),
+    geometry=GEOMETRY,
     description="DeepSeek V4.1 Flash: preprocessing, 32-layer ViT with 2D RoPE, 3x3 aligner; with a prompt, the language backbone",
 )

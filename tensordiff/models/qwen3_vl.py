@@ -3,10 +3,13 @@
 
 Data flow (the contract's DAG):
 
-    patches ───┐
-    pos_embed ─┼─> block0 ─┬─> final_norm -> aligner
-    rope ──────┘           └─> deepstack.0 -> deepstack.1 -> deepstack.2
-    positions (M-RoPE ids of the prompt with its image span; a separate root)
+           ┌─> patches ───┐
+           ├─> pos_embed ─┼─> block0 ─┬─> final_norm -> aligner
+    plan ──┼─> rope ──────┘           └─> deepstack.0 -> deepstack.1 -> deepstack.2
+           └─> positions (M-RoPE ids of the prompt with its image span)
+
+`plan` (smart_resize's size, the grid, token counts, the branch taken) feeds every boundary
+computed from the grid, so a resize bug names ONE root.
 
 Rows of the per-patch boundaries are in 2x2-merge order over run.inputs.grid ("merge"); the
 aligner and DeepStack rows are merged tokens in raster order of the cell grid ("merged").
@@ -21,18 +24,23 @@ from typing import Sequence
 from ..adapter import ModelAdapter, lazy
 from ..contract import Boundary, Contract, TensorRule
 from ..errors import BadInput
+from ..geometry import Rule
 from .qwen3_vl_faults import FAULTS
 from .qwen3_vl_options import OPTIONS
 
 NAME = "qwen3-vl"
 DEEPSTACK = re.compile(r"^deepstack\.(\d+)$")
 
+PLAN = Boundary("plan", (), "the preprocessing decisions, int64, compared exactly: plan.size [src_w, src_h, "
+                "resized_w, resized_h] (smart_resize), plan.grid [t, patch_h, patch_w, cell_h, cell_w], plan.tokens "
+                "[patch rows, merged tokens], plan.flags [shrunk to max_pixels, grown to min_pixels]")
 BASE = (
-    Boundary("patches", (), "pixel_values [N, 1536] fp32: (c, t, py, px) per 16x16 patch over T=2 repeated frames, "
+    PLAN,
+    Boundary("patches", ("plan",), "pixel_values [N, 1536] fp32: (c, t, py, px) per 16x16 patch over T=2 repeated frames, "
              "rows in 2x2-merge order", layout="merge", probes=("within-unit",)),
-    Boundary("pos_embed", (), "learned 48x48 position table, bilinear (align_corners) to the patch grid, as added "
+    Boundary("pos_embed", ("plan",), "learned 48x48 position table, bilinear (align_corners) to the patch grid, as added "
              "to the patch embedding [N, hidden], merge order", layout="merge"),
-    Boundary("rope", (), "2D RoPE rope.cos / rope.sin [N, head_dim] fp32: cat(row·f, col·f) twice, merge order",
+    Boundary("rope", ("plan",), "2D RoPE rope.cos / rope.sin [N, head_dim] fp32: cat(row·f, col·f) twice, merge order",
              layout="merge", probes=("unit-circle",)),
     Boundary("block0", ("patches", "pos_embed", "rope"), "output of vision block 0 [N, hidden]", layout="merge"),
     Boundary("final_norm", ("block0",), "merger.norm output [N, hidden] (per patch, before the 2x2 shuffle; "
@@ -40,7 +48,7 @@ BASE = (
     Boundary("aligner", ("final_norm",), "merger output [N/4, out_hidden]: LN, 2x2 shuffle, fc1, erf-GELU, fc2",
              layout="merged"),
 )
-POSITIONS = Boundary("positions", (), "M-RoPE ids of the prompt: positions.ids [3, S] (t, h, w), "
+POSITIONS = Boundary("positions", ("plan",), "M-RoPE ids of the prompt: positions.ids [3, S] (t, h, w), "
                      "positions.rope_deltas [1] (what decoding adds), positions.decode [3, K]", layout="plain")
 
 
@@ -62,8 +70,26 @@ def boundary_of(tensor: str) -> str:
     return tensor.split(".", 1)[0]
 
 
-CONTRACT = Contract(NAME, boundaries_for(()), rules=(TensorRule("positions.*", "exact"),),
+CONTRACT = Contract(NAME, boundaries_for(()), rules=(TensorRule("positions.*", "exact"), TensorRule("plan.*", "exact")),
                     resolver=boundaries_for, boundary_of=boundary_of)
+
+def _side_round_ne_ceil(plan) -> bool:
+    """A source side rounds to a different multiple of patch x merge with round and ceil (and no
+    pixel limit rescales it afterwards)."""
+    sw, sh, rw, _ = plan["plan.size"]
+    factor = rw // plan["plan.grid"][4]
+    if any(plan["plan.flags"]):
+        return False
+    return any(round(v / factor) != -(-v // factor) for v in (sw, sh))
+
+
+GEOMETRY = (
+    Rule("qwen-max-pixels", "smart_resize shrinks the picture to max_pixels", lambda p: bool(p["plan.flags"][0])),
+    Rule("qwen-min-pixels", "smart_resize grows the picture to min_pixels", lambda p: bool(p["plan.flags"][1])),
+    Rule("qwen-side-round-ne-ceil", "a side where rounding to the 32-px factor differs from ceil, unclamped",
+         _side_round_ne_ceil),
+)
+
 
 def _weights(spec: str) -> Path:
     if spec.startswith("synthetic:"):
@@ -92,6 +118,7 @@ ADAPTER = ModelAdapter(
     weight_prefixes=lambda req: ("model.visual.",),  # both sides read the vision tower only
     sources=("oracle.qwen3_vl", "tensordiff.models.qwen3_vl"),
     stages=lazy("engine.qwen3_vl.stages:make_stages"),
+    geometry=GEOMETRY,
     description="Qwen3-VL vision path (smart_resize, merge-order patches, interpolated position table, 2D RoPE, "
                 "ViT, merger, DeepStack) and the M-RoPE positions of the image span; oracle = transformers",
 )

@@ -14,6 +14,7 @@ VISION_GELU_ERF = "vision-gelu-erf"  # block MLPs with exact GELU instead of the
 TOWER_SKIP_LAST_BLOCK = "tower-skip-last-block"  # off by one: the last block never runs
 MERGER_GELU_TANH = "merger-gelu-tanh"  # the merger's exact GELU replaced by the tanh form
 DEEPSTACK_OFF_BY_ONE = "deepstack-off-by-one"  # DeepStack taps read as 1-based block numbers
+RESIZE_CEIL_SIDES = "resize-ceil-sides"  # smart_resize rounds both sides up to the factor
 
 FAULTS = (
     Fault(MERGE_ORDER_RASTER, "patches", "pixel rows in plain raster order instead of 2x2 merge groups",
@@ -30,6 +31,9 @@ FAULTS = (
     Fault(MERGER_GELU_TANH, "aligner", "the merger's exact GELU replaced by the tanh approximation",
           needs=(FLOAT32,)),  # the change is ~1e-3 absolute, near bf16 resolution
     Fault(DEEPSTACK_OFF_BY_ONE, "deepstack.0", "DeepStack taps read as 1-based block numbers (one block late)"),
+    Fault(RESIZE_CEIL_SIDES, "plan", "smart_resize rounds both sides UP to a multiple of patch x merge instead of "
+          "to the nearest", needs=(Need("a side whose remainder modulo 32 is 1..15 (e.g. 1000 px; not the bundled "
+                                        "1024x701)"),)),
 )
 
 NAMES = tuple(f.name for f in FAULTS)

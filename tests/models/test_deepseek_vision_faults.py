@@ -62,6 +62,7 @@ def test_cli_check_exits_1_and_names_the_boundary(tmp_path, capsys):
     with pytest.raises(SystemExit) as e:
         main(["check", MODEL, "--fault", D.CONTAIN_CEIL, "--json", str(tmp_path / "r.json")])
     out = capsys.readouterr().out
-    assert e.value.code == 1 and "patches" in out.splitlines()[0]
+    # the resize decision itself is the one root: `plan` (patches, rope follow from it)
+    assert e.value.code == 1 and "`plan`" in out.splitlines()[0]
     rep = json.loads((tmp_path / "r.json").read_text())
-    assert rep["earliest"] == ["patches"]
+    assert (rep.get("report") or rep)["earliest"] == ["plan"]

@@ -33,7 +33,7 @@ def test_clean_whole_model_matches_with_a_chunk_cutting_the_span(picture):
     r = run(picture)
     names = [b.name for b in r.boundaries]
     assert r.verdict == "match", r.earliest
-    assert names[:6] == ["patches", "rope", "block0", "final_norm", "aligner", "embeddings"]
+    assert names[:7] == ["plan", "patches", "rope", "block0", "final_norm", "aligner", "embeddings"]
     assert "logits" in names and "logits.step.2" in names and any(n.startswith("router.") for n in names)
     # the language runs once per prompt on the engine side, and the tower ran once
     assert r.runs["b"]["language"]["vision_calls"] == 1

@@ -25,9 +25,10 @@ def test_dag():
     bs = CONTRACT.resolve(["patches", "deepstack.0", "deepstack.1", "deepstack.2", "deepstack.3", "positions"])
     names = [b.name for b in topological(bs)]
     assert names.index("block0") > max(names.index(n) for n in ("patches", "pos_embed", "rope"))
-    assert ancestors(bs, "aligner") == {"final_norm", "block0", "patches", "pos_embed", "rope"}
+    # the preprocessing plan (smart_resize's decisions) feeds every boundary computed from the grid
+    assert ancestors(bs, "aligner") == {"final_norm", "block0", "patches", "pos_embed", "rope", "plan"}
     assert ancestors(bs, "deepstack.3") >= {"deepstack.2", "deepstack.0", "block0"}
-    assert ancestors(bs, "positions") == set()
+    assert ancestors(bs, "positions") == {"plan"}
     assert {b.name: b.layout for b in bs}["aligner"] == "merged"
 
 

@@ -73,12 +73,20 @@ class ChunkShared:
     key_cache: LayerCache | None = None
     decoding: bool = False
     selection: torch.Tensor | None = None  # [n, k] group ids, -1 = none
+    selection_scores: torch.Tensor | None = None  # [n, T] the key the selection ranked (-inf: not eligible)
     candidates: torch.Tensor | None = None  # [n, T] bool: blocks the candidate source kept
+    # local error only: layer -> [n, k] selection to attend to instead of the layer's own (the
+    # reference's choice, so a stage after a near-tie flip is judged on the same positions)
+    forced: dict | None = None
+    # local error only: candidate source layer -> [n, T] the reference's scores, so the layers after
+    # it keep the reference's candidate blocks (a near-tie flip there changes the eligible set)
+    forced_scores: dict | None = None
 
 
 class Attention:
     def __init__(self, layer_id: int, cfg, w: AttnWeights, backend, kernel_quant: bool = False):
         self.cfg, self.w, self.backend = cfg, w, backend
+        self.layer_id = layer_id
         self.kernel_quant = kernel_quant
         self.H, self.hd, self.rd = cfg.n_heads, cfg.head_dim, cfg.rope_head_dim
         self.window = cfg.window_size
@@ -180,9 +188,13 @@ class Attention:
         visible = torch.arange(n_groups, device=x.device).unsqueeze(0) < seen.unsqueeze(1)
         score = score.masked_fill(~visible, float("-inf"))
         if self.candidate_source:
-            shared.candidates = self._blocks(score, seen)
+            ref = (shared.forced_scores or {}).get(self.layer_id)
+            # in fp32 as recorded: rounding the reference's scores to a bf16 run's dtype would make new ties
+            key = score if ref is None else ref[:, :score.shape[1]].to(device=score.device, dtype=torch.float32)
+            shared.candidates = self._blocks(key, seen)
         elif self.candidate_user:
             score = score.masked_fill(~shared.candidates, float("-inf"))
+        shared.selection_scores = score  # recorded as `index.L.scores` (the tie rule reads it)
         k_keep = min(self.cfg.index_topk, n_groups)
         order = _best_first(score)[1][:, :k_keep]
         # A pick is dropped only when the query cannot see it yet, NOT when its score is -inf:
@@ -219,8 +231,13 @@ class Attention:
                     shared.key_cache = cache
             n_groups = (start + n) // self.ratio
             if self.index_source:
-                shared.selection = (torch.full((n, 0), -1, dtype=torch.long, device=x.device) if n_groups == 0 else
-                                    self._select(x, qr, start, n_groups, shared.key_cache, cos, sin, shared))
+                if n_groups == 0:
+                    shared.selection = torch.full((n, 0), -1, dtype=torch.long, device=x.device)
+                    shared.selection_scores = torch.full((n, 0), float("-inf"), device=x.device)
+                else:
+                    shared.selection = self._select(x, qr, start, n_groups, shared.key_cache, cos, sin, shared)
+                    if shared.forced is not None and self.layer_id in shared.forced:
+                        shared.selection = shared.forced[self.layer_id]
             sel = shared.selection
             if sel.shape[1]:
                 lat = torch.stack(shared.kv_cache.latents[:n_groups]).float()  # [T, hd]

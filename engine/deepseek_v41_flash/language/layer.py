@@ -30,6 +30,7 @@ class LayerOut:
     pre: torch.Tensor  # [n, hc]: the collapse the next layer's attention input uses
     route_weights: torch.Tensor  # [n, k] fp32, in the router's choice order
     route_ids: torch.Tensor  # [n, k] expert ids, in the router's choice order
+    ffn_in: torch.Tensor | None = None  # the MoE's normed input [n, D] (what the router ranked: `router_scores`)
 
     @property
     def router_ids(self) -> torch.Tensor:
@@ -57,6 +58,15 @@ def index_ids(selection: torch.Tensor, topk: int) -> torch.Tensor:
     return torch.cat([selection, pad], 1).sort(dim=-1).values
 
 
+def selection_scores(score: torch.Tensor, groups: int) -> torch.Tensor:
+    """A chunk's index scores [n, T_chunk] padded with -inf to the prompt's group count [n, groups]
+    (a chunk sees only the groups completed so far), fp32, so chunks concatenate row for row: the
+    `index.L.scores` layout."""
+    out = torch.full((score.shape[0], groups), float("-inf"), dtype=torch.float32, device=score.device)
+    out[:, :score.shape[1]] = score.float()
+    return out
+
+
 class Layer:
     def __init__(self, index: int, cfg, weights, attn, moe, engram, engram_column: int | None, backend):
         """weights: `model.BlockWeights`; attn: `attention.Attention`; moe: `moe.MoE`; engram: an
@@ -79,12 +89,20 @@ class Layer:
         return self.backend.rms_norm(hyper.collapse(x, pre), self.w.attn_norm, self.norm_eps), mix
 
     def __call__(self, x: torch.Tensor, pre: torch.Tensor, attend: Callable[[torch.Tensor], torch.Tensor],
-                 image: torch.Tensor, hashes: torch.Tensor | None) -> LayerOut:
+                 image: torch.Tensor, hashes: torch.Tensor | None, experts: torch.Tensor | None = None) -> LayerOut:
+        """`experts` (local error only): expert ids [n, k] to mix instead of the router's own choice
+        (the reference's, with the engine's weights for them), so `router.L.weights` and `hidden.L`
+        are judged on the same experts after a near-tie flip of the router."""
         x, gate = self.enter(x, hashes, image)
         h_in, (a_pre, a_post, a_comb) = self.attn_input(x, pre)
         h = attend(h_in)
         x = hyper.expand(h, x, a_post, a_comb)
         f_pre, f_post, f_comb = hyper.mixes(x, self.w.ffn_mix, *self.mix_args)
-        y, weights, chosen = self.moe(self.backend.rms_norm(hyper.collapse(x, a_pre), self.w.ffn_norm,
-                                                            self.norm_eps), image)
-        return LayerOut(gate, h, hyper.expand(y, x, f_post, f_comb), f_pre, weights, chosen)
+        ffn_in = self.backend.rms_norm(hyper.collapse(x, a_pre), self.w.ffn_norm, self.norm_eps)
+        forced = None if experts is None else (self.moe.weights_for(ffn_in, experts, image), experts)
+        y, weights, chosen = self.moe(ffn_in, image, forced)
+        return LayerOut(gate, h, hyper.expand(y, x, f_post, f_comb), f_pre, weights, chosen, ffn_in)
+
+    def router_scores(self, out: LayerOut, image: torch.Tensor) -> torch.Tensor:
+        """The key the router ranked for this layer's run `out` [n, experts] fp32 (`router.L.scores`)."""
+        return self.moe.biased_scores(out.ffn_in, image)

@@ -36,7 +36,7 @@ from ..span import span_rows
 from . import hyper, quant
 from .attention import Attention, AttnWeights, ChunkShared
 from .engram import EngramHashState, EngramLayer, EngramTables
-from .layer import Layer, first_stream, index_ids
+from .layer import Layer, first_stream, index_ids, selection_scores
 from .moe import ExpertBank, GateWeights, MoE
 from .subset import parse_layers
 from .tokens import compressed_token_map
@@ -238,6 +238,9 @@ class Sequence:
                     out.setdefault(f"engram.{i}.gate", []).append(o.gate)
                 if layer.attn.index_source:  # the indexer's choice
                     out.setdefault(f"index.{i}.ids", []).append(index_ids(shared.selection, cfg.index_topk))
+                    out.setdefault(f"index.{i}.scores", []).append(
+                        selection_scores(shared.selection_scores, self.ids.numel() // layer.attn.ratio))
+                out.setdefault(f"router.{i}.scores", []).append(layer.router_scores(o, image))
                 out.setdefault(f"attn.{i}", []).append(o.attn)
                 out.setdefault(f"router.{i}.ids", []).append(o.router_ids)
                 out.setdefault(f"router.{i}.weights", []).append(o.router_weights)
@@ -292,8 +295,11 @@ class Sequence:
 
 
 def boundary_of(name: str) -> str:
-    """`router.3.ids` -> `router.3.ids`, `engram.1.gate` -> `engram.1`, `hidden.2` -> `hidden.2`."""
+    """`router.3.ids` -> `router.3.ids`, `engram.1.gate` -> `engram.1`, `hidden.2` -> `hidden.2`; the
+    scores behind a choice belong to the choice: `router.3.scores` -> `router.3.ids`."""
     parts = name.split(".")
     if parts[0] == "engram":
         return ".".join(parts[:2])
+    if parts[-1] == "scores":
+        return ".".join(parts[:-1] + ["ids"])
     return name

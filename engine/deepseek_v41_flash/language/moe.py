@@ -59,13 +59,36 @@ class MoE:
         weights, ids = self.backend.moe_route(logits, self.gate.bias, self.gate.bias_vl, rows,
                                               self.topk, self.route_scale)
         if self.fault == ROUTER_BIASED_WEIGHTS:
-            s = F.softplus(logits.float()).sqrt()
-            b = self.gate.bias.expand_as(s)
-            if self.gate.bias_vl is not None and rows is not None:
-                b = torch.where(rows.view(-1, 1), self.gate.bias_vl.view(1, -1), b)
-            w = (s + b).gather(-1, ids)
-            weights = w / (w.sum(-1, keepdim=True) + 1e-20) * self.route_scale
+            weights = self._mix(self._biased(logits, rows), ids)
         return weights, ids
+
+    def _mix(self, scores: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
+        w = scores.gather(-1, ids)
+        return w / (w.sum(-1, keepdim=True) + 1e-20) * self.route_scale
+
+    def weights_for(self, x: torch.Tensor, ids: torch.Tensor, image_rows: torch.Tensor | None) -> torch.Tensor:
+        """The mixture weights of a GIVEN choice ids [R, k] (local error: the reference's choice,
+        so the weights are judged on the same experts after a near-tie flip)."""
+        logits = self.backend.linear(x.float(), self.gate.weight, None) / self.gate_temp
+        if self.fault == ROUTER_BIASED_WEIGHTS:
+            return self._mix(self._biased(logits, image_rows), ids)
+        return self._mix(F.softplus(logits.float()).sqrt(), ids)
+
+    def _biased(self, logits: torch.Tensor, rows: torch.Tensor | None) -> torch.Tensor:
+        """sqrt(softplus) scores plus the per-row bias: the key the top-k ranks [R, E] fp32."""
+        s = F.softplus(logits.float()).sqrt()
+        b = self.gate.bias.expand_as(s)
+        if self.gate.bias_vl is not None and rows is not None:
+            b = torch.where(rows.view(-1, 1), self.gate.bias_vl.view(1, -1), b)
+        return s + b
+
+    def biased_scores(self, x: torch.Tensor, image_rows: torch.Tensor | None) -> torch.Tensor:
+        """The scores that decided `route`'s choice for x [R, D] (recorded as `router.L.scores`, so a
+        set that differs from the reference's can be told a near-tie or a wrong choice). Computed
+        in torch whatever the backend: the kernel's own ranking key is not exposed."""
+        logits = self.backend.linear(x.float(), self.gate.weight, None) / self.gate_temp
+        rows = None if self.fault == ROUTER_TEXT_BIAS_FOR_IMAGES else image_rows
+        return self._biased(logits, rows)
 
     def _expert(self, bank: ExpertBank, e: int, x: torch.Tensor, scale: torch.Tensor | None) -> torch.Tensor:
         gate = self.backend.linear(x, bank.w1[e], None).float()
@@ -78,9 +101,11 @@ class MoE:
             h = h * scale
         return self.backend.linear(h.to(x.dtype), bank.w2[e], None)
 
-    def __call__(self, x: torch.Tensor, image_rows: torch.Tensor | None = None):
-        """x: [R, D] -> (y [R, D] in x.dtype, weights [R, k], ids [R, k])."""
-        weights, ids = self.route(x, image_rows)
+    def __call__(self, x: torch.Tensor, image_rows: torch.Tensor | None = None,
+                 forced: tuple[torch.Tensor, torch.Tensor] | None = None):
+        """x: [R, D] -> (y [R, D] in x.dtype, weights [R, k], ids [R, k]). `forced` (local error
+        only): (weights, ids) to mix with instead of routing, the reference's choice."""
+        weights, ids = self.route(x, image_rows) if forced is None else forced
         r, k = ids.shape
         flat = ids.reshape(-1)
         order = torch.argsort(flat, stable=True)  # assignments grouped by expert, rows ascending

@@ -12,6 +12,11 @@ hyper-connection mixes, and the pre-mix the previous block's FFN hands on (it is
 attention of layer L runs chunk by chunk (the request's `chunk`) after the engine's attention of
 every earlier layer on ITS teacher-forced input, because compressed KV and the indexer's choice
 are shared down the stack. `router.L.*` and `hidden.L` take the reference's `attn.L`.
+After a near-tie flip the stages after a choice are judged on the REFERENCE's choice: attention
+attends to the reference's `index.j.ids`, later indexers keep the candidate blocks of the
+reference's `index.c.scores` (c the candidate source), and `router.L.weights` / `hidden.L` mix
+the reference's experts (the engine's weights for them); the choice stages themselves
+(`index.L.ids`, `router.L.ids`) run the engine's own choice and record the scores it ranked.
 Decode steps have no stage.
 """
 from __future__ import annotations
@@ -20,7 +25,7 @@ import torch
 
 from .attention import ChunkShared
 from .engram import EngramHashState
-from .layer import LayerOut, first_stream, index_ids
+from .layer import LayerOut, first_stream, index_ids, selection_scores
 from .run import language_model
 from .tokens import DEFAULT_PROMPT, tokenize
 
@@ -32,8 +37,8 @@ class TeacherForced:
     def __init__(self, lm, image: torch.Tensor, hashes: torch.Tensor | None, chunks: list[tuple[int, int]]):
         self.lm, self.image, self.hashes, self.chunks = lm, image, hashes, chunks
         self.ref: dict = {}
-        self._layer: dict[int, LayerOut] = {}
-        self._attn: dict[int, tuple] = {}
+        self._layer: dict[tuple[int, bool], LayerOut] = {}
+        self._attn: dict[tuple[int, bool], tuple] = {}
 
     def act(self, t: torch.Tensor) -> torch.Tensor:
         """A reference tensor as the engine holds activations (its device and dtype)."""
@@ -52,25 +57,38 @@ class TeacherForced:
             return first_stream(self.act(self.ref["embeddings"]), self.lm.cfg.hc_mult)
         return self.stream(L), self.layer(L - 1).pre
 
-    def layer(self, L: int) -> LayerOut:
+    def layer(self, L: int, own_choice: bool = False) -> LayerOut:
         """Layer L on the reference's inputs, the reference's `attn.L` standing in for its
-        attention sublayer."""
-        if L not in self._layer:
+        attention sublayer; its MoE mixes the reference's experts (`router.L.ids`) unless
+        `own_choice` (the router stage itself) or the reference has none."""
+        key = (L, own_choice or f"router.{L}.ids" not in self.ref)
+        if key not in self._layer:
             attn = self.act(self.ref[f"attn.{L}"])
-            self._layer[L] = self.lm.stack[L](*self.entering(L), lambda h_in: attn, self.image, self.hashes)
-        return self._layer[L]
+            experts = None if key[1] else self.ref[f"router.{L}.ids"].to(self.lm.device)
+            self._layer[key] = self.lm.stack[L](*self.entering(L), lambda h_in: attn, self.image, self.hashes,
+                                                experts)
+        return self._layer[key]
+
+    def router(self, L: int) -> dict:
+        """The router stage: the engine's own choice of experts and the scores it ranked."""
+        o = self.layer(L, own_choice=True)
+        return {f"router.{L}.ids": o.router_ids, f"router.{L}.scores": self.lm.stack[L].router_scores(o, self.image)}
 
     def engram_gate(self, L: int) -> torch.Tensor:
         return self.lm.stack[L].enter(self.stream(L), self.hashes, self.image)[1]
 
-    def attention(self, L: int) -> tuple[torch.Tensor, torch.Tensor | None]:
+    def attention(self, L: int, own_choice: bool = False) -> tuple:
         """Engine attention of layers 0..L, each on its forced input, chunk by chunk; layer L's
-        output [S, D] and (for an index source) its `index.L.ids`."""
-        if L not in self._attn:
-            self._attn[L] = self._attention(L)
-        return self._attn[L]
+        output [S, D] and (for an index source, with `own_choice`) its `index.L.ids` with the
+        scores it ranked (`index.L.scores`). Attention attends to the REFERENCE's selections where
+        the reference has them (an engine choice that flipped on a near-tie does not count against
+        the attention stage); `own_choice` runs the engine's own choices (the indexer stage)."""
+        key = (L, own_choice)
+        if key not in self._attn:
+            self._attn[key] = self._attention(L, own_choice)
+        return self._attn[key]
 
-    def _attention(self, L: int):
+    def _attention(self, L: int, own_choice: bool):
         lm = self.lm
         layers = [layer for j, layer in lm.stack.items() if j <= L]
         caches = [layer.attn.new_cache(lm.dtype, lm.device) for layer in layers]
@@ -78,15 +96,24 @@ class TeacherForced:
         for layer in layers:
             x, pre = self.entering(layer.index)
             xs.append(layer.attn_input(layer.enter(x, self.hashes, self.image)[0], pre)[0])
-        outs, sels = [], []
+        ref_sel = {} if own_choice else {j.index: self.ref[f"index.{j.index}.ids"].to(lm.device) for j in layers
+                                         if f"index.{j.index}.ids" in self.ref}
+        # the candidate blocks are decided upstream (by the candidate source's scores): always the
+        # reference's, so a near-tie flip there does not change what later indexers may keep
+        c = lm.cfg.candidate_source_layer
+        ref_blocks = {c: self.ref[f"index.{c}.scores"]} if f"index.{c}.scores" in self.ref and c < L else {}
+        n = self.chunks[-1][1] if self.chunks else 0
+        outs, sels, scores = [], [], []
         for lo, hi in self.chunks:
-            shared = ChunkShared()
+            shared = ChunkShared(forced={j: t[lo:hi] for j, t in ref_sel.items()} or None,
+                                 forced_scores={j: t[lo:hi] for j, t in ref_blocks.items()} or None)
             for layer, x, cache in zip(layers, xs, caches):
                 h = layer.attn(x[lo:hi], lo, cache, shared)
             outs.append(h)
-            if layers[-1].attn.index_source:
+            if layers[-1].attn.index_source and own_choice:
                 sels.append(index_ids(shared.selection, lm.cfg.index_topk))
-        return torch.cat(outs), (torch.cat(sels) if sels else None)
+                scores.append(selection_scores(shared.selection_scores, n // layers[-1].attn.ratio))
+        return torch.cat(outs), (torch.cat(sels) if sels else None), (torch.cat(scores) if scores else None)
 
 
 def make_language_stages(req, run: dict, image_rows: torch.Tensor | None = None) -> dict:
@@ -129,9 +156,10 @@ def make_language_stages(req, run: dict, image_rows: torch.Tensor | None = None)
         if layer.engram is not None:
             stages[f"engram.{L}"] = stage(lambda f, L=L: {f"engram.{L}.gate": f.engram_gate(L)})
         if layer.attn.index_source:
-            stages[f"index.{L}.ids"] = stage(lambda f, L=L: {f"index.{L}.ids": f.attention(L)[1]})
+            stages[f"index.{L}.ids"] = stage(lambda f, L=L: {f"index.{L}.ids": f.attention(L, True)[1],
+                                                             f"index.{L}.scores": f.attention(L, True)[2]})
         stages[f"attn.{L}"] = stage(lambda f, L=L: {f"attn.{L}": f.attention(L)[0]})
-        stages[f"router.{L}.ids"] = stage(lambda f, L=L: {f"router.{L}.ids": f.layer(L).router_ids})
+        stages[f"router.{L}.ids"] = stage(lambda f, L=L: f.router(L))
         stages[f"router.{L}.weights"] = stage(lambda f, L=L: {f"router.{L}.weights": f.layer(L).router_weights})
         stages[f"hidden.{L}"] = stage(lambda f, L=L: {f"hidden.{L}": f.layer(L).hidden})
     stages["logits"] = stage(logits)

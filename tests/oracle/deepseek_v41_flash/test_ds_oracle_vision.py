@@ -71,7 +71,12 @@ def test_runner_taps_the_five_boundaries():
     rec = MemoryRecorder()
     run(RunRequest(weights="synthetic:tiny", weights_dir=wdir, image=default_image_path()), rec)
     t = rec.tensors
-    assert list(t) == ["patches", "rope.cos", "rope.sin", "block0", "final_norm", "aligner"]
+    plan = ["plan.size", "plan.grid", "plan.tokens", "plan.flags"]
+    assert list(t) == plan + ["patches", "rope.cos", "rope.sin", "block0", "final_norm", "aligner"]
+    # the plan: 1024x701 on a 1036x714 canvas, contained to 1036x709 (round, not ceil's 710)
+    assert t["plan.size"].tolist()[:6] == [1024, 701, 1036, 714, 1036, 709]
+    assert t["plan.grid"].tolist() == [51, 74, 17, 25] and t["plan.tokens"].tolist() == [51 * 74, 444]
+    assert t["plan.flags"].tolist() == [0, 0] and all(t[k].dtype == torch.int64 for k in plan)
     n = 51 * 74
     assert t["patches"].shape == (n, 588) and t["patches"].dtype == torch.bfloat16
     assert t["rope.cos"].shape == (n, args.vision_dim // args.vision_n_heads // 2)
