@@ -10,7 +10,7 @@
 #   DEVICE=cpu QUICK=1 bash bench/language_ties.sh OUTDIR   # a smoke run on a CPU
 #
 # Weights: synthetic:full has no language backbone (the released one is ~280B parameters); when
-# `check` offers --layers (a layer subset at the real dimensions) the script runs synthetic:full
+# `check` offers --layers (a layer subset at the real dimensions) and FULL_LANGUAGE=1 is set (a checkpoint with language layers: bench/real_dims_layers.sh writes one) the script runs synthetic:full
 # with LAYERS (default 0-2), else synthetic:tiny (the whole tiny model). Photographs: scikit-image's
 # set when it is installed (JPEG and PNG), else the bundled picture; plus a very wide and a very
 # tall crop, and the README's prompt example on a JPEG of the bundled picture.
@@ -58,7 +58,7 @@ if quick:
 print("images:", " ".join(names))
 EOF
 
-if timeout 60 "$py" -m tensordiff.cli check --help 2>/dev/null | grep -q -- "--layers"; then
+if [ "${FULL_LANGUAGE:-0}" = 1 ] && timeout 60 "$py" -m tensordiff.cli check --help 2>/dev/null | grep -q -- "--layers"; then
   weights=(--weights synthetic:full --layers "${LAYERS:-0-2}")
 else
   weights=(--weights synthetic:tiny)
