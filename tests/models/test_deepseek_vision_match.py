@@ -34,7 +34,7 @@ def test_clean_engine_matches_oracle_fp32(name, pictures, tmp_path):
     oracle, engine = dumps(tmp_path, image_path(name, pictures))
     report = compare_dumps(oracle, engine)
     assert report.verdict == "match", str(report)
-    assert [b.name for b in report.boundaries] == ["patches", "rope", "block0", "final_norm", "aligner"]
+    assert [b.name for b in report.boundaries] == ["plan", "patches", "rope", "block0", "final_norm", "aligner"]
     assert all(b.status == "match" for b in report.boundaries)
 
 
