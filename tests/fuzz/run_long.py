@@ -5,7 +5,7 @@
 Mutates each target's seeds `--n` times (tests/fuzz/targets.py), counts the inputs seen and the
 findings (any exception but BadInput, a multi-line message, a write by the reader), prints one
 line per target and, with --save, writes each distinct finding's input to
-tests/fuzz/crashes/<target>/<sha>.bin (the regression cases test_fuzz.py replays).
+tests/fuzz/crashes/<target>/<sha>.crash (raw bytes, named so that no loader takes them for a pickle shard; the regression cases test_fuzz.py replays).
 """
 from __future__ import annotations
 
@@ -53,7 +53,7 @@ def main() -> int:
             for data in kinds.values():
                 d = CRASHES / target
                 d.mkdir(parents=True, exist_ok=True)
-                (d / f"{hashlib.sha256(data).hexdigest()[:16]}.bin").write_bytes(data)
+                (d / f"{hashlib.sha256(data).hexdigest()[:16]}.crash").write_bytes(data)
     return 1 if total_findings else 0
 
 

@@ -212,7 +212,7 @@ CRASHES = Path(__file__).with_name("crashes")
 
 def regression_cases(target: str) -> list[Path]:
     d = CRASHES / target
-    return sorted(d.glob("*.bin")) if d.is_dir() else []
+    return sorted(d.glob("*.crash")) if d.is_dir() else []
 
 
 if __name__ == "__main__":  # smoke: every seed is accepted

@@ -1,5 +1,5 @@
 """Fuzzing the untrusted-file readers for a few seconds each (tests/fuzz/targets.py), and
-replaying every crashing input found so far (tests/fuzz/crashes/<target>/*.bin).
+replaying every crashing input found so far (tests/fuzz/crashes/<target>/*.crash).
 
 Property: any bytes give a result or BadInput (one line), never another exception, and the
 reader writes nothing. `python tests/fuzz/run_long.py` runs the same targets for 1e5 inputs each.
