@@ -28,7 +28,7 @@ from typing import Any, Callable
 from .errors import BadInput
 from .pipeline import STAGES, CaseResult, CaseSpec, check_weights, prepare_out, run_case, workspace  # noqa: F401 (re-exported)
 
-from .pipeline import PASSES  # noqa: E402  semantic, numeric, direct (see pipeline.run_case)
+from .pipeline import PASSES, carrier_dtype  # noqa: E402  semantic, numeric, direct (see pipeline.run_case)
 
 IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".webp", ".bmp", ".gif", ".tif", ".tiff")
 DEFAULT_IMAGE = "tensordiff:default"
@@ -325,9 +325,8 @@ def _refusal(adapter, fault: str, m, prompt) -> str | None:
     the cases whose model has it and whose run takes its route."""
     from .options import fault_refusal
 
-    # a semantic pass runs the engine in float32, so it carries faults below bf16 resolution
-    dtype = "float32" if "semantic" in case_passes(m) else m.dtype
-    return fault_refusal(adapter, fault, prompt=prompt, chunk=m.chunk, decode=m.decode, dtype=dtype)
+    return fault_refusal(adapter, fault, prompt=prompt, chunk=m.chunk, decode=m.decode,
+                         dtype=carrier_dtype(case_passes(m), m.dtype))
 
 
 def run_gate(cfg: GateConfig, *, fault: str | None = None, models: list[str] | None = None, out: Path | None = None,

@@ -231,9 +231,6 @@ def local_error(adapter, req, oracle_dir: str | Path, report: Report, tolerances
     rec.close()
     ld = open_dump(out_dir)
     run = od.run
-    # a stage of a bf16 engine stores some tensors in fp32: judge them in the runs' compute dtypes,
-    # as end to end does
-    run_dtypes = tuple(d for d in (req.dtype, od.run.get("dtype")) if isinstance(d, str))
     by = {b.name: b for b in bounds}
     for lr in results:
         if lr.boundary not in produced:

@@ -69,9 +69,13 @@ class CaseSpec:
 
     @property
     def carrier_dtype(self) -> str:
-        """The precision in which the case can carry a planted fault: a semantic pass runs the
-        engine in float32 whatever the case's dtype, so a fault below bf16 resolution is reached."""
-        return "float32" if self.passes and "semantic" in self.passes else self.dtype
+        return carrier_dtype(self.passes, self.dtype)
+
+
+def carrier_dtype(passes, dtype: str) -> str:
+    """The precision in which a case can carry a planted fault: a semantic pass runs the engine in
+    float32 whatever the case's dtype, so a fault below bf16 resolution is reached."""
+    return "float32" if passes and "semantic" in passes else dtype
 
 
 def oracle_request(req: RunRequest, oracle_dtype: str | None = None) -> RunRequest:
@@ -287,7 +291,6 @@ def run_case(spec: CaseSpec, work: Path, *, kept: bool, tolerances=None, use_cac
         edir = run_side(adapter, "engine", req, work / "engine")
     case.dumps = {"oracle": str(odir), "engine": str(edir)}
     if adapter.geometry:
-        from .dump import open_dump
         from .geometry import exercised
 
         case.geometry = exercised(adapter.geometry, open_dump(odir))

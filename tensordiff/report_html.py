@@ -386,7 +386,7 @@ def _case_html(case, idx: int) -> str:
 
 def _numeric_html(rep: Report, where: str) -> str:
     """The numeric pass: per tensor its error as multiples of the floor and what it can detect."""
-    from .report import floor_summary, headline as head
+    from .report import headline as head
 
     ok = rep.verdict == "match"
     rows = []

@@ -8,7 +8,7 @@ import shutil
 
 import pytest
 
-from tensordiff.cli import main
+from cli_runner import run_cli as cli
 from tensordiff.dump import open_dump
 from tensordiff.models import deepseek_faults as D
 from tensordiff.synthetic.deepseek_v41_flash import resolve
@@ -20,11 +20,6 @@ PROMPT = "Look at <image> and say what it shows."
 SEMANTIC = "language_numerics=semantic"
 
 
-def cli(args, capsys):
-    with pytest.raises(SystemExit) as e:
-        main([str(a) for a in args])
-    out, err = capsys.readouterr()
-    return e.value.code, out, err
 
 
 @pytest.fixture(scope="module")

@@ -8,18 +8,13 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from tensordiff.cli import main
+from cli_runner import run_cli as cli
 from tensordiff.errors import BadInput
 from tensordiff.synthetic.deepseek_v41_flash import resolve, vision_tensor_names
 
 MODEL = "deepseek-v4.1-flash"
 
 
-def cli(args, capsys):
-    with pytest.raises(SystemExit) as e:
-        main([str(a) for a in args])
-    out, err = capsys.readouterr()
-    return e.value.code, out, err
 
 
 def bad_images(d):

@@ -8,17 +8,12 @@ import pytest
 import torch
 from helpers_dumps import pipeline, write
 
-from tensordiff.cli import main
+from cli_runner import run_cli as run
 
 ROOT = Path(__file__).resolve().parents[2]
 SAMPLES = ROOT / "dumps"
 
 
-def run(args, capsys):
-    with pytest.raises(SystemExit) as e:
-        main([str(a) for a in args])
-    out, err = capsys.readouterr()
-    return e.value.code, out, err
 
 
 def test_samples_diverge_at_rope(capsys, tmp_path):

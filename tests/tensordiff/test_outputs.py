@@ -5,7 +5,7 @@ from pathlib import Path
 import pytest
 from helpers_dumps import pipeline, write
 
-from tensordiff.cli import main
+from cli_runner import run_cli as run
 from tensordiff.errors import BadInput
 from tensordiff.outputs import dump_root, guard
 
@@ -13,11 +13,6 @@ ROOT = Path(__file__).resolve().parents[2]
 SAMPLES = ROOT / "dumps"
 
 
-def run(args, capsys):
-    with pytest.raises(SystemExit) as e:
-        main([str(a) for a in args])
-    out, err = capsys.readouterr()
-    return e.value.code, out, err
 
 
 def snapshot(d: Path) -> dict:
