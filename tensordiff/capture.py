@@ -134,6 +134,7 @@ class Recorder:
         self._tensors: dict[str, tuple[np.ndarray, DType, str]] = {}
         self._pending: dict[str, tuple[Any, str]] = {}  # device copies not yet on the host
         self._names: list[str] = []
+        self._layouts: dict[str, dict] = {}  # name -> its rank layout fields (sharded runs)
         self._closed = False
         self._check_target()
 
@@ -155,7 +156,10 @@ class Recorder:
     def enabled(self) -> bool:
         return True
 
-    def record(self, name: str, tensor: Any, *, boundary: str | None = None) -> None:
+    def record(self, name: str, tensor: Any, *, boundary: str | None = None, layout: dict | None = None) -> None:
+        """`layout` (a sharded run's rank dump): the manifest fields saying how this rank's tensor
+        makes up the whole, e.g. `{"shard": {"axis": 1, "index": r, "count": W}}`,
+        `{"replicated": True}`, `{"partial": "sum"}` (dumps/README.md, `shard`)."""
         if self._closed:
             raise RuntimeError("recorder is closed")
         check_name(name)
@@ -163,6 +167,13 @@ class Recorder:
             raise BadInput(f"tensor {name!r} recorded twice")
         b = boundary or default_boundary(name)
         check_name(b)
+        if layout is not None:
+            from .shard import parse_layout
+
+            if not isinstance(layout, dict) or parse_layout(f"tensor {name!r}", layout, tensor.dim() if hasattr(
+                    tensor, "dim") else np.ndim(tensor), 0, 1) is None:
+                raise BadInput(f"tensor {name!r}: layout {layout!r} states no shard, dims, replicated or partial")
+            self._layouts[name] = dict(layout)
         self._names.append(name)
         if _on_accelerator(tensor):
             # A device-side copy, queued on the producer's stream: it sees the buffer as it is
@@ -209,7 +220,8 @@ class Recorder:
                 fname = f"{b}{ext}"
                 files.setdefault(fname, {})[name] = (arr, dt)
                 entries.append({"name": name, "boundary": b, "file": fname, "key": name,
-                                "shape": list(arr.shape), "dtype": dt.name, "sha256": sha256_of(arr)})
+                                "shape": list(arr.shape), "dtype": dt.name, "sha256": sha256_of(arr),
+                                **self._layouts.get(name, {})})
             for fname, group in files.items():
                 if self.fmt == "safetensors":
                     write_safetensors(tmp / fname, group, {"format": FORMAT})
@@ -258,7 +270,7 @@ class NullRecorder:
 
     enabled = False
 
-    def record(self, name: str, tensor: Any, *, boundary: str | None = None) -> None:
+    def record(self, name: str, tensor: Any, *, boundary: str | None = None, layout: dict | None = None) -> None:
         pass
 
     def update_run(self, **fields: Any) -> None:

@@ -124,6 +124,8 @@ def inspect(directory, verify):
 
     d = open_dump(directory)
     click.echo(f"dump {d.path}: model {d.model}, producer {d.producer}")
+    if d.world:  # rank dumps merged: the shapes below are the logical (whole) ones
+        click.echo(f"  sharded run of {d.world} ranks; shapes are the merged tensors'")
     for k, v in d.run.items():
         click.echo(f"  run.{k}: {v}")
     click.echo(f"{'tensor':<28} {'boundary':<16} {'dtype':<9} {'shape':<20} {'MB':>9}  file")

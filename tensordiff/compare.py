@@ -11,7 +11,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Callable
 
-from . import registry
+from . import rank_check, registry
 from .contract import Boundary, Contract, chain, topological
 from .dump import Dump, Entry, open_dump
 from .errors import BadInput, IncomparableDumps
@@ -85,10 +85,12 @@ def compare_dumps(a: str | Path | Dump, b: str | Path | Dump,
         ents_a, ents_b = by_b[bd.name]
         br = results[bd.name] = judge.boundary(bd, {e.name: e for e in ents_a}, {e.name: e for e in ents_b}, run,
                                                progress=progress, verify=verify, floor=floor_entries)
+        if da.world or db.world:  # a sharded side: replicas must agree, a diverged shard is placed
+            rank_check.check(br, judge, bd, {e.name: e for e in ents_a}, {e.name: e for e in ents_b}, run)
         if fail_fast and br.status in FAILING:
             stop = True
     _assign_roots(bounds, present, results)
-    notes = []
+    notes = [f"{d.path} is a sharded run of {d.world} ranks, merged" for d in (da, db) if d.world]
     if da.producer.get("side") and da.producer.get("side") == db.producer.get("side"):
         notes.append(f"both dumps come from the {da.producer['side']} side")
     for k in ("dtype", "device"):

@@ -10,6 +10,7 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
+from . import shard
 from .capture import FORMAT, NAME_RE, default_boundary
 from .dtypes import BY_NAME
 from .errors import BadInput
@@ -54,6 +55,7 @@ class Dump:
     producer: dict
     run: dict
     entries: tuple[Entry, ...]
+    world: int | None = None  # a sharded run's rank count (its entries merged: `shard`), else None
 
     @property
     def names(self) -> list[str]:
@@ -108,9 +110,71 @@ def _inside(root: Path, rel: str, what: str) -> Path:
 
 
 def open_dump(path: str | Path) -> Dump:
+    """A dump directory; a sharded run (rank directories, or rank-tagged entries) is returned with
+    its tensors merged into logical ones (`shard`)."""
     root = Path(path)
     if not root.exists():
         raise BadInput(f"{root} does not exist")
+    if root.is_dir() and not (root / "manifest.json").exists():
+        ranks = shard.rank_dirs(root)
+        if ranks:
+            return _open_ranks(root, ranks)
+    d, tagged = _open_one(root)
+    if not any(t is not None for t in tagged):
+        return d
+    _, world = shard.parallel_of(str(root / "manifest.json"), d.run)
+    if world is None:
+        raise BadInput(f"{root / 'manifest.json'}: entries carry ranks or layouts but run.parallel.world is not given")
+    for t in tagged:
+        if t is not None and (t.rank is None or not 0 <= t.rank < world):
+            raise BadInput(f"{root / 'manifest.json'}: tensor {t.name!r} has rank {t.rank!r}, not one of 0..{world - 1}")
+    return _merged(d, [t for t in tagged if t is not None], world,
+                   [e for e, t in zip(d.entries, tagged) if t is None])
+
+
+def _open_ranks(root: Path, ranks: dict[int, Path]) -> Dump:
+    """`root/rank0`, `root/rank1`, ...: each a dump of one rank, merged into one logical dump."""
+    dumps = {}
+    tagged: list[shard.Tagged] = []
+    world = None
+    for r, p in ranks.items():
+        d, tags = _open_one(p)
+        where = str(p / "manifest.json")
+        rank, w = shard.parallel_of(where, d.run)
+        if w is None or rank != r:
+            raise BadInput(f"{where}: run.parallel must state {{\"rank\": {r}, \"world\": W}} for {p.name}")
+        if world is not None and w != world:
+            raise BadInput(f"{root}: ranks disagree on the world size ({world} and {w} in {p.name})")
+        world = w
+        for e, t in zip(d.entries, tags):
+            lay = t.layout if t is not None else None
+            tagged.append(shard.Tagged(e.name, e.boundary, r, lay, e.stored, e.sha256))
+        dumps[r] = d
+    missing = [r for r in range(world) if r not in dumps]
+    if missing:
+        raise BadInput(f"{root}: the run has {world} ranks but rank{missing[0]}/ is missing")
+    extra = [r for r in dumps if r >= world]
+    if extra:
+        raise BadInput(f"{root}: rank{extra[0]}/ is beyond the world size {world}")
+    models = {d.model for d in dumps.values()}
+    if len(models) > 1:
+        raise BadInput(f"{root}: rank dumps disagree on the model ({', '.join(sorted(models))})")
+    first = dumps[0]
+    return _merged(Dump(root, first.model, first.producer, first.run, ()), tagged, world, [])
+
+
+def _merged(d: Dump, tagged: list, world: int, plain: list[Entry]) -> Dump:
+    rows = shard.merge(str(d.path), tagged, world)
+    entries = [Entry(n, b, st, sha) for n, b, st, sha in rows] + plain
+    names = [e.name for e in entries]
+    dup = next((n for n in names if names.count(n) > 1), None)
+    if dup:
+        raise BadInput(f"{d.path}: tensor {dup!r} is listed both with and without a rank")
+    return Dump(d.path, d.model, d.producer, d.run, tuple(entries), world)
+
+
+def _open_one(root: Path) -> tuple[Dump, list]:
+    """One manifest's dump, and per entry its rank tag (`shard.Tagged` without data) or None."""
     if root.is_file():
         if root.suffix.lower() in PICKLE_EXT:
             raise BadInput(f"{root} is a {root.suffix} file, which may hold a pickle; tensordiff never unpickles. "
@@ -144,16 +208,21 @@ def open_dump(path: str | Path) -> Dump:
         raise BadInput(f"{mpath}: 'tensors' must be a list")
     headers: dict[Path, dict[str, StoredTensor]] = {}
     entries: list[Entry] = []
-    seen: set[str] = set()
+    tags: list = []
+    seen: set[tuple] = set()
+    prank, pworld = shard.parallel_of(str(mpath), m.get("run") if isinstance(m.get("run"), dict) else {})
     for i, t in enumerate(tensors):
         if not isinstance(t, dict):
             raise BadInput(f"{mpath}: tensors[{i}] is not an object")
         name = t.get("name")
         if not isinstance(name, str) or not NAME_RE.match(name) or ".." in name:
             raise BadInput(f"{mpath}: tensors[{i}] has an invalid name {name!r}")
-        if name in seen:
-            raise BadInput(f"{mpath}: tensor {name!r} is listed twice")
-        seen.add(name)
+        rank = t.get("rank", prank)
+        if "rank" in t and (type(rank) is not int or rank < 0):
+            raise BadInput(f"{mpath}: tensor {name!r} has rank {t.get('rank')!r}; a rank is an integer >= 0")
+        if (name, t.get("rank")) in seen:
+            raise BadInput(f"{mpath}: tensor {name!r} is listed twice" + (f" for rank {rank}" if "rank" in t else ""))
+        seen.add((name, t.get("rank")))
         boundary = t.get("boundary") or default_boundary(name)
         if not isinstance(boundary, str) or not NAME_RE.match(boundary):
             raise BadInput(f"{mpath}: tensor {name!r} has an invalid boundary {boundary!r}")
@@ -185,6 +254,9 @@ def open_dump(path: str | Path) -> Dump:
             raise BadInput(f"{mpath}: tensor {name!r} has shape {list(st.shape)} in its file but {want_shape} in the manifest")
         sha = t.get("sha256")
         entries.append(Entry(name, boundary, st, sha if isinstance(sha, str) else None))
+        tagged = shard.is_annotated(t) or prank is not None
+        lay = shard.parse_layout(f"{mpath}: tensor {name!r}", t, len(st.shape), rank, pworld) if tagged else None
+        tags.append(shard.Tagged(name, boundary, rank, lay, st, entries[-1].sha256) if tagged else None)
     producer = m.get("producer") if isinstance(m.get("producer"), dict) else {}
     run = m.get("run") if isinstance(m.get("run"), dict) else {}
-    return Dump(root, model, producer, run, tuple(entries))
+    return Dump(root, model, producer, run, tuple(entries)), tags

@@ -27,6 +27,7 @@ class TensorResult:
     worst: dict | None = None  # {"index": [...], "meaning": "...", "a": .., "b": ..}
     row_error: list | None = None  # max |a-b| per leading row (for heatmaps)
     probes: dict = field(default_factory=dict)
+    ranks: dict | None = None  # a sharded side's rank check (`rank_check`): the ranks that disagree
 
     def __bool__(self) -> bool:
         return self.status == "match"
@@ -34,6 +35,8 @@ class TensorResult:
     def as_json(self) -> dict:
         d = {k: getattr(self, k) for k in ("name", "boundary", "status", "reason", "mode", "dtype", "shape",
                                              "tolerance", "worst", "probes")}
+        if self.ranks is not None:
+            d["ranks"] = self.ranks
         d["metrics"] = self.metrics_json()
         return _finite(d)
 
