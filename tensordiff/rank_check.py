@@ -112,7 +112,7 @@ def _placement(t, side: str, e: Entry, ref: Entry, judge, bd, run) -> bool:
                         _judged(judge, bd, run, _place(ref, m.axis, lo, hi), p.stored, ref_side):
                     moved.append((p.rank, i, j))
                     break
-    bad = [p.rank for i, p in enumerate(m.parts) if not own[i]]
+    bad = sorted(p.rank for i, p in enumerate(m.parts) if not own[i])
     t.ranks = {"side": side, "disagree": bad, "misplaced": [{"rank": r, "index": i, "matches": j} for r, i, j in moved]}
     if moved:
         t.reason = ("shards in the wrong order (side " + side + "): " + "; ".join(

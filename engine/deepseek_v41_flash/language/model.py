@@ -54,9 +54,12 @@ class BlockWeights:
 class LanguageModel:
     def __init__(self, cfg: Config, t: dict[str, torch.Tensor], dtype: torch.dtype, backend,
                  fault: str | None = None, device="cpu", kernel_quant: bool = False,
-                 layers: tuple[int, ...] | None = None, index_keys: str = "official"):
+                 layers: tuple[int, ...] | None = None, index_keys: str = "official", parallel=None):
+        """`parallel`: this process's rank of a tensor- and expert-parallel run (`distributed.Parallel`):
+        `t` then holds only its experts, and it slices the rest and reduces across ranks."""
         # quantised checkpoint weights go through the wrapper's `linear` (`quant.QuantBackend`)
         backend = quant.QuantBackend(backend, kernel_quant)
+        self.parallel = parallel
         self.cfg, self.dtype, self.backend, self.fault = cfg, dtype, backend, fault
         self.layers = tuple(range(cfg.n_layers)) if layers is None else tuple(layers)  # the ids that run
         self.index_keys = index_keys  # the decode index-key rule (the option `index_keys`)
@@ -93,20 +96,24 @@ class LanguageModel:
                              opt("indexer.k_norm.weight", fp))
             self.attn[i] = Attention(i, cfg, aw, backend, kernel_quant)
             f = p + "ffn."
-            E = cfg.n_routed_experts
-            stack = lambda k: _stack([act(f + f"experts.{e}.{k}.weight") for e in range(E)])  # noqa: E731
-            bank = ExpertBank(stack("w1"), stack("w3"), stack("w2"))
+            held = [e for e in range(cfg.n_routed_experts) if f + f"experts.{e}.w1.weight" in t]  # all, or a rank's
+            stack = lambda k: _stack([act(f + f"experts.{e}.{k}.weight") for e in held])  # noqa: E731
+            bank = ExpertBank(stack("w1"), stack("w3"), stack("w2"), first=held[0])
             shared = ExpertBank(*(_stack([act(f + f"shared_experts.{k}.weight")]) for k in ("w1", "w3", "w2")))
             gate = GateWeights(fp(f + "gate.weight"), fp(f + "gate.bias"),
                                fp(f + "gate.bias_vl") if f + "gate.bias_vl" in t else None)
             self.moe[i] = MoE(gate, bank, shared, topk=cfg.n_activated_experts, route_scale=cfg.route_scale,
                               gate_temp=cfg.gate_temp, swiglu_limit=cfg.swiglu_limit, score_func=cfg.score_func,
                               norm_topk_prob=cfg.norm_topk_prob, backend=backend, fault=fault)
+            if parallel is not None:  # heads, experts and the shared expert sliced; reductions added
+                self.attn[i], self.moe[i] = parallel.localise(i, cfg, self.attn[i], self.moe[i])
             if i in cfg.engram_layer_ids:
                 g = p + "engram."
                 self.engram[i] = EngramLayer(act(g + "embed.weight"), act(g + "wkv.weight"),
                                              fp(g + "q_weight") * fp(g + "k_weight"), cfg.hc_mult, cfg.dim,
                                              cfg.norm_eps)
+        if parallel is not None:
+            self.head = parallel.vocab_rows(self.head)  # a vocab-parallel head
         # the decoder layers by id, in stack order: what prefill, decode and the stages run
         self.stack = {i: Layer(i, cfg, self.blocks[i], self.attn[i], self.moe[i], self.engram.get(i),
                                cfg.engram_layer_ids.index(i) if i in self.engram else None, backend)
@@ -115,7 +122,8 @@ class LanguageModel:
     def logits(self, x: torch.Tensor, pre: torch.Tensor) -> torch.Tensor:
         """The stream leaving the last layer [n, hc, D] and its FFN-side pre mix -> logits [n, vocab] fp32."""
         final = self.backend.rms_norm(hyper.collapse(x, pre), self.norm, self.cfg.norm_eps)
-        return self.backend.linear(final.float(), self.head, None)
+        out = self.backend.linear(final.float(), self.head, None)
+        return out if self.parallel is None else self.parallel.gather_vocab(out)
 
     @staticmethod
     def tensor_names(cfg: Config, layers: tuple[int, ...] | None = None) -> list[str]:
@@ -146,14 +154,18 @@ class LanguageModel:
     @classmethod
     def load(cls, checkpoint: str | Path, *, dtype: torch.dtype, backend, fault: str | None = None,
              device="cpu", kernel_quant: bool = False, index_keys: str = "official",
-             layers: str | None = None) -> "LanguageModel":
-        """`layers`: a subset spec such as "0-2" (see `subset`); None runs every layer."""
+             layers: str | None = None, parallel=None) -> "LanguageModel":
+        """`layers`: a subset spec such as "0-2" (see `subset`); None runs every layer. `parallel`:
+        a rank of a sharded run (see `__init__`), which reads only its own experts."""
         if fault is not None and fault not in FAULTS:
             fault = None  # a vision fault: the language path runs clean
         cfg = Config.load(checkpoint)
         ids = parse_layers(layers, cfg)
-        return cls(cfg, W.read(checkpoint, cls.tensor_names(cfg, ids)), dtype, backend, fault, device, kernel_quant,
-                   ids, index_keys)
+        names = cls.tensor_names(cfg, ids)
+        if parallel is not None:
+            names = [n for n in names if parallel.reads(n, cfg)]
+        return cls(cfg, W.read(checkpoint, names), dtype, backend, fault, device, kernel_quant,
+                   ids, index_keys, parallel)
 
     def sequence(self, input_ids: torch.Tensor, token_types: torch.Tensor,
                  image: Callable[[], torch.Tensor] | None = None, cells: tuple[int, int] | None = None) -> "Sequence":

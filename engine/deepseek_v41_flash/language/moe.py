@@ -26,6 +26,7 @@ class ExpertBank:
     w1: torch.Tensor
     w3: torch.Tensor
     w2: torch.Tensor
+    first: int = 0  # the id of expert 0 here: an expert-parallel rank holds experts first .. first+n-1
 
     @property
     def n(self) -> int:
@@ -115,10 +116,10 @@ class MoE:
         y = torch.zeros(r, x.shape[1], dtype=torch.float32, device=x.device)
         at = 0
         for e, c in enumerate(counts):
-            if c == 0:
-                continue
-            sel = row_of[at:at + c]
-            y.index_add_(0, sel, self._expert(self.experts, e, x[sel], w_of[at:at + c]).float())
+            local = e - self.experts.first  # experts another rank holds add nothing here (expert parallel)
+            if c and 0 <= local < self.experts.n:
+                sel = row_of[at:at + c]
+                y.index_add_(0, sel, self._expert(self.experts, local, x[sel], w_of[at:at + c]).float())
             at += c
         y += self._expert(self.shared, 0, x, None).float()
         return y.to(x.dtype), weights, ids

@@ -73,7 +73,8 @@ def language_model(req, num: Numerics | None = None) -> LanguageModel:
     return LanguageModel.load(Path(req.weights_dir), dtype=num.dtype, backend=backends.get(req.backend),
                               fault=req.fault, device=req.device, kernel_quant=num.kernel_quant,
                               index_keys=OPTIONS.resolve(req.options)["index_keys"],
-                              layers=(req.options or {}).get("layers"))
+                              layers=(req.options or {}).get("layers"),
+                              parallel=(req.options or {}).get("parallel"))  # a rank (`distributed`)
 
 
 def run_language(req, rec, image: Callable[[], torch.Tensor] | None, cells: tuple[int, int] | None) -> dict:
