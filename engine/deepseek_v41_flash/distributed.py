@@ -265,15 +265,18 @@ def main(argv=None) -> int:
         device = f"cuda:{int(os.environ.get('LOCAL_RANK', 0)) % max(1, torch.cuda.device_count())}"
     backend = a.dist_backend if a.dist_backend != "auto" else ("nccl" if device.startswith("cuda") else "gloo")
     try:
-        if device.startswith("cuda"):
-            torch.cuda.set_device(torch.device(device))
-        dist.init_process_group(backend, rank=rank, world_size=world)
+        if (a.out / "manifest.json").exists():
+            raise BadInput(f"{a.out} is a dump; a sharded run writes its rank dumps into a directory of its own")
         sharded = a.fault if a.fault in FAULTS else None
-        par = Parallel(rank, world, backend, sharded)
+        # every input checked before any rank waits on another (a bad one exits 2 on every rank)
         adapter, req = make_request("deepseek-v4.1-flash", image=a.image, weights=a.weights, device=device,
                                     dtype=a.dtype, fault=None if sharded else a.fault, prompt=a.prompt,
                                     chunk=a.chunk, decode=a.decode, extra=a.extra, layers=a.layers)
+        par = Parallel(rank, world, backend, sharded)
         req.options["parallel"] = par  # read by `language.run.language_model`; never recorded
+        if device.startswith("cuda"):
+            torch.cuda.set_device(torch.device(device))
+        dist.init_process_group(backend, rank=rank, world_size=world)
         from .run import run as engine_run
 
         def runner(req, rec):
@@ -286,7 +289,8 @@ def main(argv=None) -> int:
         print(f"rank {rank}/{world}: wrote {out}", flush=True)
         return 0
     except (BadInput, EngineInputError) as e:
-        print(f"rank {rank}: error: {e}", file=sys.stderr)
+        extra = f"; the sharded faults: {', '.join(FAULTS)}" if str(e).startswith("unknown fault") else ""
+        print(f"rank {rank}: error: {e}{extra}", file=sys.stderr)
         return 2
     finally:
         if dist.is_initialized():

@@ -1,0 +1,146 @@
+"""The tensor- and expert-parallel engine (engine/deepseek_v41_flash/distributed.py): its slices
+add up to the unsharded layers, torchrun runs at 2 and 4 ranks (gloo, CPU) merge and match the
+unsharded oracle, and each sharded fault is named at its boundary with its rank."""
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+import engine.backend as backends
+from engine.deepseek_v41_flash.distributed import FAULTS, Parallel
+from engine.deepseek_v41_flash.language.attention import Attention, ChunkShared
+from engine.deepseek_v41_flash.language.model import LanguageModel
+from engine.deepseek_v41_flash.language.moe import MoE
+from tensordiff.compare import compare_dumps
+from tensordiff.synthetic.deepseek_v41_flash_language import tiny_language_checkpoint
+
+ROOT = Path(__file__).resolve().parents[3]
+SEMANTIC = ["-o", "language_numerics=semantic"]
+
+
+# ------------------------------------------------------------------ the slices, in one process
+
+@pytest.fixture(scope="module")
+def whole():
+    return LanguageModel.load(tiny_language_checkpoint(), dtype=torch.float32, backend=backends.get("torch"))
+
+
+def rank_models(world):
+    ckpt = tiny_language_checkpoint()
+    return [LanguageModel.load(ckpt, dtype=torch.float32, backend=backends.get("torch"), parallel=Parallel(r, world))
+            for r in range(world)]
+
+
+@pytest.mark.parametrize("world", [1, 2, 4])  # 4 ranks > 2 output groups: a group split over two ranks
+def test_attention_partials_sum_to_the_unsharded_output(whole, world):
+    x = torch.randn(7, whole.cfg.dim, generator=torch.Generator().manual_seed(1))
+    layer = 2  # a compressed, index-source layer: its compressor and indexer are replicated
+    want = whole.attn[layer](x, 0, whole.attn[layer].new_cache(torch.float32, "cpu"), ChunkShared())
+    got = sum(Attention.__call__(m.attn[layer], x, 0, m.attn[layer].new_cache(torch.float32, "cpu"), ChunkShared())
+              for m in rank_models(world))
+    torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("world", [2, 4])
+def test_experts_and_shared_slices_sum_to_the_unsharded_moe(whole, world):
+    x = torch.randn(9, whole.cfg.dim, generator=torch.Generator().manual_seed(2))
+    y, w, ids = whole.moe[0](x)
+    models = rank_models(world)
+    got = sum(MoE.__call__(m.moe[0], x)[0] for m in models)
+    torch.testing.assert_close(got, y, atol=1e-5, rtol=1e-5)
+    held = [(m.moe[0].experts.first, m.moe[0].experts.n) for m in models]
+    assert held == [(r * 8 // world, 8 // world) for r in range(world)]  # each rank's own experts only
+
+
+def test_a_rank_reads_only_its_own_experts():
+    par, cfg = Parallel(1, 4), LanguageModel.load(tiny_language_checkpoint(), dtype=torch.float32,
+                                                  backend=backends.get("torch")).cfg
+    assert par.reads("layers.0.ffn.experts.2.w1.weight", cfg) and par.reads("layers.0.ffn.experts.3.w2.weight", cfg)
+    assert not par.reads("layers.0.ffn.experts.4.w1.weight", cfg) and par.reads("layers.0.ffn.gate.bias", cfg)
+
+
+def test_a_model_that_does_not_split_is_refused():
+    from engine.errors import EngineInputError
+
+    with pytest.raises(EngineInputError, match=r"\(8\) does not split over 3 ranks"):
+        rank_models(3)
+
+
+# ------------------------------------------------------------------ torchrun
+
+@pytest.fixture(scope="module")
+def picture(tmp_path_factory):
+    from PIL import Image
+
+    p = tmp_path_factory.mktemp("img") / "small.png"
+    g = torch.Generator().manual_seed(3)
+    Image.fromarray((torch.rand(96, 130, 3, generator=g) * 255).byte().numpy()).save(p)
+    return p
+
+
+def env():
+    return {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+
+
+@pytest.fixture(scope="module")
+def oracle(tmp_path_factory, picture):
+    out = tmp_path_factory.mktemp("oracle") / "o"
+    p = subprocess.run([sys.executable, "-m", "tensordiff.cli", "dump", "deepseek-v4.1-flash", "--side", "oracle",
+                        "--image", picture, "--prompt", "Describe <image>.", "--decode", "2", "--out", out, *SEMANTIC],
+                       capture_output=True, text=True, cwd=ROOT, env=env(), timeout=300)
+    assert p.returncode == 0, p.stderr
+    return out
+
+
+def torchrun(out: Path, world: int, picture, *extra) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node",
+                           str(world), "-m", "engine.deepseek_v41_flash.distributed", "--image", picture,
+                           "--prompt", "Describe <image>.", "--decode", "2", "--out", out, *SEMANTIC, *extra],
+                          capture_output=True, text=True, cwd=ROOT, env=env(), timeout=300)
+
+
+@pytest.mark.parametrize("world", [2, 4])
+def test_torchrun_rank_dumps_merge_and_match_the_unsharded_oracle(tmp_path, oracle, picture, world):
+    p = torchrun(tmp_path / "run", world, picture)
+    assert p.returncode == 0, p.stderr[-3000:]
+    ranks = sorted(x.name for x in (tmp_path / "run").iterdir())
+    assert ranks == [f"rank{r}" for r in range(world)]
+    m = json.loads((tmp_path / "run" / "rank1" / "manifest.json").read_text())
+    lay = {t["name"]: t for t in m["tensors"]}
+    assert m["run"]["parallel"]["world"] == world and lay["attn.0"]["partial"] == "sum"
+    assert lay["logits"]["shard"] == {"axis": 1, "index": 1, "count": world}
+    assert lay["logits.step.1"]["shard"]["count"] == world and lay["router.0.scores"]["shard"]["axis"] == 1
+    assert lay["hidden.0"]["replicated"] is True and lay["aligner"]["replicated"] is True
+    assert lay["logits"]["shape"][1] == 512 // world  # the rank's vocab slice
+    rep = compare_dumps(oracle, tmp_path / "run")
+    assert rep.verdict == "match", str(rep)
+    assert any("sharded run of" in n for n in rep.notes)
+    assert len(rep.boundaries) >= 30
+
+
+@pytest.mark.parametrize("fault, world, disagree, words", [
+    ("shard-order-reversed", 2, [0, 1], "shards in the wrong order"),
+    ("partial-as-replicated", 2, [0, 1], "replicas differ between ranks"),
+    ("expert-bias-shift", 2, [1], "against the other side rank 1 diverges"),
+    ("expert-bias-shift", 4, [3], "rank 3 disagrees with the majority, ranks 0, 1, 2"),
+])
+def test_each_sharded_fault_is_named_at_its_boundary_with_its_rank(tmp_path, oracle, picture, fault, world,
+                                                                    disagree, words):
+    p = torchrun(tmp_path / "run", world, picture, "--fault", fault)
+    assert p.returncode == 0, p.stderr[-3000:]
+    rep = compare_dumps(oracle, tmp_path / "run")
+    boundary = FAULTS[fault][0]
+    assert rep.verdict == "diverged" and rep.earliest == [boundary], str(rep)
+    bad = [t for t in rep.boundary(boundary).tensors if t.status == "diverged"]
+    assert bad and bad[0].ranks["disagree"] == disagree and words in bad[0].reason, bad[0].reason
+
+
+def test_bad_input_exits_2_with_one_line(tmp_path):
+    p = subprocess.run([sys.executable, "-m", "engine.deepseek_v41_flash.distributed", "--out", tmp_path / "x",
+                        "--fault", "no-such-fault"], capture_output=True, text=True, cwd=ROOT, env=env(), timeout=120)
+    assert p.returncode == 2 and len(p.stderr.strip().splitlines()) == 1, p.stderr
+    assert "shard-order-reversed" in p.stderr and not (tmp_path / "x").exists()
