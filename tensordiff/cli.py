@@ -132,7 +132,13 @@ def inspect(directory, verify):
     bad = 0
     for e in d.entries:
         status = ""
-        if verify:
+        if verify and d.world and hasattr(e.stored, "parts"):  # a merged tensor: each rank's part
+            from .rank_check import parts_verified
+
+            ok, any_sha = parts_verified(e)
+            status = "  sha256 ok (each rank)" if ok and any_sha else ("  no sha256" if ok else "  SHA256 MISMATCH")
+            bad += not ok
+        elif verify:
             ok = e.sha256 is None or e.computed_sha256() == e.sha256
             status = "  sha256 ok" if ok and e.sha256 else ("  no sha256" if ok else "  SHA256 MISMATCH")
             bad += not ok

@@ -86,7 +86,8 @@ def compare_dumps(a: str | Path | Dump, b: str | Path | Dump,
         br = results[bd.name] = judge.boundary(bd, {e.name: e for e in ents_a}, {e.name: e for e in ents_b}, run,
                                                progress=progress, verify=verify, floor=floor_entries)
         if da.world or db.world:  # a sharded side: replicas must agree, a diverged shard is placed
-            rank_check.check(br, judge, bd, {e.name: e for e in ents_a}, {e.name: e for e in ents_b}, run)
+            rank_check.check(br, judge, bd, {e.name: e for e in ents_a}, {e.name: e for e in ents_b}, run,
+                             verify)
         if fail_fast and br.status in FAILING:
             stop = True
     _assign_roots(bounds, present, results)

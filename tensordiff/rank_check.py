@@ -25,8 +25,10 @@ from .stream import CHUNK, release
 MAX_ORDER_WORLD = 16  # the placement search judges W x W pairs: beyond this only each shard's own place
 
 
-def check(br, judge, bd, ents_a: Mapping[str, Entry], ents_b: Mapping[str, Entry], run: dict) -> None:
-    """Amend `br` (a BoundaryResult) with the rank checks of its sharded tensors, then re-settle it."""
+def check(br, judge, bd, ents_a: Mapping[str, Entry], ents_b: Mapping[str, Entry], run: dict,
+          verify: bool = False) -> None:
+    """Amend `br` (a BoundaryResult) with the rank checks of its sharded tensors, then re-settle it.
+    `verify`: first check every rank's part against its own sha256 (a merged tensor has none)."""
     from .judge import settle
 
     touched = False
@@ -35,6 +37,8 @@ def check(br, judge, bd, ents_a: Mapping[str, Entry], ents_b: Mapping[str, Entry
             e = ents.get(t.name)
             if e is None or not isinstance(e.stored, MergedTensor):
                 continue
+            if verify:
+                verify_parts(e)
             if e.stored.kind == "replicated" and len(e.stored.parts) > 1:
                 touched |= _replicas(t, side, e, other.get(t.name), judge, bd, run)
             elif e.stored.kind == "shard" and t.status == "diverged" and t.name in other:
@@ -54,6 +58,21 @@ def digest(stored) -> str:
     finally:
         r.close()
     return h.hexdigest()
+
+
+def parts_verified(e: Entry) -> tuple[bool, bool]:
+    """(every rank's part of a merged tensor matches the sha256 its manifest gives, any was given)."""
+    given = [p for p in e.stored.parts if p.sha256]
+    return all(digest(p.stored) == p.sha256 for p in given), bool(given)
+
+
+def verify_parts(e: Entry) -> None:
+    from .errors import BadInput
+
+    for p in e.stored.parts:
+        if p.sha256 and digest(p.stored) != p.sha256:
+            raise BadInput(f"{p.stored.file}: rank {p.rank}'s part of tensor {e.name!r} fails its sha256: "
+                           "the file is corrupt")
 
 
 def _judged(judge, bd, run, ref: Entry, cand, ref_side: str) -> bool:

@@ -60,7 +60,10 @@ def rank_dirs(root: Path) -> dict[int, Path]:
 
 
 def is_annotated(t: dict) -> bool:
-    return any(k in t for k in ("shard", "dims", "replicated", "partial", "rank"))
+    """Whether a manifest entry belongs to a sharded run (a dims string without a parallel axis
+    is only names)."""
+    dims = t.get("dims")
+    return any(k in t for k in ("shard", "replicated", "partial", "rank")) or (isinstance(dims, str) and "[" in dims)
 
 
 def parse_layout(where: str, t: dict, ndim: int, rank: int | None, world: int | None) -> Layout | None:

@@ -259,3 +259,25 @@ def test_merging_streams_in_the_comparators_chunks(tmp_path, monkeypatch):
     monkeypatch.setattr(sh.MergedReader, "read", spy)
     rep = compare_dumps(whole(tmp_path / "o", {"b": big}), p)
     assert rep.verdict == "match" and max(seen) <= 64 and len(seen) >= big.size // 64
+
+
+def test_verify_checks_every_ranks_part(tmp_path, capsys):
+    p = ranks(tmp_path / "e", 2, good)
+    code, out, err = run_cli(["inspect", p, "--verify"], capsys)
+    assert code == 0 and "sha256 ok (each rank)" in out, out + err
+    f = p / "rank1" / "x.safetensors"
+    raw = bytearray(f.read_bytes())
+    raw[-1] ^= 0xFF  # one flipped byte in rank 1's shard
+    f.write_bytes(bytes(raw))
+    code, out, err = run_cli(["inspect", p, "--verify"], capsys)
+    assert code == 2 and "SHA256 MISMATCH" in out
+    code, out, err = run_cli(["compare", ref(tmp_path), p, "--verify"], capsys)
+    assert code == 2 and "rank 1's part of tensor 'x' fails its sha256" in err, err
+
+
+def test_a_plain_dims_string_is_only_names(tmp_path):
+    d = whole(tmp_path / "o", {"x": X})
+    m = json.loads((d / "manifest.json").read_text())
+    m["tensors"][0]["dims"] = "tokens hidden"
+    (d / "manifest.json").write_text(json.dumps(m))
+    assert open_dump(d).world is None and open_dump(d).entry("x").shape == (6, 8)
