@@ -163,10 +163,8 @@ class MergedReader(FlatReader):
 
     def read(self, start: int, stop: int) -> np.ndarray:
         t = self.t
-        if t.kind == "replicated":
-            out = self.readers[0].read(start, stop)
-            self.readers[0].release(start, stop)
-            return out
+        if t.kind == "replicated":  # a view of the lowest rank's copy: released by `release`
+            return self.readers[0].read(start, stop)
         if t.kind == "partial":
             return self._sum(start, stop)
         if stop <= start or self.row == 0:
@@ -177,8 +175,9 @@ class MergedReader(FlatReader):
             for r, size in zip(self.readers, self.sizes):
                 w = size * self.inner
                 blocks.append(r.read(o0 * w, o1 * w).reshape(o1 - o0, w))
-                r.release(o0 * w, o1 * w)
-            merged = np.concatenate(blocks, axis=1).reshape(-1)
+            merged = np.concatenate(blocks, axis=1).reshape(-1)  # a copy: the shards' pages can go now
+            for r, size in zip(self.readers, self.sizes):  # (released before the copy, they would be
+                r.release(o0 * size * self.inner, o1 * size * self.inner)  # faulted back in, and stay)
             base = o0 * self.row
             return merged[start - base:stop - base]
         return self._pieces(start, stop)
@@ -211,6 +210,12 @@ class MergedReader(FlatReader):
             acc += to_float64(r.read(start, stop), dt)
             r.release(start, stop)
         return from_float64(acc, dt)
+
+    def release(self, start: int, stop: int) -> None:
+        """The consumer is done with [start, stop): only a replica's read is a view of its file
+        (a shard's or a partial's read is a copy, its pages released as it is made)."""
+        if self.t.kind == "replicated":
+            self.readers[0].release(start, stop)
 
     def close(self) -> None:
         for r in self.readers:

@@ -33,6 +33,7 @@ import dataclasses
 import os
 import re
 import sys
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -282,7 +283,12 @@ def main(argv=None) -> int:
         def runner(req, rec):
             rec.update_run(parallel={"rank": rank, "world": world, "tp": world, "ep": world, "backend": backend},
                            fault=a.fault)
+            t0 = time.perf_counter()
             engine_run(req, RankTaps(rec, par))
+            facts = {"run_s": time.perf_counter() - t0}
+            if device.startswith("cuda"):  # this rank's own peak (bench/multi_gpu_sharded.py reads it)
+                facts["peak_gpu_mb"] = torch.cuda.max_memory_allocated(torch.device(device)) / 2**20
+            rec.update_run(rank_facts=facts)
 
         out = run_side(dataclasses.replace(adapter, engine=lambda: runner), "engine", req,
                        a.out / f"rank{rank}", overwrite=a.force)

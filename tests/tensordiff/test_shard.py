@@ -1,6 +1,7 @@
 """Sharded dumps: rank directories and rank-tagged entries merged into logical tensors, streamed,
 and every structural fault refused naming the ranks (tensordiff/shard.py)."""
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -281,3 +282,34 @@ def test_a_plain_dims_string_is_only_names(tmp_path):
     m["tensors"][0]["dims"] = "tokens hidden"
     (d / "manifest.json").write_text(json.dumps(m))
     assert open_dump(d).world is None and open_dump(d).entry("x").shape == (6, 8)
+
+
+@pytest.mark.skipif(not Path("/proc/self/statm").exists(), reason="reads resident memory from /proc")
+@pytest.mark.parametrize("layout", ["hidden", "tokens", "replicated", "partial"])
+def test_streaming_a_merged_tensor_keeps_resident_memory_a_few_chunks_deep(tmp_path, layout):
+    # 48 MB merged; read in the comparator's chunks, then released as the comparator does: a
+    # shard's pages released before its copy is made would be faulted back in and stay resident
+    big = np.random.default_rng(1).standard_normal((3072, 4096), dtype=np.float32)
+
+    def per(r):
+        if layout == "hidden":
+            return {"b": (split(r, 3, 1, big), {"dims": "t h[tp]"})}
+        if layout == "tokens":
+            return {"b": (split(r, 3, 0, big), {"dims": "t[tp] h"})}
+        return {"b": (big, {"replicated": True})} if layout == "replicated" else {"b": (big / 4, {"partial": "sum"})}
+
+    m = open_dump(ranks(tmp_path / "e", 3, per)).entry("b").stored
+
+    def rss_mb():
+        return int(Path("/proc/self/statm").read_text().split()[1]) * 4096 / 2**20
+
+    before, peak = rss_mb(), 0.0
+    step = stream.chunk_len(4096)
+    r = m.reader()
+    for s in range(0, m.numel, step):
+        x = r.read(s, min(m.numel, s + step))
+        float(x.view(np.float32).sum())  # the consumer touches every element
+        stream.release(r, s, min(m.numel, s + step))
+        peak = max(peak, rss_mb() - before)
+    r.close()
+    assert peak < 24, f"{peak:.0f} MB resident while streaming 48 MB"
