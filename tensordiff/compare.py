@@ -136,10 +136,11 @@ def _assign_roots(bounds: list[Boundary], present: list[Boundary], results: dict
         if any(results[i].status in FAILING + ("consequent",) for i in br.inputs):
             if br.status == "diverged":
                 br.status = "consequent"
-        elif br.status == "diverged" and any(i in after_flip for i in br.inputs):
+        elif br.status == "diverged" and any(i in after_flip for i in br.inputs) and not rank_check.definite(br):
             # fed (through any path) by a choice that flipped on a near-tie: the difference end to
             # end is that flip's cascade, shown as information; the stage itself is judged by
-            # local error (the engine's stage on the reference's tensors and choice)
+            # local error (the engine's stage on the reference's tensors and choice). A rank
+            # finding (replicas that differ, a misplaced shard) is no flip's cascade: it stays
             br.status = "cascade"
         else:
             br.root = True

@@ -40,7 +40,7 @@ def check(br, judge, bd, ents_a: Mapping[str, Entry], ents_b: Mapping[str, Entry
             if verify:
                 verify_parts(e)
             if e.stored.kind == "replicated" and len(e.stored.parts) > 1:
-                touched |= _replicas(t, side, e, other.get(t.name), judge, bd, run)
+                touched |= _replicas(t, side, e, other.get(t.name), judge, bd, run, (ents_a, ents_b))
             elif e.stored.kind == "shard" and t.status == "diverged" and t.name in other:
                 touched |= _placement(t, side, e, other[t.name], judge, bd, run)
     if touched:
@@ -75,15 +75,45 @@ def verify_parts(e: Entry) -> None:
                            "the file is corrupt")
 
 
-def _judged(judge, bd, run, ref: Entry, cand, ref_side: str) -> bool:
+def definite(br) -> bool:
+    """Whether a boundary's failure is a rank finding no upstream near-tie flip explains: replicas
+    that differ (every rank computed them from the same inputs) or a shard that matches another
+    place. `compare` never demotes such a boundary to a flip's cascade."""
+    return any(t.status == "diverged" and t.ranks and (t.ranks.get("groups") or t.ranks.get("misplaced"))
+               for t in br.tensors)
+
+
+def rank_view(ents: Mapping[str, Entry], rank: int) -> dict[str, Entry]:
+    """A boundary's entries as rank `rank` holds them: each replicated tensor its own copy
+    (shards and partial sums stay merged: no rank holds them whole)."""
+    out = dict(ents)
+    for name, e in ents.items():
+        if isinstance(e.stored, MergedTensor) and e.stored.kind == "replicated":
+            part = next((p for p in e.stored.parts if p.rank == rank), None)
+            if part is not None:
+                out[name] = Entry(e.name, e.boundary, part.stored, part.sha256)
+    return out
+
+
+def _judged(judge, bd, run, ref: Entry, cand, ref_side: str, ents: tuple | None = None,
+            rank: int | None = None) -> bool:
     """Does `cand` (a stored tensor) match `ref` under the boundary's rule? `ref_side` says
-    which side the reference entry is (the comparison keeps A as the reference)."""
+    which side the reference entry is (the comparison keeps A as the reference). With `ents`
+    (both sides' entries of the boundary) and `rank`, the whole boundary as that rank holds it
+    (`rank_view`) is judged, so the tie rule applies with the scores the rank itself ranked: a
+    choice that flipped only on a near-tie agrees."""
     ce = Entry(ref.name, ref.boundary, cand, None)
+    if ents is not None:
+        ea, eb = (dict(ents[0]), rank_view(ents[1], rank)) if ref_side == "A" else (rank_view(ents[0], rank),
+                                                                                    dict(ents[1]))
+        (eb if ref_side == "A" else ea)[ref.name] = ce
+        br = judge.boundary(bd, ea, eb, run)
+        return next(t.status for t in br.tensors if t.name == ref.name) in ("match", "benign")
     ea, eb = (ref, ce) if ref_side == "A" else (ce, ref)
     return judge.tensor(ea, eb, bd, run).status == "match"
 
 
-def _replicas(t, side: str, e: Entry, ref: Entry | None, judge, bd, run) -> bool:
+def _replicas(t, side: str, e: Entry, ref: Entry | None, judge, bd, run, ents: tuple) -> bool:
     groups: dict[str, list[int]] = {}
     for p in e.stored.parts:
         groups.setdefault(digest(p.stored), []).append(p.rank)
@@ -100,7 +130,8 @@ def _replicas(t, side: str, e: Entry, ref: Entry | None, judge, bd, run) -> bool
         why = f"replicas differ between ranks (side {side}) with no majority ({' | '.join(_list(g) for g in ordered)})"
         if ref is not None:
             parts = {p.rank: p for p in e.stored.parts}
-            bad = [r for r in sorted(parts) if not _judged(judge, bd, run, ref, parts[r].stored, "B" if side == "A" else "A")]
+            bad = [r for r in sorted(parts)
+                   if not _judged(judge, bd, run, ref, parts[r].stored, "B" if side == "A" else "A", ents, r)]
             info["disagree"] = bad
             why += (f"; against the other side rank{'s' if len(bad) > 1 else ''} {_list(bad)} diverge{'s' if len(bad) == 1 else ''}"
                     if bad else "; every copy is within tolerance of the other side")
@@ -110,32 +141,57 @@ def _replicas(t, side: str, e: Entry, ref: Entry | None, judge, bd, run) -> bool
     return True
 
 
+PLACE_MARGIN = 0.5  # a shard resembles another place by this much more cosine than its own: misplaced
+
+
+def _fit(judge, bd, run, ref: Entry, axis: int, lo: int, hi: int, cand, ref_side: str) -> tuple[bool, float | None]:
+    """(does `cand` match the other side's slice lo..hi along `axis`, their cosine; None for integers)."""
+    from .metrics import FloatResult
+
+    place, ce = _place(ref, axis, lo, hi), Entry(ref.name, ref.boundary, cand, None)
+    ea, eb = (place, ce) if ref_side == "A" else (ce, place)
+    res = judge.tensor(ea, eb, bd, run)
+    return res.status == "match", (res.metrics.cosine if isinstance(res.metrics, FloatResult) else None)
+
+
 def _placement(t, side: str, e: Entry, ref: Entry, judge, bd, run) -> bool:
+    """A diverged tensor split along an axis: which ranks' shards diverge, and which sit at
+    another place. A shard is misplaced when it matches another place, or (downstream of other
+    error, where nothing matches) its cosine with another place beats its own by PLACE_MARGIN:
+    a slice from elsewhere is uncorrelated with its own place, however close the rest is."""
     m: MergedTensor = e.stored
-    bounds = np.cumsum([0] + [p.stored.shape[m.axis] for p in m.parts]).tolist()
     if tuple(ref.shape) != tuple(m.shape):
         return False
-    ref_side = "B" if side == "A" else "A"
+    bounds = np.cumsum([0] + [p.stored.shape[m.axis] for p in m.parts]).tolist()
     places = [(bounds[i], bounds[i + 1]) for i in range(len(m.parts))]
-    own = [_judged(judge, bd, run, _place(ref, m.axis, *places[i]), p.stored, ref_side)
-           for i, p in enumerate(m.parts)]
-    if all(own):
+    ref_side = "B" if side == "A" else "A"
+    own = [_fit(judge, bd, run, ref, m.axis, *places[i], p.stored, ref_side) for i, p in enumerate(m.parts)]
+    if all(ok for ok, _ in own):
         return False
     moved = []
     if len(m.parts) <= MAX_ORDER_WORLD:
         for i, p in enumerate(m.parts):
-            if own[i]:
+            ok_i, cos_i = own[i]
+            if ok_i:
                 continue
+            best = None
             for j, (lo, hi) in enumerate(places):
-                if j != i and hi - lo == places[i][1] - places[i][0] and \
-                        _judged(judge, bd, run, _place(ref, m.axis, lo, hi), p.stored, ref_side):
-                    moved.append((p.rank, i, j))
-                    break
-    bad = sorted(p.rank for i, p in enumerate(m.parts) if not own[i])
-    t.ranks = {"side": side, "disagree": bad, "misplaced": [{"rank": r, "index": i, "matches": j} for r, i, j in moved]}
+                if j == i or hi - lo != places[i][1] - places[i][0]:
+                    continue
+                ok_j, cos_j = _fit(judge, bd, run, ref, m.axis, lo, hi, p.stored, ref_side)
+                far_better = cos_j is not None and cos_i is not None and cos_j - cos_i > PLACE_MARGIN
+                if (ok_j or far_better) and (best is None or (ok_j, cos_j or 0) > best[1:]):
+                    best = (j, ok_j, cos_j or 0)
+            if best is not None:
+                moved.append({"rank": p.rank, "index": i, "matches": best[0], "cosine_own": cos_i,
+                              "cosine_there": best[2] if best[2] else None})
+    bad = sorted(p.rank for i, p in enumerate(m.parts) if not own[i][0])
+    t.ranks = {"side": side, "disagree": bad, "misplaced": moved}
     if moved:
         t.reason = ("shards in the wrong order (side " + side + "): " + "; ".join(
-            f"rank {r}'s shard {i} matches the other side's slice {j}" for r, i, j in moved) + f"; {t.reason}")
+            f"rank {x['rank']}'s shard {x['index']} " + ("matches" if x["cosine_there"] is None or
+                                                         x["cosine_own"] is None else "resembles")
+            + f" the other side's slice {x['matches']}" for x in moved) + f"; {t.reason}")
     else:
         t.reason = (f"the divergence lies in the shard{'s' if len(bad) > 1 else ''} of rank{'s' if len(bad) > 1 else ''} "
                     f"{_list(bad)} (side {side}, axis {m.axis}); {t.reason}")

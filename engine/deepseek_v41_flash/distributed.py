@@ -17,9 +17,9 @@ GPUs, or `--dist-backend`). The language backbone is split over the W ranks:
 The vision tower runs whole on every rank.
 
 Each rank writes its own dump `OUT/rank<r>` (dumps/README.md, "Sharded runs"): `attn.L` as the
-rank's partial sum (`partial: sum`), `logits` / `logits.step.K` as its vocab slice and
-`router.L.scores` as its experts' columns (`shard` along the last axis), everything else
-replicated. `tensordiff compare ORACLE OUT` merges them.
+rank's partial sum (`partial: sum`), `logits` / `logits.step.K` as its vocab slice (`shard`
+along the last axis), everything else replicated (the router, and so `router.L.ids` and the
+`router.L.scores` it ranked, runs whole on every rank). `tensordiff compare ORACLE OUT` merges them.
 
 Faults (`--fault`, FAULTS): `shard-order-reversed` (the head's slices gathered, and recorded, in
 reversed rank order), `partial-as-replicated` (the attention output's all-reduce skipped: each
@@ -90,7 +90,6 @@ class Parallel:
     fault: str | None = None
     logits: list = field(default_factory=list)  # the head's local slices since the last tap
     partials: dict = field(default_factory=dict)  # layer -> the attention's partial sums since its tap
-    experts: tuple[int, int] = (0, 0)
 
     # ---------------------------------------------------------------- collectives
 
@@ -141,7 +140,6 @@ class Parallel:
                                  wo_b=_cols(w.wo_b, g0 * r, g1 * r))
         local_cfg = dataclasses.replace(cfg, n_heads=h_local, o_groups=g1 - g0)
         sharded_attn = ShardedAttention(self, i, local_cfg, aw, attn.backend, attn.kernel_quant)
-        self.experts = self.expert_range(cfg.n_routed_experts)
         sh = moe.shared
         inter = sh.w1.shape[-2]
         width = _split(inter, self.world, "the shared expert's width")
@@ -182,9 +180,6 @@ class Parallel:
         if m:
             local = torch.cat(self.partials.pop(int(m.group(1))))
             return ({"replicated": True} if self.fault == PARTIAL_AS_REPLICATED else {"partial": "sum"}), local
-        if re.fullmatch(r"router\.\d+\.scores", name):
-            lo, hi = self.experts
-            return {"shard": {"axis": 1, "index": self.rank, "count": self.world}}, tensor[:, lo:hi]
         return {"replicated": True}, tensor
 
 
