@@ -85,9 +85,12 @@ def main() -> None:
                     help="tiny: synthetic:tiny; full: the released dimensions for --layers (bench/real_dims_layers.py)")
     ap.add_argument("--layers", default=os.environ.get("LAYERS") or None)
     ap.add_argument("--backend", default="auto", choices=("auto", "nccl", "gloo"))
-    ap.add_argument("--faults", default="all", choices=("all", "none"))
+    ap.add_argument("--faults", default="all", help="all, none, or a comma list of " + ", ".join(FAULTS))
+    ap.add_argument("--probe", action="store_true", help=argparse.SUPPRESS)  # one rank of the NCCL probe
     ap.add_argument("--timeout", type=int, default=300, help="seconds per process")
     a = ap.parse_args()
+    if a.probe:
+        return probe_rank()
     if (a.out / "dumps").exists():
         raise SystemExit(f"{a.out}/dumps exists; give an empty --out")
     dumps, logs = a.out / "dumps", a.out / "logs"
@@ -120,7 +123,20 @@ def main() -> None:
         result["error"] = "the oracle failed: see logs/oracle.txt"
         return write(a.out, result)
     backend = a.backend if a.backend != "auto" else ("nccl" if a.device == "cuda" else "gloo")
-    checks = ["clean"] + (list(FAULTS) if a.faults == "all" else [])
+    if backend == "nccl" and a.backend == "auto":
+        # NCCL refuses ranks that share a GPU (or may hang on it): a one-collective probe decides
+        rc, secs = run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", a.nproc,
+                        __file__, "--probe", "--out", a.out], logs / "nccl_probe.txt", 120)
+        result["nccl_probe"] = {"exit": rc, "wall_s": secs}
+        if rc != 0:
+            result["nccl_probe"]["error"] = (logs / "nccl_probe.txt").read_text()[-1500:]
+            backend = "gloo"  # gloo on CUDA tensors: the engine reduces host copies
+    result["backend"] = backend
+    wanted = list(FAULTS) if a.faults == "all" else [] if a.faults == "none" else a.faults.split(",")
+    unknown = [f for f in wanted if f not in FAULTS]
+    if unknown:
+        raise SystemExit(f"unknown fault {unknown[0]!r} (known: {', '.join(FAULTS)})")
+    checks = ["clean"] + wanted
     for check in checks:
         def torchrun(be: str, tag: str):
             cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", a.nproc,
@@ -146,6 +162,21 @@ def main() -> None:
         print(f"{check}: backend {entry['backend']}, exit {rc}, {secs:.1f} s, verdict {entry.get('verdict')}, "
               f"earliest {entry.get('earliest')}", flush=True)
     write(a.out, result)
+
+
+def probe_rank() -> None:
+    """One rank of the NCCL probe: one all-reduce on this rank's GPU."""
+    import torch
+    import torch.distributed as dist
+
+    dev = torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0)) % torch.cuda.device_count())
+    torch.cuda.set_device(dev)
+    dist.init_process_group("nccl")
+    t = torch.ones(4, device=dev)
+    dist.all_reduce(t)
+    torch.cuda.synchronize(dev)
+    assert float(t[0]) == dist.get_world_size()
+    dist.destroy_process_group()
 
 
 def write(out: Path, result: dict) -> None:

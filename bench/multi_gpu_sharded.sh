@@ -18,7 +18,7 @@ mkdir -p "$out"
 nvidia-smi --query-gpu=name,memory.total --format=csv,noheader > "$out/gpu.txt" 2>&1 || true
 args=(--out "$out" --nproc "${NPROC:-2}" --device "${DEVICE:-cuda}" --dtype "${DTYPE:-bfloat16}"
       --config "${CONFIG:-tiny}" --numerics "${NUMERICS:-official}" --backend "${DIST_BACKEND:-auto}"
-      --timeout "${TIMEOUT:-300}")
+      --timeout "${TIMEOUT:-300}" --faults "${FAULTS:-all}")
 [ -n "${LAYERS:-}" ] && args+=(--layers "$LAYERS")
 timeout "${TOTAL_TIMEOUT:-470}" "${PYTHON:-python3}" bench/multi_gpu_sharded.py "${args[@]}" 2>&1 | tee "$out/log.txt"
 echo "exit ${PIPESTATUS[0]}" | tee -a "$out/log.txt"

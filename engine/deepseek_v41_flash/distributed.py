@@ -54,6 +54,7 @@ FAULTS = {
                                       "the whole (recorded as replicated)"),
     EXPERT_BIAS_SHIFT: ("router.0.ids", "the last rank's expert bias table shifted by one expert"),
 }
+MULTICAST_ENV = ("NCCL_NVLS_ENABLE", "TORCH_SYMM_MEM_DISABLE_MULTICAST", "NVSHMEM_DISABLE_NVLS")
 EXPERT = re.compile(r"\.ffn\.experts\.(\d+)\.")
 
 
@@ -280,7 +281,8 @@ def main(argv=None) -> int:
                            fault=a.fault)
             t0 = time.perf_counter()
             engine_run(req, RankTaps(rec, par))
-            facts = {"run_s": time.perf_counter() - t0}
+            facts = {"run_s": time.perf_counter() - t0,  # and the multicast switches this process saw
+                     "env": {k: os.environ.get(k) for k in MULTICAST_ENV}}
             if device.startswith("cuda"):  # this rank's own peak (bench/multi_gpu_sharded.py reads it)
                 facts["peak_gpu_mb"] = torch.cuda.max_memory_allocated(torch.device(device)) / 2**20
             rec.update_run(rank_facts=facts)

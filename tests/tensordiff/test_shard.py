@@ -313,3 +313,18 @@ def test_streaming_a_merged_tensor_keeps_resident_memory_a_few_chunks_deep(tmp_p
         peak = max(peak, rss_mb() - before)
     r.close()
     assert peak < 24, f"{peak:.0f} MB resident while streaming 48 MB"
+
+
+def test_shards_in_the_wrong_order_are_named_downstream_of_other_error_too(tmp_path):
+    # reversed AND off by noise that no tolerance passes (what a shard looks like after an upstream
+    # near-tie cascade): nothing matches anywhere, but each shard resembles the other place
+    noisy = X + 0.2 * rng.standard_normal(X.shape).astype(np.float32)
+    rev = ranks(tmp_path / "e", 2, lambda r: {"x": (split(r, 2, 1, noisy), {"shard": {"axis": 1, "index": 1 - r,
+                                                                                       "count": 2}})})
+    t = compare_dumps(whole(tmp_path / "o", {"x": X}), rev).boundary("x").tensors[0]
+    assert t.status == "diverged" and "resembles the other side's slice" in t.reason, t.reason
+    assert {(m["rank"], m["matches"]) for m in t.ranks["misplaced"]} == {(0, 0), (1, 1)}
+    # the same noise in place: the shards diverge where they are, and none is called misplaced
+    inplace = ranks(tmp_path / "f", 2, lambda r: {"x": (split(r, 2, 1, noisy), {"dims": "t h[tp]"})})
+    t = compare_dumps(whole(tmp_path / "o2", {"x": X}), inplace).boundary("x").tensors[0]
+    assert t.status == "diverged" and not t.ranks["misplaced"] and t.ranks["disagree"] == [0, 1]
