@@ -147,6 +147,8 @@ def _open_ranks(root: Path, ranks: dict[int, Path]) -> Dump:
             raise BadInput(f"{root}: ranks disagree on the world size ({world} and {w} in {p.name})")
         world = w
         for e, t in zip(d.entries, tags):
+            if t is not None and t.rank != r:
+                raise BadInput(f"{where}: tensor {e.name!r} says rank {t.rank}, but it is in {p.name}/")
             lay = t.layout if t is not None else None
             tagged.append(shard.Tagged(e.name, e.boundary, r, lay, e.stored, e.sha256))
         dumps[r] = d

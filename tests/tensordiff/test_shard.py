@@ -151,6 +151,11 @@ def test_a_missing_rank_directory_and_a_wrong_rank_are_refused(tmp_path):
     (q / "rank1" / "manifest.json").write_text(json.dumps(m))
     with pytest.raises(BadInput, match="rank1"):
         open_dump(q)
+    m["run"]["parallel"]["rank"] = 1
+    m["tensors"][0]["rank"] = 0  # an entry of rank1/ claiming to be rank 0's
+    (q / "rank1" / "manifest.json").write_text(json.dumps(m))
+    with pytest.raises(BadInput, match="says rank 0, but it is in rank1/"):
+        open_dump(q)
 
 
 @pytest.mark.parametrize("fields, words", [
