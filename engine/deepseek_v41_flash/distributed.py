@@ -264,6 +264,13 @@ def main(argv=None) -> int:
     try:
         if (a.out / "manifest.json").exists():
             raise BadInput(f"{a.out} is a dump; a sharded run writes its rank dumps into a directory of its own")
+        # every rank checks every rank's target, so no rank writes into a run another one refuses
+        old = sorted(p.name for p in a.out.glob("rank*")) if a.out.is_dir() else []
+        stale = [n for n in old if not re.fullmatch(r"rank(0|[1-9][0-9]*)", n) or int(n[4:]) >= world]
+        if stale:
+            raise BadInput(f"{a.out} holds {stale[0]}, which is no rank of a {world}-rank run; remove it first")
+        if old and not a.force:
+            raise BadInput(f"{a.out} already holds {', '.join(old)}; refusing to overwrite (--force replaces them)")
         sharded = a.fault if a.fault in FAULTS else None
         # every input checked before any rank waits on another (a bad one exits 2 on every rank)
         adapter, req = make_request("deepseek-v4.1-flash", image=a.image, weights=a.weights, device=device,

@@ -162,3 +162,15 @@ def test_bad_input_exits_2_with_one_line(tmp_path):
                         "--fault", "no-such-fault"], capture_output=True, text=True, cwd=ROOT, env=env(), timeout=120)
     assert p.returncode == 2 and len(p.stderr.strip().splitlines()) == 1, p.stderr
     assert "shard-order-reversed" in p.stderr and not (tmp_path / "x").exists()
+
+
+def test_an_existing_run_is_never_overwritten(tmp_path):
+    (tmp_path / "run" / "rank1").mkdir(parents=True)
+    e = {**env(), "RANK": "0", "WORLD_SIZE": "2"}  # rank 0 of 2 refuses before it waits on rank 1
+    p = subprocess.run([sys.executable, "-m", "engine.deepseek_v41_flash.distributed", "--out", tmp_path / "run"],
+                       capture_output=True, text=True, cwd=ROOT, env=e, timeout=120)
+    assert p.returncode == 2 and "already holds rank1" in p.stderr and not (tmp_path / "run" / "rank0").exists()
+    (tmp_path / "run" / "rank7").mkdir()
+    p = subprocess.run([sys.executable, "-m", "engine.deepseek_v41_flash.distributed", "--out", tmp_path / "run",
+                        "--force"], capture_output=True, text=True, cwd=ROOT, env=e, timeout=120)
+    assert p.returncode == 2 and "rank7, which is no rank of a 2-rank run" in p.stderr, p.stderr
