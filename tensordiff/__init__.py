@@ -18,6 +18,10 @@ def __getattr__(name):  # lazy: importing tensordiff stays cheap (no numpy work,
         from .dump import open_dump
 
         return open_dump
+    if name == "tap":  # torch is imported only when a tap is made
+        from .taps import tap
+
+        return tap
     if name == "load_tolerances":
         from .tolerance import load
 
@@ -25,4 +29,5 @@ def __getattr__(name):  # lazy: importing tensordiff stays cheap (no numpy work,
     raise AttributeError(name)
 
 
-__all__ = ["Recorder", "NullRecorder", "MemoryRecorder", "BadInput", "compare_dumps", "open_dump", "load_tolerances"]
+__all__ = ["Recorder", "NullRecorder", "MemoryRecorder", "BadInput", "compare_dumps", "open_dump", "load_tolerances",
+           "tap"]
