@@ -87,15 +87,27 @@ def cli():
 @click.option("--floor", "floor_dir", type=click.Path(path_type=Path),
               help="The oracle's dump in B's low precision (the floor run): judge B's error against A "
                    "as a multiple of the floor's (three-way, row-aware).")
+@click.option("--contract", "contract_path", type=click.Path(path_type=Path),
+              help="A contract file (TOML) naming the boundaries of A's and B's tensors, their DAG, layout, "
+                   "modes and tolerances (see README: contract files).")
 @ALL_OPTION
 def compare(a, b, json_path, tolerances, fail_fast, verify, junit_path=None, html_path=None, floor_dir=None,
-            show_all=False):
-    """Compare dump A (reference, e.g. the oracle) with dump B (candidate, e.g. your engine)."""
+            show_all=False, contract_path=None):
+    """Compare dump A (reference, e.g. the oracle) with dump B (candidate, e.g. your engine).
+    A and B are dumps, or plain .safetensors files (or folders of them) with no manifest."""
     from .compare import compare_dumps
     from .dump import open_dump
+    from .plain import open_any
 
-    guard_reports(json_path, junit_path, html_path, inputs=[a, b, tolerances, floor_dir])
-    da, db = open_dump(a), open_dump(b)
+    guard_reports(json_path, junit_path, html_path, inputs=[a, b, tolerances, floor_dir, contract_path])
+    da, db = open_any(a), open_any(b)
+    contract, contract_notes = None, []
+    if contract_path is not None and floor_dir is not None:
+        raise BadInput("--contract and --floor cannot be combined (the three-way pass reads the model's own contract)")
+    if contract_path is not None:
+        from .contract_file import load as load_contract
+
+        da, db, contract, contract_notes = load_contract(contract_path).bind(da, db)
     if floor_dir is not None:
         from .floor import rule_of, three_way
 
@@ -105,9 +117,11 @@ def compare(a, b, json_path, tolerances, fail_fast, verify, junit_path=None, htm
     prog, cb = _progress_factory(da.nbytes + db.nbytes, "comparing") if report is None else (None, None)
     if prog:
         with prog:
-            report = compare_dumps(da, db, tolerances, fail_fast=fail_fast, verify=verify, progress=cb)
+            report = compare_dumps(da, db, tolerances, contract=contract, fail_fast=fail_fast, verify=verify,
+                                   progress=cb)
     elif report is None:
-        report = compare_dumps(da, db, tolerances, fail_fast=fail_fast, verify=verify)
+        report = compare_dumps(da, db, tolerances, contract=contract, fail_fast=fail_fast, verify=verify)
+    report.notes[:0] = contract_notes
     from .pipeline import lone_case, write_reports
 
     write_reports(report_json=report.as_json(), json_path=json_path, cases=[lone_case(report, da if html_path else None)],
