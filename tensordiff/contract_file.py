@@ -210,14 +210,13 @@ def parse(data: dict, p: Path) -> ContractFile:
     if not isinstance(table, dict) or not table:
         raise _fail(f"{p}", "needs a [boundaries.NAME] table for at least one boundary")
     specs = [_boundary(name, t, f"{p}: boundaries.{name}") for name, t in table.items()]
-    templates = {PLACE.sub("{}", s.name): s for s in specs}
     for s in specs:
         for inp in s.inputs or ():
             where = f"{p}: boundaries.{s.name}.inputs"
             for m in INPUT_PLACE.finditer(inp):
                 if m[1] not in s.places:
                     raise _fail(where, f"{inp!r} uses {{{m[1]}}}, which the boundary's name {s.name!r} does not define")
-            target = templates.get(INPUT_PLACE.sub("{}", inp))
+            target = _target(specs, inp)
             if target is None:
                 raise _fail(where, f"{inp!r} names no boundary of this file (boundaries: {', '.join(x.name for x in specs)})")
             if target is s and not INPUT_PLACE.search(inp):
@@ -281,12 +280,26 @@ def _tensors(v, bname: str, places: tuple[str, ...], where: str) -> tuple[Tensor
     return tuple(out)
 
 
+def _target(specs: list[BoundarySpec], inp: str) -> BoundarySpec | None:
+    """The boundary an input reference names: a template by its shape ("hidden.{L-1}"), or one
+    instance of a template ("block.1"), or a plain boundary."""
+    shape = INPUT_PLACE.sub("{}", inp)
+    for x in specs:
+        if PLACE.sub("{}", x.name) == shape:
+            return x
+    if INPUT_PLACE.search(inp):
+        return None
+    return next((x for x in specs if x.places and _pattern_re(x.name, x.name).match(inp)), None)
+
+
 def _check_acyclic(specs: list[BoundarySpec], p: Path) -> None:
     """Explicit inputs between templates, with no index arithmetic, must form no cycle (an
-    `{L-1}` reference always points to an earlier instance)."""
-    templates = {PLACE.sub("{}", s.name): s.name for s in specs}
-    edges = {s.name: [templates[INPUT_PLACE.sub("{}", i)] for i in (s.inputs or ())
-                      if not any(m[2] for m in INPUT_PLACE.finditer(i))] for s in specs}
+    `{L-1}` reference always points to an earlier instance; cycles among instances are caught
+    when the contract is bound)."""
+    edges = {s.name: [_target(specs, i).name for i in (s.inputs or ())
+                      if not any(m[2] for m in INPUT_PLACE.finditer(i)) and not (_target(specs, i).places
+                                                                                and not INPUT_PLACE.search(i))]
+             for s in specs}
     state: dict[str, int] = {}
 
     def visit(n: str, path: list[str]) -> None:

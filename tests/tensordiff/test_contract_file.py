@@ -172,3 +172,14 @@ def test_a_missing_contract_file(tmp_path, capsys):
     a, b, _ = sides(tmp_path)
     code, out, err = run_cli(["compare", a, b, "--contract", tmp_path / "nope.toml"], capsys)
     assert code == 2 and "does not exist" in err
+
+
+def test_an_input_may_name_one_instance_of_a_template(tmp_path):
+    a, b, _ = sides(tmp_path)
+    c = tmp_path / "c.toml"
+    c.write_text(CONTRACT.replace('inputs = ["embed"]\n', 'inputs = ["hidden.2"]\n'))
+    da, db, contract, _ = load(c).bind(open_any(a), open_any(b))
+    assert {x.name: x for x in contract.boundaries}["rope"].inputs == ("hidden.2",)
+    c.write_text(CONTRACT.replace('inputs = ["embed"]\n', 'inputs = ["hidden.x"]\n'))
+    with pytest.raises(BadInput, match="'hidden.x' names no boundary"):
+        load(c)
