@@ -405,6 +405,57 @@ def calibrate(config, out, models, variants, multiple, dtype, device, no_cache, 
         click.echo(f"wrote {path}")
 
 
+@cli.group("import")
+def import_():
+    """Turn another tool's saved tensors into a tensordiff dump (no pickle is ever loaded)."""
+
+
+def _import_options(f):
+    for o in reversed([
+        click.option("--out", type=click.Path(path_type=Path), required=True, help="Dump directory to create."),
+        click.option("--model", default=None, help="The dump's model name (default: the tool's, else 'plain')."),
+        click.option("--force", is_flag=True, help="Replace an existing tensordiff dump at --out (nothing else)."),
+    ]):
+        f = o(f)
+    return f
+
+
+def _write_import(imp, out, model, force):
+    from .importing import write
+
+    path = write(imp, out, model=model, overwrite=force)
+    for note in imp.notes:
+        click.echo(f"note: {note}", err=True)
+    click.echo(f"wrote {path}: {len(imp.tensors)} tensors from {imp.tool}")
+
+
+@import_.command("hf-debugger")
+@click.argument("directory", type=click.Path(path_type=Path))
+@_import_options
+def import_hf_debugger(directory, out, model, force):
+    """Import transformers' model-addition debugger output (DIRECTORY: its debug_path, written
+    with use_repr=False): every module's inputs and leaf outputs, in call order."""
+    from .import_hf_debugger import read
+
+    imp = read(directory)
+    _write_import(imp, out, model or imp.facts.get("model_class") or "plain", force)
+
+
+@import_.command("polygraphy")
+@click.argument("file", type=click.Path(path_type=Path))
+@click.option("--runner", default=None, help="Which runner's results (needed when the file holds several).")
+@click.option("--iteration", type=click.IntRange(min=0), default=None,
+              help="Which iteration (needed when the runner has several).")
+@_import_options
+def import_polygraphy(file, runner, iteration, out, model, force):
+    """Import Polygraphy's saved outputs (--save-outputs, RunResults JSON) or saved inputs
+    (--save-inputs); arrays are read with allow_pickle=False."""
+    from .import_polygraphy import read
+
+    imp = read(file, runner=runner, iteration=iteration)
+    _write_import(imp, out, model or "plain", force)
+
+
 def main(argv=None) -> None:
     try:
         rv = cli.main(args=argv, prog_name="tensordiff", standalone_mode=False)
