@@ -133,10 +133,11 @@ def compare(a, b, json_path, tolerances, fail_fast, verify, junit_path=None, htm
 @click.argument("directory", type=click.Path(path_type=Path))
 @click.option("--verify", is_flag=True, help="Read every tensor and check its sha256.")
 def inspect(directory, verify):
-    """List a dump's model, producer, run and tensors (reads no tensor data unless --verify)."""
-    from .dump import open_dump
+    """List a dump's model, producer, run and tensors (reads no tensor data unless --verify);
+    a plain .safetensors file or folder is listed too."""
+    from .plain import open_any
 
-    d = open_dump(directory)
+    d = open_any(directory)
     click.echo(f"dump {d.path}: model {d.model}, producer {d.producer}")
     for k, v in d.run.items():
         click.echo(f"  run.{k}: {v}")

@@ -18,7 +18,7 @@ from .errors import BadInput, IncomparableDumps
 from .inputs import notes as picture_notes
 from .judge import Judge
 from .metrics import FloatResult
-from .plain import open_any
+from .plain import adopt, open_any
 from .result import FAILING, BoundaryResult, Report
 from .tolerance import Tolerances
 
@@ -58,6 +58,7 @@ def compare_dumps(a: str | Path | Dump, b: str | Path | Dump,
     df = floor if isinstance(floor, Dump) or floor is None else open_dump(floor)
     floor_entries = {e.name: e for e in df.entries} if df is not None else None
     db = b if isinstance(b, Dump) else open_any(b)
+    da, db = adopt(da, db)  # plain safetensors against a named model's dump: that model's contract
     if da.path.resolve() == db.path.resolve():
         raise BadInput(f"the same directory was given twice ({da.path}); compare two different dumps")
     if da.model != db.model:

@@ -10,13 +10,18 @@ inside a file the order of its header, which is the order of the data. Note that
 `safetensors` Python writer sorts a file's tensors by dtype and then by name, not in the order
 they were given, so name the order with a contract (or write one file per boundary) where it
 matters. The producer is recorded as "plain safetensors".
+
+Compared with a dump of a named model (an oracle's), a plain file takes that model and its
+contract: its tensors then group into boundaries by the model's rule (`rope.cos` -> `rope`),
+so an engine that writes the oracle's tensor names needs no manifest at all.
 """
 from __future__ import annotations
 
 import re
+from dataclasses import replace
 from pathlib import Path
 
-from .capture import NAME_RE
+from .capture import NAME_RE, default_boundary
 from .dump import Dump, Entry, open_dump
 from .errors import BadInput
 from .storage import SAFETENSORS_EXT, read_safetensors_header
@@ -65,3 +70,13 @@ def open_any(path: str | Path) -> Dump:
     if files is None:
         return open_dump(p)
     return open_plain(files, p)
+
+
+def adopt(da: Dump, db: Dump) -> tuple[Dump, Dump]:
+    """A plain side of a pair takes the other side's model, its boundaries by the first-dot rule."""
+    if da.model == db.model or MODEL not in (da.model, db.model):
+        return da, db
+    plain, named = (da, db) if da.model == MODEL else (db, da)
+    entries = tuple(replace(e, boundary=default_boundary(e.name)) for e in plain.entries)
+    plain = replace(plain, model=named.model, entries=entries)
+    return (plain, named) if da.model == MODEL else (named, plain)

@@ -83,3 +83,22 @@ def test_a_corrupt_file_is_refused(tmp_path):
     (tmp_path / "a.safetensors").write_bytes(b"\x10\x00\x00\x00\x00\x00\x00\x00{not json")
     with pytest.raises(BadInput, match="corrupt|truncated"):
         open_any(tmp_path / "a.safetensors")
+
+
+def test_a_plain_file_against_a_named_models_dump_takes_its_contract(tmp_path):
+    from tensordiff import Recorder
+
+    g = np.random.default_rng(1)
+    t = {"patches": g.standard_normal((4, 6)).astype(np.float32),
+         "rope.cos": g.standard_normal((4, 2)).astype(np.float32),
+         "rope.sin": g.standard_normal((4, 2)).astype(np.float32)}
+    with Recorder(tmp_path / "oracle", model="qwen3-vl") as rec:
+        for k, v in t.items():
+            rec.record(k, v)
+    save_file(t, str(tmp_path / "engine.safetensors"))
+    r = compare_dumps(tmp_path / "oracle", tmp_path / "engine.safetensors")
+    assert r.verdict == "match" and r.model == "qwen3-vl"
+    assert [b.name for b in r.boundaries] == ["patches", "rope"]  # rope.cos and rope.sin: one boundary
+    t["rope.sin"] = t["rope.sin"][::-1].copy()  # the planted fault
+    save_file(t, str(tmp_path / "bad.safetensors"))
+    assert compare_dumps(tmp_path / "oracle", tmp_path / "bad.safetensors").earliest == ["rope"]
