@@ -4,7 +4,8 @@ Two implementations of one model rarely name their tensors alike. A contract fil
 boundaries once, says which tensor names of either side stand for each, the DAG between them,
 how their rows map to the input, and how they are compared:
 
-    model = "patch-model"                    # the dumps' model ("plain" safetensors always fit)
+    model = "patch-model"                    # the dumps' model (default: the file's stem); plain
+                                             # safetensors fit any contract
 
     [boundaries.patches]
     tensors = ["patchify", "patches.flat"]   # tensor-name patterns; either side's names
