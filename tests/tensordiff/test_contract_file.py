@@ -183,3 +183,23 @@ def test_an_input_may_name_one_instance_of_a_template(tmp_path):
     c.write_text(CONTRACT.replace('inputs = ["embed"]\n', 'inputs = ["hidden.x"]\n'))
     with pytest.raises(BadInput, match="'hidden.x' names no boundary"):
         load(c)
+
+
+def test_a_boundarys_mode_is_applied(tmp_path):
+    # 1e-7 on a float tensor is within the fp32 default; with mode "exact" it diverges
+    a, b, c = sides(tmp_path)
+    g = np.random.default_rng(3)
+    x = g.standard_normal((5, 4)).astype(np.float32)
+    save_file({"embed": x}, str(tmp_path / "a.safetensors"))
+    save_file({"tok_emb": x + np.float32(1e-7)}, str(tmp_path / "b.safetensors"))
+    for mode, want in (("values", "match"), ("exact", "diverged")):
+        c.write_text(f'[boundaries.embed]\ntensors = ["embed", "tok_emb"]\nmode = "{mode}"\n')
+        da, db, contract, _ = load(c).bind(open_any(a), open_any(b))
+        assert compare_dumps(da, db, contract=contract).verdict == want, mode
+
+
+def test_the_layout_places_the_worst_element(tmp_path):
+    da, db, contract, _ = bound(tmp_path, fault="hidden")
+    r = compare_dumps(da, db, contract=contract)
+    worst = r.boundary("hidden.1").tensors[0].worst
+    assert worst["meaning"].startswith("position ")  # layout "tokens": row r is sequence position r
