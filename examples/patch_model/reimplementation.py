@@ -3,9 +3,12 @@ be: no modules, its own tensor names, patches cut by one reshape/permute, attent
 LayerNorm written out, weights read by name from a safetensors file. It writes its tensors as a
 plain safetensors file: no tensordiff in it at all.
 
-`bug="transposed-grid"` plants a layout bug: the patches are walked column by column (x outer,
-y inner), so the rows are the grid transposed; everything after it is computed correctly on the
-misordered rows.
+Two layout bugs can be planted, each a real porting mistake; everything after the patches is
+computed correctly on the misordered data:
+- `transposed-grid`: the patches are walked column by column (x outer, y inner), so the rows
+  are the (h, w) grid transposed;
+- `channels-last`: each patch is flattened (y, x, c) instead of (c, y, x), so the columns of
+  every row are permuted.
 """
 from __future__ import annotations
 
@@ -15,7 +18,9 @@ import torch
 from safetensors.torch import load_file, save_file
 
 PATCH = 8
-BUGS = ("transposed-grid",)
+BUGS = ("transposed-grid", "channels-last")
+# the order of (c, gy, y, gx, x) that makes the patch matrix: rows (gy, gx), columns (c, y, x)
+ORDER = {None: (1, 3, 0, 2, 4), "transposed-grid": (3, 1, 0, 2, 4), "channels-last": (1, 3, 2, 4, 0)}
 
 
 def layer_norm(x, w, b, eps=1e-5):
@@ -43,8 +48,7 @@ def run(image: torch.Tensor, weights_file: str, out_file: str, *, bug: str | Non
     c, hh, ww = image.shape
     h, w = hh // PATCH, ww // PATCH
     grid = image.reshape(c, h, PATCH, w, PATCH)  # c, gy, y, gx, x
-    order = (3, 1, 0, 2, 4) if bug == "transposed-grid" else (1, 3, 0, 2, 4)  # the bug: gx before gy
-    patches = grid.permute(*order).reshape(h * w, c * PATCH * PATCH)
+    patches = grid.permute(*ORDER[bug]).reshape(h * w, c * PATCH * PATCH)
     out = {"tokens.patches": patches}
     x = patches @ W["embed.proj.weight"].T + W["embed.proj.bias"] + W["embed.pos"]
     out["tokens.embedded"] = x

@@ -26,8 +26,9 @@ def test_the_clean_reimplementation_matches(tmp_path):
     assert r["producers"]["b"]["name"] == "plain safetensors" and r["model"] == "patch-model"
 
 
-def test_the_planted_transposed_grid_is_named_at_patches(tmp_path):
-    p, r = run(tmp_path, "--bug", "transposed-grid")
+@pytest.mark.parametrize("bug", ["transposed-grid", "channels-last"])
+def test_a_planted_layout_bug_is_named_at_patches(tmp_path, bug):
+    p, r = run(tmp_path, "--bug", bug)
     assert p.returncode == 1, p.stdout + p.stderr
     assert r["earliest"] == ["patches"] and "earliest divergence at `patches`" in p.stdout
     assert all(b["status"] == "consequent" for b in r["boundaries"][1:])
