@@ -7,7 +7,8 @@
 Each point names a submodule by its dotted path (`model.named_modules()` names; list indices are
 path parts: `layers.3`), optionally followed by `[i]` to pick one element of a tuple output or
 `[key]` of a dict-like output (transformers' `ModelOutput`). `@input` instead of the output takes
-the module's first positional input. What a hook sees goes straight into the recorder, which
+the module's first positional input; `@input[i]` its i-th positional, `@input[name]` its keyword
+argument `name` (`self_attn@input[hidden_states]`). What a hook sees goes straight into the recorder, which
 copies it at once (`Recorder.record`): a later in-place op cannot change what was recorded, and
 the dump still appears only when the recorder closes cleanly.
 
@@ -45,11 +46,11 @@ class Point:
                            "'layers.2@input')")
         return cls(name, m["path"], bool(m["input"]), m["sel"])
 
-    def pick(self, value: Any) -> Any:
-        """The tensor this point records out of what the hook saw."""
+    def pick(self, value: Any, *, selected: bool = False) -> Any:
+        """The tensor this point records out of what the hook saw (`selected`: already picked)."""
         import torch
 
-        if self.select is not None:
+        if self.select is not None and not selected:
             value = _select(value, self.select, self)
         if isinstance(value, torch.Tensor):
             return value
@@ -105,28 +106,39 @@ class Tap:
             parsed.append((p, _module(module, p.path, name)))  # every path checked before any hook
         for p, mod in parsed:
             if p.use_input:
-                self._handles.append(mod.register_forward_pre_hook(self._hook(p, input_=True)))
+                self._handles.append(mod.register_forward_pre_hook(self._hook(p, input_=True), with_kwargs=True))
             else:
                 self._handles.append(mod.register_forward_hook(self._hook(p, input_=False)))
 
     def _hook(self, p: Point, *, input_: bool):
-        def record_input(mod, args):
-            if not args:
-                raise BadInput(f"tap point {p.name!r}: module {p.path!r} was called with no positional input")
-            self._record(p, args[0])
+        def record_input(mod, args, kwargs):
+            if p.select is None and not args:
+                raise BadInput(f"tap point {p.name!r}: module {p.path!r} was called with no positional input; "
+                               f"name a keyword argument: '{p.path}@input[{next(iter(kwargs), 'name')}]'")
+            if p.select is None:
+                value = args[0]
+            elif p.select.isdigit():
+                value = args[int(p.select)] if int(p.select) < len(args) else None
+            else:
+                value = kwargs.get(p.select)
+            if value is None:
+                raise BadInput(f"tap point {p.name!r}: module {p.path!r} got no input [{p.select}] "
+                               f"({len(args)} positional; keywords: {', '.join(kwargs) or 'none'})")
+            self._record(p, value, selected=True)
+            return None
 
         def record_output(mod, args, out):
             self._record(p, out)
 
         return record_input if input_ else record_output
 
-    def _record(self, p: Point, value: Any) -> None:
+    def _record(self, p: Point, value: Any, selected: bool = False) -> None:
         k = self.calls.get(p.name, 0)
         self.calls[p.name] = k + 1
         if k and not self.every_call:
             raise BadInput(f"tap point {p.name!r}: module {p.path!r} ran more than once in this forward; "
                            "tap(..., every_call=True) records every call as NAME.0, NAME.1, ...")
-        self.recorder.record(f"{p.name}.{k}" if self.every_call else p.name, p.pick(value))
+        self.recorder.record(f"{p.name}.{k}" if self.every_call else p.name, p.pick(value, selected=selected))
 
     def close(self) -> None:
         for h in self._handles:

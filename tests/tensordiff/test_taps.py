@@ -116,3 +116,25 @@ def test_works_on_a_transformers_model():
     assert torch.equal(rec.tensors["hidden.0"], out.hidden_states[1])
     assert torch.equal(rec.tensors["final_norm"], out.hidden_states[2])  # HF's last entry is after the norm
     assert torch.equal(rec.tensors["logits"], out.logits)
+
+
+def test_inputs_by_position_and_keyword():
+    class Kw(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.inner = Inner()
+
+        def forward(self, x):
+            return self.inner(x, scale=x * 2)
+
+    class Inner(torch.nn.Module):
+        def forward(self, x, scale=None):
+            return x * scale
+
+    m, x, rec = Kw(), torch.randn(2, 3), MemoryRecorder()
+    with tap(m, {"x": "inner@input[0]", "scale": "inner@input[scale]"}, rec):
+        m(x)
+    assert torch.equal(rec.tensors["x"], x) and torch.equal(rec.tensors["scale"], x * 2)
+    with pytest.raises(BadInput, match=r"got no input \[bias\] \(1 positional; keywords: scale\)"):
+        with tap(m, {"b": "inner@input[bias]"}, MemoryRecorder()):
+            m(x)
