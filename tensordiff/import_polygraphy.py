@@ -57,14 +57,19 @@ def _array(d: Any, name: str, src: Path) -> np.ndarray:
     try:
         data = base64.b64decode(text.encode(), validate=True)
     except (binascii.Error, ValueError):
-        data = text.encode("latin-1", errors="strict")  # the oldest files stored the bytes as latin-1 text
+        try:
+            data = text.encode("latin-1")  # the oldest files stored the bytes as latin-1 text
+        except UnicodeEncodeError:
+            raise BadInput(f"{src}: {name!r} is neither base64 nor latin-1 text (not an encoded array)") from None
     if not data.startswith((b"\x93NUMPY", b"PK\x03\x04")):  # np.load would take anything else for a pickle
         raise BadInput(f"{src}: {name!r} is not a valid .npy payload")
     try:
         arr = np.load(io.BytesIO(data), allow_pickle=False)
-    except ValueError:  # an object array needs pickle: refused
-        raise BadInput(f"{src}: {name!r} is an object array, which cannot be read without pickle") from None
-    except (OSError, EOFError) as e:
+    except ValueError as e:
+        if "allow_pickle" in str(e):  # an object array needs pickle: refused
+            raise BadInput(f"{src}: {name!r} is an object array, which cannot be read without pickle") from None
+        raise BadInput(f"{src}: {name!r} is not a valid .npy payload (ValueError)") from None
+    except Exception as e:  # noqa: BLE001 - numpy's header parser on damaged bytes (tokenize, syntax, EOF)
         raise BadInput(f"{src}: {name!r} is not a valid .npy payload ({type(e).__name__})") from None
     if not isinstance(arr, np.ndarray):  # an .npz archive (old files): its one array
         with arr:

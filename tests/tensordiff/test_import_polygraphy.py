@@ -96,6 +96,11 @@ def _npy(arr, allow_pickle=False):
     ({"lst": [["r", [{"outputs": {"a": {"polygraphy_class": "ndarray",
                                          "array": _npy(np.array([{"x": 1}], dtype=object), True)}}}]]],
       "polygraphy_class": "RunResults"}, "cannot be read without pickle"),
+    ({"lst": [["r", [{"outputs": {"a": {"array": "\u039c", "polygraphy_class": "ndarray"}}}]]],
+      "polygraphy_class": "RunResults"}, "neither base64 nor latin-1"),  # fuzz finding: UnicodeEncodeError
+    ({"lst": [["r", [{"outputs": {"a": {"polygraphy_class": "ndarray", "array": base64.b64encode(
+        b"\x93NUMPY\x01\x00\x20\x00{'descr': '<f4', 'shape': (2,\n" + b" " * 8).decode()}}}]]],
+      "polygraphy_class": "RunResults"}, "not a valid .npy payload"),  # fuzz finding: tokenize.TokenError
     ({"lst": [["r", [{"outputs": {}}]]], "polygraphy_class": "RunResults"}, "no tensors to import"),
     ({"lst": [["r", [{"outputs": {"a/b": {"polygraphy_class": "ndarray", "array": _npy(np.zeros(1))},
                                   "a.b": {"polygraphy_class": "ndarray", "array": _npy(np.zeros(1))}}}]]],
