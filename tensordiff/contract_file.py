@@ -250,7 +250,7 @@ def _boundary(name: str, t, where: str) -> BoundarySpec:
     if not isinstance(meaning, str):
         raise _fail(f"{where}.meaning", "must be a string")
     probes = t.get("probes", [])
-    if not isinstance(probes, list) or any(x not in PROBES for x in probes):
+    if not isinstance(probes, list) or not all(isinstance(x, str) and x in PROBES for x in probes):
         raise _fail(f"{where}.probes", f"must be a list of probes (known: {', '.join(PROBES)}), not {probes!r}")
     tol = t.get("tolerance", {})
     try:
@@ -297,10 +297,14 @@ def _check_acyclic(specs: list[BoundarySpec], p: Path) -> None:
     """Explicit inputs between templates, with no index arithmetic, must form no cycle (an
     `{L-1}` reference always points to an earlier instance; cycles among instances are caught
     when the contract is bound)."""
-    edges = {s.name: [_target(specs, i).name for i in (s.inputs or ())
-                      if not any(m[2] for m in INPUT_PLACE.finditer(i)) and not (_target(specs, i).places
-                                                                                and not INPUT_PLACE.search(i))]
-             for s in specs}
+    def same_index(inp: str) -> str | None:
+        """The template an input names at the same index ("hidden.{L}", "embed"), else None."""
+        t = _target(specs, inp)
+        shifted = any(m[2] for m in INPUT_PLACE.finditer(inp))
+        one_instance = t is not None and t.places and not INPUT_PLACE.search(inp)
+        return None if t is None or shifted or one_instance else t.name
+
+    edges = {s.name: [e for e in map(same_index, s.inputs or ()) if e] for s in specs}
     state: dict[str, int] = {}
 
     def visit(n: str, path: list[str]) -> None:

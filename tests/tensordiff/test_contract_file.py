@@ -126,6 +126,12 @@ BAD = [
     ('[boundaries.a]\n', "boundaries.a.tensors: must be a pattern"),
     ('[boundaries."a/b"]\ntensors = "x"\n', "a boundary name is letters"),
     ('[boundaries.a]\ntensors = "a"\nprobes = ["magic"]\n', "boundaries.a.probes"),
+    ('[boundaries.a]\ntensors = "a"\nprobes = [[1]]\n', "boundaries.a.probes"),
+    ('[boundaries.a]\ntensors = "a"\nlayout = [1]\n', "boundaries.a.layout"),
+    ('[boundaries.a]\ntensors = "a"\nmode = {x = 1}\n', "boundaries.a.mode"),
+    ('[boundaries.a]\ntensors = "a"\ntolerance = 3\n', "must be a table"),
+    ('[boundaries.a]\ntensors = { "a" = [] }\n', "needs one or more non-empty patterns"),
+    ('model = 3\n[boundaries.a]\ntensors = "a"\n', "model: must be a non-empty"),
     ('[boundaries.a\n', "is not valid TOML"),
 ]
 
