@@ -209,3 +209,54 @@ def test_the_layout_places_the_worst_element(tmp_path):
     r = compare_dumps(da, db, contract=contract)
     worst = r.boundary("hidden.1").tensors[0].worst
     assert worst["meaning"].startswith("position ")  # layout "tokens": row r is sequence position r
+
+
+def test_any_structure_is_a_contract_or_one_clear_error(tmp_path):
+    # structural fuzz: TOML-shaped values of every type in every key a contract reads
+    from hypothesis import HealthCheck, given, settings
+    from hypothesis import strategies as st
+
+    from tensordiff.contract_file import parse
+
+    atoms = st.one_of(st.none(), st.booleans(), st.integers(-3, 3), st.floats(allow_nan=True),
+                      st.sampled_from(["a", "b", "hidden.{L}", "hidden.{L-1}", "x.{K}", "*", "", "grid", "exact",
+                                       "unit-rms", "layers.{L}.out", "{L}", "a/b"]))
+    values = st.recursive(atoms, lambda inner: st.one_of(st.lists(inner, max_size=3),
+                                                         st.dictionaries(st.sampled_from(
+                                                             ["a", "rope.cos", "atol", "float32"]), inner, max_size=2)),
+                          max_leaves=6)
+    good = {"inputs": st.lists(st.sampled_from(["embed", "hidden.{L-1}", "hidden.{L+1}", "rope", "hidden.0"]),
+                               max_size=2),
+            "layout": st.sampled_from(["tokens", "grid", "plain"]), "mode": st.sampled_from(["values", "exact"]),
+            "meaning": st.text(max_size=5), "probes": st.lists(st.sampled_from(["unit-rms", "within-unit"]), max_size=1),
+            "tolerance": st.dictionaries(st.sampled_from(["atol", "rtol", "min_cosine"]),
+                                         st.floats(0, 1), max_size=2)}
+
+    good["tensors"] = None
+
+    def boundary(tensors):  # valid values but for one key, so every key is reached with a bad value
+        def build(bad):
+            fields = {k: (values if k == bad else (st.just(tensors) if k == "tensors" else g))
+                      for k, g in good.items()}
+            return st.fixed_dictionaries({"tensors": fields.pop("tensors")}, optional=fields)
+
+        return st.sampled_from(sorted(good) + ["none"]).flatmap(build)
+
+    named = {"embed": ["embed", "tok_emb"], "hidden.{L}": ["layers.{L}.output", "blk{L}"], "rope": {
+        "rope.cos": "rotary.cos", "rope.sin": ["rotary.sin", "sin"]}, "x.{K}": "x{K}", "bad/name": "a"}
+    contract = st.fixed_dictionaries({"boundaries": st.lists(st.sampled_from(sorted(named)), min_size=1, max_size=3,
+                                                             unique=True).flatmap(
+        lambda ns: st.fixed_dictionaries({n: boundary(named[n]) for n in ns}))}, optional={"model": values})
+    a, b, _ = sides(tmp_path)
+    da, db = open_any(a), open_any(b)
+
+    @settings(max_examples=300, deadline=None, database=None, derandomize=True,
+              suppress_health_check=list(HealthCheck))
+    @given(contract)
+    def prop(data):
+        try:
+            parse(data, tmp_path / "c.toml").bind(da, db)
+        except BadInput as e:
+            assert "\n" not in str(e).strip()
+
+    prop()
