@@ -1,7 +1,8 @@
 """tensordiff: tensor-boundary differential testing for multimodal inference engines.
 
-The public surface is small: record tensors (`Recorder`), read dumps (`open_dump`), compare them
-(`compare_dumps`) and load tolerances (`load_tolerances`). The CLI mirrors it.
+The public surface is small: record tensors (`Recorder`, or `tap` a torch module's submodules
+into one), read dumps (`open_dump`), compare them (`compare_dumps`) and load tolerances
+(`load_tolerances`). The CLI mirrors it.
 """
 __version__ = "0.1.0"
 
