@@ -141,3 +141,52 @@ def test_a_module_called_twice_keeps_its_last_call_with_a_note(tmp_path):
     got = dict((n, a) for _, n, a, _ in imp.tensors)
     assert np.array_equal(got["lin.out"], y.numpy())  # the file holds the last call
     assert any("called more than once" in n for n in imp.notes)
+
+
+def test_a_debugger_trace_against_a_tapped_engine_through_a_contract(tmp_path, capsys):
+    # the whole route for someone else's engine: the reference traced by transformers' debugger,
+    # the candidate (the same model with a planted fault in layer 1's MLP) recorded by
+    # tensordiff.tap under its own names, a contract mapping the two
+    torch = pytest.importorskip("torch")
+    from transformers import LlamaConfig, LlamaForCausalLM
+    from transformers.model_debugging_utils import model_addition_debugger_context
+
+    from tensordiff import Recorder, tap
+
+    cfg = LlamaConfig(vocab_size=32, hidden_size=8, intermediate_size=16, num_hidden_layers=3, num_attention_heads=2,
+                      num_key_value_heads=1, max_position_embeddings=16)
+    torch.manual_seed(0)
+    ref = LlamaForCausalLM(cfg).eval()
+    ids = torch.tensor([[1, 5, 7, 2]])
+    with torch.no_grad(), model_addition_debugger_context(ref, debug_path=str(tmp_path / "dbg"), use_repr=False,
+                                                          do_prune_layers=False):
+        ref(ids)
+    assert run_cli(["import", "hf-debugger", tmp_path / "dbg", "--out", tmp_path / "ref", "--model", "llama"],
+                   capsys)[0] in (0, None)
+    (tmp_path / "c.toml").write_text('''model = "llama"
+[boundaries.embed]
+tensors = ["model.embed_tokens.out", "emb"]
+layout = "tokens"
+[boundaries."mlp.{L}"]
+tensors = ["model.layers.{L}.mlp.down_proj.out", "ffn{L}"]
+layout = "tokens"
+[boundaries.norm]
+tensors = ["model.norm.out", "final"]
+''')
+    for fault, want in ((False, "match"), (True, ["mlp.1"])):
+        eng = LlamaForCausalLM(cfg).eval()
+        eng.load_state_dict(ref.state_dict())
+        if fault:
+            with torch.no_grad():
+                eng.model.layers[1].mlp.up_proj.weight[0, 0] += 0.5
+        points = {"emb": "model.embed_tokens", "final": "model.norm",
+                  **{f"ffn{i}": f"model.layers.{i}.mlp.down_proj" for i in range(3)}}
+        out = tmp_path / f"eng-{fault}"
+        with torch.no_grad(), Recorder(out, model="llama") as rec, tap(eng, points, rec):
+            eng(ids)
+        code, _, err = run_cli(["compare", tmp_path / "ref", out, "--contract", tmp_path / "c.toml",
+                                "--json", tmp_path / f"r-{fault}.json"], capsys)
+        r = json.loads((tmp_path / f"r-{fault}.json").read_text())
+        assert (r["verdict"] if not fault else r["earliest"]) == want, (code, err, r["earliest"])
+        assert [b["name"] for b in r["boundaries"]] == ["embed", "mlp.0", "mlp.1", "mlp.2", "norm"]
+        assert any("left out" in n for n in r["notes"])  # the trace's other tensors, said not hidden
