@@ -12,8 +12,9 @@ argument `name` (`self_attn@input[hidden_states]`). What a hook sees goes straig
 copies it at once (`Recorder.record`): a later in-place op cannot change what was recorded, and
 the dump still appears only when the recorder closes cleanly.
 
-A module that runs twice in one forward would silently record its first or its last call, so a
-second call is refused, unless `every_call=True`, which names the calls `NAME.0`, `NAME.1`, ...
+A module that runs twice while tapped (reused in one forward, or a second forward) would silently
+record its first or its last call, so a second call is refused, unless `every_call=True`, which
+names the calls `NAME.0`, `NAME.1`, ...
 
 torch is imported inside the functions: importing `tensordiff` stays free of it.
 """
@@ -136,8 +137,9 @@ class Tap:
         k = self.calls.get(p.name, 0)
         self.calls[p.name] = k + 1
         if k and not self.every_call:
-            raise BadInput(f"tap point {p.name!r}: module {p.path!r} ran more than once in this forward; "
-                           "tap(..., every_call=True) records every call as NAME.0, NAME.1, ...")
+            raise BadInput(f"tap point {p.name!r}: module {p.path!r} ran more than once while tapped (a module "
+                           "reused, or a second forward); tap(..., every_call=True) records every call as "
+                           "NAME.0, NAME.1, ...")
         self.recorder.record(f"{p.name}.{k}" if self.every_call else p.name, p.pick(value, selected=selected))
 
     def close(self) -> None:
