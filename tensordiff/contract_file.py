@@ -6,6 +6,7 @@ how their rows map to the input, and how they are compared:
 
     model = "patch-model"                    # the dumps' model (default: the file's stem); plain
                                              # safetensors fit any contract
+    inputs = { grid = [3, 5] }                # for the row layouts, where a dump does not record it
 
     [boundaries.patches]
     tensors = ["patchify", "patches.flat"]   # tensor-name patterns; either side's names
@@ -43,7 +44,10 @@ from .probes import PROBES
 from .tolerance import _check_table
 
 PLAIN_MODEL = "plain"  # tensordiff.plain.MODEL: a dump that names no model fits any contract
-TOP_KEYS = ("model", "boundaries")
+TOP_KEYS = ("model", "inputs", "boundaries")
+# What a contract may say about the input, for the row layouts (tensordiff.layout): a dump that
+# does not record it (plain safetensors) takes it from the contract.
+INPUT_KEYS = ("grid", "cells")
 BOUNDARY_KEYS = ("tensors", "inputs", "layout", "mode", "meaning", "probes", "tolerance")
 PLACE = re.compile(r"\{([A-Za-z_][A-Za-z0-9_]*)\}")
 INPUT_PLACE = re.compile(r"\{([A-Za-z_][A-Za-z0-9_]*)(?:([+-])(\d+))?\}")
@@ -100,6 +104,7 @@ class ContractFile:
     path: Path
     model: str
     boundaries: tuple[BoundarySpec, ...]
+    inputs: dict = field(default_factory=dict)  # e.g. {"grid": [h, w]}, for dumps that lack it
 
     # ------------------------------------------------------------------ naming the tensors
 
@@ -143,7 +148,11 @@ class ContractFile:
             if left:
                 notes.append(f"side {side}: {len(left)} tensor(s) the contract names no boundary for were left out: "
                              f"{', '.join(left[:5])}{', ...' if len(left) > 5 else ''}")
-            out.append(replace(d, model=self.model, entries=tuple(entries)))
+            run = d.run
+            missing = {k: v for k, v in self.inputs.items() if k not in (run.get("inputs") or {})}
+            if missing:
+                run = {**run, "inputs": {**(run.get("inputs") or {}), **missing}}
+            out.append(replace(d, model=self.model, entries=tuple(entries), run=run))
         return out[0], out[1], self._contract(found), notes
 
     def _contract(self, found: dict[str, tuple[BoundarySpec, dict[str, int]]]) -> Contract:
@@ -223,7 +232,18 @@ def parse(data: dict, p: Path) -> ContractFile:
             if target is s and not INPUT_PLACE.search(inp):
                 raise _fail(where, f"boundary {s.name!r} cannot be its own input")
     _check_acyclic(specs, p)
-    return ContractFile(p, model, tuple(specs))
+    return ContractFile(p, model, tuple(specs), _inputs(data.get("inputs", {}), f"{p}: inputs"))
+
+
+def _inputs(v, where: str) -> dict:
+    if not isinstance(v, dict):
+        raise _fail(where, "must be a table, e.g. { grid = [24, 40] }")
+    for k, x in v.items():
+        if k not in INPUT_KEYS:
+            raise _fail(where, f"unknown key {k!r} (known: {', '.join(INPUT_KEYS)})")
+        if not (isinstance(x, list) and len(x) == 2 and all(type(n) is int and n > 0 for n in x)):
+            raise _fail(f"{where}.{k}", f"must be [height, width] in positive integers, not {x!r}")
+    return dict(v)
 
 
 def _boundary(name: str, t, where: str) -> BoundarySpec:

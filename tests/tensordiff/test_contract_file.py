@@ -132,6 +132,9 @@ BAD = [
     ('[boundaries.a]\ntensors = "a"\ntolerance = 3\n', "must be a table"),
     ('[boundaries.a]\ntensors = { "a" = [] }\n', "needs one or more non-empty patterns"),
     ('model = 3\n[boundaries.a]\ntensors = "a"\n', "model: must be a non-empty"),
+    ('inputs = { grid = [3] }\n[boundaries.a]\ntensors = "a"\n', r"inputs.grid: must be \[height, width\]"),
+    ('inputs = { size = [3, 4] }\n[boundaries.a]\ntensors = "a"\n', "inputs: unknown key 'size'"),
+    ('inputs = 3\n[boundaries.a]\ntensors = "a"\n', "inputs: must be a table"),
     ('[boundaries.a\n', "is not valid TOML"),
 ]
 
@@ -246,7 +249,8 @@ def test_any_structure_is_a_contract_or_one_clear_error(tmp_path):
         "rope.cos": "rotary.cos", "rope.sin": ["rotary.sin", "sin"]}, "x.{K}": "x{K}", "bad/name": "a"}
     contract = st.fixed_dictionaries({"boundaries": st.lists(st.sampled_from(sorted(named)), min_size=1, max_size=3,
                                                              unique=True).flatmap(
-        lambda ns: st.fixed_dictionaries({n: boundary(named[n]) for n in ns}))}, optional={"model": values})
+        lambda ns: st.fixed_dictionaries({n: boundary(named[n]) for n in ns}))},
+        optional={"model": values, "inputs": st.one_of(st.just({"grid": [3, 5]}), values)})
     a, b, _ = sides(tmp_path)
     da, db = open_any(a), open_any(b)
 
@@ -260,3 +264,12 @@ def test_any_structure_is_a_contract_or_one_clear_error(tmp_path):
             assert "\n" not in str(e).strip()
 
     prop()
+
+
+def test_the_contracts_grid_places_rows_of_plain_dumps(tmp_path):
+    a, b, c = sides(tmp_path, fault="hidden")
+    c.write_text("inputs = { grid = [5, 1] }\n" + CONTRACT.replace('layout = "tokens"\ntolerance', 'layout = "grid"\ntolerance'))
+    da, db, contract, _ = load(c).bind(open_any(a), open_any(b))
+    assert da.run["inputs"]["grid"] == [5, 1] == db.run["inputs"]["grid"]
+    worst = compare_dumps(da, db, contract=contract).boundary("hidden.1").tensors[0].worst
+    assert worst["meaning"].startswith("patch (y=")  # without the grid a row is only an index
