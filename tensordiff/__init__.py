@@ -1,7 +1,8 @@
 """tensordiff: tensor-boundary differential testing for multimodal inference engines.
 
-The public surface is small: record tensors (`Recorder`), read dumps (`open_dump`), compare them
-(`compare_dumps`) and load tolerances (`load_tolerances`). The CLI mirrors it.
+The public surface is small: record tensors (`Recorder`, or `tap` a torch module's submodules
+into one), read dumps (`open_dump`), compare them (`compare_dumps`) and load tolerances
+(`load_tolerances`). The CLI mirrors it.
 """
 __version__ = "0.1.0"
 
@@ -18,6 +19,10 @@ def __getattr__(name):  # lazy: importing tensordiff stays cheap (no numpy work,
         from .dump import open_dump
 
         return open_dump
+    if name == "tap":  # torch is imported only when a tap is made
+        from .taps import tap
+
+        return tap
     if name == "load_tolerances":
         from .tolerance import load
 
@@ -25,4 +30,5 @@ def __getattr__(name):  # lazy: importing tensordiff stays cheap (no numpy work,
     raise AttributeError(name)
 
 
-__all__ = ["Recorder", "NullRecorder", "MemoryRecorder", "BadInput", "compare_dumps", "open_dump", "load_tolerances"]
+__all__ = ["Recorder", "NullRecorder", "MemoryRecorder", "BadInput", "compare_dumps", "open_dump", "load_tolerances",
+           "tap"]

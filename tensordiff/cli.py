@@ -87,15 +87,27 @@ def cli():
 @click.option("--floor", "floor_dir", type=click.Path(path_type=Path),
               help="The oracle's dump in B's low precision (the floor run): judge B's error against A "
                    "as a multiple of the floor's (three-way, row-aware).")
+@click.option("--contract", "contract_path", type=click.Path(path_type=Path),
+              help="A contract file (TOML) naming the boundaries of A's and B's tensors, their DAG, layout, "
+                   "modes and tolerances (see README: contract files).")
 @ALL_OPTION
 def compare(a, b, json_path, tolerances, fail_fast, verify, junit_path=None, html_path=None, floor_dir=None,
-            show_all=False):
-    """Compare dump A (reference, e.g. the oracle) with dump B (candidate, e.g. your engine)."""
+            show_all=False, contract_path=None):
+    """Compare dump A (reference, e.g. the oracle) with dump B (candidate, e.g. your engine).
+    A and B are dumps, or plain .safetensors files (or folders of them) with no manifest."""
     from .compare import compare_dumps
     from .dump import open_dump
+    from .plain import open_any
 
-    guard_reports(json_path, junit_path, html_path, inputs=[a, b, tolerances, floor_dir])
-    da, db = open_dump(a), open_dump(b)
+    guard_reports(json_path, junit_path, html_path, inputs=[a, b, tolerances, floor_dir, contract_path])
+    da, db = open_any(a), open_any(b)
+    contract, contract_notes = None, []
+    if contract_path is not None and floor_dir is not None:
+        raise BadInput("--contract and --floor cannot be combined (the three-way pass reads the model's own contract)")
+    if contract_path is not None:
+        from .contract_file import load as load_contract
+
+        da, db, contract, contract_notes = load_contract(contract_path).bind(da, db)
     if floor_dir is not None:
         from .floor import rule_of, three_way
 
@@ -105,9 +117,11 @@ def compare(a, b, json_path, tolerances, fail_fast, verify, junit_path=None, htm
     prog, cb = _progress_factory(da.nbytes + db.nbytes, "comparing") if report is None else (None, None)
     if prog:
         with prog:
-            report = compare_dumps(da, db, tolerances, fail_fast=fail_fast, verify=verify, progress=cb)
+            report = compare_dumps(da, db, tolerances, contract=contract, fail_fast=fail_fast, verify=verify,
+                                   progress=cb)
     elif report is None:
-        report = compare_dumps(da, db, tolerances, fail_fast=fail_fast, verify=verify)
+        report = compare_dumps(da, db, tolerances, contract=contract, fail_fast=fail_fast, verify=verify)
+    report.notes[:0] = contract_notes
     from .pipeline import lone_case, write_reports
 
     write_reports(report_json=report.as_json(), json_path=json_path, cases=[lone_case(report, da if html_path else None)],
@@ -119,10 +133,11 @@ def compare(a, b, json_path, tolerances, fail_fast, verify, junit_path=None, htm
 @click.argument("directory", type=click.Path(path_type=Path))
 @click.option("--verify", is_flag=True, help="Read every tensor and check its sha256.")
 def inspect(directory, verify):
-    """List a dump's model, producer, run and tensors (reads no tensor data unless --verify)."""
-    from .dump import open_dump
+    """List a dump's model, producer, run and tensors (reads no tensor data unless --verify);
+    a plain .safetensors file or folder is listed too."""
+    from .plain import open_any
 
-    d = open_dump(directory)
+    d = open_any(directory)
     click.echo(f"dump {d.path}: model {d.model}, producer {d.producer}")
     if d.world:  # rank dumps merged: the shapes below are the logical (whole) ones
         click.echo(f"  sharded run of {d.world} ranks; shapes are the merged tensors'")
@@ -397,6 +412,57 @@ def calibrate(config, out, models, variants, multiple, dtype, device, no_cache, 
         write(cal, path)
         click.echo(cal.render_text())
         click.echo(f"wrote {path}")
+
+
+@cli.group("import")
+def import_():
+    """Turn another tool's saved tensors into a tensordiff dump (no pickle is ever loaded)."""
+
+
+def _import_options(f):
+    for o in reversed([
+        click.option("--out", type=click.Path(path_type=Path), required=True, help="Dump directory to create."),
+        click.option("--model", default=None, help="The dump's model name (default: the tool's, else 'plain')."),
+        click.option("--force", is_flag=True, help="Replace an existing tensordiff dump at --out (nothing else)."),
+    ]):
+        f = o(f)
+    return f
+
+
+def _write_import(imp, out, model, force):
+    from .importing import write
+
+    path = write(imp, out, model=model, overwrite=force)
+    for note in imp.notes:
+        click.echo(f"note: {note}", err=True)
+    click.echo(f"wrote {path}: {len(imp.tensors)} tensors from {imp.tool}")
+
+
+@import_.command("hf-debugger")
+@click.argument("directory", type=click.Path(path_type=Path))
+@_import_options
+def import_hf_debugger(directory, out, model, force):
+    """Import transformers' model-addition debugger output (DIRECTORY: its debug_path, written
+    with use_repr=False): every module's inputs and leaf outputs, in call order."""
+    from .import_hf_debugger import read
+
+    imp = read(directory)
+    _write_import(imp, out, model or imp.facts.get("model_class") or "plain", force)
+
+
+@import_.command("polygraphy")
+@click.argument("file", type=click.Path(path_type=Path))
+@click.option("--runner", default=None, help="Which runner's results (needed when the file holds several).")
+@click.option("--iteration", type=click.IntRange(min=0), default=None,
+              help="Which iteration (needed when the runner has several).")
+@_import_options
+def import_polygraphy(file, runner, iteration, out, model, force):
+    """Import Polygraphy's saved outputs (--save-outputs, RunResults JSON) or saved inputs
+    (--save-inputs); arrays are read with allow_pickle=False."""
+    from .import_polygraphy import read
+
+    imp = read(file, runner=runner, iteration=iteration)
+    _write_import(imp, out, model or "plain", force)
 
 
 def main(argv=None) -> None:

@@ -18,6 +18,7 @@ from .errors import BadInput, IncomparableDumps
 from .inputs import notes as picture_notes
 from .judge import Judge
 from .metrics import FloatResult
+from .plain import adopt, open_any
 from .result import FAILING, BoundaryResult, Report
 from .tolerance import Tolerances
 
@@ -53,10 +54,11 @@ def compare_dumps(a: str | Path | Dump, b: str | Path | Dump,
     hands to local error, so both routes judge a tensor alike. `floor`: the oracle's own run in
     B's precision, when there is one: the tie rule then sets how close a near-tie must be by ITS
     error against A."""
-    da = a if isinstance(a, Dump) else open_dump(a)
+    da = a if isinstance(a, Dump) else open_any(a)  # a dump, or plain safetensors
     df = floor if isinstance(floor, Dump) or floor is None else open_dump(floor)
     floor_entries = {e.name: e for e in df.entries} if df is not None else None
-    db = b if isinstance(b, Dump) else open_dump(b)
+    db = b if isinstance(b, Dump) else open_any(b)
+    da, db = adopt(da, db)  # plain safetensors against a named model's dump: that model's contract
     if da.path.resolve() == db.path.resolve():
         raise BadInput(f"the same directory was given twice ({da.path}); compare two different dumps")
     if da.model != db.model:

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .dtypes import DType
+from .dtypes import DType, to_float64
 from .tolerance import Tolerance
 
 # ULP histogram: quarter-ULP bins below 16 ULP, then 16 bins per octave (~4.4% wide).
@@ -451,13 +451,22 @@ class ExactMetrics:
 
     def update(self, start: int, ra: np.ndarray, rb: np.ndarray) -> None:
         self.n += ra.size
-        ne = ra.astype(np.int64) != rb.astype(np.int64)
+        if self.da.is_float:  # a float tensor in "exact" mode: its values (raw storage would be
+            # truncated by an integer cast, or be bf16 bits beside f32 values), NaN equal to NaN
+            a, b = to_float64(ra, self.da), to_float64(rb, self.db)
+            ne = (a != b) & ~(np.isnan(a) & np.isnan(b))
+            if ne.any():
+                d = np.abs(a[ne] - b[ne])
+                self.max_abs = max(self.max_abs, float(np.nanmax(d)) if np.isfinite(d).any() else math.inf)
+        else:
+            ne = ra.astype(np.int64) != rb.astype(np.int64)
         k = int(ne.sum())
         if k:
             if self.first < 0:
                 self.first = start + int(np.argmax(ne))
             self.diff += k
-            self.max_abs = max(self.max_abs, int(np.abs(ra.astype(np.int64) - rb.astype(np.int64)).max()))
+            if not self.da.is_float:
+                self.max_abs = max(self.max_abs, int(np.abs(ra.astype(np.int64) - rb.astype(np.int64)).max()))
 
     def spawn(self) -> "ExactMetrics":
         return ExactMetrics(self.da, self.db)
@@ -479,7 +488,8 @@ class ExactMetrics:
 
     def verdict(self) -> tuple[bool, str]:
         if self.diff:
-            return True, f"{self.diff} of {self.n} integer elements differ (must be equal)"
+            kind = "" if self.da.is_float else "integer "
+            return True, f"{self.diff} of {self.n} {kind}elements differ (must be equal)"
         return False, ""
 
 

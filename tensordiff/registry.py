@@ -27,11 +27,20 @@ def adapter(name: str) -> ModelAdapter:
     if name not in eps:
         known = ", ".join(sorted(eps)) or "none installed"
         raise BadInput(f"unknown model {name!r} (known: {known})")
+    ep = eps[name]
+    dist = getattr(getattr(ep, "dist", None), "name", None) or "tensordiff"
     try:
-        obj = eps[name].load()
+        obj = ep.load()
     except ImportError as e:
-        raise BadInput(f"the adapter for {name!r} could not be loaded ({e}); reinstall tensordiff") from None
-    return obj() if callable(obj) and not isinstance(obj, ModelAdapter) else obj
+        raise BadInput(f"the adapter for {name!r} could not be loaded ({e}); reinstall {dist}") from None
+    obj = obj() if callable(obj) and not isinstance(obj, ModelAdapter) else obj
+    # a third-party package's entry point is input like any other: refused in one line when wrong
+    if not isinstance(obj, ModelAdapter):
+        raise BadInput(f"entry point {name!r} of {dist} ({ep.value}) gives a {type(obj).__name__}, "
+                       "not a tensordiff.adapter.ModelAdapter")
+    if obj.name != name:
+        raise BadInput(f"entry point {name!r} of {dist} gives the adapter of {obj.name!r}; the two names must agree")
+    return obj
 
 
 def contract(model: str) -> Contract | None:

@@ -74,7 +74,23 @@ def _image_bytes() -> list[bytes]:
     return out
 
 
+DATA = ROOT / "tests" / "data" / "import"
+HF_SAMPLE = DATA / "hf-debugger"
+HF_TRACE = "LlamaForCausalLM_debug_tree_FULL_TENSORS.json"
+
+
+def _contract_bytes() -> list[bytes]:
+    return [(ROOT / "examples" / "patch_model" / "contract.toml").read_bytes(),
+            b'model = "toy"\n[boundaries.embed]\ntensors = ["embed", "tok"]\ninputs = []\n'
+            b'[boundaries."hidden.{L}"]\ntensors = { "hidden.{L}" = ["layers.{L}.out", "blk{L}"] }\n'
+            b'inputs = ["hidden.{L-1}", "embed"]\nlayout = "tokens"\nmode = "values"\n'
+            b'tolerance = { atol = 1e-3, float32 = { rtol = 0.0 } }\n']
+
+
 SEEDS = {
+    "contract": _contract_bytes(),
+    "polygraphy": [(DATA / "polygraphy" / n).read_bytes() for n in ("outputs.json", "inputs.json")],
+    "hf-debugger": [(HF_SAMPLE / HF_TRACE).read_bytes()],
     "manifest": [_manifest_bytes()],
     "safetensors": [_safetensors_bytes()],
     "hdf5": [_hdf5_bytes()],
@@ -154,10 +170,52 @@ def _run_image(data: bytes, work: Path) -> None:
     describe_image(p)  # check_image, and what a dump records of the picture
 
 
-RUNNERS = {"manifest": _run_manifest, "safetensors": _run_safetensors, "hdf5": _run_hdf5,
+def _run_contract(data: bytes, work: Path) -> None:
+    from safetensors.numpy import save_file
+
+    from tensordiff.contract_file import load
+    from tensordiff.plain import open_any
+
+    for name, keys in (("a.safetensors", ("embed", "layers.0.out", "layers.1.out", "patches")),
+                       ("b.safetensors", ("tok", "blk0", "blk1", "tokens.patches"))):
+        if not (work / name).exists():
+            save_file({k: np.zeros((2, 3), np.float32) for k in keys}, str(work / name))
+    p = work / "c.toml"
+    p.write_bytes(data)
+    cf = load(p)
+    try:
+        cf.bind(open_any(work / "a.safetensors"), open_any(work / "b.safetensors"))
+    except BadInput:
+        pass
+
+
+def _run_polygraphy(data: bytes, work: Path) -> None:
+    from tensordiff.import_polygraphy import read
+
+    p = work / "r.json"
+    p.write_bytes(data)
+    read(p)
+
+
+def _run_hf_debugger(data: bytes, work: Path) -> None:
+    import shutil
+
+    from tensordiff.import_hf_debugger import read
+
+    d = work / "dbg"
+    if not d.exists():
+        shutil.copytree(HF_SAMPLE, d)
+    (d / HF_TRACE).write_bytes(data)
+    read(d)
+
+
+RUNNERS = {"contract": _run_contract, "polygraphy": _run_polygraphy, "hf-debugger": _run_hf_debugger,
+           "manifest": _run_manifest, "safetensors": _run_safetensors, "hdf5": _run_hdf5,
            "tolerance": _run_tolerance, "image": _run_image}
 # What each target itself puts in `work`; anything else appearing there is a write by the reader.
-OWN = {"manifest": {"dump", "dump/a.safetensors", "dump/manifest.json"}, "safetensors": {"x.safetensors"},
+OWN = {"contract": {"a.safetensors", "b.safetensors", "c.toml"}, "polygraphy": {"r.json"},
+       "hf-debugger": {"dbg", *(f"dbg/{p.name}" for p in HF_SAMPLE.iterdir())},
+       "manifest": {"dump", "dump/a.safetensors", "dump/manifest.json"}, "safetensors": {"x.safetensors"},
        "hdf5": {"x.h5"}, "tolerance": {"t.toml"}, "image": {"img"}}
 
 

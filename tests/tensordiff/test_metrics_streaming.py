@@ -257,3 +257,21 @@ def test_release_drops_pages_and_later_reads_still_see_the_data(tmp_path):
         assert r.read(n - 3, n).tolist() == [n - 3, n - 2, n - 1]
     finally:
         r.close()
+
+
+def test_exact_mode_on_floats_compares_values_not_truncated_integers():
+    from tensordiff.dtypes import BY_NAME
+    from tensordiff.metrics import ExactMetrics
+
+    f32, bf16 = BY_NAME["float32"], BY_NAME["bfloat16"]
+    a = np.array([0.5, 1.25, np.nan], np.float32)
+    acc = ExactMetrics(f32, f32)
+    acc.update(0, a, a.copy())
+    assert not acc.verdict()[0]  # equal, NaN included
+    acc = ExactMetrics(f32, f32)
+    acc.update(0, a, a + np.float32(1e-7))  # an integer cast would call these equal
+    assert acc.verdict()[0] and acc.result().mismatches == 2 and 0 < acc.result().max_abs < 1e-6
+    bits = (a.view(np.uint32) >> 16).astype(np.uint16)  # the same values stored as bf16 bits
+    acc = ExactMetrics(f32, bf16)
+    acc.update(0, a, bits)
+    assert not acc.verdict()[0]

@@ -1,0 +1,48 @@
+"""Entry points: a third-party package registers a model adapter in the `tensordiff.models`
+group and `tensordiff check` runs it. The fixture package (tests/data/adapter_pkg: `tdtoy` and
+its .dist-info with entry_points.txt) is put on sys.path, which is what installing it does;
+offline and with no pip."""
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+PKG = ROOT / "tests" / "data" / "adapter_pkg"
+
+
+def tensordiff(*args, tmp_path, extra_path=PKG):
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT), str(extra_path)]),
+               TENSORDIFF_CACHE=str(tmp_path / "cache"))
+    return subprocess.run([sys.executable, "-m", "tensordiff.cli", *map(str, args)], capture_output=True, text=True,
+                          env=env, cwd=tmp_path, timeout=300)
+
+
+def test_the_installed_adapter_is_listed_and_checked_clean(tmp_path):
+    p = tensordiff("faults", "toy-gray", tmp_path=tmp_path)
+    assert p.returncode == 0 and "swap-rb" in p.stdout and "-> gray" in p.stdout, p.stderr
+    p = tensordiff("check", "toy-gray", "--json", tmp_path / "r.json", tmp_path=tmp_path)
+    assert p.returncode == 0, p.stdout + p.stderr
+    assert "MATCH: all 2 boundaries" in p.stdout
+
+
+def test_its_planted_fault_is_caught_where_it_declares(tmp_path):
+    p = tensordiff("check", "toy-gray", "--fault", "swap-rb", tmp_path=tmp_path)
+    assert p.returncode == 1 and "earliest divergence at `gray`" in p.stdout, p.stdout + p.stderr
+
+
+def test_without_the_package_the_model_is_unknown(tmp_path):
+    p = tensordiff("check", "toy-gray", tmp_path=tmp_path, extra_path=tmp_path)
+    assert p.returncode == 2 and "unknown model 'toy-gray'" in p.stderr and len(p.stderr.strip().splitlines()) == 1
+
+
+def test_a_broken_entry_point_is_one_line_naming_the_package(tmp_path):
+    bad = tmp_path / "site"
+    (bad / "tdbad-0.1.dist-info").mkdir(parents=True)
+    (bad / "tdbad-0.1.dist-info" / "METADATA").write_text("Metadata-Version: 2.1\nName: tdbad\nVersion: 0.1\n")
+    (bad / "tdbad-0.1.dist-info" / "entry_points.txt").write_text(
+        "[tensordiff.models]\nbad-missing = tdbad_nowhere:ADAPTER\nbad-type = string:ascii_letters\n")
+    p = tensordiff("check", "bad-missing", tmp_path=tmp_path, extra_path=bad)
+    assert p.returncode == 2 and "reinstall tdbad" in p.stderr and len(p.stderr.strip().splitlines()) == 1
+    p = tensordiff("faults", "bad-type", tmp_path=tmp_path, extra_path=bad)
+    assert p.returncode == 2 and "not a tensordiff.adapter.ModelAdapter" in p.stderr, p.stderr

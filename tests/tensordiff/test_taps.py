@@ -1,0 +1,140 @@
+"""tensordiff.tap: forward hooks on any nn.Module, recorded into a Recorder."""
+import pytest
+import torch
+
+from tensordiff import MemoryRecorder, Recorder, tap
+from tensordiff.dump import open_dump
+from tensordiff.errors import BadInput
+
+
+class Net(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.blocks = torch.nn.ModuleList([torch.nn.Linear(4, 4) for _ in range(2)])
+        self.pair = Pair()
+
+    def forward(self, x):
+        for b in self.blocks:
+            x = torch.relu(b(x))
+        cos, sin = self.pair(x)
+        return cos + sin
+
+
+class Pair(torch.nn.Module):
+    def forward(self, x):
+        return x.cos(), x.sin()
+
+
+def test_records_outputs_inputs_and_tuple_elements(tmp_path):
+    torch.manual_seed(0)
+    net, x = Net(), torch.randn(3, 4)
+    with Recorder(tmp_path / "d", model="net") as rec, tap(net, {"block0": "blocks.0", "block1.in": "blocks.1@input",
+                                                                 "rope.cos": "pair[0]", "rope.sin": "pair[1]"}, rec):
+        y = net(x)
+    d = open_dump(tmp_path / "d")
+    assert d.names == ["block0", "block1.in", "rope.cos", "rope.sin"]  # forward order
+    assert [e.boundary for e in d.entries] == ["block0", "block1", "rope", "rope"]
+    want0 = net.blocks[0](x)
+    assert torch.equal(torch.from_numpy(d.load("block0")), want0.detach())
+    assert torch.equal(torch.from_numpy(d.load("block1.in")), torch.relu(want0).detach())
+    assert torch.allclose(torch.from_numpy(d.load("rope.cos") + d.load("rope.sin")), y.detach())
+    assert not net.blocks[0]._forward_hooks and not net.blocks[1]._forward_pre_hooks  # removed on exit
+
+
+def test_a_later_in_place_change_does_not_reach_the_record():
+    class InPlace(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin = torch.nn.Linear(2, 2)
+
+        def forward(self, x):
+            y = self.lin(x)
+            y.mul_(0)  # a later kernel overwrites the buffer the hook saw
+            return y
+
+    m, rec = InPlace(), MemoryRecorder()
+    with torch.no_grad(), tap(m, {"lin": "lin"}, rec):
+        m(torch.ones(1, 2))
+    assert rec.tensors["lin"].abs().sum() > 0
+
+
+def test_a_failed_forward_writes_no_dump(tmp_path):
+    net = Net()
+    with pytest.raises(RuntimeError):
+        with Recorder(tmp_path / "d", model="net") as rec, tap(net, {"block0": "blocks.0"}, rec):
+            net(torch.randn(3, 5))  # wrong width: the forward fails
+    assert not (tmp_path / "d").exists()
+
+
+def test_a_module_called_twice_is_refused_unless_every_call():
+    class Twice(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin = torch.nn.Linear(2, 2)
+
+        def forward(self, x):
+            return self.lin(self.lin(x))
+
+    m = Twice()
+    with pytest.raises(BadInput, match="ran more than once"), tap(m, {"lin": "lin"}, MemoryRecorder()):
+        m(torch.ones(1, 2))
+    rec = MemoryRecorder()
+    with tap(m, {"lin": "lin"}, rec, every_call=True):
+        m(torch.ones(1, 2))
+    assert list(rec.tensors) == ["lin.0", "lin.1"]
+
+
+@pytest.mark.parametrize("points,msg", [
+    ({"b": "blocks.7"}, r"no submodule 'blocks.7' \(near it: blocks.0, blocks.1\)"),
+    ({"b": "pair"}, r"gave a tuple of 2, not a tensor; name an element, e.g. 'pair\[0\]'"),
+    ({"b": "pair[5]"}, r"no element \[5\]"),
+    ({"b": "blocks/0"}, "is not a module path"),
+    ({"../x": "blocks.0"}, "is not allowed"),
+    ({}, "at least one point"),
+])
+def test_bad_points_are_one_clear_error(points, msg):
+    net = Net()
+    with pytest.raises(BadInput, match=msg):
+        with tap(net, points, MemoryRecorder()):
+            net(torch.randn(3, 4))
+    assert not any(b._forward_hooks for b in net.modules())
+
+
+def test_works_on_a_transformers_model():
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    cfg = LlamaConfig(vocab_size=64, hidden_size=16, intermediate_size=32, num_hidden_layers=2,
+                      num_attention_heads=2, num_key_value_heads=2, max_position_embeddings=32)
+    torch.manual_seed(0)
+    model = LlamaForCausalLM(cfg).eval()
+    rec = MemoryRecorder()
+    ids = torch.tensor([[1, 2, 3, 4]])
+    with torch.no_grad(), tap(model, {"hidden.0": "model.layers.0", "hidden.1": "model.layers.1",
+                                      "final_norm": "model.norm", "logits": "[logits]"}, rec):
+        out = model(ids, output_hidden_states=True)
+    assert list(rec.tensors) == ["hidden.0", "hidden.1", "final_norm", "logits"]
+    assert torch.equal(rec.tensors["hidden.0"], out.hidden_states[1])
+    assert torch.equal(rec.tensors["final_norm"], out.hidden_states[2])  # HF's last entry is after the norm
+    assert torch.equal(rec.tensors["logits"], out.logits)
+
+
+def test_inputs_by_position_and_keyword():
+    class Kw(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.inner = Inner()
+
+        def forward(self, x):
+            return self.inner(x, scale=x * 2)
+
+    class Inner(torch.nn.Module):
+        def forward(self, x, scale=None):
+            return x * scale
+
+    m, x, rec = Kw(), torch.randn(2, 3), MemoryRecorder()
+    with tap(m, {"x": "inner@input[0]", "scale": "inner@input[scale]"}, rec):
+        m(x)
+    assert torch.equal(rec.tensors["x"], x) and torch.equal(rec.tensors["scale"], x * 2)
+    with pytest.raises(BadInput, match=r"got no input \[bias\] \(1 positional; keywords: scale\)"):
+        with tap(m, {"b": "inner@input[bias]"}, MemoryRecorder()):
+            m(x)
