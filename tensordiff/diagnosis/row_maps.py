@@ -1,0 +1,217 @@
+"""Row hypotheses: B's rows are A's rows moved. A row map says, for each of B's rows, which of A's
+rows it holds (-1: a zero row, a pad; -2: the hypothesis says nothing, the row's error stays).
+
+Two sources of candidates: the grid the contract's row layout names (`run.inputs.grid` for
+"grid"/"merge", the token cells for "cells"/"merged"): 2x2-merge order vs raster, a transposed
+(h, w) grid, a pad misplaced in a grid of width w vs w'; and a match of sampled B rows against
+every A row (a sketch: a few random projections per row, then the nearest candidates checked in
+full), whose offsets give a global shift by k and shifts over row ranges.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+import numpy as np
+
+from ..layout import describe
+from .matrix import Matrix
+
+ZERO, UNKNOWN = -1, -2
+SKETCH = 16  # random projections per row for the search
+CANDIDATES = 4  # nearest rows (in the sketch) checked in full
+MATCH_REL = 1e-3  # a row matches when |b - a|^2 <= MATCH_REL |b|^2 (3% of its norm: bf16 noise is far below)
+A_BLOCK = 8192  # A rows per step of the nearest-row search (bounds its memory)
+
+SrcFn = Callable[[np.ndarray], np.ndarray]
+
+
+@dataclass(frozen=True)
+class RowMap:
+    name: str
+    text: str
+    src: SrcFn
+
+
+def predict_rows(a: Matrix, src: SrcFn, idx: np.ndarray) -> np.ndarray:
+    s = src(idx)
+    rows = a.take(np.where(s >= 0, s, idx))
+    rows[s == ZERO] = 0.0
+    return rows
+
+
+def _grid(run: dict, key: str) -> tuple[int, int] | None:
+    g = (run.get("inputs") or {}).get(key)
+    if isinstance(g, (list, tuple)) and len(g) == 2 and all(isinstance(v, int) and v > 0 for v in g):
+        return int(g[0]), int(g[1])
+    return None
+
+
+def layout_grid(layout: str, n: int, run: dict) -> tuple[int, int] | None:
+    """(h, w) of the grid the rows of a tensor of `layout` and `n` rows run over, when it fits."""
+    if layout in ("grid", "merge"):
+        g = _grid(run, "grid")
+    elif layout == "cells":
+        g = _grid(run, "cells")
+    elif layout == "merged":
+        g0 = _grid(run, "grid")
+        g = (g0[0] // 2, g0[1] // 2) if g0 else None
+    else:
+        return None
+    return g if g and g[0] * g[1] == n else None
+
+
+def merge_to_raster(h: int, w: int) -> np.ndarray:
+    """raster index of each merge-order position (2x2 groups in raster order, each group raster)."""
+    i = np.arange(h * w)
+    blk, intra = np.divmod(i, 4)
+    by, bx = np.divmod(blk, w // 2)
+    return (by * 2 + intra // 2) * w + bx * 2 + intra % 2
+
+
+def grid_maps(layout: str, n: int, run: dict) -> list[RowMap]:
+    g = layout_grid(layout, n, run)
+    if g is None:
+        return []
+    h, w = g
+    out: list[RowMap] = []
+    if layout in ("grid", "merge") and h % 2 == 0 and w % 2 == 0 and w > 2:
+        m2r = merge_to_raster(h, w)
+        r2m = np.argsort(m2r)
+        if layout == "merge":  # A in merge order: B in plain raster order
+            out.append(RowMap("merge-vs-raster", f"B's rows are in plain raster order over the {h}x{w} patch grid "
+                              "where A's are in 2x2-merge order (each 2x2 group contiguous)", lambda i: r2m[i]))
+        else:
+            out.append(RowMap("raster-vs-merge", f"B's rows are in 2x2-merge order (each 2x2 group contiguous) where "
+                              f"A's are in raster order over the {h}x{w} grid", lambda i: m2r[i]))
+    if layout in ("grid", "cells", "merged") and h > 1 and w > 1:
+        out.append(RowMap("transposed-grid", f"B's rows run over the {h}x{w} grid transposed: B's row i is A's patch "
+                          f"(y, x) = (i mod {h}, i div {h}) (height and width swapped)",
+                          lambda i: (i % h) * w + i // h))
+        out.append(RowMap("transposed-grid", f"B's rows run over the {h}x{w} grid read as {w}x{h}: B's row i is A's "
+                          f"row (i mod {w})·{h} + i div {w} (height and width swapped)",
+                          lambda i: (i % w) * h + i // w))
+        for w2 in sorted({w - 1, w + 1, w + 2, -(-w // 2) * 2, -(-w // 3) * 3, -(-w // 4) * 4} - {w}):
+            if w2 <= 1:
+                continue
+            out.append(RowMap("pad-misplaced", f"B is A's grid read with a row width of {w2} instead of {w}: grid row y "
+                              f"of B starts at A's flat row y·{w2} (shifted by {w2 - w}·y; consistent with padding "
+                              f"appended to the flat sequence instead of to each grid row)", _stride(h, w, w2, n)))
+            if w2 > w:
+                out.append(RowMap("pad-misplaced", f"B is A's {w}-wide grid padded to width {w2} at each row's end and "
+                                  f"read back as {w}-wide rows (grid row y shifted right by {w2 - w}·y, zero rows where "
+                                  "the pad lands)", _padded(w, w2, n)))
+    return out
+
+
+def _stride(h: int, w: int, w2: int, n: int) -> SrcFn:
+    def src(i: np.ndarray) -> np.ndarray:
+        y, x = np.divmod(i, w)
+        f = y * w2 + x
+        return np.where(f < n, f, ZERO)
+    return src
+
+
+def _padded(w: int, w2: int, n: int) -> SrcFn:
+    def src(i: np.ndarray) -> np.ndarray:
+        y, x = np.divmod(i, w2)
+        f = y * w + x
+        return np.where((x < w) & (f < n), f, ZERO)
+    return src
+
+
+# ----------------------------------------------------------------------------- matched shifts
+
+def match_rows(a: Matrix, b: Matrix, rows: np.ndarray, xb: np.ndarray) -> np.ndarray:
+    """For each sampled B row (`rows`, values `xb`): the A row it equals, ZERO for a zero row,
+    UNKNOWN when none does. Its own index wins a tie (identical rows)."""
+    rng = np.random.default_rng(1)
+    proj = rng.standard_normal((a.cols, SKETCH))
+    sb = xb @ proj
+    best_d = np.full((rows.size, CANDIDATES), np.inf)
+    best_i = np.zeros((rows.size, CANDIDATES), dtype=np.int64)
+    for r0 in range(0, a.rows, A_BLOCK):
+        r1 = min(a.rows, r0 + A_BLOCK)
+        sa = a.read(r0, r1) @ proj
+        d = (sb ** 2).sum(1)[:, None] + (sa ** 2).sum(1)[None, :] - 2 * sb @ sa.T
+        k = min(CANDIDATES, r1 - r0)
+        part = np.argpartition(d, k - 1, axis=1)[:, :k]
+        cd = np.concatenate([best_d, np.take_along_axis(d, part, 1)], 1)
+        ci = np.concatenate([best_i, part + r0], 1)
+        keep = np.argsort(cd, axis=1)[:, :CANDIDATES]
+        best_d, best_i = np.take_along_axis(cd, keep, 1), np.take_along_axis(ci, keep, 1)
+    norm = (xb ** 2).sum(1)
+    scale = float(norm.mean()) if norm.size else 0.0
+    out = np.full(rows.size, UNKNOWN, dtype=np.int64)
+    own = a.take(rows)
+    for k, (r, bi) in enumerate(zip(rows, best_i)):
+        if norm[k] <= 1e-12 * max(scale, 1e-300):
+            out[k] = ZERO
+            continue
+        if ((xb[k] - own[k]) ** 2).sum() <= MATCH_REL * norm[k]:
+            out[k] = r
+            continue
+        cand = a.take(bi)
+        err = ((cand - xb[k]) ** 2).sum(1)
+        j = int(np.argmin(err))
+        if err[j] <= MATCH_REL * norm[k]:
+            out[k] = bi[j]
+    return out
+
+
+def _row_ok(a: Matrix, b: Matrix, i: int, j: int) -> bool:
+    if not (0 <= i < b.rows and 0 <= j < a.rows):
+        return False
+    xb, xa = b.read(i, i + 1)[0], a.read(j, j + 1)[0]
+    nb = float((xb ** 2).sum())
+    return nb > 0 and float(((xb - xa) ** 2).sum()) <= MATCH_REL * nb
+
+
+def shift_maps(a: Matrix, b: Matrix, rows: np.ndarray, match: np.ndarray, layout: str, run: dict) -> list[RowMap]:
+    ok = match >= 0
+    off = np.where(ok, match - rows, 0)
+    moved = ok & (off != 0)
+    if moved.sum() < 2:
+        return []
+    out: list[RowMap] = []
+    vals, counts = np.unique(off[moved], return_counts=True)
+    n = b.rows
+    for d in vals[np.argsort(-counts)][:3]:
+        d = int(d)
+        out.append(RowMap("shift", f"B equals A shifted by {abs(d)} row{'s' if abs(d) != 1 else ''} "
+                          f"({'later' if d < 0 else 'earlier'} rows: B's row i is A's row i {'+' if d > 0 else '-'} {abs(d)})",
+                          lambda i, d=d: np.where((i + d >= 0) & (i + d < n), i + d, UNKNOWN)))
+    # ranges of rows with one offset: consecutive sampled rows sharing it, edges found row by row
+    segs: list[tuple[int, int, int]] = []
+    k = 0
+    idx = np.flatnonzero(moved)
+    while k < idx.size:
+        d = int(off[idx[k]])
+        lo = hi = int(rows[idx[k]])
+        k2 = k
+        while k2 + 1 < idx.size and int(off[idx[k2 + 1]]) == d and not (
+                (ok & (off == 0))[idx[k2] + 1:idx[k2 + 1]].any()):
+            k2 += 1
+            hi = int(rows[idx[k2]])
+        k = k2 + 1
+        while _row_ok(a, b, lo - 1, lo - 1 + d):
+            lo -= 1
+        while _row_ok(a, b, hi + 1, hi + 1 + d):
+            hi += 1
+        segs.append((lo, hi, d))
+    if len(segs) >= 1 and not (len(segs) == 1 and segs[0][0] == max(0, -segs[0][2])
+                               and segs[0][1] == min(n, n - segs[0][2]) - 1):
+        starts = np.array([s[0] for s in segs])
+        ends = np.array([s[1] for s in segs])
+        ds = np.array([s[2] for s in segs])
+
+        def src(i: np.ndarray) -> np.ndarray:
+            j = np.searchsorted(starts, i, side="right") - 1
+            inside = (j >= 0) & (i <= ends[np.clip(j, 0, None)])
+            return np.where(inside, i + ds[np.clip(j, 0, None)], UNKNOWN)
+
+        parts = [f"rows {lo}–{hi} ({describe(layout, (lo,), run)} onward) equal A's rows {lo + d}–{hi + d} "
+                 f"(shifted by {d:+d})" for lo, hi, d in segs[:3]]
+        more = f" and {len(segs) - 3} more ranges" if len(segs) > 3 else ""
+        out.append(RowMap("row-range-shift", "B's " + "; ".join(parts) + more, src))
+    return out

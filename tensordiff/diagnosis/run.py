@@ -1,0 +1,91 @@
+"""Running the hypotheses on a diverged boundary: search on sampled rows, confirm the best by
+streaming the whole tensor, keep the one that explains most (if it explains enough)."""
+from __future__ import annotations
+
+import numpy as np
+
+from ..contract import Boundary, Contract
+from ..dump import Dump
+from ..storage import StoredTensor
+from . import affine, column_maps, row_maps
+from .finding import MIN_EXPLAINED, Finding, explained
+from .matrix import Matrix, residual, sample_rows
+from .pairs import pair_findings
+from .sizes import size_findings
+
+CONFIRM = 3  # candidates confirmed on the whole tensor (each one streamed pass)
+MAX_ROOTS = 4  # boundaries diagnosed per report
+
+
+def diagnose_tensor(name: str, sa: StoredTensor, sb: StoredTensor, layout: str, run: dict) -> list[Finding]:
+    """Every confirmed finding for one float tensor, best first (the caller keeps what explains enough)."""
+    if sa.shape != sb.shape or sa.numel == 0 or not (sa.dtype.is_float and sb.dtype.is_float):
+        return []
+    with Matrix(sa) as a, Matrix(sb) as b:
+        rows = sample_rows(a.rows)
+        xa, xb = a.take(rows), b.take(rows)
+        e0 = float(((xb - xa) ** 2).sum())
+        scored: list[tuple[float, str, str, str, object]] = []
+        if e0 > 0:
+            maps = row_maps.grid_maps(layout, a.rows, run)
+            if a.rows > 1:
+                maps += row_maps.shift_maps(a, b, rows, row_maps.match_rows(a, b, rows, xb), layout, run)
+            for m in maps:
+                pred = row_maps.predict_rows(a, m.src, rows)
+                scored.append((explained(e0, float(((xb - pred) ** 2).sum())), "rows", m.name, m.text,
+                               lambda r0, r1, m=m: row_maps.predict_rows(a, m.src, np.arange(r0, r1))))
+            cmaps = column_maps.named_maps(a.cols)
+            mm = column_maps.matched_map(xa, xb)
+            if mm is not None:
+                cmaps.append(mm)
+            for m in cmaps:
+                scored.append((explained(e0, float(((xb - xa[:, m.perm]) ** 2).sum())), "columns", m.name, m.text,
+                               lambda r0, r1, m=m: a.read(r0, r1)[:, m.perm]))
+        scored.sort(key=lambda s: -s[0])
+        out = []
+        for share, kind, hname, text, predict in scored[:CONFIRM]:
+            if share < MIN_EXPLAINED * 0.9:  # the sample says it cannot reach the bar
+                break
+            err, res = residual(a, b, predict)
+            out.append(Finding(name, kind, hname, text, explained(err, res)))
+        out += affine.findings(name, a, b, layout, run)
+    return sorted(out, key=lambda f: -f.explained)
+
+
+def diagnose_boundary(bd: Boundary, names_a: dict[str, StoredTensor], names_b: dict[str, StoredTensor],
+                      diverged: list[str], run: dict) -> list[Finding]:
+    """The findings that explain a diverged boundary: one per diverged tensor at most (or one for
+    a swapped pair, or one for the sizes), each explaining at least MIN_EXPLAINED of its error."""
+    out: list[Finding] = []
+    ints = [n for n in diverged if not names_a[n].dtype.is_float]
+    if ints:
+        out += size_findings(bd.meaning, {n: names_a[n] for n in ints}, {n: names_b[n] for n in ints})
+    floats = [n for n in diverged if names_a[n].dtype.is_float]
+    pair = [f for f in pair_findings({n: names_a[n] for n in names_a}, {n: names_b[n] for n in names_b})
+            if f.explained >= MIN_EXPLAINED and any(t in floats for t in f.tensor.split(" / "))]
+    if pair:
+        out.append(max(pair, key=lambda f: f.explained))
+        covered = set(out[-1].tensor.split(" / "))
+        floats = [n for n in floats if n not in covered]
+    for n in floats:
+        best = [f for f in diagnose_tensor(n, names_a[n], names_b[n], bd.layout, run) if f.explained >= MIN_EXPLAINED]
+        if best:
+            out.append(best[0])
+    return out
+
+
+def diagnose_report(results, da: Dump, db: Dump, contract: Contract, bounds: list[Boundary] | None = None) -> None:
+    """Fill `diagnosis` of the root boundaries among `results` (BoundaryResults, at most MAX_ROOTS):
+    findings, or [] for "no simple explanation". Boundaries that match are never diagnosed."""
+    by = {b.name: b for b in (bounds or contract.boundaries)}
+    ea = {e.name: e for e in da.entries}
+    eb = {e.name: e for e in db.entries}
+    run = da.run or db.run
+    for br in [b for b in results if b.root][:MAX_ROOTS]:
+        diverged = [t.name for t in br.tensors if t.status == "diverged" and t.name in ea and t.name in eb]
+        if not diverged:
+            continue
+        bd = by.get(br.name, Boundary(br.name, layout=br.layout, meaning=br.meaning))
+        names = [t.name for t in br.tensors if t.name in ea and t.name in eb]
+        br.diagnosis = [f.as_json() for f in diagnose_boundary(
+            bd, {n: ea[n].stored for n in names}, {n: eb[n].stored for n in names}, diverged, run)]
