@@ -299,6 +299,10 @@ def run_case(spec: CaseSpec, work: Path, *, kept: bool, tolerances=None, use_cac
         say("comparing…")
         if first:
             case.report = compare_dumps(odir, edir, judge)
+            # a root no direct hypothesis explains: replay the engine's stage on re-laid inputs
+            from .diagnosis.replay import replay_roots
+
+            replay_roots(adapter, req, odir, edir, case.report)
         if "numeric" in passes:
             num = _numeric(adapter, ereq, odir if oreq.dtype == "float32" and first else None,
                            odir if not first else None, edir if not first else None, work, kept, use_cache, tols,

@@ -31,6 +31,9 @@ class RowMap:
     name: str
     text: str
     src: SrcFn
+    # what a stage that reads its input through this map's inverse does (`replay`): feeding it
+    # A's input re-laid by this map undoes the misreading; "" for maps replay does not try
+    reads: str = ""
 
 
 def predict_rows(a: Matrix, src: SrcFn, idx: np.ndarray) -> np.ndarray:
@@ -80,17 +83,21 @@ def grid_maps(layout: str, n: int, run: dict) -> list[RowMap]:
         r2m = np.argsort(m2r)
         if layout == "merge":  # A in merge order: B in plain raster order
             out.append(RowMap("merge-vs-raster", f"B's rows are in plain raster order over the {h}x{w} patch grid "
-                              "where A's are in 2x2-merge order (each 2x2 group contiguous)", lambda i: r2m[i]))
+                              "where A's are in 2x2-merge order (each 2x2 group contiguous)", lambda i: r2m[i],
+                              f"reads its {h}x{w} input as if it were in raster order, where it is in 2x2-merge order"))
         else:
             out.append(RowMap("raster-vs-merge", f"B's rows are in 2x2-merge order (each 2x2 group contiguous) where "
-                              f"A's are in raster order over the {h}x{w} grid", lambda i: m2r[i]))
+                              f"A's are in raster order over the {h}x{w} grid", lambda i: m2r[i],
+                              f"reads its {h}x{w} input as if it were in 2x2-merge order, where it is in raster order"))
     if layout in ("grid", "cells", "merged") and h > 1 and w > 1:
         out.append(RowMap("transposed-grid", f"B's rows run over the {h}x{w} grid transposed: B's row i is A's patch "
                           f"(y, x) = (i mod {h}, i div {h}) (height and width swapped)",
-                          lambda i: (i % h) * w + i // h))
+                          lambda i: (i % h) * w + i // h,
+                          f"reads its {h}x{w} input grid transposed (height and width swapped)"))
         out.append(RowMap("transposed-grid", f"B's rows run over the {h}x{w} grid read as {w}x{h}: B's row i is A's "
                           f"row (i mod {w})·{h} + i div {w} (height and width swapped)",
-                          lambda i: (i % w) * h + i // w))
+                          lambda i: (i % w) * h + i // w,
+                          f"reads its {h}x{w} input grid as {w}x{h} (height and width swapped)"))
         for w2 in sorted({w - 1, w + 1, w + 2, -(-w // 2) * 2, -(-w // 3) * 3, -(-w // 4) * 4} - {w}):
             if w2 <= 1:
                 continue
@@ -100,7 +107,10 @@ def grid_maps(layout: str, n: int, run: dict) -> list[RowMap]:
             if w2 > w:
                 out.append(RowMap("pad-misplaced", f"B is A's {w}-wide grid padded to width {w2} at each row's end and "
                                   f"read back as {w}-wide rows (grid row y shifted right by {w2 - w}·y, zero rows where "
-                                  "the pad lands)", _padded(w, w2, n)))
+                                  "the pad lands)", _padded(w, w2, n),
+                                  f"reads its {w}-wide input grid as a flat sequence padded at its end and re-read "
+                                  f"as a grid of width {w2}: grid row y lands shifted by {w2 - w}·y (consistent with "
+                                  f"padding appended to the flat sequence instead of a pad at each grid row's end)"))
     return out
 
 
