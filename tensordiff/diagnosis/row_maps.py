@@ -34,12 +34,19 @@ class RowMap:
     # what a stage that reads its input through this map's inverse does (`replay`): feeding it
     # A's input re-laid by this map undoes the misreading; "" for maps replay does not try
     reads: str = ""
+    # one vector B repeats over rows A has nothing like (a placeholder never overwritten): B's
+    # rows equal to it are predicted as it
+    fill: np.ndarray | None = None
 
 
-def predict_rows(a: Matrix, src: SrcFn, idx: np.ndarray) -> np.ndarray:
-    s = src(idx)
+def predict_rows(a: Matrix, m: RowMap, idx: np.ndarray, xb: np.ndarray) -> np.ndarray:
+    """A's prediction of B's rows `idx` (whose values are `xb`) under the row map `m`."""
+    s = m.src(idx)
     rows = a.take(np.where(s >= 0, s, idx))
     rows[s == ZERO] = 0.0
+    if m.fill is not None:
+        same = (xb == m.fill[None, :]).all(1)
+        rows[same] = m.fill
     return rows
 
 
@@ -177,11 +184,40 @@ def _row_ok(a: Matrix, b: Matrix, i: int, j: int) -> bool:
     return nb > 0 and float(((xb - xa) ** 2).sum()) <= MATCH_REL * nb
 
 
-def shift_maps(a: Matrix, b: Matrix, rows: np.ndarray, match: np.ndarray, layout: str, run: dict) -> list[RowMap]:
+def _placeholder(rows: np.ndarray, match: np.ndarray, xb: np.ndarray) -> tuple[np.ndarray | None, np.ndarray]:
+    """The one vector most unmatched sampled B rows repeat exactly (at least 3 of them), and where."""
+    lost = np.flatnonzero(match == UNKNOWN)
+    if lost.size < 3:
+        return None, lost[:0]
+    vals, inv, counts = np.unique(xb[lost], axis=0, return_inverse=True, return_counts=True)
+    k = int(np.argmax(counts))
+    if counts[k] < 3:
+        return None, lost[:0]
+    return vals[k], rows[lost[inv.reshape(-1) == k]]
+
+
+def _period(segs: list[tuple[int, int, int]]) -> int:
+    """The period p when most ranges (3/4) copy the same A rows, each p rows after the last."""
+    if len(segs) < 3:
+        return 0
+    srcs = [(lo + d, hi + d) for lo, hi, d in segs]
+    common = max(set(srcs), key=srcs.count)
+    los = [lo for (lo, _, _), s in zip(segs, srcs) if s == common]
+    steps = np.diff(los)
+    if len(los) < 0.75 * len(segs) or not steps.size:
+        return 0
+    vals, counts = np.unique(steps, return_counts=True)
+    k = int(np.argmax(counts))
+    return int(vals[k]) if counts[k] >= 0.75 * steps.size and vals[k] > 0 else 0
+
+
+def shift_maps(a: Matrix, b: Matrix, rows: np.ndarray, match: np.ndarray, layout: str, run: dict,
+               xb: np.ndarray) -> list[RowMap]:
     ok = match >= 0
     off = np.where(ok, match - rows, 0)
     moved = ok & (off != 0)
-    if moved.sum() < 2:
+    fill, where = _placeholder(rows, match, xb)
+    if moved.sum() < 2 and fill is None:
         return []
     out: list[RowMap] = []
     vals, counts = np.unique(off[moved], return_counts=True)
@@ -209,19 +245,32 @@ def shift_maps(a: Matrix, b: Matrix, rows: np.ndarray, match: np.ndarray, layout
         while _row_ok(a, b, hi + 1, hi + 1 + d):
             hi += 1
         segs.append((lo, hi, d))
-    if len(segs) >= 1 and not (len(segs) == 1 and segs[0][0] == max(0, -segs[0][2])
-                               and segs[0][1] == min(n, n - segs[0][2]) - 1):
+    whole = len(segs) == 1 and segs[0][0] == max(0, -segs[0][2]) and segs[0][1] == min(n, n - segs[0][2]) - 1
+    if (segs and not whole) or fill is not None:
         starts = np.array([s[0] for s in segs])
         ends = np.array([s[1] for s in segs])
         ds = np.array([s[2] for s in segs])
 
         def src(i: np.ndarray) -> np.ndarray:
+            if not segs:
+                return np.full(i.shape, UNKNOWN)
             j = np.searchsorted(starts, i, side="right") - 1
             inside = (j >= 0) & (i <= ends[np.clip(j, 0, None)])
             return np.where(inside, i + ds[np.clip(j, 0, None)], UNKNOWN)
 
-        parts = [f"rows {lo}–{hi} ({describe(layout, (lo,), run)} onward) equal A's rows {lo + d}–{hi + d} "
+        parts = [f"rows {lo}–{hi} (from {describe(layout, (lo,), run)}) equal A's rows {lo + d}–{hi + d} "
                  f"(shifted by {d:+d})" for lo, hi, d in segs[:3]]
-        more = f" and {len(segs) - 3} more ranges" if len(segs) > 3 else ""
-        out.append(RowMap("row-range-shift", "B's " + "; ".join(parts) + more, src))
+        if len(segs) > 3:
+            parts[-1] += f", and {len(segs) - 3} more ranges like them"
+        period = _period(segs)
+        if period:
+            lo, hi, d = segs[0]
+            parts.insert(0, f"rows repeat A's rows {lo + d}–{hi + d} every {period} rows from row {lo} on (consistent "
+                         f"with them placed at one fixed offset inside every {period}-row chunk)")
+        if fill is not None:
+            lo, hi = int(where.min()), int(where.max())
+            parts.append(f"rows between {lo} ({describe(layout, (lo,), run)}) and {hi} ({describe(layout, (hi,), run)}) "
+                         "hold one repeated vector found nowhere in A (a placeholder never overwritten)")
+        name = "row-range-shift" if segs else "placeholder-rows"
+        out.append(RowMap(name, "B's " + "; ".join(parts), src, fill=fill))
     return out

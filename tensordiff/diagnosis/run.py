@@ -14,6 +14,18 @@ from .pairs import pair_findings
 from .sizes import size_findings
 
 CONFIRM = 3  # candidates confirmed on the whole tensor (each one streamed pass)
+# Hypotheses with more freedom (a parameter per row, channel or range): within NEAR of the best,
+# the simpler one is reported (a shift by 3 rather than "rows 3-199 shifted, rows 0-2 too")
+LOOSE = {"row-range-shift", "placeholder-rows", "column-permutation", "channel-scale", "channel-offset", "row-scale"}
+NEAR = 0.02
+
+
+def best_first(findings: list[Finding]) -> list[Finding]:
+    out = sorted(findings, key=lambda f: -f.explained)
+    if out:
+        top = out[0].explained
+        out.sort(key=lambda f: (f.explained < top - NEAR, f.name in LOOSE, -f.explained))
+    return out
 MAX_ROOTS = 4  # boundaries diagnosed per report
 
 
@@ -29,11 +41,11 @@ def diagnose_tensor(name: str, sa: StoredTensor, sb: StoredTensor, layout: str, 
         if e0 > 0:
             maps = row_maps.grid_maps(layout, a.rows, run)
             if a.rows > 1:
-                maps += row_maps.shift_maps(a, b, rows, row_maps.match_rows(a, b, rows, xb), layout, run)
+                maps += row_maps.shift_maps(a, b, rows, row_maps.match_rows(a, b, rows, xb), layout, run, xb)
             for m in maps:
-                pred = row_maps.predict_rows(a, m.src, rows)
+                pred = row_maps.predict_rows(a, m, rows, xb)
                 scored.append((explained(e0, float(((xb - pred) ** 2).sum())), "rows", m.name, m.text,
-                               lambda r0, r1, m=m: row_maps.predict_rows(a, m.src, np.arange(r0, r1))))
+                               lambda r0, r1, m=m: row_maps.predict_rows(a, m, np.arange(r0, r1), b.read(r0, r1))))
             cmaps = column_maps.named_maps(a.cols)
             mm = column_maps.matched_map(xa, xb)
             if mm is not None:
@@ -49,7 +61,7 @@ def diagnose_tensor(name: str, sa: StoredTensor, sb: StoredTensor, layout: str, 
             err, res = residual(a, b, predict)
             out.append(Finding(name, kind, hname, text, explained(err, res)))
         out += affine.findings(name, a, b, layout, run)
-    return sorted(out, key=lambda f: -f.explained)
+    return best_first(out)
 
 
 def diagnose_boundary(bd: Boundary, names_a: dict[str, StoredTensor], names_b: dict[str, StoredTensor],
