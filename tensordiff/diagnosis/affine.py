@@ -80,13 +80,15 @@ def findings(name: str, a: Matrix, b: Matrix, layout: str, run: dict) -> list[Fi
     if off.any() and a.cols > 1:
         rows = np.flatnonzero(off)
         if off.all():
-            where = f"every row (scales {_range(s)}: consistent with a per-row normalisation constant, e.g. a norm's epsilon)"
+            where = (f"every row scaled (by {_range(s)}: consistent with a per-row normalisation constant, e.g. a "
+                     "norm's epsilon)")
+        elif rows.size == 1:
+            where = f"row {rows[0]} ({describe(layout, (int(rows[0]),), run)}) scaled by {_range(s[off])}"
         elif rows[-1] - rows[0] + 1 == rows.size:
             where = (f"rows {rows[0]}–{rows[-1]} ({describe(layout, (int(rows[0]),), run)} to "
-                     f"{describe(layout, (int(rows[-1]),), run)}) by {_range(s[off])}")
+                     f"{describe(layout, (int(rows[-1]),), run)}) scaled by {_range(s[off])}")
         else:
-            where = f"{rows.size} rows (first {', '.join(map(str, rows[:6]))}) by {_range(s[off])}"
+            where = f"{rows.size} rows (first {', '.join(map(str, rows[:6]))}) scaled by {_range(s[off])}"
         keep = (r["bb"] - 2 * r["ab"] + r["aa"])[~off].sum()
-        out.append(Finding(name, "scale", "row-scale", f"B equals A with {where} scaled" if off.all()
-                           else f"B equals A with {where}", explained(err, res[off].sum() + keep)))
+        out.append(Finding(name, "scale", "row-scale", f"B equals A with {where}", explained(err, res[off].sum() + keep)))
     return out

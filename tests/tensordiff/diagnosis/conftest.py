@@ -21,7 +21,7 @@ def write(path, tensors: dict, run: dict):
     with Recorder(path, model=MODEL, run=run, producer={"name": "test"}) as r:
         for k, v in tensors.items():
             t = torch.from_numpy(np.ascontiguousarray(v))
-            r.record(k, t, boundary="plan" if k.startswith("plan") else "x")
+            r.record(k, t, boundary=k.split(".")[0])  # "x.cos" -> x, "plan.size" -> plan
     return path
 
 
