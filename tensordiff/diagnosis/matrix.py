@@ -12,6 +12,7 @@ from ..storage import StoredTensor
 from ..stream import chunk_len, release
 
 SAMPLE_ROWS = 256  # rows a search looks at; the confirmation streams every row
+SAMPLE_ELEMENTS = 1 << 21  # ... and fewer of wide rows (logits): 16 MB of float64 per side at most
 
 
 class Matrix:
@@ -34,7 +35,8 @@ class Matrix:
         raw = self._r.read(r0 * c, r1 * c)
         out = to_float64(raw, self.st.dtype).reshape(r1 - r0, c)
         release(self._r, r0 * c, r1 * c)
-        return np.where(np.isfinite(out), out, 0.0)
+        out[~np.isfinite(out)] = 0.0  # in place: a chunk is held once
+        return out
 
     def take(self, idx: np.ndarray) -> np.ndarray:
         """Rows `idx` (any order, repeats allowed), read as runs of consecutive rows."""
@@ -57,8 +59,9 @@ class Matrix:
             yield r0, min(self.rows, r0 + step)
 
 
-def sample_rows(n: int, k: int = SAMPLE_ROWS) -> np.ndarray:
+def sample_rows(n: int, cols: int = 1) -> np.ndarray:
     """Rows for a search: seeded at random (no aliasing with a grid's width), sorted; all when few."""
+    k = max(8, min(SAMPLE_ROWS, SAMPLE_ELEMENTS // max(cols, 1)))
     if n <= k:
         return np.arange(n)
     return np.sort(np.random.default_rng(0).choice(n, k, replace=False))

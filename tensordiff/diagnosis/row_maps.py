@@ -139,8 +139,8 @@ def _padded(w: int, w2: int, n: int) -> SrcFn:
 
 # ----------------------------------------------------------------------------- matched shifts
 
-def match_rows(a: Matrix, b: Matrix, rows: np.ndarray, xb: np.ndarray) -> np.ndarray:
-    """For each sampled B row (`rows`, values `xb`): the A row it equals, ZERO for a zero row,
+def match_rows(a: Matrix, rows: np.ndarray, xa: np.ndarray, xb: np.ndarray) -> np.ndarray:
+    """For each sampled B row (`rows`, values `xb`; A's own rows `xa`): the A row it equals, ZERO for a zero row,
     UNKNOWN when none does. Its own index wins a tie (identical rows)."""
     rng = np.random.default_rng(1)
     proj = rng.standard_normal((a.cols, SKETCH))
@@ -159,21 +159,18 @@ def match_rows(a: Matrix, b: Matrix, rows: np.ndarray, xb: np.ndarray) -> np.nda
         best_d, best_i = np.take_along_axis(cd, keep, 1), np.take_along_axis(ci, keep, 1)
     norm = (xb ** 2).sum(1)
     scale = float(norm.mean()) if norm.size else 0.0
-    out = np.full(rows.size, UNKNOWN, dtype=np.int64)
-    own = a.take(rows)
-    for k, (r, bi) in enumerate(zip(rows, best_i)):
-        if norm[k] <= 1e-12 * max(scale, 1e-300):
-            out[k] = ZERO
-            continue
-        if ((xb[k] - own[k]) ** 2).sum() <= MATCH_REL * norm[k]:
-            out[k] = r
-            continue
-        cand = a.take(bi)
-        err = ((cand - xb[k]) ** 2).sum(1)
-        j = int(np.argmin(err))
-        if err[j] <= MATCH_REL * norm[k]:
-            out[k] = bi[j]
-    return out
+    bar = MATCH_REL * norm
+    err = np.empty(best_i.shape)
+    step = max(1, A_BLOCK * SKETCH // max(a.cols * CANDIDATES, 1))  # candidate rows held at once: bounded
+    for s0 in range(0, rows.size, step):
+        sl = slice(s0, s0 + step)
+        cand = a.take(best_i[sl].reshape(-1)).reshape(-1, best_i.shape[1], a.cols)
+        err[sl] = ((cand - xb[sl, None, :]) ** 2).sum(2)
+    j = np.argmin(err, axis=1)
+    k = np.arange(rows.size)
+    out = np.where(err[k, j] <= bar, best_i[k, j], UNKNOWN)
+    out = np.where(((xb - xa) ** 2).sum(1) <= bar, rows, out)  # its own row wins a tie
+    return np.where(norm <= 1e-12 * max(scale, 1e-300), ZERO, out)
 
 
 def _row_ok(a: Matrix, b: Matrix, i: int, j: int) -> bool:

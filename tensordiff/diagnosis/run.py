@@ -34,14 +34,14 @@ def diagnose_tensor(name: str, sa: StoredTensor, sb: StoredTensor, layout: str, 
     if sa.shape != sb.shape or sa.numel == 0 or not (sa.dtype.is_float and sb.dtype.is_float):
         return []
     with Matrix(sa) as a, Matrix(sb) as b:
-        rows = sample_rows(a.rows)
+        rows = sample_rows(a.rows, a.cols)
         xa, xb = a.take(rows), b.take(rows)
         e0 = float(((xb - xa) ** 2).sum())
         scored: list[tuple[float, str, str, str, object]] = []
         if e0 > 0:
             maps = row_maps.grid_maps(layout, a.rows, run)
             if a.rows > 1:
-                maps += row_maps.shift_maps(a, b, rows, row_maps.match_rows(a, b, rows, xb), layout, run, xb)
+                maps += row_maps.shift_maps(a, b, rows, row_maps.match_rows(a, rows, xa, xb), layout, run, xb)
             for m in maps:
                 pred = row_maps.predict_rows(a, m, rows, xb)
                 scored.append((explained(e0, float(((xb - pred) ** 2).sum())), "rows", m.name, m.text,
