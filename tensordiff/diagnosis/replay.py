@@ -66,13 +66,15 @@ def replay_roots(adapter, req, oracle_dir: str | Path, engine_dir: str | Path, r
         bd = by.get(br.name)
         if bd is None or not bd.inputs:
             continue
-        if stages is None:
+        outs = [t.name for t in br.tensors if t.status == "diverged" and t.name in by_name and t.name in eng]
+        regrouped = [e for i in bd.inputs for e in ents.get(i, []) if e.dtype.is_float and e.shape
+                     and any(by_name[n].shape[:1] != e.shape[:1] for n in outs)]
+        if not outs or not regrouped:
+            continue
+        if stages is None:  # the engine's stages are built (weights loaded) only when one is replayed
             stages = (make_stages or adapter.stages())(req, od.run)
         stage = stages.get(br.name)
         if stage is None:
-            continue
-        outs = [t.name for t in br.tensors if t.status == "diverged" and t.name in by_name and t.name in eng]
-        if not outs:
             continue
         want = {n: _numpy(by_name[n]) for n in outs}
         err = {n: float(((_numpy(eng[n]) - want[n]) ** 2).sum()) for n in outs}
@@ -87,7 +89,7 @@ def replay_roots(adapter, req, oracle_dir: str | Path, engine_dir: str | Path, r
             for e in ents.get(inp, []):
                 # only a stage that regroups rows (cells from patches): through a row-aligned one a
                 # misread input shows as rows moved at its output, which the direct hypotheses see
-                if not e.dtype.is_float or not e.shape or all(want[n].shape[:1] == e.shape[:1] for n in outs):
+                if e not in regrouped:
                     continue
                 x = _numpy(e).reshape(e.shape[0], -1)
                 for m in grid_maps(ib.layout, e.shape[0], od.run):

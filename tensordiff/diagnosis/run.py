@@ -11,7 +11,7 @@ from . import affine, column_maps, row_maps
 from .finding import MIN_EXPLAINED, Finding, explained
 from .matrix import Matrix, residual, sample_rows
 from .pairs import pair_findings
-from .sizes import size_findings
+from .sizes import SIZES_MAX, size_findings
 
 CONFIRM = 3  # candidates confirmed on the whole tensor (each one streamed pass)
 # Hypotheses with more freedom (a parameter per row, channel or range): within NEAR of the best,
@@ -64,10 +64,20 @@ def diagnose_tensor(name: str, sa: StoredTensor, sb: StoredTensor, layout: str, 
     return best_first(out)
 
 
+def testable(st: StoredTensor) -> bool:
+    """Float tensors are diagnosed; integer ones only when small (the `plan`'s sizes): a choice
+    of ids is judged as sets (`ties`), never as a layout."""
+    return st.dtype.is_float or (st.dtype.kind == "int" and 0 < st.numel <= SIZES_MAX)
+
+
 def diagnose_boundary(bd: Boundary, names_a: dict[str, StoredTensor], names_b: dict[str, StoredTensor],
-                      diverged: list[str], run: dict) -> list[Finding]:
+                      diverged: list[str], run: dict) -> list[Finding] | None:
     """The findings that explain a diverged boundary: one per diverged tensor at most (or one for
-    a swapped pair, or one for the sizes), each explaining at least MIN_EXPLAINED of its error."""
+    a swapped pair, or one for the sizes), each explaining at least MIN_EXPLAINED of its error;
+    None when none of its diverged tensors is of a kind the hypotheses test."""
+    diverged = [n for n in diverged if testable(names_a[n]) and testable(names_b[n])]
+    if not diverged:
+        return None
     out: list[Finding] = []
     ints = [n for n in diverged if not names_a[n].dtype.is_float]
     if ints:
@@ -94,10 +104,12 @@ def diagnose_report(results, da: Dump, db: Dump, contract: Contract, bounds: lis
     eb = {e.name: e for e in db.entries}
     run = da.run or db.run
     for br in [b for b in results if b.root][:MAX_ROOTS]:
-        diverged = [t.name for t in br.tensors if t.status == "diverged" and t.name in ea and t.name in eb]
+        diverged = [t.name for t in br.tensors if t.status == "diverged" and t.mode in ("values", "exact")
+                    and t.name in ea and t.name in eb]
         if not diverged:
             continue
         bd = by.get(br.name, Boundary(br.name, layout=br.layout, meaning=br.meaning))
         names = [t.name for t in br.tensors if t.name in ea and t.name in eb]
-        br.diagnosis = [f.as_json() for f in diagnose_boundary(
-            bd, {n: ea[n].stored for n in names}, {n: eb[n].stored for n in names}, diverged, run)]
+        found = diagnose_boundary(bd, {n: ea[n].stored for n in names}, {n: eb[n].stored for n in names}, diverged, run)
+        if found is not None:
+            br.diagnosis = [f.as_json() for f in found]

@@ -11,6 +11,7 @@ from ..dtypes import to_float64
 from .finding import Finding
 
 FIELDS = re.compile(r"([\w.]+) \[([^\]]+)\]")
+SIZES_MAX = 64  # integer elements of one plan tensor: decisions, not data
 
 
 def field_names(meaning: str) -> dict[str, list[str]]:
@@ -31,7 +32,7 @@ def size_findings(meaning: str, names_a: dict, names_b: dict) -> list[Finding]:
     diffs = []
     for n, sa in names_a.items():
         sb = names_b.get(n)
-        if sb is None or sa.shape != sb.shape or sa.numel > 64 or sa.dtype.is_float:
+        if sb is None or sa.shape != sb.shape or sa.numel > SIZES_MAX or sa.dtype.is_float:
             continue
         xa, xb = _load(sa), _load(sb)
         for k in np.flatnonzero(xa != xb):
