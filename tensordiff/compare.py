@@ -90,11 +90,11 @@ def compare_dumps(a: str | Path | Dump, b: str | Path | Dump,
             stop = True
     _assign_roots(bounds, present, results)
     report_rows = [results[b.name] for b in present]
+    notes = []
     if diagnose:
         from .diagnosis import diagnose_report
 
-        diagnose_report(report_rows, da, db, contract, bounds)
-    notes = []
+        notes += diagnose_report(report_rows, da, db, contract, bounds)
     if da.producer.get("side") and da.producer.get("side") == db.producer.get("side"):
         notes.append(f"both dumps come from the {da.producer['side']} side")
     for k in ("dtype", "device"):

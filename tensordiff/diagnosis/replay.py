@@ -47,7 +47,15 @@ def _torch(entry, values: np.ndarray | None = None):
 
 
 def replay_roots(adapter, req, oracle_dir: str | Path, engine_dir: str | Path, report, make_stages=None) -> None:
-    """Add stage findings to the report's root boundaries whose diagnosis is empty."""
+    """Add stage findings to the report's root boundaries whose diagnosis is empty. A replay that
+    fails is a note in the report; it never costs the comparison its verdict."""
+    try:
+        _replay(adapter, req, oracle_dir, engine_dir, report, make_stages)
+    except Exception as e:
+        report.notes.append(f"the stage replay of the diagnosis failed ({type(e).__name__}: {str(e)[:200]})")
+
+
+def _replay(adapter, req, oracle_dir, engine_dir, report, make_stages) -> None:
     todo = [b for b in report.boundaries if b.root and b.diagnosis == []]
     if not todo or (make_stages is None and adapter.stages is None):
         return

@@ -96,9 +96,12 @@ def diagnose_boundary(bd: Boundary, names_a: dict[str, StoredTensor], names_b: d
     return out
 
 
-def diagnose_report(results, da: Dump, db: Dump, contract: Contract, bounds: list[Boundary] | None = None) -> None:
+def diagnose_report(results, da: Dump, db: Dump, contract: Contract, bounds: list[Boundary] | None = None) -> list[str]:
     """Fill `diagnosis` of the root boundaries among `results` (BoundaryResults, at most MAX_ROOTS):
-    findings, or [] for "no simple explanation". Boundaries that match are never diagnosed."""
+    findings, or [] for "no simple explanation". Boundaries that match are never diagnosed.
+    Returns notes for the report: a diagnosis that fails is said there and never costs the
+    comparison its verdict."""
+    notes: list[str] = []
     by = {b.name: b for b in (bounds or contract.boundaries)}
     ea = {e.name: e for e in da.entries}
     eb = {e.name: e for e in db.entries}
@@ -110,6 +113,12 @@ def diagnose_report(results, da: Dump, db: Dump, contract: Contract, bounds: lis
             continue
         bd = by.get(br.name, Boundary(br.name, layout=br.layout, meaning=br.meaning))
         names = [t.name for t in br.tensors if t.name in ea and t.name in eb]
-        found = diagnose_boundary(bd, {n: ea[n].stored for n in names}, {n: eb[n].stored for n in names}, diverged, run)
+        try:
+            found = diagnose_boundary(bd, {n: ea[n].stored for n in names}, {n: eb[n].stored for n in names},
+                                      diverged, run)
+        except Exception as e:  # the verdict stands without it
+            notes.append(f"the diagnosis of `{br.name}` failed ({type(e).__name__}: {str(e)[:200]})")
+            continue
         if found is not None:
             br.diagnosis = [f.as_json() for f in found]
+    return notes

@@ -37,3 +37,16 @@ def test_a_large_integer_tensor_is_not_claimed_to_be_tested(compare):
     ids = np.arange(400, dtype=np.int64).reshape(100, 4)
     r = compare({"x": ids}, {"x": ids[::-1].copy()})
     assert r.earliest == ["x"] and r.boundary("x").diagnosis is None and "diagnosis:" not in str(r)
+
+
+def test_a_failing_diagnosis_is_a_note_and_the_verdict_stands(compare, monkeypatch):
+    from tensordiff.diagnosis import run
+
+    def broken(*a, **k):
+        raise RuntimeError("planted")
+
+    monkeypatch.setattr(run, "diagnose_boundary", broken)
+    a = rand(32, 8)
+    r = compare({"x": a}, {"x": -a})
+    assert r.verdict == "diverged" and r.earliest == ["x"] and r.boundary("x").diagnosis is None
+    assert "the diagnosis of `x` failed (RuntimeError: planted)" in r.notes

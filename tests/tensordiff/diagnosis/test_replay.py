@@ -54,3 +54,18 @@ def test_a_pad_appended_to_the_flat_sequence_is_named_at_the_stage_input(tmp_pat
 
 def test_a_stage_wrong_in_another_way_gets_no_layout(tmp_path):
     assert _case(tmp_path, scale=1.1) == []
+
+
+def test_a_replay_that_fails_is_a_note(tmp_path):
+    def broken(req, run):
+        raise RuntimeError("no weights")
+
+    x = np.random.default_rng(1).standard_normal((H * W, C)).astype(np.float32)
+    xt = torch.from_numpy(x)
+    a = write(tmp_path / "a", {"x": x, "cells": cells(xt).numpy()}, RUN)
+    b = write(tmp_path / "b", {"x": x, "cells": cells(xt, flat_pad=True).numpy()}, RUN)
+    report = compare_dumps(a, b, contract=CONTRACT)
+    adapter = type("Adapter", (), {"contract": CONTRACT, "stages": None})()
+    replay_roots(adapter, None, a, b, report, make_stages=broken)
+    assert report.boundary("cells").diagnosis == [] and report.verdict == "diverged"
+    assert "the stage replay of the diagnosis failed (RuntimeError: no weights)" in report.notes
