@@ -51,6 +51,9 @@ def findings(name: str, a: Matrix, b: Matrix, layout: str, run: dict) -> list[Fi
     err = bb - 2 * ab + aa
     if err <= 0:
         return []
+    if bb == 0:  # nothing there at all: no scale is worth naming
+        return [Finding(name, "scale", "zeros", "B is all zeros where A is not (never written: consistent with a stage "
+                        "skipped or its output dropped)", 1.0)]
     out = []
     out.append(Finding(name, "sign", "sign-flip", "B equals A with its sign flipped (B = -A)",
                        explained(err, bb + 2 * ab + aa)))

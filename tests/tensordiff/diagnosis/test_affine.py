@@ -19,6 +19,12 @@ def test_each_from_its_planted_change(compare, change, want):
     assert f["name"] == want and f["explained"] > 0.999
 
 
+def test_an_output_never_written_is_called_zeros(compare):
+    a = rand(30, 8)
+    (f,) = compare({"x": a}, {"x": np.zeros_like(a)}).boundary("x").diagnosis
+    assert f["name"] == "zeros" and f["explained"] == 1.0 and "scaled by" not in f["text"]
+
+
 def test_one_grid_row_scaled_is_named_by_its_rows(compare):
     h, w = 10, 12
     a = rand(h * w, 16)

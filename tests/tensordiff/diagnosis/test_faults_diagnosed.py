@@ -61,13 +61,14 @@ def test_a_numeric_fault_gets_no_simple_explanation(model, fault):
     assert diag == [] and "diagnosis: no simple explanation" in shown
 
 
-@pytest.mark.parametrize("fault,text", [
-    (D.TAIL_ROW_SCALE, "row 3773 (patch (y=50, x=73)) scaled by 1.0156"),
-    (D.NORM_EPS, "every row scaled"),
+@pytest.mark.parametrize("model,fault,name,text", [
+    (DEEPSEEK, D.TAIL_ROW_SCALE, "row-scale", "row 3773 (patch (y=50, x=73)) scaled by 1.0156"),
+    (DEEPSEEK, D.NORM_EPS, "row-scale", "every row scaled"),
+    (QWEN, Q.DEEPSTACK_DROP, "zeros", "B is all zeros"),
 ])
-def test_a_fault_that_truly_is_a_scale_is_called_one(fault, text):
-    _, diag, _ = _diagnosis(check(CaseSpec(DEEPSEEK, fault=fault)))
-    assert [f["name"] for f in diag] == ["row-scale"] and text in diag[0]["text"]
+def test_a_fault_that_truly_is_a_scale_is_called_one(model, fault, name, text):
+    _, diag, _ = _diagnosis(check(CaseSpec(model, fault=fault)))
+    assert [f["name"] for f in diag] == [name] and text in diag[0]["text"]
 
 
 # ----------------------------------------------------------------------------- language side
