@@ -71,3 +71,22 @@ def test_a_clean_pair_gets_no_diagnosis(compare):
     r = compare({"x": a}, {"x": a.copy()}, layout="grid", run={"inputs": {"grid": [8, 8]}})
     assert r.verdict == "match" and r.boundary("x").diagnosis is None and "diagnosis:" not in str(r)
     assert r.as_json()["diagnosis"] == {}
+
+
+def test_a_grid_read_with_height_and_width_swapped(compare):
+    h, w = 6, 10
+    a = rand(h * w, 8)
+    b = a.reshape(w, h, 8).transpose(1, 0, 2).reshape(h * w, 8)  # the other way round
+    r = compare({"x": a}, {"x": b}, layout="grid", run={"inputs": {"grid": [h, w]}})
+    (f,) = r.boundary("x").diagnosis
+    assert f["name"] == "transposed-grid" and "read as 10x6" in f["text"] and f["explained"] == 1.0
+
+
+def test_a_grid_padded_at_each_row_end_and_read_back_flat(compare):
+    h, w, w2 = 8, 10, 11
+    a = rand(h * w, 8)
+    y, x = np.divmod(np.arange(h * w), w2)  # B's flat row i is A's (y, x) on an 11-wide padded grid
+    b = np.where((x < w)[:, None] & ((y * w + x) < h * w)[:, None], a[np.clip(y * w + x, 0, h * w - 1)], 0)
+    r = compare({"x": a}, {"x": b.astype(np.float32)}, layout="grid", run={"inputs": {"grid": [h, w]}})
+    (f,) = r.boundary("x").diagnosis
+    assert f["name"] == "pad-misplaced" and "padded to width 11" in f["text"] and f["explained"] > 0.99
