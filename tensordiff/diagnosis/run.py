@@ -2,6 +2,8 @@
 streaming the whole tensor, keep the one that explains most (if it explains enough)."""
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 
 from ..contract import Boundary, Contract
@@ -9,11 +11,12 @@ from ..dump import Dump
 from ..storage import StoredTensor
 from . import affine, column_maps, row_maps
 from .finding import MIN_EXPLAINED, Finding, explained
-from .matrix import Matrix, residual, sample_rows
+from .matrix import Matrix, Predict, residual, sample_rows
 from .pairs import pair_findings
 from .sizes import SIZES_MAX, size_findings
 
 CONFIRM = 3  # candidates confirmed on the whole tensor (each one streamed pass)
+MAX_ROOTS = 4  # boundaries diagnosed per report
 # Hypotheses with more freedom (a parameter per row, channel or range): within NEAR of the best,
 # the simpler one is reported (a shift by 3 rather than "rows 3-199 shifted, rows 0-2 too")
 LOOSE = {"row-range-shift", "placeholder-rows", "column-permutation", "channel-scale", "channel-offset", "row-scale"}
@@ -26,7 +29,17 @@ def best_first(findings: list[Finding]) -> list[Finding]:
         top = out[0].explained
         out.sort(key=lambda f: (f.explained < top - NEAR, f.name in LOOSE, -f.explained))
     return out
-MAX_ROOTS = 4  # boundaries diagnosed per report
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """A hypothesis as the search scored it: the share of the SAMPLED rows' error it removes."""
+
+    share: float
+    kind: str
+    name: str
+    text: str
+    predict: Predict  # B's rows [r0, r1) as the hypothesis predicts them from A, for the confirmation
 
 
 def diagnose_tensor(name: str, sa: StoredTensor, sb: StoredTensor, layout: str, run: dict) -> list[Finding]:
@@ -37,29 +50,30 @@ def diagnose_tensor(name: str, sa: StoredTensor, sb: StoredTensor, layout: str, 
         rows = sample_rows(a.rows, a.cols)
         xa, xb = a.take(rows), b.take(rows)
         e0 = float(((xb - xa) ** 2).sum())
-        scored: list[tuple[float, str, str, str, object]] = []
+        scored: list[Candidate] = []
         if e0 > 0:
             maps = row_maps.grid_maps(layout, a.rows, run)
             if a.rows > 1:
                 maps += row_maps.shift_maps(a, b, rows, row_maps.match_rows(a, rows, xa, xb), layout, run, xb)
             for m in maps:
                 pred = row_maps.predict_rows(a, m, rows, xb)
-                scored.append((explained(e0, float(((xb - pred) ** 2).sum())), "rows", m.name, m.text,
-                               lambda r0, r1, m=m: row_maps.predict_rows(a, m, np.arange(r0, r1), b.read(r0, r1))))
+                scored.append(Candidate(explained(e0, float(((xb - pred) ** 2).sum())), "rows", m.name, m.text,
+                                        lambda r0, r1, m=m: row_maps.predict_rows(a, m, np.arange(r0, r1),
+                                                                                  b.read(r0, r1))))
             cmaps = column_maps.named_maps(a.cols)
             mm = column_maps.matched_map(xa, xb)
             if mm is not None:
                 cmaps.append(mm)
             for m in cmaps:
-                scored.append((explained(e0, float(((xb - xa[:, m.perm]) ** 2).sum())), "columns", m.name, m.text,
-                               lambda r0, r1, m=m: a.read(r0, r1)[:, m.perm]))
-        scored.sort(key=lambda s: -s[0])
+                scored.append(Candidate(explained(e0, float(((xb - xa[:, m.perm]) ** 2).sum())), "columns", m.name,
+                                        m.text, lambda r0, r1, m=m: a.read(r0, r1)[:, m.perm]))
+        scored.sort(key=lambda c: -c.share)
         out = []
-        for share, kind, hname, text, predict in scored[:CONFIRM]:
-            if share < MIN_EXPLAINED * 0.9:  # the sample says it cannot reach the bar
+        for c in scored[:CONFIRM]:
+            if c.share < MIN_EXPLAINED * 0.9:  # the sample says it cannot reach the bar
                 break
-            err, res = residual(a, b, predict)
-            out.append(Finding(name, kind, hname, text, explained(err, res)))
+            err, res = residual(a, b, c.predict)
+            out.append(Finding(name, c.kind, c.name, c.text, explained(err, res)))
         out += affine.findings(name, a, b, layout, run)
     return best_first(out)
 
