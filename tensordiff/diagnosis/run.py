@@ -13,6 +13,7 @@ from . import affine, column_maps, row_maps
 from .finding import MIN_EXPLAINED, Finding, explained
 from .matrix import Matrix, Predict, residual, sample_rows
 from .pairs import pair_findings
+from .transposed import transposed_findings
 from .sizes import SIZES_MAX, size_findings
 
 CONFIRM = 3  # candidates confirmed on the whole tensor (each one streamed pass)
@@ -44,8 +45,10 @@ class Candidate:
 
 def diagnose_tensor(name: str, sa: StoredTensor, sb: StoredTensor, layout: str, run: dict) -> list[Finding]:
     """Every confirmed finding for one float tensor, best first (the caller keeps what explains enough)."""
-    if sa.shape != sb.shape or sa.numel == 0 or not (sa.dtype.is_float and sb.dtype.is_float):
+    if sa.numel == 0 or not (sa.dtype.is_float and sb.dtype.is_float):
         return []
+    if sa.shape != sb.shape:
+        return transposed_findings(name, sa, sb)
     with Matrix(sa) as a, Matrix(sb) as b:
         rows = sample_rows(a.rows, a.cols)
         xa, xb = a.take(rows), b.take(rows)
@@ -121,8 +124,8 @@ def diagnose_report(results, da: Dump, db: Dump, contract: Contract, bounds: lis
     eb = {e.name: e for e in db.entries}
     run = da.run or db.run
     for br in [b for b in results if b.root][:MAX_ROOTS]:
-        diverged = [t.name for t in br.tensors if t.status == "diverged" and t.mode in ("values", "exact")
-                    and t.name in ea and t.name in eb]
+        diverged = [t.name for t in br.tensors if t.status in ("diverged", "incomparable")
+                    and t.mode in ("values", "exact") and t.name in ea and t.name in eb]
         if not diverged:
             continue
         bd = by.get(br.name, Boundary(br.name, layout=br.layout, meaning=br.meaning))

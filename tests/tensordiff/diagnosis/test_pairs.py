@@ -18,3 +18,4 @@ def test_a_pair_changed_otherwise_is_not_called_swapped(compare):
     a = {"x.cos": np.cos(ang), "x.sin": np.sin(ang)}
     b = {"x.cos": np.cos(ang * 1.3), "x.sin": np.sin(ang * 1.3)}
     assert "pair-swapped" not in [f["name"] for f in compare(a, b).boundary("x").diagnosis]
+
