@@ -90,11 +90,17 @@ def main(argv=None) -> int:
     ap.add_argument("--dtype", default="float32")
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--case", action="append", help="MODEL[:FAULT], repeatable (default: the built-in list)")
+    ap.add_argument("--budget", type=float, default=0, help="seconds; cases not started by then are skipped (0: none)")
     args = ap.parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)
     cases = DEFAULT_CASES if not args.case else [(c.split(":")[0], (c.split(":") + [None])[1]) for c in args.case]
     rows = []
+    t0 = time.perf_counter()
     for model, fault in cases:
+        if args.budget and time.perf_counter() - t0 > args.budget:
+            rows.append({"case": f"{model}:{fault or 'clean'}", "error": f"skipped: the {args.budget:g} s budget is spent"})
+            print(json.dumps(rows[-1]), flush=True)
+            continue
         try:
             rows.append(one(model, fault, args, args.out / "dumps"))
         except Exception as e:  # one case failing must not lose the others' numbers
