@@ -12,7 +12,7 @@ from ..storage import StoredTensor
 from ..stream import chunk_len, release
 
 SAMPLE_ROWS = 256  # rows a search looks at; the confirmation streams every row
-SAMPLE_ELEMENTS = 1 << 21  # ... and fewer of wide rows (logits): 16 MB of float64 per side at most
+SAMPLE_ELEMENTS = 1 << 19  # ... and fewer of wide rows (an aligner's 5120, logits): 4 MB of float64 a side
 
 
 class Matrix:
@@ -72,13 +72,17 @@ def sample_rows(n: int, cols: int = 1) -> np.ndarray:
 Predict = Callable[[int, int], np.ndarray]
 
 
+def sq(x: np.ndarray, y: np.ndarray) -> float:
+    """sum (x - y)^2, without a second temporary."""
+    d = x - y
+    return float(np.einsum("ij,ij->", d, d))
+
+
 def residual(a: Matrix, b: Matrix, predict: Predict) -> tuple[float, float]:
     """(error, residual): sum (B - A)^2 and sum (B - prediction)^2 over the whole tensor, streamed."""
     err = res = 0.0
     for r0, r1 in b.chunks():
         xb = b.read(r0, r1)
-        d = xb - a.read(r0, r1)
-        err += float(np.einsum("ij,ij->", d, d))
-        d = xb - predict(r0, r1)
-        res += float(np.einsum("ij,ij->", d, d))
+        err += sq(xb, a.read(r0, r1))
+        res += sq(xb, predict(r0, r1))
     return err, res

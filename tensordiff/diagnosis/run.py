@@ -11,7 +11,7 @@ from ..dump import Dump
 from ..storage import StoredTensor
 from . import affine, column_maps, row_maps
 from .finding import MIN_EXPLAINED, Finding, explained
-from .matrix import Matrix, Predict, residual, sample_rows
+from .matrix import Matrix, Predict, residual, sample_rows, sq
 from .pairs import pair_findings
 from .transposed import transposed_findings
 from .sizes import SIZES_MAX, size_findings
@@ -52,7 +52,7 @@ def diagnose_tensor(name: str, sa: StoredTensor, sb: StoredTensor, layout: str, 
     with Matrix(sa) as a, Matrix(sb) as b:
         rows = sample_rows(a.rows, a.cols)
         xa, xb = a.take(rows), b.take(rows)
-        e0 = float(((xb - xa) ** 2).sum())
+        e0 = sq(xb, xa)
         scored: list[Candidate] = []
         if e0 > 0:
             maps = row_maps.grid_maps(layout, a.rows, run)
@@ -60,7 +60,7 @@ def diagnose_tensor(name: str, sa: StoredTensor, sb: StoredTensor, layout: str, 
                 maps += row_maps.shift_maps(a, b, rows, row_maps.match_rows(a, rows, xa, xb), layout, run, xb)
             for m in maps:
                 pred = row_maps.predict_rows(a, m, rows, xb)
-                scored.append(Candidate(explained(e0, float(((xb - pred) ** 2).sum())), "rows", m.name, m.text,
+                scored.append(Candidate(explained(e0, sq(xb, pred)), "rows", m.name, m.text,
                                         lambda r0, r1, m=m: row_maps.predict_rows(a, m, np.arange(r0, r1),
                                                                                   b.read(r0, r1))))
             cmaps = column_maps.named_maps(a.cols)
@@ -68,7 +68,7 @@ def diagnose_tensor(name: str, sa: StoredTensor, sb: StoredTensor, layout: str, 
             if mm is not None:
                 cmaps.append(mm)
             for m in cmaps:
-                scored.append(Candidate(explained(e0, float(((xb - xa[:, m.perm]) ** 2).sum())), "columns", m.name,
+                scored.append(Candidate(explained(e0, sq(xb, xa[:, m.perm])), "columns", m.name,
                                         m.text, lambda r0, r1, m=m: a.read(r0, r1)[:, m.perm]))
         scored.sort(key=lambda c: -c.share)
         out = []
