@@ -14,7 +14,8 @@ from .finding import MIN_EXPLAINED, Finding, explained
 from .matrix import Matrix, Predict, residual, sample_rows, sq
 from .pairs import pair_findings
 from .transposed import transposed_findings
-from .sizes import SIZES_MAX, size_findings
+from .int_offset import INT_MAX, offset_findings
+from .sizes import size_findings
 
 CONFIRM = 3  # candidates confirmed on the whole tensor (each one streamed pass)
 MAX_ROOTS = 4  # boundaries diagnosed per report
@@ -82,9 +83,9 @@ def diagnose_tensor(name: str, sa: StoredTensor, sb: StoredTensor, layout: str, 
 
 
 def testable(st: StoredTensor) -> bool:
-    """Float tensors are diagnosed; integer ones only when small (the `plan`'s sizes): a choice
-    of ids is judged as sets (`ties`), never as a layout."""
-    return st.dtype.is_float or (st.dtype.kind == "int" and 0 < st.numel <= SIZES_MAX)
+    """Float tensors, and integer ones compared exactly (plan sizes, positions; a choice of ids is
+    judged as sets by `ties`, and never reaches here)."""
+    return st.dtype.is_float or (st.dtype.kind == "int" and 0 < st.numel <= INT_MAX)
 
 
 def diagnose_boundary(bd: Boundary, names_a: dict[str, StoredTensor], names_b: dict[str, StoredTensor],
@@ -98,7 +99,9 @@ def diagnose_boundary(bd: Boundary, names_a: dict[str, StoredTensor], names_b: d
     out: list[Finding] = []
     ints = [n for n in diverged if not names_a[n].dtype.is_float]
     if ints:
-        out += size_findings(bd.meaning, {n: names_a[n] for n in ints}, {n: names_b[n] for n in ints})
+        ia, ib = {n: names_a[n] for n in ints}, {n: names_b[n] for n in ints}
+        # the `plan` (every model's first boundary, by the contracts' convention) holds sizes
+        out += size_findings(bd.meaning, ia, ib) if bd.name == "plan" else offset_findings(ia, ib)
     floats = [n for n in diverged if names_a[n].dtype.is_float]
     pair = [f for f in pair_findings({n: names_a[n] for n in names_a}, {n: names_b[n] for n in names_b})
             if f.explained >= MIN_EXPLAINED and any(t in floats for t in f.tensor.split(" / "))]

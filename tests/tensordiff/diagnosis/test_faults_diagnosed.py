@@ -61,13 +61,14 @@ def test_a_numeric_fault_gets_no_simple_explanation(model, fault):
     assert diag == [] and "diagnosis: no simple explanation" in shown
 
 
-@pytest.mark.parametrize("model,fault,name,text", [
-    (DEEPSEEK, D.TAIL_ROW_SCALE, "row-scale", "row 3773 (patch (y=50, x=73)) scaled by 1.0156"),
-    (DEEPSEEK, D.NORM_EPS, "row-scale", "every row scaled"),
-    (QWEN, Q.DEEPSTACK_DROP, "zeros", "B is all zeros"),
+@pytest.mark.parametrize("model,fault,extra,name,text", [
+    (DEEPSEEK, D.TAIL_ROW_SCALE, {}, "row-scale", "row 3773 (patch (y=50, x=73)) scaled by 1.0156"),
+    (DEEPSEEK, D.NORM_EPS, {}, "row-scale", "every row scaled"),
+    (QWEN, Q.DEEPSTACK_DROP, {}, "zeros", "B is all zeros"),
+    (QWEN, Q.MROPE_NO_DELTA, {"prompt": "<image> describe", "decode": 2}, "int-offset", "B equals A + 45"),
 ])
-def test_a_fault_that_truly_is_a_scale_is_called_one(model, fault, name, text):
-    _, diag, _ = _diagnosis(check(CaseSpec(model, fault=fault)))
+def test_a_fault_that_truly_is_a_scale_or_offset_is_called_one(model, fault, extra, name, text):
+    _, diag, _ = _diagnosis(check(CaseSpec(model, fault=fault, **extra)))
     assert [f["name"] for f in diag] == [name] and text in diag[0]["text"]
 
 
