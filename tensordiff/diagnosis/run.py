@@ -113,7 +113,18 @@ def diagnose_boundary(bd: Boundary, names_a: dict[str, StoredTensor], names_b: d
         best = [f for f in diagnose_tensor(n, names_a[n], names_b[n], bd.layout, run) if f.explained >= MIN_EXPLAINED]
         if best:
             out.append(best[0])
-    return out
+    return merged(out)
+
+
+def merged(findings: list[Finding]) -> list[Finding]:
+    """One line for tensors of a boundary that one hypothesis explains alike (rope.cos and rope.sin)."""
+    out: dict[tuple[str, str, str], Finding] = {}
+    for f in findings:
+        k = (f.kind, f.name, f.text)
+        g = out.get(k)
+        out[k] = f if g is None else Finding(f"{g.tensor} / {f.tensor}", f.kind, f.name, f.text,
+                                             min(g.explained, f.explained))
+    return list(out.values())
 
 
 def diagnose_report(results, da: Dump, db: Dump, contract: Contract, bounds: list[Boundary] | None = None) -> list[str]:

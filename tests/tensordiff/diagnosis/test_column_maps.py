@@ -60,3 +60,10 @@ def test_a_partly_permuted_row_under_noise_is_not_claimed_as_a_layout(compare):
     b = a + 0.3 * rand(128, 32, seed=5)
     b[:, [0, 1]] = b[:, [1, 0]]
     assert not [n for n in names(compare({"x": a}, {"x": b})) if n.endswith(("halves", "order", "permutation"))]
+
+
+def test_tensors_of_a_boundary_explained_alike_share_one_line(compare):
+    a, c = rand(100, 32), rand(100, 32, seed=8)
+    inter = lambda x: np.stack([x[:, :16], x[:, 16:]], 2).reshape(100, 32)  # noqa: E731
+    (f,) = compare({"x.cos": a, "x.sin": c}, {"x.cos": inter(a), "x.sin": inter(c)}).boundary("x").diagnosis
+    assert f["tensor"] == "x.cos / x.sin" and f["name"] == "interleaved-halves"
