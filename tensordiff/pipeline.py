@@ -193,7 +193,7 @@ class CaseResult:
         timing = f"({total:.2f} s: {parts}{cache.get(self.oracle_cache, '')})"
         if self.report is None:
             return f"ERROR {self.label}: {self.error} {timing}"
-        from .report import headline
+        from .report import diagnosis_brief, headline
 
         r = self.report
         local = ""
@@ -208,7 +208,7 @@ class CaseResult:
                     f"{local} {timing}")
         if self.passed:
             return f"PASS  {self.label}: {len(r.boundaries)} boundaries within tolerance{local} {timing}"
-        return f"FAIL  {self.label}: {headline(r)}{local} {timing}"
+        return f"FAIL  {self.label}: {headline(r)}{diagnosis_brief(r)}{local} {timing}"
 
     def as_json(self) -> dict:
         return {"model": self.model, "image": str(self.image), "prompt": self.prompt, "dtype": self.dtype,

@@ -108,6 +108,13 @@ def diagnosis_lines(b) -> list[str]:
     return [f"diagnosis: {f['line']}" for f in b.diagnosis]
 
 
+def diagnosis_brief(r: Report) -> str:
+    """The roots' findings in a few words, for a one-line summary (the gate's progress)."""
+    parts = [f"`{b.name}` {f['name']} ({100 * f['explained']:.0f}%)" for b in r.boundaries if b.root
+             for f in (b.diagnosis or [])]
+    return f"; diagnosis: {', '.join(parts)}" if parts else ""
+
+
 ULP_INF_NOTE = ("ULP inf: more of the reference value's ULPs than a float32 can count; the reference is 0 "
                 "or subnormal there (one ULP ~1e-45), so read max|Δ| for that tensor")
 

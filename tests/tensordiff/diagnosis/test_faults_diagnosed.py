@@ -117,3 +117,8 @@ def test_the_span_overlaid_at_one_offset_in_every_chunk_is_a_row_shift(language,
     # rows 28-31 are A's 12-15 (row 27 may join them: the same text token at 11 and 27)
     assert "–31 (from position 2" in f["text"] and "–15 (shifted by -16)" in f["text"]
     assert "rows between 16 (position 16) and 21 (position 21) hold one repeated vector" in f["text"]
+
+
+def test_the_one_line_summary_names_the_finding():
+    case = check(CaseSpec(QWEN, fault=Q.MERGE_ORDER_RASTER))
+    assert "; diagnosis: `patches` merge-vs-raster (100%)" in case.summary_line()
