@@ -22,6 +22,7 @@ SKETCH = 16  # random projections per row for the search
 CANDIDATES = 4  # nearest rows (in the sketch) checked in full
 MATCH_REL = 1e-3  # a row matches when |b - a|^2 <= MATCH_REL |b|^2 (3% of its norm: bf16 noise is far below)
 A_BLOCK = 8192  # A rows per step of the nearest-row search (bounds its memory)
+EXTEND_BLOCK = 4096  # rows read at once while a matched range is extended to its true edges
 
 SrcFn = Callable[[np.ndarray], np.ndarray]
 
@@ -173,12 +174,25 @@ def match_rows(a: Matrix, rows: np.ndarray, xa: np.ndarray, xb: np.ndarray) -> n
     return np.where(norm <= 1e-12 * max(scale, 1e-300), ZERO, out)
 
 
-def _row_ok(a: Matrix, b: Matrix, i: int, j: int) -> bool:
-    if not (0 <= i < b.rows and 0 <= j < a.rows):
-        return False
-    xb, xa = b.read(i, i + 1)[0], a.read(j, j + 1)[0]
-    nb = float((xb ** 2).sum())
-    return nb > 0 and float(((xb - xa) ** 2).sum()) <= MATCH_REL * nb
+def _extend(a: Matrix, b: Matrix, edge: int, limit: int, d: int) -> int:
+    """How far a range of B rows equal to A's rows shifted by `d` reaches from `edge` towards
+    `limit` (inclusive), the rows in between read as blocks: the last row that still matches."""
+    step = 1 if limit >= edge else -1
+    lo_ok, hi_ok = max(0, -d), min(b.rows, a.rows - d) - 1  # rows whose partner exists
+    limit = min(max(limit, lo_ok), hi_ok)
+    pos = edge
+    while (limit - pos) * step > 0:
+        n = min(EXTEND_BLOCK, (limit - pos) * step)
+        r0, r1 = (pos + 1, pos + 1 + n) if step > 0 else (pos - n, pos)
+        xb, xa = b.read(r0, r1), a.read(r0 + d, r1 + d)
+        nb = (xb ** 2).sum(1)
+        ok = (nb > 0) & (((xb - xa) ** 2).sum(1) <= MATCH_REL * nb)
+        run = ok if step > 0 else ok[::-1]
+        bad = np.flatnonzero(~run)
+        if bad.size:
+            return pos + step * int(bad[0])
+        pos += step * n
+    return pos
 
 
 def _placeholder(rows: np.ndarray, match: np.ndarray, xb: np.ndarray) -> tuple[np.ndarray | None, np.ndarray]:
@@ -236,11 +250,11 @@ def shift_maps(a: Matrix, b: Matrix, rows: np.ndarray, match: np.ndarray, layout
                 (ok & (off == 0))[idx[k2] + 1:idx[k2 + 1]].any()):
             k2 += 1
             hi = int(rows[idx[k2]])
+        # the true edges lie between this range's outer samples and their neighbours in the sample
+        first, last = idx[k], idx[k2]
+        lo = _extend(a, b, lo, int(rows[first - 1]) + 1 if first > 0 else 0, d)
+        hi = _extend(a, b, hi, int(rows[last + 1]) - 1 if last + 1 < rows.size else b.rows - 1, d)
         k = k2 + 1
-        while _row_ok(a, b, lo - 1, lo - 1 + d):
-            lo -= 1
-        while _row_ok(a, b, hi + 1, hi + 1 + d):
-            hi += 1
         segs.append((lo, hi, d))
     whole = len(segs) == 1 and segs[0][0] == max(0, -segs[0][2]) and segs[0][1] == min(n, n - segs[0][2]) - 1
     if (segs and not whole) or fill is not None:
