@@ -48,12 +48,13 @@ def _boundary_name(contract: Contract | None, e: Entry) -> str:
 def compare_dumps(a: str | Path | Dump, b: str | Path | Dump,
                   tolerances: Judge | Tolerances | str | Path | None = None, *, contract: Contract | None = None,
                   fail_fast: bool = False, verify: bool = False, progress: Progress | None = None,
-                  floor: str | Path | Dump | None = None) -> Report:
+                  floor: str | Path | Dump | None = None, diagnose: bool = True) -> Report:
     """Compare every boundary of A and B. `tolerances` is the user's (a file, a `Tolerances`), or
     a ready `Judge` (then its contract is the contract): the pipeline passes the judge it also
     hands to local error, so both routes judge a tensor alike. `floor`: the oracle's own run in
     B's precision, when there is one: the tie rule then sets how close a near-tie must be by ITS
-    error against A."""
+    error against A. `diagnose`: test layout/scale hypotheses on the root boundaries
+    (`tensordiff.diagnosis`)."""
     da = a if isinstance(a, Dump) else open_any(a)  # a dump, or plain safetensors
     df = floor if isinstance(floor, Dump) or floor is None else open_dump(floor)
     floor_entries = {e.name: e for e in df.entries} if df is not None else None
@@ -93,7 +94,12 @@ def compare_dumps(a: str | Path | Dump, b: str | Path | Dump,
         if fail_fast and br.status in FAILING:
             stop = True
     _assign_roots(bounds, present, results)
+    report_rows = [results[b.name] for b in present]
     notes = [f"{d.path} is a sharded run of {d.world} ranks, merged" for d in (da, db) if d.world]
+    if diagnose:
+        from .diagnosis import diagnose_report
+
+        notes += diagnose_report(report_rows, da, db, contract, bounds)
     if da.producer.get("side") and da.producer.get("side") == db.producer.get("side"):
         notes.append(f"both dumps come from the {da.producer['side']} side")
     for k in ("dtype", "device"):
@@ -107,7 +113,7 @@ def compare_dumps(a: str | Path | Dump, b: str | Path | Dump,
         if va and vb and va != vb:
             notes.append(f"the two runs had different {k}: the comparison may be meaningless")
     notes += picture_notes(da.run or db.run)
-    return Report(str(da.path), str(db.path), da.model, [results[b.name] for b in present], notes,
+    return Report(str(da.path), str(db.path), da.model, report_rows, notes,
                   {"a": da.producer, "b": db.producer}, {"a": da.run, "b": db.run}, judge.tolerances.origin)
 
 

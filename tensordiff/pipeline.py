@@ -193,7 +193,7 @@ class CaseResult:
         timing = f"({total:.2f} s: {parts}{cache.get(self.oracle_cache, '')})"
         if self.report is None:
             return f"ERROR {self.label}: {self.error} {timing}"
-        from .report import headline
+        from .report import diagnosis_brief, headline
 
         r = self.report
         local = ""
@@ -208,7 +208,7 @@ class CaseResult:
                     f"{local} {timing}")
         if self.passed:
             return f"PASS  {self.label}: {len(r.boundaries)} boundaries within tolerance{local} {timing}"
-        return f"FAIL  {self.label}: {headline(r)}{local} {timing}"
+        return f"FAIL  {self.label}: {headline(r)}{diagnosis_brief(r)}{local} {timing}"
 
     def as_json(self) -> dict:
         return {"model": self.model, "image": str(self.image), "prompt": self.prompt, "dtype": self.dtype,
@@ -299,6 +299,10 @@ def run_case(spec: CaseSpec, work: Path, *, kept: bool, tolerances=None, use_cac
         say("comparing…")
         if first:
             case.report = compare_dumps(odir, edir, judge)
+            # a root no direct hypothesis explains: replay the engine's stage on re-laid inputs
+            from .diagnosis.replay import replay_roots
+
+            replay_roots(adapter, req, odir, edir, case.report)
         if "numeric" in passes:
             num = _numeric(adapter, ereq, odir if oreq.dtype == "float32" and first else None,
                            odir if not first else None, edir if not first else None, work, kept, use_cache, tols,

@@ -95,6 +95,26 @@ def headline(r: Report) -> str:
     return "DIVERGED: " + "; ".join(parts)
 
 
+NO_EXPLANATION = ("no simple explanation (tested: rows moved, columns permuted, scale, sign, offset, a swapped "
+                  "pair, sizes)")
+
+
+def diagnosis_lines(b) -> list[str]:
+    """What kind of wrong a diagnosed boundary is (`tensordiff.diagnosis`), one line a finding."""
+    if b.diagnosis is None:
+        return []
+    if not b.diagnosis:
+        return [f"diagnosis: {NO_EXPLANATION}"]
+    return [f"diagnosis: {f['line']}" for f in b.diagnosis]
+
+
+def diagnosis_brief(r: Report) -> str:
+    """The roots' findings in a few words, for a one-line summary (the gate's progress)."""
+    parts = [f"`{b.name}` {f['name']} ({100 * f['explained']:.0f}%)" for b in r.boundaries if b.root
+             for f in (b.diagnosis or [])]
+    return f"; diagnosis: {', '.join(parts)}" if parts else ""
+
+
 ULP_INF_NOTE = ("ULP inf: more of the reference value's ULPs than a float32 can count; the reference is 0 "
                 "or subnormal there (one ULP ~1e-45), so read max|Δ| for that tensor")
 
@@ -114,6 +134,7 @@ def render_text(r: Report, max_rows: int | None = 200) -> str:
                     w = t.worst
                     vals = f" (A={_g(w.get('a'), '.6g')}, B={_g(w.get('b'), '.6g')})" if "a" in w else ""
                     lines.append(f"    worst element {w['index']}: {w['meaning']}{vals}")
+        lines += [f"  {d}" for d in diagnosis_lines(b)]
     lines.append("")
     lines.append(f"{'boundary':<22} {'status':<13} {'tensor':<22} {'dtype':<20} metrics")
     shown = total = 0
@@ -153,6 +174,8 @@ def print_rich(r: Report, console) -> None:
                 if t.worst:
                     what = "row" if t.mode == "floor" else "element"
                     console.print(f"    worst {what} {t.worst['index']}: {escape(t.worst['meaning'])}")
+        for d in diagnosis_lines(r.boundary(n)):
+            console.print(f"  [bold]{escape(d)}[/]")
     if any(t.mode == "floor" for b in r.boundaries for t in b.tensors):  # a numeric-pass report
         for b in r.boundaries:
             for i, t in enumerate(b.tensors):

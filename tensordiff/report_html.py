@@ -24,7 +24,7 @@ import numpy as np
 
 from .storage import write_text_atomic
 from .layout import row_position
-from .report import headline
+from .report import diagnosis_lines, headline
 from .result import FAILING, Report
 
 IMAGE_LAYOUTS = ("grid", "merge", "merged", "cells")
@@ -347,6 +347,8 @@ def _case_html(case, idx: int) -> str:
                 w = t.worst or {}
                 extra = f" — worst element {esc(w.get('index'))}: {esc(w.get('meaning', ''))}" if w else ""
                 parts.append(f"<p><code>{esc(t.name)}</code>: {esc(t.reason)}{extra}</p>")
+        for d in diagnosis_lines(r.boundary(n)):
+            parts.append(f"<p class=diagnosis><b>{esc(d)}</b></p>")
     parts.append("<table><tr><th>boundary</th><th>status</th><th>tensor</th><th>dtype</th><th>max|Δ|</th>"
                  "<th>× floor</th><th>cos</th><th>SQNR dB</th><th>outside</th><th>local error</th><th>reason</th></tr>")
     parts.append(_boundary_rows(r, local))

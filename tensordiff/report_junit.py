@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from .storage import write_text_atomic
-from .report import headline, tensor_summary
+from .report import diagnosis_lines, headline, tensor_summary
 from .result import FAILING, Report
 
 _XML_BAD = re.compile("[\x00-\x08\x0b\x0c\x0e-\x1f\ufffe\uffff]")
@@ -49,7 +49,7 @@ def _classname(label: str) -> str:
 
 def _boundary_case(suite: ET.Element, label: str, b, local, prefix: str = "") -> tuple[int, int]:
     tc = ET.SubElement(suite, "testcase", classname=_classname(label), name=clean(prefix + b.name), time="0")
-    lines = [f"{t.name}: {t.status}: {tensor_summary(t)}" for t in b.tensors]
+    lines = [f"{t.name}: {t.status}: {tensor_summary(t)}" for t in b.tensors] + diagnosis_lines(b)
     lr = local.get(b.name) if local else None
     if lr is not None:
         lines.append(f"local error (engine stage on the oracle's inputs): {lr.status}"
@@ -60,6 +60,7 @@ def _boundary_case(suite: ET.Element, label: str, b, local, prefix: str = "") ->
         msg = f"{b.status}{' (earliest)' if b.root else ''}: {b.reason or b.look_between}"
         if b.root:
             msg += f"; {b.look_between}"
+            msg += "".join(f"; {d}" for d in diagnosis_lines(b))
         f = ET.SubElement(tc, "failure", type=clean(kind), message=clean(msg))
         f.text = clean("\n".join(lines))
         failures = 1

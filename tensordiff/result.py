@@ -55,6 +55,9 @@ class BoundaryResult:
     reason: str = ""
     meaning: str = ""
     layout: str = "plain"
+    # what kind of wrong (`tensordiff.diagnosis`): None when not diagnosed, [] when no simple
+    # hypothesis explains it, else Finding.as_json() dicts
+    diagnosis: list | None = None
 
     def __bool__(self) -> bool:
         return self.status == "match"
@@ -74,7 +77,7 @@ class BoundaryResult:
             tol[t.name] = t.tolerance
         return _finite({"name": self.name, "status": self.status, "root": self.root, "inputs": self.inputs,
                         "reason": self.reason, "meaning": self.meaning, "metrics": metrics, "tolerance": tol,
-                        "tensors": [t.as_json() for t in self.tensors]})
+                        "tensors": [t.as_json() for t in self.tensors], "diagnosis": self.diagnosis})
 
 
 @dataclass
@@ -113,6 +116,7 @@ class Report:
     def as_json(self) -> dict:
         return _finite({"verdict": self.verdict, "earliest": self.earliest,
                         "look": [self.boundary(n).look_between for n in self.earliest],
+                        "diagnosis": {b.name: b.diagnosis for b in self.boundaries if b.diagnosis is not None},
                         "a": self.a, "b": self.b, "model": self.model, "notes": self.notes,
                         "tolerances": self.tolerances, "producers": self.producers, "runs": self.runs,
                         "boundaries": [b.as_json() for b in self.boundaries]})

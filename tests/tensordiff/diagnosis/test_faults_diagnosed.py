@@ -1,0 +1,124 @@
+"""The done-when of the diagnosis: every planted fault whose nature is a layout gets the right
+diagnosis in its report (`tensordiff check`'s route: `pipeline.check`), the clean engines get
+none, and numeric faults get none, or only a scale when the fault truly is one."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+from tensordiff.models import deepseek_faults as D
+from tensordiff.models import qwen3_vl_faults as Q
+from tensordiff.pipeline import CaseSpec, check
+
+DEEPSEEK, QWEN = "deepseek-v4.1-flash", "qwen3-vl"
+
+
+def _diagnosis(case):
+    r = case.report
+    assert r.verdict == "diverged"
+    (root,) = r.earliest
+    return root, r.boundary(root).diagnosis, str(r)
+
+
+@pytest.mark.parametrize("model,fault,boundary,name,text", [
+    (DEEPSEEK, D.ROPE_INTERLEAVED, "rope", "interleaved-halves", "interleaved vs blocked RoPE angles"),
+    (DEEPSEEK, D.ALIGNER_FLAT_PAD, "aligner", "pad-misplaced", "padding appended to the flat sequence"),
+    (DEEPSEEK, D.CONTAIN_CEIL, "plan", "resize-by-one", "content_h 710 vs A's 709 (+1)"),
+    (QWEN, Q.MERGE_ORDER_RASTER, "patches", "merge-vs-raster", "plain raster order"),
+    (QWEN, Q.ROPE_HW_SWAP, "rope", "swapped-halves", "height and width"),
+])
+def test_each_layout_fault_gets_its_diagnosis(model, fault, boundary, name, text):
+    root, diag, shown = _diagnosis(check(CaseSpec(model, fault=fault)))
+    assert root == boundary
+    assert diag and {f["name"] for f in diag} == {name}, diag
+    assert all(f["explained"] >= 0.95 for f in diag)
+    assert text in diag[0]["text"] and f"diagnosis: {diag[0]['line']}" in shown
+
+
+def test_a_resize_rounded_up_to_the_factor_is_a_size_finding(tmp_path):
+    img = tmp_path / "rounding.png"  # 112x80: 80 / 32 = 2.5 -> 64 by rounding, 96 by ceil
+    Image.fromarray(np.random.default_rng(0).integers(0, 256, (80, 112, 3), dtype=np.uint8)).save(img)
+    root, diag, _ = _diagnosis(check(CaseSpec(QWEN, image=img, fault=Q.RESIZE_CEIL_SIDES)))
+    assert root == "plan" and [f["name"] for f in diag] == ["size-differs"]
+    assert "+32" in diag[0]["text"]
+
+
+@pytest.mark.parametrize("model", [DEEPSEEK, QWEN])
+def test_the_clean_engine_gets_no_diagnosis(model):
+    r = check(CaseSpec(model)).report
+    assert r.verdict == "match"
+    assert r.as_json()["diagnosis"] == {} and "diagnosis:" not in str(r)
+
+
+@pytest.mark.parametrize("model,fault", [
+    (DEEPSEEK, D.GELU_TANH), (DEEPSEEK, D.RESIDUAL_SCALE), (DEEPSEEK, D.PATCH_PAD_NONZERO),
+    (DEEPSEEK, D.SPLITK_BF16), (QWEN, Q.MERGER_GELU_TANH), (QWEN, Q.POSEMBED_ALIGN_CORNERS_FALSE),
+])
+def test_a_numeric_fault_gets_no_simple_explanation(model, fault):
+    _, diag, shown = _diagnosis(check(CaseSpec(model, fault=fault)))
+    assert diag == [] and "diagnosis: no simple explanation" in shown
+
+
+@pytest.mark.parametrize("model,fault,extra,name,text", [
+    (DEEPSEEK, D.TAIL_ROW_SCALE, {}, "row-scale", "row 3773 (patch (y=50, x=73)) scaled by 1.0156"),
+    (DEEPSEEK, D.NORM_EPS, {}, "row-scale", "every row scaled"),
+    (QWEN, Q.DEEPSTACK_DROP, {}, "zeros", "B is all zeros"),
+    (QWEN, Q.MROPE_NO_DELTA, {"prompt": "<image> describe", "decode": 2}, "int-offset", "B equals A + 45"),
+])
+def test_a_fault_that_truly_is_a_scale_or_offset_is_called_one(model, fault, extra, name, text):
+    _, diag, _ = _diagnosis(check(CaseSpec(model, fault=fault, **extra)))
+    assert [f["name"] for f in diag] == [name] and text in diag[0]["text"]
+
+
+# ----------------------------------------------------------------------------- language side
+
+CELLS = (2, 3)
+PROMPT = "A picture: <image> What does it show?"  # the span starts at 12, 10 rows long
+
+
+@pytest.fixture(scope="module")
+def language(tmp_path_factory):
+    from tensordiff.synthetic.deepseek_v41_flash_language import tiny_language_checkpoint
+
+    return tiny_language_checkpoint(), torch.randn(CELLS[0] * CELLS[1], 64, generator=torch.Generator().manual_seed(7))
+
+
+def _language_dump(side, checkpoint, rows, path, **kw):
+    from tensordiff.adapter import RunRequest
+    from tensordiff.capture import Recorder
+
+    if side == "oracle":
+        from oracle.deepseek_v41_flash.model import run
+    else:
+        from engine.deepseek_v41_flash.language.run import run
+    req = RunRequest(weights="synthetic:tiny-language", weights_dir=checkpoint, prompt=PROMPT,
+                     options={"image_rows": rows, "cells": CELLS, "language_numerics": "semantic"}, **kw)
+    with Recorder(path, model=DEEPSEEK, producer={"name": side, "side": side}) as rec:
+        run(req, rec)
+    return path
+
+
+def test_the_span_overlaid_at_one_offset_in_every_chunk_is_a_row_shift(language, tmp_path):
+    from tensordiff.compare import compare_dumps
+    from tensordiff.contract import Contract
+    from tensordiff.models import deepseek_language_contract as C
+
+    contract = Contract(DEEPSEEK, (), C.RULES, resolver=C.make_resolver(()), boundary_of=C.boundary_of)
+    ckpt, rows = language
+    a = _language_dump("oracle", ckpt, rows, tmp_path / "oracle")
+    # chunks of 16: the second chunk gets the span's first rows at its own offset 12..15
+    b = _language_dump("engine", ckpt, rows, tmp_path / "engine", chunk=16, fault=D.OVERLAY_CHUNK_SHIFT)
+    r = compare_dumps(a, b, contract=contract)
+    assert r.earliest == ["embeddings"]
+    (f,) = r.boundary("embeddings").diagnosis
+    assert f["name"] == "row-range-shift" and f["explained"] >= 0.95, f
+    # rows 28-31 are A's 12-15 (row 27 may join them: the same text token at 11 and 27)
+    assert "–31 (from position 2" in f["text"] and "–15 (shifted by -16)" in f["text"]
+    assert "rows between 16 (position 16) and 21 (position 21) hold one repeated vector" in f["text"]
+
+
+def test_the_one_line_summary_names_the_finding():
+    case = check(CaseSpec(QWEN, fault=Q.MERGE_ORDER_RASTER))
+    assert "; diagnosis: `patches` merge-vs-raster (100%)" in case.summary_line()
