@@ -1,5 +1,6 @@
 """The worked example of examples/patch_model: clean it matches, with the planted layout bug it
-names `patches` (and only there is the root)."""
+names `patches` (and only there is the root),
+with the layout diagnosis that explains it."""
 import json
 import subprocess
 import sys
@@ -26,12 +27,15 @@ def test_the_clean_reimplementation_matches(tmp_path):
     assert r["producers"]["b"]["name"] == "plain safetensors" and r["model"] == "patch-model"
 
 
-@pytest.mark.parametrize("bug", ["transposed-grid", "channels-last"])
-def test_a_planted_layout_bug_is_named_at_patches(tmp_path, bug):
+@pytest.mark.parametrize("bug, hypothesis", [("transposed-grid", "transposed-grid"), ("channels-last", "flatten-order")])
+def test_a_planted_layout_bug_is_named_at_patches_with_its_diagnosis(tmp_path, bug, hypothesis):
     p, r = run(tmp_path, "--bug", bug)
     assert p.returncode == 1, p.stdout + p.stderr
     assert r["earliest"] == ["patches"] and "earliest divergence at `patches`" in p.stdout
     assert all(b["status"] == "consequent" for b in r["boundaries"][1:])
+    # the layout diagnosis says what kind of wrong, and that it explains (nearly) all of the error
+    (found,) = r["diagnosis"]["patches"]
+    assert found["name"] == hypothesis and found["explained"] >= 0.95 and "diagnosis: patches:" in p.stdout
 
 
 def test_an_existing_out_is_never_overwritten(tmp_path):
