@@ -105,7 +105,8 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, scale: float
     """Full (bidirectional) attention. q, k, v: [N, H, hd] with a unit last stride.
 
     cu_seqlens: optional host list of sequence boundaries [0, n1, n1+n2, ..., N]; each sequence
-    attends only within itself (several images packed in one call). Default scale 1/sqrt(hd).
+    attends only within itself (several images packed in one call); equal segments run as one
+    batched call, unequal ones one call each. Default scale 1/sqrt(hd).
     prefer: CUDA kernel names from KERNELS to try, in order.
     log: a `speed_path.SpeedPath` (or None) told which kernel each call ran and every fallback.
     Returns [N, H, hd], a view of the kernel's output (the fused kernels lay it out [1, N, H, hd],
@@ -116,6 +117,14 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, scale: float
     else:
         bounds = [int(b) for b in cu_seqlens]
         assert bounds[0] == 0 and bounds[-1] == q.shape[0], bounds
+    lengths = {b - a for a, b in zip(bounds[:-1], bounds[1:])}
+    if len(bounds) > 2 and len(lengths) == 1:
+        # equal segments (the frames of one grid): one batched call over [S, H, n, hd] views, each
+        # batch row attending within itself, instead of S launches
+        s, n = len(bounds) - 1, lengths.pop()
+        q4, k4, v4 = (t.view(s, n, *t.shape[1:]).transpose(1, 2) for t in (q, k, v))
+        o = _sdpa(q4, k4, v4, scale, prefer, log)  # [S, H, n, hd]
+        return o.transpose(1, 2).reshape(q.shape)
     outs = []
     for a, b in zip(bounds[:-1], bounds[1:]):
         # [n, H, hd] -> [1, H, n, hd]: a strided view, no copy
