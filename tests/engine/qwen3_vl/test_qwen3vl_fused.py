@@ -111,3 +111,63 @@ def test_the_compiled_route_compiles_the_blocks_own_pieces(monkeypatch):
     tower._cu = [0, n]
     assert torch.equal(fb(x, tower.blocks[0], cos, sin), block(x, tower.blocks[0], cos, sin))
     assert fb.ok and fb.error is None
+
+
+class _CpuGraph:
+    """A stand-in for a captured CUDA graph on the CPU: replay recomputes the captured function on
+    the captured input buffer and writes the captured output buffers in place, as a replay does."""
+
+    def __init__(self, fn, static_in, static_out):
+        self.fn, self.static_in, self.static_out = fn, static_in, static_out
+
+    def replay(self):
+        for buf, new in zip(self.static_out, self.fn(self.static_in)):
+            buf.copy_(new)
+
+
+class _CpuGraphCache(fused.GraphCache):
+    def _capture(self, key, x):
+        static_in = x.clone()
+        fn = self.fn  # the pass as it stood at capture (a replay must not see a later fn)
+        static_out = fn(static_in)
+        self.graphs[key] = (_CpuGraph(fn, static_in, static_out), static_in, static_out)
+        self.captures += 1
+        return fused._clone(static_out)
+
+
+def test_graph_route_replays_per_grid_and_never_on_a_tapped_pass(monkeypatch):
+    import engine.qwen3_vl.vision as vision
+    from engine.qwen3_vl.preprocess import preprocess
+    from tensordiff.capture import NullRecorder
+
+    monkeypatch.setattr(vision, "GraphCache", _CpuGraphCache)
+    _, req = make_request("qwen3-vl")
+    cfg = load_config(req.weights_dir)
+    graphed = runner.load_tower(req, cfg, graphs="on")
+    eager = runner.load_tower(req, cfg)
+    g = torch.Generator().manual_seed(0)
+
+    def pixels(h, w):
+        import numpy as np
+
+        img = (torch.rand(h, w, 3, generator=g) * 255).to(torch.uint8).numpy().astype(np.uint8)
+        px = preprocess(img, cfg.processor, "pil")
+        return px.pixel_values, tuple(int(v) for v in px.grid_thw)
+
+    def same(a, b):
+        return torch.equal(a.embeds, b.embeds) and all(torch.equal(x, y) for x, y in zip(a.deepstack, b.deepstack))
+
+    with torch.inference_mode():
+        (p1, grid), (p2, grid2), (p3, other) = pixels(64, 96), pixels(64, 96), pixels(96, 64)
+        assert grid == grid2 != other
+        first = graphed(p1, grid, NullRecorder())  # captured at the first pass ('on')
+        assert graphed.graphs.captures == 1 and same(first, eager(p1, grid, NullRecorder()))
+        again = graphed(p2, grid, NullRecorder())  # replayed on new pixels of the same grid
+        assert graphed.graphs.replays == 1 and same(again, eager(p2, grid, NullRecorder()))
+        assert not same(again, first)
+        rec = MemoryRecorder()
+        tapped = graphed(p1, grid, rec)  # a tapped pass runs the code, with its taps
+        assert graphed.graphs.replays == 1 and {"block0", "aligner"} <= set(rec.tensors)
+        assert same(tapped, first)
+        graphed(p3, other, NullRecorder())  # another grid: its own graph
+        assert graphed.graphs.captures == 2
