@@ -50,9 +50,9 @@ def test_attention_is_a_list_of_kernel_names_not_of_letters():
 
 
 def test_the_attention_choices_are_the_engines_kernels():
-    from engine.runtime.attention import KERNELS, _backends
+    from engine.runtime.attention import KERNELS, OWN_KERNELS, _backends
 
-    assert DS.get("attention").choices == KERNELS
+    assert DS.get("attention").choices == KERNELS + OWN_KERNELS  # SDPA's, then our Triton kernel
     # the CUDA route maps each parsed name to an SDPA backend (the CPU never gets there)
     assert len(_backends(DS.parse({"attention": "math"}, DEEPSEEK)["attention"])) == 1
 

@@ -53,3 +53,63 @@ def test_a_strided_input_is_batched_as_its_values():
     bounds = [0, 24, 48]
     assert torch.equal(attention(q, k, v, cu_seqlens=bounds),
                        attention(q.contiguous(), k.contiguous(), v.contiguous(), cu_seqlens=bounds))
+
+
+def _cuda_q():
+    import types
+
+    return types.SimpleNamespace(device=types.SimpleNamespace(type="cuda"), shape=(1, 2, 8, 64),
+                                 dtype=torch.bfloat16)
+
+
+def test_triton_first_runs_our_kernel_and_a_failing_one_is_dropped(monkeypatch):
+    """`triton` in the kernel order runs our kernel; one that raises is dropped for the process,
+    the call goes to the next kernel and the speed path says why."""
+    import sys
+    import types
+
+    import engine.runtime.attention as A
+
+    calls = []
+    fake = types.ModuleType("engine.runtime.triton_attention")
+    fake.unavailable = lambda q: None
+    fake.flash_attention = lambda q, k, v, scale=None: calls.append("triton") or "ran with triton"
+    monkeypatch.setitem(sys.modules, "engine.runtime.triton_attention", fake)
+    monkeypatch.setattr(A, "_BROKEN", {})
+    monkeypatch.setattr(A, "_note", lambda log, *a: log.kernel("cudnn") if log is not None else None)
+    monkeypatch.setattr(A.F, "scaled_dot_product_attention", lambda q, k, v, scale=None: "ran with sdpa")
+    q = _cuda_q()
+    log = SpeedPath()
+    assert A._sdpa(q, q, q, None, ["triton", "cudnn"], log) == "ran with triton"
+    assert log.attention == {"triton": 1} and log.fallbacks == []
+
+    def broken(q, k, v, scale=None):
+        raise RuntimeError("triton: out of shared memory")
+    fake.flash_attention = broken
+    assert A._sdpa(q, q, q, None, ["triton", "cudnn"], log) == "ran with sdpa"
+    assert A._BROKEN == {"triton": "RuntimeError: triton: out of shared memory"}
+    assert log.fallbacks == [{"what": "attention triton -> sdpa",
+                              "why": "it raised: RuntimeError: triton: out of shared memory"}]
+    # not asked again in this process
+    fake.flash_attention = lambda *a, **k: pytest.fail("a dropped kernel was asked again")
+    assert A._sdpa(q, q, q, None, ["triton", "cudnn"], None) == "ran with sdpa"
+
+
+def test_triton_declining_a_call_hands_it_on_and_says_why(monkeypatch):
+    import sys
+    import types
+
+    import engine.runtime.attention as A
+
+    fake = types.ModuleType("engine.runtime.triton_attention")
+    fake.unavailable = lambda q: "triton declined the call (head size 72: 16, 32, 64 or 128)"
+    fake.flash_attention = lambda *a, **k: pytest.fail("a declined call ran")
+    monkeypatch.setitem(sys.modules, "engine.runtime.triton_attention", fake)
+    monkeypatch.setattr(A, "_BROKEN", {})
+    monkeypatch.setattr(A, "_note", lambda log, *a: None)
+    monkeypatch.setattr(A.F, "scaled_dot_product_attention", lambda q, k, v, scale=None: "ran with sdpa")
+    log = SpeedPath()
+    assert A._sdpa(_cuda_q(), None, None, None, ["triton"], log) == "ran with sdpa"
+    assert log.fallbacks == [{"what": "attention triton -> sdpa",
+                              "why": "triton declined the call (head size 72: 16, 32, 64 or 128)"}]
+    assert A._BROKEN == {}  # declining is not breaking: the next call may fit

@@ -1,17 +1,19 @@
-"""A Triton flash-attention forward (bidirectional, no mask), for measuring against SDPA's kernels.
+"""A Triton flash-attention forward (bidirectional, no mask): the attention kernel `triton`.
 
     flash_attention(q, k, v, scale=None) -> o      q, k, v: [B, H, N, hd] (hd 16..128, a power of 2)
 
-Not an engine route: `bench/engine_speed.py` times it beside cuDNN, flash and efficient SDPA at
-the DeepSeek tower's shape (16 heads x 8,910 tokens x 64) to learn whether a kernel of our own
-would beat the vendor's before one is written into the engine. One program per (query block,
+Asked for by name in the runtime's kernel order (`attention(..., prefer=["triton", "cudnn", ...])`,
+`-o attention=triton,cudnn` for DeepSeek), never by default: `bench/engine_speed.py` times it
+beside cuDNN, flash and efficient SDPA at the DeepSeek tower's shape (16 heads x 8,910 tokens x
+64) and puts it first only where it measures fastest and agrees with flash. One program per (query block,
 batch x head); the key/value blocks stream through an online softmax (running max and sum in
 fp32, exp2 with the scale folded into log2 e), the output rescaled as the max grows; the
 last block's columns past N are masked to -inf. A few tile shapes are tried by Triton's
 bench on the first call per shape.
 
-`TRITON_INTERPRET=1` runs it on the CPU (slowly): tests/bench/test_triton_attention.py holds
-it to SDPA there when Triton is installed.
+`TRITON_INTERPRET=1` runs it on the CPU (slowly): tests/engine/runtime/test_runtime_triton_attention.py
+holds it to SDPA there when Triton is installed. Importing this module needs Triton; the runtime
+imports it only when the kernel is asked for (`unavailable` says why it cannot run).
 """
 from __future__ import annotations
 
@@ -59,6 +61,15 @@ def _forward(Q, K, V, O, sm_scale_log2, N,
     acc = acc / l_i[:, None]
     o_ptrs = O + b * stride_ob + h * stride_oh + offs_m[:, None] * stride_on + offs_d[None, :]
     tl.store(o_ptrs, acc.to(O.dtype.element_ty), mask=offs_m[:, None] < N)
+
+
+def unavailable(q: torch.Tensor) -> str | None:
+    """Why this kernel cannot take the call [B, H, N, hd] q, or None."""
+    if q.shape[-1] not in (16, 32, 64, 128):
+        return f"triton declined the call (head size {q.shape[-1]}: 16, 32, 64 or 128)"
+    if q.dtype not in (torch.bfloat16, torch.float16):
+        return f"triton declined the call (dtype {q.dtype}: bfloat16 or float16)"
+    return None
 
 
 def _launch(q, k, v, o, scale, config):

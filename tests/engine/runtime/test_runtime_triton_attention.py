@@ -1,4 +1,4 @@
-"""The Triton flash kernel that bench/engine_speed.py times beside SDPA computes attention: run
+"""The Triton flash kernel (the runtime's `triton` attention) computes attention: run
 through Triton's CPU interpreter (TRITON_INTERPRET=1) where Triton is installed, against SDPA, on
 a token count that leaves the last key block partly masked. (The interpreter's bf16 `tl.dot` is
 wrong on its own, so bf16 is left to the GPU run, which compares every kernel to flash SDPA.)"""
@@ -18,7 +18,7 @@ pytestmark = pytest.mark.skipif(importlib.util.find_spec("triton") is None, reas
 
 CODE = """
 import torch
-from triton_attention import flash_attention
+from engine.runtime.triton_attention import flash_attention
 g = torch.Generator().manual_seed(0)
 for n, dt, tol in ((70, torch.float32, 1e-5), (130, torch.float16, 2e-3)):
     q, k, v = (torch.randn(2, 3, n, 64, generator=g).to(dt) for _ in range(3))
@@ -33,6 +33,6 @@ print("ok")
 
 def test_triton_flash_matches_sdpa_in_the_interpreter():
     env = dict(os.environ, TRITON_INTERPRET="1",
-               PYTHONPATH=os.pathsep.join([str(ROOT / "bench"), os.environ.get("PYTHONPATH", "")]))
+               PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]))
     r = subprocess.run([sys.executable, "-c", CODE], capture_output=True, text=True, timeout=300, env=env)
     assert r.returncode == 0 and r.stdout.strip() == "ok", r.stdout + r.stderr
