@@ -112,7 +112,9 @@ def flash_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: fl
         raise ValueError(f"flash_attention takes equal [B, H, N, hd] operands with hd in 16..128 (a power of 2), "
                          f"got {tuple(q.shape)}, {tuple(k.shape)}, {tuple(v.shape)}")
     q, k, v = (t if t.stride(-1) == 1 else t.contiguous() for t in (q, k, v))
-    o = torch.empty_like(q)
+    # [B, N, H, hd] memory behind the [B, H, N, hd] view, as SDPA's fused kernels lay it out: the
+    # caller's [N, H * hd] reshape after attention is then free
+    o = torch.empty(b, n, h, hd, dtype=q.dtype, device=q.device).transpose(1, 2)
     scale = hd ** -0.5 if scale is None else scale
     if config is None:
         key = (q.device, q.dtype, b, h, n, hd)
