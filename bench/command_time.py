@@ -133,7 +133,8 @@ def main(argv=None) -> int:
     (args.out / "command_time.json").write_text(json.dumps(res, indent=1) + "\n")
     print(f"import torch: median {torch_med:.3f} s, min {torch_min:.3f} s (load {res['load_average'][0]:.2f})")
     for name, e in res["commands"].items():
-        extra = f"  torch + {e['over_torch_s']:+.3f} s (min {e['over_torch_min_s']:+.3f})" if "over_torch_s" in e else ""
+        extra = (f"  torch + {e['over_torch_s']:+.3f} s (min {e['over_torch_min_s']:+.3f})"
+                 if "over_torch_s" in e else "")
         heavy = ",".join(k for k in ("transformers", "scipy", "sympy") if e["imports"][k]) or "-"
         print(f"{name:38s} median {e['median_s']:.3f} s{extra}  [{e['target']}: {'met' if e['met'] else 'NOT met'}]"
               f"  heavy imports: {heavy}")

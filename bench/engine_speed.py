@@ -95,8 +95,8 @@ def section(res: dict, name: str, fn) -> None:
     except Exception as e:  # noqa: BLE001 - a bench records what broke and goes on
         res[name] = {"error": f"{type(e).__name__}: {e}", "where": traceback.format_exc().strip().splitlines()[-3:]}
     res[name]["section_s"] = time.perf_counter() - t0
-    print(f"--- {name}: {res[name]['section_s']:.1f} s" + (f"  ERROR {res[name]['error']}" if "error" in res[name] else ""),
-          flush=True)
+    err = f"  ERROR {res[name]['error']}" if "error" in res[name] else ""
+    print(f"--- {name}: {res[name]['section_s']:.1f} s{err}", flush=True)
 
 
 # ---------------------------------------------------------------- Qwen3-VL
@@ -137,7 +137,7 @@ def qwen(args, work: Path) -> dict:
         results[name] = o
         out.setdefault("engine", {})[name] = {"ms": ms, "warm_s": warm_s, "backend": backend,
                                               "speed_path": speed_facts(tower, asked, policy, speed)}
-        del tower
+        tower = None  # noqa: F841 - its weights and graphs freed before the next route
         torch.cuda.empty_cache() if args.device.startswith("cuda") else None
 
     engine_route("eager", "off", "off")
@@ -323,7 +323,7 @@ def deepseek(args, work: Path, order: list[str] | None) -> dict:
             ms = timed(lambda: eng.encode(patches, plan, null), args.device, args.iters, 2)
             outputs[name] = eng.encode(patches, plan, null)
         out["routes"][name] = {"ms": ms, "backend": backend, "prefer": prefer, "speed_path": eng.speed_path()}
-        del eng
+        eng = None  # noqa: F841 - freed before the next route
         torch.cuda.empty_cache() if args.device.startswith("cuda") else None
 
     from engine.runtime.attention import KERNELS
@@ -392,7 +392,8 @@ def main(argv=None) -> int:
         section(res, "deepseek", lambda: deepseek(args, work, order))
     if "qwen" in want:
         section(res, "qwen", lambda: qwen(args, work))
-    checks = {f"{s}: {k}": v for s in ("qwen", "attention", "deepseek") for k, v in res.get(s, {}).get("checks", {}).items()}
+    checks = {f"{s}: {k}": v for s in ("qwen", "attention", "deepseek")
+              for k, v in res.get(s, {}).get("checks", {}).items()}
     res["checks"] = checks
     (args.out / "engine_speed.json").write_text(json.dumps(res, indent=1, default=str) + "\n")
     summary(res)
@@ -410,8 +411,8 @@ def summary(res: dict) -> None:
                                             if "ms" in e else e.get("error", "")))
         print(f"  target {q['target']}: {'met' if q['met'] else 'NOT met'}")
     for name, e in a.get("kernels", {}).items():
-        print(f"attention {name:22s} " + (f"{e['ms']:.3f} ms {e['tflops']:.0f} TFLOP/s  |diff| {e['max_abs_vs_reference']:.2e}"
-                                          if "ms" in e else e["error"]))
+        print(f"attention {name:22s} " + (f"{e['ms']:.3f} ms {e['tflops']:.0f} TFLOP/s  "
+                                          f"|diff| {e['max_abs_vs_reference']:.2e}" if "ms" in e else e["error"]))
     if a:
         print(f"  best: {a.get('best_overall')}; SDPA order by measurement: {a.get('sdpa_order_by_measurement')}")
     for name, e in d.get("routes", {}).items():
