@@ -171,3 +171,31 @@ def test_graph_route_replays_per_grid_and_never_on_a_tapped_pass(monkeypatch):
         assert same(tapped, first)
         graphed(p3, other, NullRecorder())  # another grid: its own graph
         assert graphed.graphs.captures == 2
+
+
+def test_one_compiled_graph_serves_every_layer(monkeypatch):
+    """The weights are an argument, not a guard: 12 layers' distinct tensors compile each piece
+    once (past torch's recompile limit of 8 a per-layer guard would silently run eager)."""
+    import dataclasses
+
+    import torch._dynamo
+    from torch._dynamo.utils import counters
+
+    from engine.qwen3_vl.vision import BlockWeights
+
+    torch._dynamo.reset()
+    counters.clear()
+    monkeypatch.setattr(fused, "_compile", lambda fn: torch.compile(fn, backend="eager", dynamic=False,
+                                                                    fullgraph=True))
+    _, req = make_request("qwen3-vl")
+    tower = runner.load_tower(req, load_config(req.weights_dir))
+    fb = fused.FusedBlock(tower.eager)
+    x = torch.randn(16, tower.cfg.hidden_size, generator=torch.Generator().manual_seed(0))
+    cos, sin = tower.tables((1, 4, 4), "cpu")[1:]
+    tower._cu = [0, 16]
+    layers = [BlockWeights(*(t.clone() for t in dataclasses.astuple(tower.blocks[i % len(tower.blocks)])))
+              for i in range(12)]
+    with torch.inference_mode():
+        for blk in layers:
+            assert torch.equal(fb(x, blk, cos, sin), tower.eager(x, blk, cos, sin))
+    assert fb.ok and counters["stats"]["unique_graphs"] == 2  # attn_in and out, once each
