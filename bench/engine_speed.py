@@ -385,20 +385,26 @@ def main(argv=None) -> int:
     want = set(args.only) or {"qwen", "attention", "deepseek"}
     if cuda:
         torch.backends.cuda.matmul.allow_tf32 = False
+
+    def write() -> None:
+        # after every section: a run stopped by its time limit keeps the sections it finished
+        res["checks"] = {f"{s}: {k}": v for s in ("qwen", "attention", "deepseek")
+                         for k, v in res.get(s, {}).get("checks", {}).items()}
+        (args.out / "engine_speed.json").write_text(json.dumps(res, indent=1, default=str) + "\n")
+
     if "attention" in want:
         section(res, "attention", lambda: attention(args, work))
+        write()
     order = res.get("attention", {}).get("sdpa_order_by_measurement") if cuda else None
-    if "deepseek" in want:
-        section(res, "deepseek", lambda: deepseek(args, work, order))
     if "qwen" in want:
         section(res, "qwen", lambda: qwen(args, work))
-    checks = {f"{s}: {k}": v for s in ("qwen", "attention", "deepseek")
-              for k, v in res.get(s, {}).get("checks", {}).items()}
-    res["checks"] = checks
-    (args.out / "engine_speed.json").write_text(json.dumps(res, indent=1, default=str) + "\n")
+        write()
+    if "deepseek" in want:
+        section(res, "deepseek", lambda: deepseek(args, work, order))
+        write()
     summary(res)
     errors = [s for s in want if "error" in res.get(s, {})]
-    return 1 if errors or not all(checks.values()) else 0
+    return 1 if errors or not all(res["checks"].values()) else 0
 
 
 def summary(res: dict) -> None:
