@@ -9,6 +9,8 @@
 # Writes OUTDIR/engine_speed.json (bench/engine_speed.py), OUTDIR/kernels_router.json
 # (bench/kernels.py --only moe_route), OUTDIR/router_tests.txt and OUTDIR/engine_speed.log.
 # Needs: a CUDA torch, transformers, Triton (for the compiled blocks), nvcc (the hip backend).
+# ENGINE_SPEED_ARGS is passed to engine_speed.py: "--device cpu --small --iters 1" is the CPU
+# smoke run of the whole script (tiny weights; the GPU-only stages then say so and go on).
 set -u -o pipefail
 out="${1:?usage: bench/engine_speed.sh OUTDIR}"
 mkdir -p "$out"
@@ -22,11 +24,14 @@ stage() { echo "=== $1 ($(date +%T))" | tee -a "$log"; }
 status=0
 start=$SECONDS
 
-stage "synthetic:full weights (both models; cached after the first run)"
-timeout 120 "$py" -c "
+args="${ENGINE_SPEED_ARGS:-}"
+if [[ "$args" != *--small* ]]; then
+  stage "synthetic:full weights (both models; cached after the first run)"
+  timeout 120 "$py" -c "
 from tensordiff.synthetic.deepseek_v41_flash import resolve
 from tensordiff.synthetic.qwen3_vl import ensure
 print(resolve('synthetic:full'), ensure('full'))" 2>&1 | tail -2 | tee -a "$log"
+fi
 
 stage "hip backend build + router correctness on the GPU"
 timeout 200 "$py" -m pytest -q -p no:cacheprovider tests/hip/test_hip_kernels.py -k "moe_route or router" \
@@ -39,7 +44,7 @@ timeout 60 "$py" bench/kernels.py --only moe_route --out "$out/kernels_router.js
 stage "engines (bench/engine_speed.py)"
 # what is left of 8 minutes (at least 240 s); engine_speed.json is written after every section
 left=$(( 470 - (SECONDS - start) )); [ $left -lt 240 ] && left=240
-timeout $left "$py" bench/engine_speed.py "$out" 2>&1 | tee -a "$log"
+timeout $left "$py" bench/engine_speed.py "$out" $args 2>&1 | tee -a "$log"
 rc=$?; echo "engine_speed.py: exit $rc" | tee -a "$log"; [ $rc -eq 0 ] || status=1
 stage "done (exit $status)"
 exit $status
