@@ -48,8 +48,9 @@ def _forward(Q, K, V, O, sm_scale_log2, N,
     v_base = V + b * stride_vb + h * stride_vh
     for start_n in range(0, N, BLOCK_N):
         cols = start_n + offs_n
-        k = tl.load(k_base + cols[None, :] * stride_kn + offs_d[:, None], mask=cols[None, :] < N, other=0.0)
-        s = tl.dot(q, k) * sm_scale_log2  # [BLOCK_M, BLOCK_N], log2 units
+        # k as [BLOCK_N, hd] rows (contiguous loads), transposed in registers for the product
+        k = tl.load(k_base + cols[:, None] * stride_kn + offs_d[None, :], mask=cols[:, None] < N, other=0.0)
+        s = tl.dot(q, tl.trans(k)) * sm_scale_log2  # [BLOCK_M, BLOCK_N], log2 units
         s = tl.where(cols[None, :] < N, s, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(s, 1))
         p = tl.math.exp2(s - m_new[:, None])
