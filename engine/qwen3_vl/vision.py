@@ -63,7 +63,7 @@ class QwenBlock:
 
         q, k, v = attn_in(x)      LayerNorm -> qkv GEMM + bias -> 2D RoPE (rotate_half) on q and k
         o = attend(q, k, v)       the runtime's attention over the tower's segments: never compiled
-        x = out(x, o)             attn_residual (proj + x) -> LayerNorm -> ffn_residual (fc1, act, fc2 + x)
+        x = out(x, o)             attn_residual (proj + x) -> ffn_residual (LayerNorm, fc1, act, fc2 + x)
     """
 
     def __init__(self, cfg: VisionConfig, backend, attend, act):
@@ -85,15 +85,16 @@ class QwenBlock:
 
     def out(self, x, o, blk: BlockWeights) -> torch.Tensor:
         """The rest of the block after attention's output o: [N, H, hd]."""
-        x = self.attn_residual(x, o, blk)
-        return self.ffn_residual(x, layer_norm(x, blk.norm2_w, blk.norm2_b), blk)
+        return self.ffn_residual(self.attn_residual(x, o, blk), blk)
 
     def attn_residual(self, x, o, blk: BlockWeights) -> torch.Tensor:
         return x + self.backend.linear(o.reshape(x.shape[0], -1), blk.proj_w, blk.proj_b)
 
-    def ffn_residual(self, x, h, blk: BlockWeights) -> torch.Tensor:
-        """x + fc2(act(fc1(h))), h: the normed stream."""
+    def ffn_residual(self, x, blk: BlockWeights) -> torch.Tensor:
+        """x + fc2(act(fc1(LN2(x)))). The LayerNorm is plain torch, no backend kernel, so on
+        another backend it is compiled with this glue (DeepSeek's RMSNorm is a kernel: outside)."""
         b = self.backend
+        h = layer_norm(x, blk.norm2_w, blk.norm2_b)
         return x + b.linear(self.act(b.linear(h, blk.fc1_w, blk.fc1_b)), blk.fc2_w, blk.fc2_b)
 
 
