@@ -13,6 +13,8 @@ Writes OUTDIR/engine_speed.json, one section per figure of issue 15 (each also i
   transformers' (cosine, max |diff| relative to the eager route's own distance to transformers),
   and `tensordiff check qwen3-vl` with `-o fuse=on` (the compiled block, tapped) giving the
   verdict of the same check with `-o fuse=off`.
+- `attention_qwen`: the same kernels at Qwen3-VL's shape (16 heads x 2,728 x 72); the measured
+  order is tried as `fast_best_first` where it differs from the default.
 - `attention`: every attention kernel reachable at DeepSeek's tower shape (16 heads, 8,910
   tokens, head dim 64, bf16): SDPA with cuDNN, flash, efficient alone, `varlen_attn`, the
   registered flash implementations (FA3/FA4 where installed) and our Triton flash kernel
@@ -101,7 +103,7 @@ def section(res: dict, name: str, fn) -> None:
 
 # ---------------------------------------------------------------- Qwen3-VL
 
-def qwen(args, work: Path) -> dict:
+def qwen(args, work: Path, order: list[str] | None = None) -> dict:
     from engine.qwen3_vl.config import load_config
     from engine.qwen3_vl.preprocess import decode, default_processor, preprocess
     from engine.qwen3_vl.runner import load_tower, speed_facts, speed_policy
@@ -119,13 +121,13 @@ def qwen(args, work: Path) -> dict:
     null = NullRecorder()
     results = {}
 
-    def engine_route(name, fuse, graphs, backend="torch"):
+    def engine_route(name, fuse, graphs, backend="torch", prefer=None):
         speed = SpeedPath()
         asked = {"block": fuse, "cuda_graphs": graphs}
         policy = speed_policy(args.device, asked, speed)
         r = make_request("qwen3-vl", image=str(path), weights=args.qwen_weights, device=args.device,
                          dtype=args.dtype, backend=backend)[1]
-        tower = load_tower(r, cfg, speed, fuse=policy["block"], graphs=policy["cuda_graphs"])
+        tower = load_tower(r, cfg, speed, fuse=policy["block"], graphs=policy["cuda_graphs"], attention_prefer=prefer)
         with torch.inference_mode():
             t0 = time.perf_counter()
             for _ in range(3):  # compile (from pass 1 with 'on'), capture, first replay
@@ -135,7 +137,7 @@ def qwen(args, work: Path) -> dict:
             ms = timed(lambda: tower(pv, grid, null), args.device, args.iters, 2)
             o = tower(pv, grid, null)
         results[name] = o
-        out.setdefault("engine", {})[name] = {"ms": ms, "warm_s": warm_s, "backend": backend,
+        out.setdefault("engine", {})[name] = {"ms": ms, "warm_s": warm_s, "backend": backend, "prefer": prefer,
                                               "speed_path": speed_facts(tower, asked, policy, speed)}
         tower = None  # noqa: F841 - its weights and graphs freed before the next route
         torch.cuda.empty_cache() if args.device.startswith("cuda") else None
@@ -144,6 +146,10 @@ def qwen(args, work: Path) -> dict:
     engine_route("compiled", "on", "off")
     engine_route("graphs", "off", "on")
     engine_route("fast", "on", "on")
+    from engine.runtime.attention import KERNELS
+
+    if order and order[0] != KERNELS[0]:  # the kernel measured fastest at Qwen's shape first
+        engine_route("fast_best_first", "on", "on", prefer=order)
     try:
         engine_route("fast_hip", "on", "on", backend="hip")
     except Exception as e:  # noqa: BLE001 - no hip build here: recorded
@@ -180,8 +186,9 @@ def qwen(args, work: Path) -> dict:
     e_hf = out["agreement"]["eager_vs_transformers"]["aligner"]["max_abs"]
     f_hf = out["agreement"]["fast_vs_transformers"]["aligner"]["max_abs"]
     out["agreement"]["fast_over_eager_distance_to_transformers"] = f_hf / e_hf if e_hf else None
-    fast_ms = out["engine"]["fast"]["ms"]
-    out["target"] = f"fast <= {QWEN_TARGET} x transformers"
+    fast_ms = min(e["ms"] for n, e in out["engine"].items() if n.startswith("fast") and "ms" in e
+                  and e["backend"] == "torch")
+    out["target"] = f"fast <= {QWEN_TARGET} x transformers (torch backend, best kernel order)"
     out["met"] = fast_ms / ms_hf <= QWEN_TARGET
     out["checks"] = {
         "fast ran compiled": out["engine"]["fast"]["speed_path"]["vision"]["block"]["ran"] == "compiled"
@@ -211,10 +218,11 @@ def qwen(args, work: Path) -> dict:
 
 # ---------------------------------------------------------------- attention at DeepSeek's shape
 
-def attention(args, work: Path) -> dict:
+def attention(args, work: Path, shape=None) -> dict:
+    """shape: (heads, tokens, head dim); default DeepSeek's tower (16, 8910, 64)."""
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
-    heads, n, hd = (4, 300, 64) if args.small else (16, 8910, 64)
+    heads, n, hd = shape or ((4, 300, 64) if args.small else (16, 8910, 64))
     dtype = DTYPES[args.dtype]
     g = torch.Generator(device=args.device).manual_seed(0)
     q, k, v = (torch.randn(1, heads, n, hd, generator=g, device=args.device, dtype=dtype) for _ in range(3))
@@ -388,7 +396,7 @@ def main(argv=None) -> int:
 
     def write() -> None:
         # after every section: a run stopped by its time limit keeps the sections it finished
-        res["checks"] = {f"{s}: {k}": v for s in ("qwen", "attention", "deepseek")
+        res["checks"] = {f"{s}: {k}": v for s in ("qwen", "attention", "attention_qwen", "deepseek")
                          for k, v in res.get(s, {}).get("checks", {}).items()}
         (args.out / "engine_speed.json").write_text(json.dumps(res, indent=1, default=str) + "\n")
 
@@ -397,7 +405,10 @@ def main(argv=None) -> int:
         write()
     order = res.get("attention", {}).get("sdpa_order_by_measurement") if cuda else None
     if "qwen" in want:
-        section(res, "qwen", lambda: qwen(args, work))
+        section(res, "attention_qwen",
+                lambda: attention(args, work, (4, 200, 72) if args.small else (16, 2728, 72)))
+        qwen_order = res["attention_qwen"].get("sdpa_order_by_measurement") if cuda else None
+        section(res, "qwen", lambda: qwen(args, work, qwen_order))
         write()
     if "deepseek" in want:
         section(res, "deepseek", lambda: deepseek(args, work, order))
@@ -408,7 +419,7 @@ def main(argv=None) -> int:
 
 
 def summary(res: dict) -> None:
-    q, a, d = res.get("qwen", {}), res.get("attention", {}), res.get("deepseek", {})
+    q, d = res.get("qwen", {}), res.get("deepseek", {})
     if "transformers" in q:
         hf = q["transformers"]["ms"]
         print(f"qwen3-vl tower {q['patches']} patches: transformers {hf:.2f} ms")
@@ -416,11 +427,14 @@ def summary(res: dict) -> None:
             print(f"  engine {name:9s} " + (f"{e['ms']:.2f} ms  x{e['ratio_to_transformers']:.3f} of transformers"
                                             if "ms" in e else e.get("error", "")))
         print(f"  target {q['target']}: {'met' if q['met'] else 'NOT met'}")
-    for name, e in a.get("kernels", {}).items():
-        print(f"attention {name:22s} " + (f"{e['ms']:.3f} ms {e['tflops']:.0f} TFLOP/s  "
+    for sec in ("attention", "attention_qwen"):
+        a = res.get(sec, {})
+        for name, e in a.get("kernels", {}).items():
+            print(f"{sec} {name:22s} " + (f"{e['ms']:.3f} ms {e['tflops']:.0f} TFLOP/s  "
                                           f"|diff| {e['max_abs_vs_reference']:.2e}" if "ms" in e else e["error"]))
-    if a:
-        print(f"  best: {a.get('best_overall')}; SDPA order by measurement: {a.get('sdpa_order_by_measurement')}")
+        if a.get("kernels"):
+            print(f"  {a['shape']}: best {a.get('best_overall')}; order by measurement "
+                  f"{a.get('sdpa_order_by_measurement')}")
     for name, e in d.get("routes", {}).items():
         print(f"deepseek tower+aligner {name:17s} " + (f"{e['ms']:.2f} ms" if "ms" in e else e["error"]))
     if d.get("routes"):

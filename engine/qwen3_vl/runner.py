@@ -46,13 +46,14 @@ def speed_policy(device, asked: dict[str, str], speed: SpeedPath) -> dict[str, s
     return policy
 
 
-def load_tower(req, cfg, speed=None, fuse: str = "off", graphs: str = "off") -> VisionTower:
+def load_tower(req, cfg, speed=None, fuse: str = "off", graphs: str = "off", attention_prefer=None) -> VisionTower:
     """The tower a `RunRequest` asks for (the runner's and the local-error stages' one); fuse and
-    graphs as `speed_policy` resolved them (the stages run eager)."""
+    graphs as `speed_policy` resolved them (the stages run eager); attention_prefer: CUDA kernel
+    names in order (`engine.runtime.attention`), None for the default order."""
     dtype = torch_dtype(req.dtype)
     weights = load_visual(req.weights_dir, cfg.vision, dtype, req.device)
     return VisionTower(cfg.vision, weights, backends.get(req.backend), dtype, F.check(req.fault), speed=speed,
-                       fuse=fuse, graphs=graphs)
+                       fuse=fuse, graphs=graphs, attention_prefer=attention_prefer)
 
 
 def speed_facts(tower: VisionTower, asked: dict, policy: dict, speed: SpeedPath) -> dict:
