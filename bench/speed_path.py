@@ -29,7 +29,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
-import engine.deepseek_v41_flash.fused as fused  # noqa: E402
+import engine.runtime.fused as fused  # noqa: E402  (where the block compiler lives)
 from deepseek_vision import DTYPES, picture, timed  # noqa: E402
 from engine.deepseek_v41_flash.run import VisionEngine  # noqa: E402
 from tensordiff.capture import MemoryRecorder, NullRecorder  # noqa: E402

@@ -3,9 +3,12 @@
 // ids are ranked by s + bias; their weights come from the UNBIASED s, normalised
 // (sum + 1e-20) and multiplied by route_scale.
 //
-// One row per block of 64, 128 or 256 threads (whole wave64s or pairs of warp32s), each thread
-// holding up to PT experts in registers; top-k is k rounds of a block-wide maximum over packed
-// (key, id) values (ties to the lower expert id). Planted fault `router-text-bias-for-images`: image rows are
+// Default route (`threads_per_row` 0): one row per wave, in one pass. Lane l holds experts l,
+// l + W, ... (W = warpSize, 64 on CDNA, 32 on NVIDIA) in registers; top-k is k rounds of a
+// wave-level maximum over packed (key, id) values (ties to the lower expert id), shuffles only:
+// no shared memory, no barrier, several rows per block. The older route, one row per block of
+// 64, 128 or 256 threads with the waves combined through shared memory, stays selectable
+// (`threads_per_row` 64/128/256) to measure against. Planted fault `router-text-bias-for-images`: image rows are
 // ranked with the text bias, the kind of one-character kernel bug the comparator must catch.
 #include "common.h"
 
@@ -115,6 +118,99 @@ moe_route(const void* __restrict__ logits, const float* __restrict__ bias, const
   }
 }
 
+// One row per wave, `blockDim.x / warpSize` rows per block. PT slots per lane are sized for the
+// narrowest wave (32 lanes); on a wave64 the upper slots of a lane stay empty.
+template <int DT, int PT>
+__global__ void __launch_bounds__(256)
+moe_route_wave(const void* __restrict__ logits, const float* __restrict__ bias, const float* __restrict__ bias_vl,
+               const uint8_t* __restrict__ image_rows, float* __restrict__ weights, int64_t* __restrict__ ids,
+               int64_t rows, int64_t experts, int topk, float route_scale, int fault_text_bias_for_images) {
+  typedef td::Elem<DT> E;
+  const int ws = warpSize;
+  const int lane = threadIdx.x % ws;
+  const int64_t row = (int64_t)blockIdx.x * (blockDim.x / ws) + threadIdx.x / ws;
+  if (row >= rows) return;  // the whole wave leaves together: every shuffle below sees full waves
+  const bool image = image_rows != nullptr && bias_vl != nullptr && image_rows[row] != 0;
+  const float* b = (image && !fault_text_bias_for_images) ? bias_vl : bias;
+  const typename E::raw* lr = static_cast<const typename E::raw*>(logits) + row * experts;
+
+  float s[PT];
+  unsigned long long packed[PT];  // 0: no such expert, or already chosen
+  unsigned long long mine = 0;    // this lane's best remaining
+#pragma unroll
+  for (int p = 0; p < PT; ++p) {
+    const int64_t e = lane + (int64_t)p * ws;
+    s[p] = 0.f;
+    packed[p] = 0;
+    if (e < experts) {  // consecutive lanes read consecutive experts: coalesced
+      const float l = E::get(lr[e]);
+      s[p] = sqrtf(l > 20.f ? l : log1pf(expf(l)));  // torch's softplus (beta 1, threshold 20)
+      packed[p] = pack(s[p] + b[e], (int)e);
+    }
+    mine = packed[p] > mine ? packed[p] : mine;
+  }
+
+  float chosen[kMaxTopK];
+  int id_sel[kMaxTopK];
+  float sum = 0.f;
+#pragma unroll
+  for (int r = 0; r < kMaxTopK; ++r) {
+    chosen[r] = 0.f;
+    id_sel[r] = 0;
+    if (r < topk) {  // uniform over the wave
+      unsigned long long best = mine;
+      for (int o = ws / 2; o > 0; o >>= 1) {
+        const unsigned long long other = port_shfl_xor(best, o, ws);
+        best = other > best ? other : best;
+      }
+      float won = 0.f;
+      if (mine == best) {  // packed values are unique (ids are): exactly one owner rescans its few slots
+        unsigned long long next = 0;
+#pragma unroll
+        for (int p = 0; p < PT; ++p) {
+          if (packed[p] == best) {
+            won = s[p];
+            packed[p] = 0;
+          }
+          next = packed[p] > next ? packed[p] : next;
+        }
+        mine = next;
+      }
+      const int id = unpack_id(best);
+      chosen[r] = port_shfl(won, id % ws, ws);  // the owner's unbiased score, to every lane
+      id_sel[r] = id;
+      sum += chosen[r];  // in rank order, as the block route and the reference
+    }
+  }
+#pragma unroll
+  for (int r = 0; r < kMaxTopK; ++r) {
+    if (r < topk && lane == r) {
+      weights[row * topk + r] = chosen[r] / (sum + 1e-20f) * route_scale;
+      ids[row * topk + r] = id_sel[r];
+    }
+  }
+}
+
+constexpr int kWaveBlock = 256;  // threads per block of the wave route: 4 rows (wave64) or 8 (warp32)
+
+template <int DT>
+void launch_wave(int64_t rows, int64_t experts, hipStream_t s, const void* logits, const float* bias,
+                 const float* bias_vl, const uint8_t* image_rows, float* weights, int64_t* ids, int topk,
+                 float route_scale, int fault) {
+  const int per_block = kWaveBlock / port_device_warp_size();
+  const dim3 grid((unsigned int)((rows + per_block - 1) / per_block)), block(kWaveBlock);
+  const int64_t pt = (experts + kNarrowestWave - 1) / kNarrowestWave;  // slots per lane on a 32-lane wave
+#define TD_WAVE(PT) hipLaunchKernelGGL(HIP_KERNEL_NAME(moe_route_wave<DT, PT>), grid, block, 0, s, logits, bias, \
+                                       bias_vl, image_rows, weights, ids, rows, experts, topk, route_scale, fault)
+  if (pt <= 2) TD_WAVE(2);
+  else if (pt <= 4) TD_WAVE(4);
+  else if (pt <= 8) TD_WAVE(8);
+  else if (pt <= 12) TD_WAVE(12);  // 384 experts: 12 per lane on NVIDIA, 6 on CDNA
+  else if (pt <= 16) TD_WAVE(16);
+  else TD_WAVE(32);  // up to 1,024 experts
+#undef TD_WAVE
+}
+
 template <int DT, int TPR>
 void launch_tpr(int64_t pt, dim3 grid, hipStream_t s, const void* logits, const float* bias, const float* bias_vl,
                 const uint8_t* image_rows, float* weights, int64_t* ids, int64_t experts, int topk, float route_scale,
@@ -129,18 +225,20 @@ void launch_tpr(int64_t pt, dim3 grid, hipStream_t s, const void* logits, const 
 #undef TD_ROUTE
 }
 
-// Threads per row. 1,024 rows of 384 experts (1.5 MB) are far too small to be bandwidth-bound:
-// the time is the chain of k dependent block-wide maxima, shortest with the fewest waves per row
-// (measured on an H200: 64 threads 10.8 us, 128 11.3 us, 256 17.1 us, before the owner-only
-// rescan).
-int auto_threads(int64_t experts) { return experts <= 512 ? 64 : 128; }
+// 1,024 rows of 384 experts (1.5 MB) are far too small to be bandwidth-bound: the time is the
+// chain of k dependent maxima. One row per block (64, 128, 256 threads) measured 10.4, 10.2 and
+// 16.0 us on an H200 (3.8% of the copy roofline): each round a block-wide step with two barriers.
+// The wave route has no barrier and packs 4 or 8 rows into a block.
 
 template <int DT>
 int launch(const void* logits, const float* bias, const float* bias_vl, const uint8_t* image_rows, float* weights,
            int64_t* ids, int64_t rows, int64_t experts, int topk, float route_scale, int fault, int tpr,
            hipStream_t s) {
+  if (tpr <= 0) {
+    launch_wave<DT>(rows, experts, s, logits, bias, bias_vl, image_rows, weights, ids, topk, route_scale, fault);
+    return td::launch_status();
+  }
   const dim3 grid((unsigned int)rows);
-  if (tpr <= 0) tpr = auto_threads(experts);
   const int64_t pt = (experts + tpr - 1) / tpr;
   if (tpr == 64) launch_tpr<DT, 64>(pt, grid, s, logits, bias, bias_vl, image_rows, weights, ids, experts, topk, route_scale, fault);
   else if (tpr == 128) launch_tpr<DT, 128>(pt, grid, s, logits, bias, bias_vl, image_rows, weights, ids, experts, topk, route_scale, fault);

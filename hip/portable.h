@@ -34,6 +34,9 @@
   #define hipGetLastError      cudaGetLastError
   #define hipGetErrorString    cudaGetErrorString
   #define hipDeviceSynchronize cudaDeviceSynchronize
+  #define hipGetDevice         cudaGetDevice
+  #define hipDeviceGetAttribute cudaDeviceGetAttribute
+  #define hipDeviceAttributeWarpSize cudaDevAttrWarpSize
   #define HIP_KERNEL_NAME(...) __VA_ARGS__
   #define hipLaunchKernelGGL(k, grid, block, shmem, stream, ...) \
     do { k<<<(grid), (block), (shmem), (stream)>>>(__VA_ARGS__); } while (0)
@@ -50,6 +53,21 @@
 
 // 1024 threads / the narrowest wave (32): enough slots for one value per warp of any block.
 #define PORT_MAX_WARPS_PER_BLOCK 32
+// The narrowest wave any target has (NVIDIA, RDNA): register arrays sized per lane use it.
+constexpr int kNarrowestWave = 1024 / PORT_MAX_WARPS_PER_BLOCK;
+
+// The current device's wave width, asked once per device on the host (64 when it cannot be
+// asked: the wider wave means fewer rows per block, so a launch sized by it misses no row).
+inline int port_device_warp_size() {
+  static int known[64] = {0};
+  int dev = 0;
+  if (hipGetDevice(&dev) != hipSuccess || dev < 0 || dev >= 64) return 64;
+  if (known[dev] == 0) {
+    int ws = 0;
+    known[dev] = (hipDeviceGetAttribute(&ws, hipDeviceAttributeWarpSize, dev) == hipSuccess && ws > 0) ? ws : 64;
+  }
+  return known[dev];
+}
 
 // IEEE single-rounding multiply and add: keeps the compiler from contracting a*b + c*d into an
 // FMA, so a kernel rounds exactly as the unfused torch reference does.

@@ -130,7 +130,8 @@ class HipBackend:
         if rope_access_bytes not in (0, 4, 8, 16):
             raise EngineInputError(f"rope_access_bytes must be 0 (widest), 4, 8 or 16, not {rope_access_bytes}")
         if router_threads not in (0, 64, 128, 256):
-            raise EngineInputError(f"router_threads must be 0 (auto), 64, 128 or 256, not {router_threads}")
+            raise EngineInputError(f"router_threads must be 0 (one row per wave, the default), 64, 128 or 256 "
+                                   f"(one row per block of that many threads), not {router_threads}")
         self.router_threads = router_threads
         self.faults = frozenset(faults)
         self.patch_gemm = patch_gemm

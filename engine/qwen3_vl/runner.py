@@ -9,6 +9,7 @@ from tensordiff.models.qwen3_vl_options import OPTIONS
 
 from .. import backend as backends
 from ..errors import EngineInputError
+from ..runtime.fused import compile_unavailable
 from ..runtime.speed_path import SpeedPath
 from . import faults as F
 from .config import load_config
@@ -26,11 +27,47 @@ def torch_dtype(name: str) -> torch.dtype:
     return DTYPES[name]
 
 
-def load_tower(req, cfg, speed=None) -> VisionTower:
-    """The tower a `RunRequest` asks for (the runner's and the local-error stages' one)."""
+def speed_policy(device, asked: dict[str, str], speed: SpeedPath) -> dict[str, str]:
+    """The CUDA speed paths asked for ({"block": fuse, "cuda_graphs": graphs}) as they can run on
+    `device`: 'off' where they cannot. Off on the CPU is the documented route for 'auto'; an explicit
+    'on', or 'auto' on a GPU, that cannot run is a fallback recorded in `speed`."""
+    device = torch.device(device)
+    cuda = device.type == "cuda"
+    why = {"block": compile_unavailable(device),
+           "cuda_graphs": None if cuda else f"CUDA graphs are CUDA only (device {device.type})"}
+    what = {"block": "vision block compiled -> eager", "cuda_graphs": "CUDA graphs -> eager"}
+    policy = {}
+    for part, wanted in asked.items():
+        if why[part] is not None and wanted != "off":
+            if wanted == "on" or cuda:
+                speed.fallback(what[part], why[part])
+            wanted = "off"
+        policy[part] = wanted
+    return policy
+
+
+def load_tower(req, cfg, speed=None, fuse: str = "off", graphs: str = "off", attention_prefer=None) -> VisionTower:
+    """The tower a `RunRequest` asks for (the runner's and the local-error stages' one); fuse and
+    graphs as `speed_policy` resolved them (the stages run eager); attention_prefer: CUDA kernel
+    names in order (`engine.runtime.attention`), None for the default order."""
     dtype = torch_dtype(req.dtype)
     weights = load_visual(req.weights_dir, cfg.vision, dtype, req.device)
-    return VisionTower(cfg.vision, weights, backends.get(req.backend), dtype, F.check(req.fault), speed=speed)
+    return VisionTower(cfg.vision, weights, backends.get(req.backend), dtype, F.check(req.fault), speed=speed,
+                       fuse=fuse, graphs=graphs, attention_prefer=attention_prefer)
+
+
+def speed_facts(tower: VisionTower, asked: dict, policy: dict, speed: SpeedPath) -> dict:
+    """The manifest's `speed_path` after the passes run so far: asked, ran, captures, fallbacks."""
+    fz, g = tower._fused, tower.graphs
+    if fz is not None and fz.error:
+        speed.fallback("vision block compiled -> eager", fz.error)
+    if g is not None and g.error:
+        speed.fallback("CUDA graphs -> eager", g.error)
+    speed.parts["vision"] = {
+        "block": {"asked": asked["block"], "policy": policy["block"], "ran": tower.ran},
+        "cuda_graphs": {"asked": asked["cuda_graphs"], "policy": policy["cuda_graphs"],
+                        "captured": g.captures if g else 0, "replayed": g.replays if g else 0}}
+    return speed.as_json()
 
 
 def run(req, rec) -> None:
@@ -43,7 +80,8 @@ def run(req, rec) -> None:
         raise EngineInputError(f"decode steps must be >= 0, not {req.decode}")
     torch_dtype(req.dtype), backends.get(req.backend)  # a bad dtype or backend is refused before any work
     cfg = load_config(req.weights_dir)
-    processor = OPTIONS.resolve(req.options)["processor"] or default_processor()
+    opts = OPTIONS.resolve(req.options)
+    processor = opts["processor"] or default_processor()
 
     img = decode(Path(req.image))
     px = preprocess(img, cfg.processor, processor, raster=fault == F.MERGE_ORDER_RASTER,
@@ -53,8 +91,11 @@ def run(req, rec) -> None:
         rec.record(name, t, boundary="plan")
     rec.record("patches", px.pixel_values)
 
-    speed = SpeedPath(parts={"vision": {"block": {"ran": "eager"}}})  # no compiled route here
-    tower = load_tower(req, cfg, speed)
+    speed = SpeedPath()
+    asked = {"block": opts["fuse"], "cuda_graphs": opts["graphs"]}
+    policy = speed_policy(req.device, asked, speed)
+    # one pass: 'auto' stays eager (a one-shot check pays no compile or capture)
+    tower = load_tower(req, cfg, speed, fuse=policy["block"], graphs=policy["cuda_graphs"])
     with torch.inference_mode():
         tower(px.pixel_values.to(req.device), grid_thw, rec)
 
@@ -72,4 +113,4 @@ def run(req, rec) -> None:
         "grid": list(px.plan.grid), "cells": list(px.plan.cells), "grid_thw": list(grid_thw),
         "processor": processor, "prompt": req.prompt, "tokens": int(prompt.input_ids.shape[0]), "decode": req.decode,
     }
-    rec.update_run(inputs=inputs, fault=fault, speed_path=speed.as_json())
+    rec.update_run(inputs=inputs, fault=fault, speed_path=speed_facts(tower, asked, policy, speed))

@@ -30,12 +30,14 @@ def _kernel_context(backends):
 
 # Names accepted by `prefer`, in the default CUDA order.
 KERNELS = ("cudnn", "flash", "efficient", "math")
+# Also accepted by `prefer`, never in the default order: our Triton kernel (`triton_attention`)
+OWN_KERNELS = ("triton",)
 
 
 def _backends(prefer: Sequence[str]):
     table = {"cudnn": "CUDNN_ATTENTION", "flash": "FLASH_ATTENTION",
              "efficient": "EFFICIENT_ATTENTION", "math": "MATH"}
-    return [getattr(SDPBackend, table[name]) for name in prefer if hasattr(SDPBackend, table[name])]
+    return [getattr(SDPBackend, table[name]) for name in prefer if name in table and hasattr(SDPBackend, table[name])]
 
 
 # kernels that raised at run time in this process, with why: not asked for again
@@ -85,6 +87,12 @@ def _sdpa(q4, k4, v4, scale, prefer, log=None):
         return F.scaled_dot_product_attention(q4, k4, v4, scale=scale)
     order = list(prefer or KERNELS)
     names = [n for n in order if n not in _BROKEN]
+    if names and names[0] == "triton":
+        o = _triton(q4, k4, v4, scale, log)
+        if o is not None:
+            return o
+        # declined or broken (the reason is in the log): the rest of the order takes the call
+        return _sdpa(q4, k4, v4, scale, [n for n in order if n != "triton"] or list(KERNELS), log)
     try:
         with _kernel_context(_backends(names)):
             _note(log, q4, k4, v4, scale, order)
@@ -99,14 +107,40 @@ def _sdpa(q4, k4, v4, scale, prefer, log=None):
         return _sdpa(q4, k4, v4, scale, order, log)  # `names` now leaves the broken one out
 
 
+def _triton(q4, k4, v4, scale, log):
+    """Our Triton kernel's output, or None when it cannot take the call or raises (then it is
+    dropped for this process, as a failing SDPA kernel is)."""
+    try:
+        from . import triton_attention
+    except ImportError as e:
+        why = f"Triton is not importable ({e})"
+    else:
+        why = triton_attention.unavailable(q4)
+        if why is None:
+            try:
+                o = triton_attention.flash_attention(q4, k4, v4, scale)
+            except Exception as e:  # noqa: BLE001 - a compile or launch failure: the next kernel runs
+                text = str(e).strip()
+                _BROKEN["triton"] = f"{type(e).__name__}: {text.splitlines()[0] if text else ''}"
+                why = f"it raised: {_BROKEN['triton']}"
+            else:
+                if log is not None:
+                    log.kernel("triton")
+                return o
+    if log is not None:
+        log.fallback("attention triton -> sdpa", why)
+    return None
+
+
 def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, scale: float | None = None,
               cu_seqlens: Sequence[int] | None = None, prefer: Sequence[str] | None = None,
               log=None) -> torch.Tensor:
     """Full (bidirectional) attention. q, k, v: [N, H, hd] with a unit last stride.
 
     cu_seqlens: optional host list of sequence boundaries [0, n1, n1+n2, ..., N]; each sequence
-    attends only within itself (several images packed in one call). Default scale 1/sqrt(hd).
-    prefer: CUDA kernel names from KERNELS to try, in order.
+    attends only within itself (several images packed in one call); equal segments run as one
+    batched call, unequal ones one call each. Default scale 1/sqrt(hd).
+    prefer: CUDA kernel names from KERNELS (and OWN_KERNELS) to try, in order.
     log: a `speed_path.SpeedPath` (or None) told which kernel each call ran and every fallback.
     Returns [N, H, hd], a view of the kernel's output (the fused kernels lay it out [1, N, H, hd],
     so a following reshape to [N, H * hd] is free there).
@@ -116,6 +150,14 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, scale: float
     else:
         bounds = [int(b) for b in cu_seqlens]
         assert bounds[0] == 0 and bounds[-1] == q.shape[0], bounds
+    lengths = {b - a for a, b in zip(bounds[:-1], bounds[1:])}
+    if len(bounds) > 2 and len(lengths) == 1:
+        # equal segments (the frames of one grid): one batched call over [S, H, n, hd] views, each
+        # batch row attending within itself, instead of S launches
+        s, n = len(bounds) - 1, lengths.pop()
+        q4, k4, v4 = (t.view(s, n, *t.shape[1:]).transpose(1, 2) for t in (q, k, v))
+        o = _sdpa(q4, k4, v4, scale, prefer, log)  # [S, H, n, hd]
+        return o.transpose(1, 2).reshape(q.shape)
     outs = []
     for a, b in zip(bounds[:-1], bounds[1:]):
         # [n, H, hd] -> [1, H, n, hd]: a strided view, no copy

@@ -7,12 +7,14 @@ from __future__ import annotations
 
 from ..options import Option, OptionTable
 
-# the CUDA SDPA kernels the engine can be told to try (engine.runtime.attention.KERNELS)
-ATTENTION_KERNELS = ("cudnn", "flash", "efficient", "math")
+# the CUDA attention kernels the engine can be told to try (engine.runtime.attention.KERNELS, and
+# its own Triton kernel, OWN_KERNELS: only when asked for)
+ATTENTION_KERNELS = ("cudnn", "flash", "efficient", "math", "triton")
 
 OPTIONS = OptionTable((
     Option("attention", "list", None, "CUDA SDPA kernels the engine's vision tower tries, in order, comma-separated "
-           "(default: cudnn,flash,efficient,math; the CPU has one kernel)", choices=ATTENTION_KERNELS, side="engine"),
+           "(default: cudnn,flash,efficient,math; triton: our own kernel, only when asked; the CPU has one kernel)",
+           choices=ATTENTION_KERNELS, side="engine"),
     Option("language_numerics", "choice", "official", "the language backbone's numerics, both sides: official "
            "(what the official code computes: bf16 with the kernels' FP8/FP4 rounding, whatever --dtype the vision "
            "half runs in) or semantic (the run's --dtype, exact dequantised weights, no rounding)",

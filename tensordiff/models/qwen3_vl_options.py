@@ -15,4 +15,8 @@ OPTIONS = OptionTable((
            "else pil; also --processor)", choices=PROCESSORS, side="both"),
     Option("attention", "choice", "sdpa", "the transformers oracle's attention implementation",
            choices=ORACLE_ATTENTION, side="oracle", aliases=("attn",)),
+    Option("fuse", "switch", "auto", "compiled vision blocks, CUDA only: off, on (from the first pass), auto (from "
+           "a tower's second pass)", side="engine", env="TENSORDIFF_FUSE"),
+    Option("graphs", "switch", "auto", "whole-pass CUDA graphs per grid (untapped passes), CUDA only: off, on "
+           "(capture at the first pass), auto (at the second)", side="engine", env="TENSORDIFF_GRAPHS"),
 ))

@@ -50,9 +50,9 @@ def test_attention_is_a_list_of_kernel_names_not_of_letters():
 
 
 def test_the_attention_choices_are_the_engines_kernels():
-    from engine.runtime.attention import KERNELS, _backends
+    from engine.runtime.attention import KERNELS, OWN_KERNELS, _backends
 
-    assert DS.get("attention").choices == KERNELS
+    assert DS.get("attention").choices == KERNELS + OWN_KERNELS  # SDPA's, then our Triton kernel
     # the CUDA route maps each parsed name to an SDPA backend (the CPU never gets there)
     assert len(_backends(DS.parse({"attention": "math"}, DEEPSEEK)["attention"])) == 1
 
@@ -65,14 +65,19 @@ def test_unknown_key_names_the_known_options():
     assert "tensordiff options deepseek-v4.1-flash" in msg
 
 
-def test_parse_fills_every_default():
+def test_parse_fills_every_default(monkeypatch):
+    monkeypatch.delenv("TENSORDIFF_FUSE", raising=False)
+    monkeypatch.delenv("TENSORDIFF_GRAPHS", raising=False)
     assert set(DS.parse({}, DEEPSEEK)) == set(DS.names)
-    assert QW.parse({}, QWEN) == {"processor": None, "attention": "sdpa"}
+    assert QW.parse({}, QWEN) == {"processor": None, "attention": "sdpa", "fuse": "auto", "graphs": "auto"}
 
 
-def test_qwen_attention_is_typed_and_attn_still_accepted():
+def test_qwen_attention_is_typed_and_attn_still_accepted(monkeypatch):
+    monkeypatch.delenv("TENSORDIFF_FUSE", raising=False)
+    monkeypatch.delenv("TENSORDIFF_GRAPHS", raising=False)
     assert QW.parse({"attn": "eager"}, QWEN)["attention"] == "eager"
-    assert QW.resolve({"attn": "eager"}) == {"processor": None, "attention": "eager"}
+    assert QW.resolve({"attn": "eager"}) == {"processor": None, "attention": "eager", "fuse": "auto",
+                                             "graphs": "auto"}
     with pytest.raises(BadInput, match="'nonsense' is not one of sdpa, eager"):
         QW.parse({"attn": "nonsense"}, QWEN)
     with pytest.raises(BadInput, match="given twice"):

@@ -7,6 +7,7 @@ import pytest
 import torch
 
 import engine.deepseek_v41_flash.fused as fused
+import engine.runtime.fused as runtime_fused
 import engine.deepseek_v41_flash.run as run_mod
 from engine.backend import get as get_backend
 from engine.deepseek_v41_flash.run import VisionEngine
@@ -64,7 +65,7 @@ class _OtherBackend:
                                                        ("other", False, ["attn_residual", "ffn_residual"])])
 def test_the_compiled_route_compiles_the_blocks_own_pieces(monkeypatch, backend, heads_major, pieces):
     seen = []
-    monkeypatch.setattr(fused, "_compile", lambda fn: seen.append(fn) or fn)  # an identity "compiler"
+    monkeypatch.setattr(runtime_fused, "_compile", lambda fn: seen.append(fn) or fn)  # an identity "compiler"
     eng = VisionEngine(resolve("synthetic:tiny"))
     block = VisionBlock(eng.cfg, get_backend("torch") if backend == "torch" else _OtherBackend(), eng.tower.attend)
     fb = fused.FusedBlock(block, heads_major=heads_major)

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-import engine.deepseek_v41_flash.fused as fused
+import engine.runtime.fused as fused  # the block compiler lives in the runtime
 import engine.deepseek_v41_flash.run as run_mod
 from tensordiff.dump import open_dump
 from tensordiff.runs import make_request, run_side

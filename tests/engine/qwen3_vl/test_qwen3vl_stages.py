@@ -34,7 +34,7 @@ def test_a_fault_planted_in_the_stages_breaks_its_boundary_only(case, stages_on_
 
 def test_the_manifest_names_the_sdpa_kernel_and_a_forced_math_fallback(case, own_run):
     sp = case[1].run["speed_path"]
-    assert sp["vision"]["block"] == {"ran": "eager"}
+    assert sp["vision"]["block"] == {"asked": "auto", "policy": "off", "ran": "eager"}  # CPU: no compiled route
     assert list(sp["attention"]["sdpa"]) == ["flash"] and sp["fallbacks"] == []
     with sdpa_kernel([SDPBackend.MATH]):
         _, rec = own_run("qwen3-vl")

@@ -1,0 +1,453 @@
+"""The engines' speed on one GPU, each figure a ratio to a baseline measured in the same run.
+
+    python bench/engine_speed.py OUTDIR                     # H200: full shapes, bf16 (bench/engine_speed.sh)
+    python bench/engine_speed.py OUTDIR --device cpu --small   # smoke: tiny weights, small grids, fp32
+
+Writes OUTDIR/engine_speed.json, one section per figure of issue 15 (each also in `checks`):
+
+- `qwen`: Qwen3-VL's vision tower on a 1000x700 picture (2,728 patches), synthetic:full in bf16,
+  untapped passes: the engine eager, compiled only, CUDA graphs only and both (the default
+  once warm), on the torch backend (and `fast` on hip), against transformers' own
+  `Qwen3VLVisionModel` (sdpa) on the same weights and patches. Target: fast <= 0.7x
+  transformers. Verdict: the fast route's outputs against the eager route's (cosine >= 0.999) and
+  against transformers' (1 - cosine within twice the eager route's own, + 1e-4; max |diff| kept),
+  and `tensordiff check qwen3-vl` with `-o fuse=on` (the compiled block, tapped) giving the
+  verdict of the same check with `-o fuse=off`.
+- `attention_qwen`: the same kernels at Qwen3-VL's shape (16 heads x 2,728 x 72); the measured
+  order is tried as `fast_best_first` where it differs from the default.
+- `attention`: every attention kernel reachable at DeepSeek's tower shape (16 heads, 8,910
+  tokens, head dim 64, bf16): SDPA with cuDNN, flash, efficient alone, `varlen_attn`, the
+  registered flash implementations (FA3/FA4 where installed) and our Triton flash kernel
+  (`engine/runtime/triton_attention.py`); ms, TFLOP/s, max |diff| to flash. The fastest of the
+  kernels the engine can be told to use (cudnn, flash, efficient, triton) whose output agrees is
+  put first in the tower's kernel order below.
+- `deepseek`: the DeepSeek tower + aligner at 90x99 (8,910 patches), synthetic:full bf16: eager
+  (no compile, no graphs) and the default route once warm (compiled block + CUDA graph), with the
+  default kernel order and (where it differs) with the measured best first, on torch and hip. Targets: <= 32 ms;
+  hip default no slower than torch default.
+Exit status 0 when the run completed (a missed target is a figure, not a failure), 1 when a
+verdict check failed, 2 on bad arguments.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import traceback
+from pathlib import Path
+
+import numpy as np
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "bench"))
+
+from tensordiff.capture import NullRecorder  # noqa: E402
+
+DTYPES = {"bfloat16": torch.bfloat16, "float32": torch.float32}
+QWEN_TARGET, DEEPSEEK_TARGET_MS = 0.7, 32.0
+
+
+def sync(device) -> None:
+    if torch.device(device).type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def timed(fn, device, iters: int, warmup: int) -> float:
+    """Median wall milliseconds of fn() (device synchronised around each call)."""
+    for _ in range(warmup):
+        fn()
+    sync(device)
+    samples = []
+    for _ in range(iters):
+        t = time.perf_counter()
+        fn()
+        sync(device)
+        samples.append((time.perf_counter() - t) * 1e3)
+    return statistics.median(samples)
+
+
+def picture(width: int, height: int, directory: Path) -> Path:
+    rng = np.random.default_rng(0)
+    y, x = np.mgrid[0:height, 0:width]
+    img = np.stack([x * 255 // max(width - 1, 1), y * 255 // max(height - 1, 1), (x ^ y) & 255], -1)
+    img = np.clip(img + rng.normal(0, 12, img.shape), 0, 255).astype(np.uint8)
+    from PIL import Image
+
+    path = directory / f"picture-{width}x{height}.png"
+    Image.fromarray(img).save(path)
+    return path
+
+
+def agreement(a: torch.Tensor, b: torch.Tensor) -> dict:
+    a, b = a.double().flatten(), b.double().flatten()
+    return {"max_abs": float((a - b).abs().max()), "cos": float(torch.nn.functional.cosine_similarity(a, b, 0))}
+
+
+def section(res: dict, name: str, fn) -> None:
+    """Run one section; an exception is recorded (with its traceback's last line) instead of ending the run."""
+    t0 = time.perf_counter()
+    try:
+        res[name] = fn()
+    except Exception as e:  # noqa: BLE001 - a bench records what broke and goes on
+        res[name] = {"error": f"{type(e).__name__}: {e}", "where": traceback.format_exc().strip().splitlines()[-3:]}
+    res[name]["section_s"] = time.perf_counter() - t0
+    err = f"  ERROR {res[name]['error']}" if "error" in res[name] else ""
+    print(f"--- {name}: {res[name]['section_s']:.1f} s{err}", flush=True)
+
+
+# ---------------------------------------------------------------- Qwen3-VL
+
+def qwen(args, work: Path, order: list[str] | None = None) -> dict:
+    from engine.qwen3_vl.config import load_config
+    from engine.qwen3_vl.preprocess import decode, default_processor, preprocess
+    from engine.qwen3_vl.runner import load_tower, speed_facts, speed_policy
+    from engine.runtime.speed_path import SpeedPath
+    from tensordiff.runs import make_request
+
+    w, h = (64, 48) if args.small else (1000, 700)
+    path = picture(w, h, work)
+    _, req = make_request("qwen3-vl", image=str(path), weights=args.qwen_weights, device=args.device, dtype=args.dtype)
+    cfg = load_config(req.weights_dir)
+    px = preprocess(decode(path), cfg.processor, default_processor())
+    pv = px.pixel_values.to(args.device)
+    grid = tuple(int(v) for v in px.grid_thw)
+    out = {"weights": args.qwen_weights, "picture": [w, h], "grid_thw": list(grid), "patches": int(pv.shape[0])}
+    null = NullRecorder()
+    results = {}
+
+    def engine_route(name, fuse, graphs, backend="torch", prefer=None):
+        speed = SpeedPath()
+        asked = {"block": fuse, "cuda_graphs": graphs}
+        policy = speed_policy(args.device, asked, speed)
+        r = make_request("qwen3-vl", image=str(path), weights=args.qwen_weights, device=args.device,
+                         dtype=args.dtype, backend=backend)[1]
+        tower = load_tower(r, cfg, speed, fuse=policy["block"], graphs=policy["cuda_graphs"], attention_prefer=prefer)
+        with torch.inference_mode():
+            t0 = time.perf_counter()
+            for _ in range(3):  # compile (from pass 1 with 'on'), capture, first replay
+                tower(pv, grid, null)
+            sync(args.device)
+            warm_s = time.perf_counter() - t0
+            ms = timed(lambda: tower(pv, grid, null), args.device, args.iters, 2)
+            o = tower(pv, grid, null)
+        results[name] = o
+        out.setdefault("engine", {})[name] = {"ms": ms, "warm_s": warm_s, "backend": backend, "prefer": prefer,
+                                              "speed_path": speed_facts(tower, asked, policy, speed)}
+        tower = None  # noqa: F841 - its weights and graphs freed before the next route
+        torch.cuda.empty_cache() if args.device.startswith("cuda") else None
+
+    engine_route("eager", "off", "off")
+    engine_route("compiled", "on", "off")
+    engine_route("graphs", "off", "on")
+    engine_route("fast", "on", "on")
+    from engine.runtime.attention import KERNELS
+
+    if order and order[0] != KERNELS[0]:  # the kernel measured fastest at Qwen's shape first
+        engine_route("fast_best_first", "on", "on", prefer=order)
+    try:
+        engine_route("fast_hip", "on", "on", backend="hip")
+    except Exception as e:  # noqa: BLE001 - no hip build here: recorded
+        out.setdefault("engine", {})["fast_hip"] = {"error": f"{type(e).__name__}: {e}"}
+
+    # transformers' own tower, sdpa, the same weights and patches
+    from oracle.qwen3_vl import config as hf_config
+    from oracle.qwen3_vl import model as hf_model
+
+    hf = hf_model.build(hf_config.load_config(req.weights_dir), req.weights_dir, DTYPES[args.dtype], args.device,
+                        attn="sdpa")
+    g = torch.tensor([grid], device=args.device)
+    with torch.inference_mode():
+        ms_hf = timed(lambda: hf(pv, grid_thw=g), args.device, args.iters, 3)
+        ref = hf(pv, grid_thw=g)
+    out["transformers"] = {"ms": ms_hf, "attn": "sdpa"}
+    for name, e in out["engine"].items():
+        if "ms" in e:
+            e["ratio_to_transformers"] = e["ms"] / ms_hf
+
+    # verdict: the fast route against the eager route, and both against transformers
+    eager, fast = results["eager"], results["fast"]
+    hf_deep = list(getattr(ref, "deepstack_features", None) or [])
+    out["agreement"] = {
+        "fast_vs_eager": {"aligner": agreement(fast.embeds, eager.embeds),
+                          **{f"deepstack.{k}": agreement(a, b) for k, (a, b) in
+                             enumerate(zip(fast.deepstack, eager.deepstack))}},
+        "eager_vs_transformers": {"aligner": agreement(eager.embeds, ref.pooler_output)},
+        "fast_vs_transformers": {"aligner": agreement(fast.embeds, ref.pooler_output)},
+    }
+    if hf_deep:
+        out["agreement"]["fast_vs_transformers"].update(
+            {f"deepstack.{k}": agreement(a, b) for k, (a, b) in enumerate(zip(fast.deepstack, hf_deep))})
+    e_hf = out["agreement"]["eager_vs_transformers"]["aligner"]["max_abs"]
+    f_hf = out["agreement"]["fast_vs_transformers"]["aligner"]["max_abs"]
+    out["agreement"]["fast_over_eager_distance_to_transformers"] = f_hf / e_hf if e_hf else None
+    c_eager = out["agreement"]["eager_vs_transformers"]["aligner"]["cos"]
+    c_fast = out["agreement"]["fast_vs_transformers"]["aligner"]["cos"]
+    fast_ms = min(e["ms"] for n, e in out["engine"].items() if n.startswith("fast") and "ms" in e
+                  and e["backend"] == "torch")
+    out["target"] = f"fast <= {QWEN_TARGET} x transformers (torch backend, best kernel order)"
+    out["met"] = fast_ms / ms_hf <= QWEN_TARGET
+    out["checks"] = {
+        "fast ran compiled": out["engine"]["fast"]["speed_path"]["vision"]["block"]["ran"] == "compiled"
+        or not args.device.startswith("cuda"),
+        "fast replays a captured graph": out["engine"]["fast"]["speed_path"]["vision"]["cuda_graphs"]["replayed"] > 0
+        or not args.device.startswith("cuda"),
+        # bf16 over 27 blocks: the compiled route rounds differently (fp32 between fused ops), a
+        # few per cent of rms at most; a wrong op gives a cosine far below this
+        "fast agrees with eager (cos >= 0.999)": out["agreement"]["fast_vs_eager"]["aligner"]["cos"] >= 0.999,
+        # the fast route must not drift from transformers much more than the eager one does
+        "fast no farther from transformers than eager (1 - cos within 2x + 1e-4)":
+            1 - c_fast <= 2 * (1 - c_eager) + 1e-4,
+    }
+    # the tool's own verdict, the compiled block tapped (a check is one pass: graphs stay off),
+    # beside the same check eager: the compiled block must not change it
+    for fuse in ("off", "on"):
+        cmd = [sys.executable, "-m", "tensordiff.cli", "check", "qwen3-vl", "--image", str(path), "--weights",
+               args.qwen_weights, "--device", args.device, "--dtype", args.dtype, "-o", f"fuse={fuse}",
+               "--json", str(work / f"qwen-check-{fuse}.json")]
+        try:
+            r = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=150)
+            out[f"check_fuse_{fuse}"] = {"argv": cmd[3:], "exit": r.returncode,
+                                         "first_line": (r.stdout or r.stderr).strip()[:300]}
+        except subprocess.TimeoutExpired:
+            out[f"check_fuse_{fuse}"] = {"argv": cmd[3:], "exit": None, "first_line": "timed out after 150 s"}
+    out["checks"]["tensordiff check: -o fuse=on gives fuse=off's verdict"] = (
+        out["check_fuse_on"]["exit"] is not None and out["check_fuse_on"]["exit"] == out["check_fuse_off"]["exit"])
+    return out
+
+
+# ---------------------------------------------------------------- attention at DeepSeek's shape
+
+def attention(args, work: Path, shape=None) -> dict:
+    """shape: (heads, tokens, head dim); default DeepSeek's tower (16, 8910, 64)."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    heads, n, hd = shape or ((4, 300, 64) if args.small else (16, 8910, 64))
+    dtype = DTYPES[args.dtype]
+    g = torch.Generator(device=args.device).manual_seed(0)
+    q, k, v = (torch.randn(1, heads, n, hd, generator=g, device=args.device, dtype=dtype) for _ in range(3))
+    flop = 4 * n * n * hd * heads
+    out = {"shape": {"heads": heads, "tokens": n, "head_dim": hd, "dtype": args.dtype}, "kernels": {}}
+    ref = torch.nn.functional.scaled_dot_product_attention(q.double(), k.double(), v.double()).to(dtype) \
+        if args.small else None
+    outputs = {}
+
+    def measure(name, fn):
+        try:
+            with torch.inference_mode():
+                o = fn()
+                ms = timed(fn, args.device, args.iters, 3)
+            outputs[name] = o
+            out["kernels"][name] = {"ms": ms, "tflops": flop / ms / 1e9}
+        except Exception as e:  # noqa: BLE001 - a kernel that declines this call is recorded
+            out["kernels"][name] = {"error": f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"[:300]}
+
+    names = {"cudnn": "CUDNN_ATTENTION", "flash": "FLASH_ATTENTION", "efficient": "EFFICIENT_ATTENTION",
+             "math": "MATH"}
+    for name, enum in names.items():
+        if name == "math" and not args.small:
+            continue  # materialises 16 x 8,910^2 scores: a known 10x slower route, not a candidate
+        backend = getattr(SDPBackend, enum)
+
+        def call(b=backend):
+            with sdpa_kernel([b]):
+                return torch.nn.functional.scaled_dot_product_attention(q, k, v)
+        measure(f"sdpa_{name}", call)
+    try:
+        from torch.nn.attention.varlen import varlen_attn
+
+        q3, k3, v3 = (t[0].transpose(0, 1).contiguous() for t in (q, k, v))  # [N, H, hd]
+        cu = torch.tensor([0, n], dtype=torch.int32, device=args.device)
+        measure("varlen_attn", lambda: varlen_attn(q3, k3, v3, cu, cu, n, n).transpose(0, 1).unsqueeze(0))
+    except ImportError as e:
+        out["kernels"]["varlen_attn"] = {"error": f"ImportError: {e}"}
+    impls = []
+    try:
+        from torch.nn.attention import activate_flash_attention_impl, list_flash_attention_impls, \
+            restore_flash_attention_impl
+        impls = list(list_flash_attention_impls())
+        for impl in impls:
+            def with_impl(i=impl):
+                activate_flash_attention_impl(i)
+                try:
+                    with sdpa_kernel([SDPBackend.FLASH_ATTENTION]):
+                        return torch.nn.functional.scaled_dot_product_attention(q, k, v)
+                finally:
+                    restore_flash_attention_impl()
+            measure(f"sdpa_flash_{impl}", with_impl)
+    except ImportError:
+        pass
+    out["flash_impls_registered"] = impls
+    if args.device.startswith("cuda"):
+        try:
+            from engine.runtime.triton_attention import flash_attention
+
+            measure("triton_flash", lambda: flash_attention(q, k, v))
+        except ImportError as e:
+            out["kernels"]["triton_flash"] = {"error": f"ImportError: {e}"}
+    base = outputs.get("sdpa_flash", outputs.get("sdpa_math")) if ref is None else ref
+    for name, o in outputs.items():
+        out["kernels"][name]["max_abs_vs_reference"] = float((o.float() - base.float()).abs().max())
+    # bf16 output: agreeing kernels differ by an ulp or two of values of order 1
+    tol = 2e-2 if dtype == torch.bfloat16 else 1e-4
+    engine_name = {"sdpa_cudnn": "cudnn", "sdpa_flash": "flash", "sdpa_efficient": "efficient",
+                   "triton_flash": "triton"}
+    sdpa = {engine_name[name]: e["ms"] for name, e in out["kernels"].items()
+            if name in engine_name and "ms" in e and e["max_abs_vs_reference"] <= tol}
+    ranked = sorted(sdpa, key=sdpa.get)
+    out["sdpa_order_by_measurement"] = ranked + [k for k in ("cudnn", "flash", "efficient", "math") if k not in ranked]
+    measured = {k: e["ms"] for k, e in out["kernels"].items() if "ms" in e and e["max_abs_vs_reference"] <= tol}
+    out["best_overall"] = min(measured, key=measured.get) if measured else None
+    out["checks"] = {"an SDPA kernel agrees": bool(set(sdpa) - {"triton"})}
+    return out
+
+
+# ---------------------------------------------------------------- DeepSeek tower + aligner
+
+def deepseek(args, work: Path, order: list[str] | None) -> dict:
+    from engine.deepseek_v41_flash.run import VisionEngine
+    from tensordiff.synthetic.deepseek_v41_flash import resolve
+
+    gh, gw = (8, 9) if args.small else (90, 99)
+    from deepseek_vision import picture as ds_picture
+
+    path = ds_picture(gh, gw, 14, work)
+    wdir = resolve(args.deepseek_weights)
+    out = {"weights": args.deepseek_weights, "grid": [gh, gw], "patches": gh * gw, "routes": {}}
+    null = NullRecorder()
+    outputs = {}
+
+    def route(name, backend="torch", prefer=None, fuse=None, graphs=None):
+        try:
+            eng = VisionEngine(wdir, device=args.device, dtype=args.dtype, backend=backend, attention_prefer=prefer,
+                               fuse=fuse, graphs=graphs)
+        except Exception as e:  # noqa: BLE001 - e.g. no hip build on this machine
+            out["routes"][name] = {"error": f"{type(e).__name__}: {e}"[:300]}
+            return
+        plan, patches = eng.preprocess(path)
+        with torch.inference_mode():
+            for _ in range(3):  # eager pass, compile + capture, first replay
+                eng.encode(patches, plan, null)
+            ms = timed(lambda: eng.encode(patches, plan, null), args.device, args.iters, 2)
+            outputs[name] = eng.encode(patches, plan, null)
+        out["routes"][name] = {"ms": ms, "backend": backend, "prefer": prefer, "speed_path": eng.speed_path()}
+        eng = None  # noqa: F841 - freed before the next route
+        torch.cuda.empty_cache() if args.device.startswith("cuda") else None
+
+    from engine.runtime.attention import KERNELS
+
+    # the measured order, where it is not the default one already (cuDNN first)
+    order = order if order and order[0] != KERNELS[0] else None
+    out["order_by_measurement"] = order
+    route("torch_eager", fuse="off", graphs="off")
+    route("torch_default")
+    if order:
+        route("torch_best_first", prefer=order)
+    route("hip_default", backend="hip")
+    if order:
+        route("hip_best_first", backend="hip", prefer=order)
+    r = out["routes"]
+    ok = {k: v["ms"] for k, v in r.items() if "ms" in v and k != "torch_eager"}
+    for k, v in r.items():
+        if "ms" in v and "ms" in r.get("torch_eager", {}):
+            v["ratio_to_eager"] = v["ms"] / r["torch_eager"]["ms"]
+    best = min(ok, key=ok.get) if ok else None
+    out["best_route"] = best
+    out["target"] = f"<= {DEEPSEEK_TARGET_MS} ms"
+    out["met"] = bool(best) and ok[best] <= DEEPSEEK_TARGET_MS
+    if "ms" in r.get("hip_default", {}) and "ms" in r.get("torch_default", {}):
+        out["hip_over_torch_default"] = r["hip_default"]["ms"] / r["torch_default"]["ms"]
+    if "ms" in r.get("hip_best_first", {}) and "ms" in r.get("torch_best_first", {}):
+        out["hip_over_torch_best_first"] = r["hip_best_first"]["ms"] / r["torch_best_first"]["ms"]
+    base = outputs.get("torch_eager")
+    out["checks"] = {}
+    for name, o in outputs.items():
+        if base is not None and name != "torch_eager":
+            a = agreement(o, base)
+            r[name]["vs_eager"] = a
+            out["checks"][f"{name} agrees with eager (cos >= 0.999)"] = a["cos"] >= 0.999
+    return out
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("out", type=Path)
+    ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    ap.add_argument("--small", action="store_true", help="tiny weights and small shapes (a CPU smoke run)")
+    ap.add_argument("--iters", type=int, default=20)
+    ap.add_argument("--only", action="append", choices=["qwen", "attention", "deepseek"], default=[])
+    args = ap.parse_args(argv)
+    args.dtype = "float32" if args.small else "bfloat16"
+    args.qwen_weights = "synthetic:tiny" if args.small else "synthetic:full"
+    args.deepseek_weights = "synthetic:tiny" if args.small else "synthetic:full"
+    args.out.mkdir(parents=True, exist_ok=True)
+    work = Path(tempfile.mkdtemp(prefix="engine-speed-"))
+    cuda = args.device.startswith("cuda")
+    res: dict = {"device": args.device, "gpu": torch.cuda.get_device_name(args.device) if cuda else None,
+                 "torch": torch.__version__, "dtype": args.dtype, "small": args.small}
+    try:
+        import transformers
+        res["transformers"] = transformers.__version__
+    except ImportError:
+        res["transformers"] = None
+    want = set(args.only) or {"qwen", "attention", "deepseek"}
+    if cuda:
+        torch.backends.cuda.matmul.allow_tf32 = False
+
+    def write() -> None:
+        # after every section: a run stopped by its time limit keeps the sections it finished
+        res["checks"] = {f"{s}: {k}": v for s in ("qwen", "attention", "attention_qwen", "deepseek")
+                         for k, v in res.get(s, {}).get("checks", {}).items()}
+        (args.out / "engine_speed.json").write_text(json.dumps(res, indent=1, default=str) + "\n")
+
+    if "attention" in want:
+        section(res, "attention", lambda: attention(args, work))
+        write()
+    order = res.get("attention", {}).get("sdpa_order_by_measurement") if cuda else None
+    if "qwen" in want:
+        section(res, "attention_qwen",
+                lambda: attention(args, work, (4, 200, 72) if args.small else (16, 2728, 72)))
+        qwen_order = res["attention_qwen"].get("sdpa_order_by_measurement") if cuda else None
+        section(res, "qwen", lambda: qwen(args, work, qwen_order))
+        write()
+    if "deepseek" in want:
+        section(res, "deepseek", lambda: deepseek(args, work, order))
+        write()
+    summary(res)
+    errors = [s for s in want if "error" in res.get(s, {})]
+    return 1 if errors or not all(res["checks"].values()) else 0
+
+
+def summary(res: dict) -> None:
+    q, d = res.get("qwen", {}), res.get("deepseek", {})
+    if "transformers" in q:
+        hf = q["transformers"]["ms"]
+        print(f"qwen3-vl tower {q['patches']} patches: transformers {hf:.2f} ms")
+        for name, e in q.get("engine", {}).items():
+            print(f"  engine {name:9s} " + (f"{e['ms']:.2f} ms  x{e['ratio_to_transformers']:.3f} of transformers"
+                                            if "ms" in e else e.get("error", "")))
+        print(f"  target {q['target']}: {'met' if q['met'] else 'NOT met'}")
+    for sec in ("attention", "attention_qwen"):
+        a = res.get(sec, {})
+        for name, e in a.get("kernels", {}).items():
+            print(f"{sec} {name:22s} " + (f"{e['ms']:.3f} ms {e['tflops']:.0f} TFLOP/s  "
+                                          f"|diff| {e['max_abs_vs_reference']:.2e}" if "ms" in e else e["error"]))
+        if a.get("kernels"):
+            print(f"  {a['shape']}: best {a.get('best_overall')}; order by measurement "
+                  f"{a.get('sdpa_order_by_measurement')}")
+    for name, e in d.get("routes", {}).items():
+        print(f"deepseek tower+aligner {name:17s} " + (f"{e['ms']:.2f} ms" if "ms" in e else e["error"]))
+    if d.get("routes"):
+        print(f"  target {d['target']}: {'met' if d.get('met') else 'NOT met'}; hip/torch default "
+              f"{d.get('hip_over_torch_default', float('nan')):.3f}")
+    for name, ok in res.get("checks", {}).items():
+        print(f"{'ok  ' if ok else 'FAIL'} {name}")
+
+
+if __name__ == "__main__":
+    sys.exit(main())
