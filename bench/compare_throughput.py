@@ -425,6 +425,10 @@ def series(root: Path, routes: list[str], repeat: dict[str, int], cold: bool) ->
         if route == "compare":
             res[route]["verdict"] = first["verdict"]
             res[route]["statuses"] = first["statuses"]
+        if route == "verify":
+            res[route]["verdict"] = first["verdict"]
+        if route == "limit":
+            res[route]["max_abs"] = first["max_abs"]
     if "read" in runs and "compare" in runs:
         pairs = [c["wall_s"] / r["wall_s"] for r, c in zip(runs["read"], runs["compare"])]
         res["ratio_run_by_run"] = {"min": min(pairs), "median": statistics.median(pairs), "all": pairs}
@@ -699,6 +703,9 @@ def main(argv: list[str] | None = None) -> int:
             if args.cold:
                 report["cold"] = series(root, routes, repeat, cold=True)
             w = report["warm"]
+            ratio = w.get("ratio_compare_to_limit", w.get("ratio_compare_to_read", float("inf")))
+            report["met"] = {"ratio": ratio <= TARGET_RATIO,
+                             "rss": w.get("compare", {}).get("peak_rss_mb", float("inf")) < TARGET_RSS_MB}
             print(f"big: dumps {report['dumps']['bytes'] / 1e6:.0f} MB in {root} (N = {spec['n']} patches)")
             print(f"load average (1 min) when done: {w['loadavg_1m_after']:.1f} (other work on the machine slows wall times)")
             print(table("page cache warm (every route after a full read of the files)", w))

@@ -183,6 +183,11 @@ _N, _FINITE, _NAN_A, _NAN_B, _INF_A, _INF_B, _MISMATCH, _VIOL, _WORST, _FIRST_BA
 _MAX_ABS, _MAX_REL, _SUM_ABS, _SUM_SQ_ERR, _SUM_SQ_A, _SUM_SQ_B, _UNUSED, _MIN_A, _MAX_A, _MIN_B, _MAX_B, _ULP_MAX = range(12)
 
 
+def _data(x: np.ndarray) -> int:
+    """The address of an array's first element (cheaper than `x.ctypes.data`)."""
+    return x.__array_interface__["data"][0]
+
+
 class _Shared:
     """What sibling accumulators (one per worker thread) share: the row maxima."""
 
@@ -250,6 +255,7 @@ class FloatMetrics:
         self._atol, self._rtol = self.work.type(tol.atol), self.work.type(tol.rtol)
         self._tiny = np.finfo(self.work).tiny
         self._native = None
+        self._ptrs: tuple | None = None
         if {da.name, db.name} <= {"float32", "bfloat16"}:
             from .native import float_kernel
 
@@ -295,10 +301,14 @@ class FloatMetrics:
         if self.rows is not None and row:
             r0 = start // row
             rbuf = np.zeros((start + ra.size - 1) // row + 1 - r0)
-            rows = rbuf.ctypes.data
-        rc = self._native(ra.ctypes.data, int(self.da.name == "bfloat16"), rb.ctypes.data,
-                          int(self.db.name == "bfloat16"), ra.size, start, self.tol.atol, self.tol.rtol,
-                          self._floor_f32, float(self._scale), self.hist.ctypes.data, _NBINS, rows, row, r0, self.I.ctypes.data, self.D.ctypes.data)
+            rows = _data(rbuf)
+        if self._ptrs is None:  # this accumulator's own arrays do not move: their addresses once
+            self._ptrs = (int(self.da.name == "bfloat16"), int(self.db.name == "bfloat16"), self.tol.atol,
+                          self.tol.rtol, self._floor_f32, float(self._scale), _data(self.hist), _data(self.I),
+                          _data(self.D))
+        ka, kb, atol, rtol, fl, sc, h, pi, pd = self._ptrs
+        rc = self._native(_data(ra), ka, _data(rb), kb, ra.size, start, atol, rtol, fl, sc, h, _NBINS, rows, row, r0,
+                          pi, pd)
         if rc:
             raise RuntimeError(f"native float kernel failed ({rc})")
         if rbuf is not None:
@@ -405,13 +415,13 @@ class FloatMetrics:
 
     # ------------------------------------------------------------------ results
 
-    def _percentile(self, hist: np.ndarray, q: float) -> float:
-        total = int(hist.sum())
-        if total == 0:
-            return 0.0
+    def _percentiles(self, hist: np.ndarray, qs: tuple[float, ...]) -> list[float]:
         c = np.cumsum(hist)
-        b = int(np.searchsorted(c, math.ceil(q * total)))
-        return min(_bin_upper(b), float(self.D[_ULP_MAX])) if b > 0 or hist[0] < total else 0.0
+        total = int(c[-1])
+        if total == 0:
+            return [0.0] * len(qs)
+        bs = np.searchsorted(c, [math.ceil(q * total) for q in qs]).tolist()
+        return [min(_bin_upper(b), float(self.D[_ULP_MAX])) if b > 0 or hist[0] < total else 0.0 for b in bs]
 
     def result(self) -> FloatResult:
         if self._result is None:
@@ -436,11 +446,11 @@ class FloatMetrics:
         f = max(int(I[_FINITE]), 1)
         n = int(I[_N])
         bad = int(I[_VIOL] + I[_MISMATCH])
-        hist = self.hist
+        p50, p99 = self._percentiles(self.hist, (0.5, 0.99))
         return FloatResult(
             numel=n, max_abs=self.max_abs, mean_abs=float(D[_SUM_ABS]) / f, max_rel=float(D[_MAX_REL]),
-            rmse=math.sqrt(sum_sq_err / f), cosine=cos, sqnr_db=sqnr, ulp_p50=self._percentile(hist, 0.5),
-            ulp_p99=self._percentile(hist, 0.99), ulp_max=float(D[_ULP_MAX]), ulp_unit=self.unit.name,
+            rmse=math.sqrt(sum_sq_err / f), cosine=cos, sqnr_db=sqnr, ulp_p50=p50,
+            ulp_p99=p99, ulp_max=float(D[_ULP_MAX]), ulp_unit=self.unit.name,
             mismatch_fraction=bad / max(n, 1), mismatches=bad, nan=(int(I[_NAN_A]), int(I[_NAN_B])),
             inf=(int(I[_INF_A]), int(I[_INF_B])), nonfinite_mismatch=int(I[_MISMATCH]),
             range=((float(D[_MIN_A]), float(D[_MAX_A])), (float(D[_MIN_B]), float(D[_MAX_B]))))
