@@ -38,7 +38,8 @@ def release(reader: FlatReader, start: int, stop: int) -> None:
         rel(start, stop)
 
 
-WINDOW = 4  # chunks in flight ahead of the slowest consumer: resident memory stays ~WINDOW chunks a side
+WINDOW = 2  # chunks in flight ahead of the slowest consumer: resident memory stays ~WINDOW + workers
+# chunks a side (2 keeps two metric workers and a hash thread per side busy)
 
 
 def _hash(h, x) -> None:
