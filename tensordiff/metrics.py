@@ -192,7 +192,7 @@ class _Shared:
     """What sibling accumulators (one per worker thread) share: the row maxima."""
 
     def __init__(self, shape: tuple[int, ...]):
-        self.row = int(np.prod(shape[1:])) if len(shape) >= 2 else 0
+        self.row = math.prod(shape[1:]) if len(shape) >= 2 else 0
         self.rows = np.zeros(shape[0], dtype=np.float64) if len(shape) >= 2 and shape[0] <= 4_000_000 else None
         self.lock = threading.Lock()
 
