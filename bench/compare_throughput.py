@@ -301,15 +301,14 @@ def route_limit(a: Path, b: Path) -> dict:
         out = [0.0, 0.0]
         half = n // 2
 
-        def part(i: int, s: int, e: int) -> None:
-            out[i] = f(ma[s:e].ctypes.data, ka, mb[s:e].ctypes.data, kb, e - s)
+        def part(i: int, x: np.ndarray, y: np.ndarray) -> None:
+            out[i] = f(x.ctypes.data, ka, y.ctypes.data, kb, x.size)
 
-        t = threading.Thread(target=part, args=(1, half, n))
+        t = threading.Thread(target=part, args=(1, ma[half:], mb[half:]))
         t.start()
-        part(0, 0, half)
+        part(0, ma[:half], mb[:half])
         t.join()
         worst = max(worst, *out)
-        del ma, mb
     return {"wall_s": time.perf_counter() - t0, "bytes": da.nbytes + db.nbytes, "max_abs": worst}
 
 

@@ -353,7 +353,8 @@ def _hdf5_entry(f, path: Path, key: str, dtype_name: str | None) -> StoredTensor
     # in place (mapped), with no h5py call (and no h5py lock) per chunk.
     offset = ds.id.get_offset() if ds.chunks is None and not ds.compression and st.numel else None
     order = np.dtype(ds.dtype).byteorder
-    if offset is not None and (order in "<|" or (order == "=" and sys.byteorder == "little")) and np.dtype(ds.dtype).kind in "fiub" \
+    little = order in "<|" or (order == "=" and sys.byteorder == "little")
+    if offset is not None and little and np.dtype(ds.dtype).kind in "fiub" \
             and ds.id.get_storage_size() == st.nbytes and offset + st.nbytes <= path.stat().st_size:
         st = StoredTensor(path, key, shape, dt, int(offset), raw=True)
     return st

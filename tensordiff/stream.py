@@ -6,8 +6,8 @@ accumulators are merged at the end. With `--verify`, one more thread per side ha
 chunks in order beside them (SHA-256 is sequential within a tensor; hashlib releases the GIL).
 After a chunk its pages are released from the process (the page cache keeps them) once no
 consumer needs them, and no consumer runs more than WINDOW chunks ahead, so resident memory stays
-a few chunks deep however large the tensor is. An accumulator has `update(start, a, b)`, `spawn()` (an empty sibling) and
-`merge(sibling)`.
+a few chunks deep however large the tensor is. An accumulator has `update(start, a, b)`,
+`spawn()` (an empty sibling) and `merge(sibling)`.
 """
 from __future__ import annotations
 

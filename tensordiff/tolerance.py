@@ -34,7 +34,7 @@ import fnmatch
 import math
 import sys
 import tomllib
-from dataclasses import asdict, dataclass, fields, replace
+from dataclasses import dataclass, fields, replace
 from pathlib import Path
 from typing import Any
 
