@@ -14,6 +14,7 @@ import mmap
 import os
 import struct
 import sys
+import threading
 from collections import OrderedDict
 from dataclasses import dataclass
 from pathlib import Path
@@ -61,31 +62,85 @@ class StoredTensor:
 # Mappings of whole tensor files, shared by every reader inside `shared_files()`: a dump of
 # thousands of small tensors in a few files maps each file once, not each tensor (an np.memmap
 # per tensor and side cost ~90 us). Bounded: an evicted mapping lives on while a reader holds it.
-_MAPS: contextvars.ContextVar["OrderedDict[Path, mmap.mmap] | None"] = contextvars.ContextVar("maps", default=None)
 MAX_SHARED_MAPS = 64
+# Inside a block, the releases of small ranges are gathered into one extent per mapping and
+# released together (one madvise per ~MAX_DEFERRED bytes, not two per small tensor); resident
+# memory stays within MAX_DEFERRED bytes of what is being read.
+SMALL_RELEASE = 1 << 20
+MAX_DEFERRED = 8 << 20
+
+
+class _Scope:
+    def __init__(self):
+        self.maps: OrderedDict[Path, mmap.mmap] = OrderedDict()
+        self.pending: dict[int, list] = {}  # id(mapping) -> [mapping, first byte, end byte]
+        self.deferred = 0
+        self.lock = threading.Lock()
+
+    def release(self, mm: mmap.mmap, b0: int, b1: int) -> None:
+        with self.lock:
+            p = self.pending.get(id(mm))
+            if p is not None and p[0] is mm and b0 <= p[2] and b1 >= p[1]:  # touches the extent: grow it
+                self.deferred += max(0, p[1] - b0) + max(0, b1 - p[2])
+                p[1], p[2] = min(p[1], b0), max(p[2], b1)
+            else:
+                if p is not None:
+                    self.deferred -= p[2] - p[1]
+                    _madvise(p[0], p[1], p[2])
+                self.pending[id(mm)] = [mm, b0, b1]
+                self.deferred += b1 - b0
+            if self.deferred >= MAX_DEFERRED:
+                self.flush()
+
+    def flush(self) -> None:  # under self.lock
+        for m, lo, hi in self.pending.values():
+            _madvise(m, lo, hi)
+        self.pending.clear()
+        self.deferred = 0
+
+
+_SCOPE: contextvars.ContextVar["_Scope | None"] = contextvars.ContextVar("tensordiff_files", default=None)
 
 
 @contextlib.contextmanager
 def shared_files():
     """Within this block, readers of the same file share one mapping of it (compare_dumps opens
     one around a whole comparison). Nested blocks share the outer one."""
-    if _MAPS.get() is not None:
+    if _SCOPE.get() is not None:
         yield
         return
-    token = _MAPS.set(OrderedDict())
+    scope = _Scope()
+    token = _SCOPE.set(scope)
     try:
         yield
     finally:
-        _MAPS.reset(token)
+        _SCOPE.reset(token)
+        with scope.lock:
+            scope.flush()
+
+
+def _madvise(mm: mmap.mmap, b0: int, b1: int) -> None:
+    try:
+        mm.madvise(mmap.MADV_DONTNEED, b0, b1 - b0)
+    except ValueError:  # a mapping closed under us: nothing left to release
+        pass
 
 
 def _map_file(path: Path) -> mmap.mmap:
-    maps = _MAPS.get()
+    scope = _SCOPE.get()
+    maps = scope.maps if scope is not None else None
     if maps is not None:
         m = maps.get(path)
         if m is not None:
             maps.move_to_end(path)
             return m
+    with open(path, "rb") as f:
+        m = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+    if maps is not None:
+        maps[path] = m
+        if len(maps) > MAX_SHARED_MAPS:
+            maps.popitem(last=False)
+    return m
     with open(path, "rb") as f:
         m = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
     if maps is not None:
@@ -114,6 +169,7 @@ class _MemmapReader(FlatReader):
     def __init__(self, t: StoredTensor):
         self.t = t
         self.mm: mmap.mmap | None = None
+        self.scope = _SCOPE.get()  # releases are gathered here (worker threads see no context)
         if t.numel == 0:
             self.arr = np.zeros(0, dtype=t.dtype.storage)
             return
@@ -139,11 +195,13 @@ class _MemmapReader(FlatReader):
         isz = self.t.dtype.itemsize
         b0 = (self.t.offset + start * isz) // mmap.PAGESIZE * mmap.PAGESIZE
         b1 = min(-(-(self.t.offset + stop * isz) // mmap.PAGESIZE) * mmap.PAGESIZE, len(self.mm))
-        if b1 > b0:
-            try:
-                self.mm.madvise(mmap.MADV_DONTNEED, b0, b1 - b0)
-            except ValueError:  # a mapping closed under us: nothing left to release
-                pass
+        if b1 <= b0:
+            return
+        scope = self.scope
+        if scope is not None and b1 - b0 < SMALL_RELEASE:
+            scope.release(self.mm, b0, b1)
+        else:
+            _madvise(self.mm, b0, b1)
 
     def close(self) -> None:
         self.arr = None

@@ -128,3 +128,43 @@ def test_a_big_endian_hdf5_dataset_is_not_read_in_place(tmp_path):
         f.create_dataset("x", data=np.arange(10, dtype=">f4"))
     st = storage.read_hdf5_entry(p, "x", "float32")
     assert not st.raw  # its bytes are not the little-endian elements the comparator reads
+
+
+def test_small_releases_are_gathered_but_every_page_goes_and_the_backlog_is_bounded(tmp_path, monkeypatch):
+    import mmap
+
+    from tensordiff import storage
+
+    xs = {f"t.{i}": torch.arange(i, i + 1000, dtype=torch.float32) for i in range(200)}  # 4 kB each
+    dump = open_dump(write(tmp_path / "d", xs))
+    calls = []
+    real = storage._madvise
+    monkeypatch.setattr(storage, "_madvise", lambda mm, b0, b1: (calls.append((b0, b1)), real(mm, b0, b1)))
+    monkeypatch.setattr(storage, "MAX_DEFERRED", 64 << 10)
+    wanted = []
+    with storage.shared_files():
+        scope = storage._SCOPE.get()
+        backlog = 0
+        for i in range(200):
+            st = dump.entry(f"t.{i}").stored
+            r = st.reader()
+            r.read(0, 1000)
+            r.release(0, 1000)
+            wanted.append((st.offset // mmap.PAGESIZE * mmap.PAGESIZE, st.offset + st.nbytes))
+            backlog = max(backlog, scope.deferred)
+    assert 0 < len(calls) < 200 / 4  # far fewer calls than tensors
+    assert backlog < (64 << 10) + 2 * mmap.PAGESIZE  # never more than MAX_DEFERRED waiting
+    for lo, hi in wanted:  # every released range lies inside one released extent
+        assert any(b0 <= lo and hi <= b1 for b0, b1 in calls), (lo, hi)
+
+
+def test_outside_shared_files_a_release_is_immediate(tmp_path, monkeypatch):
+    from tensordiff import storage
+
+    dump = open_dump(write(tmp_path / "d", {"x": torch.ones(5000)}))
+    calls = []
+    monkeypatch.setattr(storage, "_madvise", lambda mm, b0, b1: calls.append((b0, b1)))
+    r = dump.entry("x").stored.reader()
+    r.read(0, 5000)
+    r.release(0, 5000)
+    assert len(calls) == 1
