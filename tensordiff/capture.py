@@ -14,8 +14,6 @@ import hashlib
 import json
 import os
 import re
-import shutil
-import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -211,6 +209,9 @@ class Recorder:
         self._check_target()
         self._drain()
         parent = self.path.resolve().parent
+        import shutil  # here, not at the top: `import tensordiff` (every command) stays light
+        import tempfile
+
         tmp = Path(tempfile.mkdtemp(prefix=f".{self.path.name}.tmp-", dir=parent))
         try:
             entries = []

@@ -122,10 +122,12 @@ def compare(a, b, json_path, tolerances, fail_fast, verify, junit_path=None, htm
     elif report is None:
         report = compare_dumps(da, db, tolerances, contract=contract, fail_fast=fail_fast, verify=verify)
     report.notes[:0] = contract_notes
-    from .pipeline import lone_case, write_reports
+    if json_path or junit_path or html_path:  # the report writers (and their imports) only when asked for
+        from .pipeline import lone_case, write_reports
 
-    write_reports(report_json=report.as_json(), json_path=json_path, cases=[lone_case(report, da if html_path else None)],
-                  junit_path=junit_path, html_path=html_path, title=f"tensordiff: {report.model}")
+        write_reports(report_json=report.as_json(), json_path=json_path,
+                      cases=[lone_case(report, da if html_path else None)], junit_path=junit_path,
+                      html_path=html_path, title=f"tensordiff: {report.model}")
     sys.exit(_print_report(report, show_all))
 
 

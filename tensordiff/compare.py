@@ -20,6 +20,7 @@ from .judge import Judge
 from .metrics import FloatResult
 from .plain import adopt, open_any
 from .result import FAILING, BoundaryResult, Report
+from .storage import shared_files
 from .tolerance import Tolerances
 
 Progress = Callable[[int], None]  # called with bytes consumed (both sides)
@@ -81,18 +82,19 @@ def compare_dumps(a: str | Path | Dump, b: str | Path | Dump,
     present = [bd for bd in bounds if bd.name in by_b]
     results: dict[str, BoundaryResult] = {}
     stop = False
-    for bd in present:
-        if stop:
-            results[bd.name] = BoundaryResult(bd.name, "skipped", meaning=bd.meaning, layout=bd.layout)
-            continue
-        ents_a, ents_b = by_b[bd.name]
-        br = results[bd.name] = judge.boundary(bd, {e.name: e for e in ents_a}, {e.name: e for e in ents_b}, run,
-                                               progress=progress, verify=verify, floor=floor_entries)
-        if da.world or db.world:  # a sharded side: replicas must agree, a diverged shard is placed
-            rank_check.check(br, judge, bd, {e.name: e for e in ents_a}, {e.name: e for e in ents_b}, run,
-                             verify)
-        if fail_fast and br.status in FAILING:
-            stop = True
+    with shared_files():  # each tensor file mapped once for the whole comparison, not per tensor
+        for bd in present:
+            if stop:
+                results[bd.name] = BoundaryResult(bd.name, "skipped", meaning=bd.meaning, layout=bd.layout)
+                continue
+            ents_a, ents_b = by_b[bd.name]
+            br = results[bd.name] = judge.boundary(bd, {e.name: e for e in ents_a}, {e.name: e for e in ents_b},
+                                                   run, progress=progress, verify=verify, floor=floor_entries)
+            if da.world or db.world:  # a sharded side: replicas must agree, a diverged shard is placed
+                rank_check.check(br, judge, bd, {e.name: e for e in ents_a}, {e.name: e for e in ents_b}, run,
+                                 verify)
+            if fail_fast and br.status in FAILING:
+                stop = True
     _assign_roots(bounds, present, results)
     report_rows = [results[b.name] for b in present]
     notes = [f"{d.path} is a sharded run of {d.world} ranks, merged" for d in (da, db) if d.world]

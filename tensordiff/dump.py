@@ -6,6 +6,7 @@ directory, and only safetensors, HDF5 and JSON are ever opened.
 """
 from __future__ import annotations
 
+import contextlib
 import json
 from dataclasses import dataclass
 from pathlib import Path
@@ -95,7 +96,7 @@ class Dump:
         return raw.reshape(e.shape)
 
 
-def _inside(root: Path, rel: str, what: str) -> Path:
+def _inside(root: Path, rel: str, what: str, root_resolved: Path | None = None) -> Path:
     if isinstance(rel, str) and rel and not rel.isprintable():
         raise BadInput(f"{root}/manifest.json: {what} {rel!r} has a control character (NUL, newline, ...); "
                        "a file name in a dump is one line of printable characters")
@@ -103,7 +104,7 @@ def _inside(root: Path, rel: str, what: str) -> Path:
         raise BadInput(f"{root}/manifest.json: {what} {rel!r} escapes the dump directory")
     p = (root / rel).resolve()
     try:
-        p.relative_to(root.resolve())
+        p.relative_to(root_resolved or root.resolve())
     except ValueError:
         raise BadInput(f"{root}/manifest.json: {what} {rel!r} escapes the dump directory") from None
     return p
@@ -209,56 +210,88 @@ def _open_one(root: Path) -> tuple[Dump, list]:
     if not isinstance(tensors, list):
         raise BadInput(f"{mpath}: 'tensors' must be a list")
     headers: dict[Path, dict[str, StoredTensor]] = {}
+    files: dict[str, Path] = {}  # each file named once is resolved (and checked) once
+    root_resolved = root.resolve()
     entries: list[Entry] = []
     tags: list = []
     seen: set[tuple] = set()
     prank, pworld = shard.parallel_of(str(mpath), m.get("run") if isinstance(m.get("run"), dict) else {})
-    for i, t in enumerate(tensors):
-        if not isinstance(t, dict):
-            raise BadInput(f"{mpath}: tensors[{i}] is not an object")
-        name = t.get("name")
-        if not isinstance(name, str) or not NAME_RE.match(name) or ".." in name:
-            raise BadInput(f"{mpath}: tensors[{i}] has an invalid name {name!r}")
-        rank = t.get("rank", prank)
-        if "rank" in t and (type(rank) is not int or rank < 0):
-            raise BadInput(f"{mpath}: tensor {name!r} has rank {t.get('rank')!r}; a rank is an integer >= 0")
-        if (name, t.get("rank")) in seen:
-            raise BadInput(f"{mpath}: tensor {name!r} is listed twice" + (f" for rank {rank}" if "rank" in t else ""))
-        seen.add((name, t.get("rank")))
-        boundary = t.get("boundary") or default_boundary(name)
-        if not isinstance(boundary, str) or not NAME_RE.match(boundary):
-            raise BadInput(f"{mpath}: tensor {name!r} has an invalid boundary {boundary!r}")
-        fpath = _inside(root, t.get("file"), "file")
-        kind = file_kind(fpath)
-        if not fpath.is_file():
-            raise BadInput(f"{mpath}: tensor {name!r} names file {t.get('file')!r}, which is missing")
-        key = t.get("key", name)
-        if not isinstance(key, str) or not key or "\0" in key:
-            raise BadInput(f"{mpath}: tensor {name!r} has an invalid key")
-        if kind == "safetensors":
-            if fpath not in headers:
-                headers[fpath], _ = read_safetensors_header(fpath)
-            if key not in headers[fpath]:
-                raise BadInput(f"{fpath}: has no tensor {key!r} (named by {name!r} in the manifest)")
-            st = headers[fpath][key]
-        else:
-            st = read_hdf5_entry(fpath, key, t.get("dtype"))
-        want_shape, want_dtype = t.get("shape"), t.get("dtype")
-        if want_dtype is not None and (not isinstance(want_dtype, str) or want_dtype not in BY_NAME):
-            raise BadInput(f"{mpath}: tensor {name!r} has unknown dtype {want_dtype!r}")
-        if want_dtype is not None and want_dtype != st.dtype.name:
-            raise BadInput(f"{mpath}: tensor {name!r} is {st.dtype.name} in its file but {want_dtype} in the manifest")
-        if want_shape is not None and (not isinstance(want_shape, list)
-                                       or not all(type(x) is int and x >= 0 for x in want_shape)):
-            raise BadInput(f"{mpath}: tensor {name!r} has shape {want_shape!r}; a shape is a list of "
-                           "non-negative integers, e.g. [3774, 32]")
-        if want_shape is not None and list(want_shape) != list(st.shape):
-            raise BadInput(f"{mpath}: tensor {name!r} has shape {list(st.shape)} in its file but {want_shape} in the manifest")
-        sha = t.get("sha256")
-        entries.append(Entry(name, boundary, st, sha if isinstance(sha, str) else None))
-        tagged = shard.is_annotated(t) or prank is not None
-        lay = shard.parse_layout(f"{mpath}: tensor {name!r}", t, len(st.shape), rank, pworld) if tagged else None
-        tags.append(shard.Tagged(name, boundary, rank, lay, st, entries[-1].sha256) if tagged else None)
+    with contextlib.ExitStack() as h5:
+        h5files: dict[Path, object] = {}  # each HDF5 file opened once, closed at the end
+        for i, t in enumerate(tensors):
+            entry, rank = _entry(mpath, root, root_resolved, i, t, seen, prank, files, headers, h5files, h5)
+            entries.append(entry)
+            tagged = shard.is_annotated(t) or prank is not None
+            lay = (shard.parse_layout(f"{mpath}: tensor {entry.name!r}", t, len(entry.stored.shape), rank, pworld)
+                   if tagged else None)
+            tags.append(shard.Tagged(entry.name, entry.boundary, rank, lay, entry.stored, entry.sha256)
+                        if tagged else None)
     producer = m.get("producer") if isinstance(m.get("producer"), dict) else {}
     run = m.get("run") if isinstance(m.get("run"), dict) else {}
     return Dump(root, model, producer, run, tuple(entries)), tags
+
+
+def _entry(mpath: Path, root: Path, root_resolved: Path, i: int, t, seen: set[tuple], prank: int | None,
+           files: dict[str, Path], headers: dict[Path, dict[str, StoredTensor]], h5files: dict,
+           h5: contextlib.ExitStack) -> tuple[Entry, int | None]:
+    """One manifest entry, validated, as an Entry, with the rank it belongs to (None: unsharded)."""
+    if not isinstance(t, dict):
+        raise BadInput(f"{mpath}: tensors[{i}] is not an object")
+    name = t.get("name")
+    if not isinstance(name, str) or not NAME_RE.match(name) or ".." in name:
+        raise BadInput(f"{mpath}: tensors[{i}] has an invalid name {name!r}")
+    rank = t.get("rank", prank)
+    if "rank" in t and (type(rank) is not int or rank < 0):
+        raise BadInput(f"{mpath}: tensor {name!r} has rank {t.get('rank')!r}; a rank is an integer >= 0")
+    if (name, t.get("rank")) in seen:  # a name may appear twice only with different ranks
+        raise BadInput(f"{mpath}: tensor {name!r} is listed twice" + (f" for rank {rank}" if "rank" in t else ""))
+    seen.add((name, t.get("rank")))
+    boundary = t.get("boundary") or default_boundary(name)
+    if not isinstance(boundary, str) or not NAME_RE.match(boundary):
+        raise BadInput(f"{mpath}: tensor {name!r} has an invalid boundary {boundary!r}")
+    rel = t.get("file")
+    fpath = files.get(rel) if isinstance(rel, str) else None
+    if fpath is None:
+        fpath = _inside(root, rel, "file", root_resolved)
+        file_kind(fpath)
+        if not fpath.is_file():
+            raise BadInput(f"{mpath}: tensor {name!r} names file {t.get('file')!r}, which is missing")
+        files[rel] = fpath
+    kind = file_kind(fpath)
+    key = t.get("key", name)
+    if not isinstance(key, str) or not key or "\0" in key:
+        raise BadInput(f"{mpath}: tensor {name!r} has an invalid key")
+    if kind == "safetensors":
+        if fpath not in headers:
+            headers[fpath], _ = read_safetensors_header(fpath)
+        if key not in headers[fpath]:
+            raise BadInput(f"{fpath}: has no tensor {key!r} (named by {name!r} in the manifest)")
+        st = headers[fpath][key]
+    else:
+        if fpath not in h5files:
+            h5files[fpath] = _open_hdf5(fpath, h5)
+        st = read_hdf5_entry(fpath, key, t.get("dtype"), h5files[fpath])
+    want_shape, want_dtype = t.get("shape"), t.get("dtype")
+    if want_dtype is not None and (not isinstance(want_dtype, str) or want_dtype not in BY_NAME):
+        raise BadInput(f"{mpath}: tensor {name!r} has unknown dtype {want_dtype!r}")
+    if want_dtype is not None and want_dtype != st.dtype.name:
+        raise BadInput(f"{mpath}: tensor {name!r} is {st.dtype.name} in its file but {want_dtype} in the manifest")
+    if want_shape is not None and (not isinstance(want_shape, list)
+                                   or not all(type(x) is int and x >= 0 for x in want_shape)):
+        raise BadInput(f"{mpath}: tensor {name!r} has shape {want_shape!r}; a shape is a list of "
+                       "non-negative integers, e.g. [3774, 32]")
+    if want_shape is not None and list(want_shape) != list(st.shape):
+        raise BadInput(f"{mpath}: tensor {name!r} has shape {list(st.shape)} in its file but {want_shape} in the manifest")
+    sha = t.get("sha256")
+    return Entry(name, boundary, st, sha if isinstance(sha, str) else None), rank
+
+
+def _open_hdf5(path: Path, stack: contextlib.ExitStack):
+    import h5py
+
+    from .storage import H5_ERRORS
+
+    try:
+        return stack.enter_context(h5py.File(path, "r"))
+    except H5_ERRORS as e:
+        raise BadInput(f"{path}: not a readable HDF5 file ({type(e).__name__}: {str(e)[:200]})") from None

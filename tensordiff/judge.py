@@ -22,6 +22,7 @@ A is the reference (the oracle), B the candidate (the engine or its stage).
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Callable, Iterable, Mapping
 
@@ -110,7 +111,7 @@ class Judge:
         res.tolerance = tol.as_dict()
         n = ea.stored.numel
         row = (ea.shape[-1] if mode == "topk-sets" and ea.shape
-               else (int(np.prod(ea.shape[1:])) if len(ea.shape) >= 2 else 0))
+               else (math.prod(ea.shape[1:]) if len(ea.shape) >= 2 else 0))
         ha, hb = stream.sha256_pair(verify, ea.sha256, eb.sha256)
         acc = stream.stream_pair(ea.stored, eb.stored, acc, stream.chunk_len(row), progress=progress, hashes=(ha, hb))
         for h, ent, side in ((ha, ea, "A"), (hb, eb, "B")):

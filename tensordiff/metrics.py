@@ -24,8 +24,6 @@ _NBINS = _LIN_BINS + _LOG_PER_OCTAVE * 128
 # so a percentile read from the histogram is still an upper bound.
 _KEY_SHIFT = 16
 _NKEYS = 1 << (31 - _KEY_SHIFT)
-_NSUB = 4  # the native kernel counts keys into 4 interleaved sub-histograms,
-_HSTRIDE = _NKEYS + 24  # padded so that they do not alias (native/float_metrics.c)
 _F32_EXP = 0x7F800000
 _F64_EXP = 0x7FF0000000000000
 _MIN_EXP = {"float64": -1022, "float32": -126, "float16": -14, "bfloat16": -126}
@@ -137,6 +135,31 @@ def _key_table() -> tuple[np.ndarray, np.ndarray]:
 _LUT, _UPPER = _key_table()
 
 
+def _kernel_bins(u: np.ndarray) -> np.ndarray:
+    """The native kernel's bin of float32 ULP distances u >= 0 (native/float_metrics.c `bin_of`),
+    from u's bits alone: below 16, floor(4u); Inf, the last bin; otherwise 64 + 16 per octave above
+    16 + floor(16 log2 v) for v = 1.m (u's top 7 mantissa bits), taken as the exponent of v^16 by
+    four float32 squarings. The same float32 arithmetic as the kernel's."""
+    b = u.view(np.uint32)
+    e = (b >> 23).astype(np.int64)
+    with np.errstate(over="ignore", invalid="ignore"):
+        lin = (np.where(u < 16, u, np.float32(0)) * np.float32(4)).astype(np.int64)
+        v = ((b & 0x007F0000) | 0x3F800000).view(np.float32)
+        for _ in range(4):
+            v = v * v
+    lg = _LIN_BINS + (e - 131) * 16 + ((v.view(np.uint32) >> 23).astype(np.int64) - 127)
+    return np.where(u < 16, lin, np.where(e >= 255, _NBINS - 1, lg))
+
+
+# The kernel counts bins, not keys: its formula must give `_LUT`'s bin for every key (each key's
+# lower edge stands for its cell: the formula reads only the bits a key keeps).
+with np.errstate(invalid="ignore"):
+    _edges = (np.arange(_NKEYS, dtype=np.uint32) << _KEY_SHIFT).view(np.float32)
+if not np.array_equal(_kernel_bins(_edges), _LUT):
+    raise AssertionError("metrics: the native kernel's ULP bin formula no longer matches the key table")
+del _edges
+
+
 def _bin_upper(b: int) -> float:
     return float(_UPPER[b])
 
@@ -160,11 +183,16 @@ _N, _FINITE, _NAN_A, _NAN_B, _INF_A, _INF_B, _MISMATCH, _VIOL, _WORST, _FIRST_BA
 _MAX_ABS, _MAX_REL, _SUM_ABS, _SUM_SQ_ERR, _SUM_SQ_A, _SUM_SQ_B, _UNUSED, _MIN_A, _MAX_A, _MIN_B, _MAX_B, _ULP_MAX = range(12)
 
 
+def _data(x: np.ndarray) -> int:
+    """The address of an array's first element (cheaper than `x.ctypes.data`)."""
+    return x.__array_interface__["data"][0]
+
+
 class _Shared:
     """What sibling accumulators (one per worker thread) share: the row maxima."""
 
     def __init__(self, shape: tuple[int, ...]):
-        self.row = int(np.prod(shape[1:])) if len(shape) >= 2 else 0
+        self.row = math.prod(shape[1:]) if len(shape) >= 2 else 0
         self.rows = np.zeros(shape[0], dtype=np.float64) if len(shape) >= 2 and shape[0] <= 4_000_000 else None
         self.lock = threading.Lock()
 
@@ -212,7 +240,7 @@ class FloatMetrics:
         self.I[[_WORST, _FIRST_BAD]] = -1
         self.D = np.array([-1.0, 0, 0, 0, 0, 0, 0, math.inf, -math.inf, math.inf, -math.inf, 0])
         self.hist = np.zeros(_NBINS, dtype=np.int64)
-        self.khist: np.ndarray | None = None  # native: counts per key, folded into bins by result()
+        self._result: FloatResult | None = None  # result() once per state (verdict() reads it too)
         self._bufs: dict[str, np.ndarray] = {}
         if self.work == np.float32:
             self._floor_bits = np.uint32((_MIN_EXP[unit.name] + 127) << 23)
@@ -227,6 +255,7 @@ class FloatMetrics:
         self._atol, self._rtol = self.work.type(tol.atol), self.work.type(tol.rtol)
         self._tiny = np.finfo(self.work).tiny
         self._native = None
+        self._ptrs: tuple | None = None
         if {da.name, db.name} <= {"float32", "bfloat16"}:
             from .native import float_kernel
 
@@ -258,6 +287,7 @@ class FloatMetrics:
     def update(self, start: int, ra: np.ndarray, rb: np.ndarray) -> None:
         if ra.size == 0:
             return
+        self._result = None
         if self._native is not None:
             # the kernel needs C-contiguous, aligned elements (a foreign writer may misalign data)
             self._update_native(start, np.require(ra, requirements="CA"), np.require(rb, requirements="CA"))
@@ -271,13 +301,14 @@ class FloatMetrics:
         if self.rows is not None and row:
             r0 = start // row
             rbuf = np.zeros((start + ra.size - 1) // row + 1 - r0)
-            rows = rbuf.ctypes.data
-        if self.khist is None:
-            self.khist = np.zeros(_NSUB * _HSTRIDE, dtype=np.int64)
-        rc = self._native(ra.ctypes.data, int(self.da.name == "bfloat16"), rb.ctypes.data,
-                          int(self.db.name == "bfloat16"), ra.size, start, self.tol.atol, self.tol.rtol,
-                          self._floor_f32, float(self._scale), self.khist.ctypes.data, _HSTRIDE, rows, row, r0,
-                          self.I.ctypes.data, self.D.ctypes.data)
+            rows = _data(rbuf)
+        if self._ptrs is None:  # this accumulator's own arrays do not move: their addresses once
+            self._ptrs = (int(self.da.name == "bfloat16"), int(self.db.name == "bfloat16"), self.tol.atol,
+                          self.tol.rtol, self._floor_f32, float(self._scale), _data(self.hist), _data(self.I),
+                          _data(self.D))
+        ka, kb, atol, rtol, fl, sc, h, pi, pd = self._ptrs
+        rc = self._native(_data(ra), ka, _data(rb), kb, ra.size, start, atol, rtol, fl, sc, h, _NBINS, rows, row, r0,
+                          pi, pd)
         if rc:
             raise RuntimeError(f"native float kernel failed ({rc})")
         if rbuf is not None:
@@ -367,6 +398,7 @@ class FloatMetrics:
         self.hist += np.bincount(np.take(_LUT, key), minlength=_NBINS)
 
     def merge(self, other: "FloatMetrics") -> None:
+        self._result = None
         I, D, oI, oD = self.I, self.D, other.I, other.D
         I[:_WORST] += oI[:_WORST]
         if oI[_WORST] >= 0 and (I[_WORST] < 0 or oD[_MAX_ABS] > D[_MAX_ABS]
@@ -380,23 +412,23 @@ class FloatMetrics:
         for j in (_MIN_A, _MIN_B):
             D[j] = min(D[j], oD[j])
         self.hist += other.hist
-        if other.khist is not None:
-            if self.khist is None:
-                self.khist = other.khist.copy()
-            else:
-                self.khist += other.khist
 
     # ------------------------------------------------------------------ results
 
-    def _percentile(self, hist: np.ndarray, q: float) -> float:
-        total = int(hist.sum())
-        if total == 0:
-            return 0.0
+    def _percentiles(self, hist: np.ndarray, qs: tuple[float, ...]) -> list[float]:
         c = np.cumsum(hist)
-        b = int(np.searchsorted(c, math.ceil(q * total)))
-        return min(_bin_upper(b), float(self.D[_ULP_MAX])) if b > 0 or hist[0] < total else 0.0
+        total = int(c[-1])
+        if total == 0:
+            return [0.0] * len(qs)
+        bs = np.searchsorted(c, [math.ceil(q * total) for q in qs]).tolist()
+        return [min(_bin_upper(b), float(self.D[_ULP_MAX])) if b > 0 or hist[0] < total else 0.0 for b in bs]
 
     def result(self) -> FloatResult:
+        if self._result is None:
+            self._result = self._compute_result()
+        return self._result
+
+    def _compute_result(self) -> FloatResult:
         I, D = self.I, self.D
         sum_sq_a, sum_sq_b, sum_sq_err = float(D[_SUM_SQ_A]), float(D[_SUM_SQ_B]), float(D[_SUM_SQ_ERR])
         na, nb = math.sqrt(sum_sq_a), math.sqrt(sum_sq_b)
@@ -408,18 +440,17 @@ class FloatMetrics:
             # |a-b|^2 = |a|^2 + |b|^2 - 2 a.b, written so that 1 - cos comes from the small
             # quantities: accurate near cos = 1 (where it matters) even from float partial sums
             cos = max(-1.0, min(1.0, 1.0 - (sum_sq_err - (na - nb) ** 2) / (2 * na * nb)))
-        sqnr = math.inf if sum_sq_err == 0 else (10 * math.log10(sum_sq_a / sum_sq_err) if sum_sq_a > 0 else -math.inf)
+        # a difference that overflows float32 makes sum_sq_err inf: the ratio is then 0 (-inf dB)
+        ratio = sum_sq_a / sum_sq_err if sum_sq_err else math.inf
+        sqnr = 10 * math.log10(ratio) if ratio > 0 else (-math.inf if ratio == 0 else math.nan)
         f = max(int(I[_FINITE]), 1)
         n = int(I[_N])
         bad = int(I[_VIOL] + I[_MISMATCH])
-        hist = self.hist
-        if self.khist is not None:
-            per_key = self.khist.reshape(_NSUB, _HSTRIDE)[:, :_NKEYS].sum(axis=0)
-            hist = hist + np.bincount(_LUT, weights=per_key, minlength=_NBINS).astype(np.int64)
+        p50, p99 = self._percentiles(self.hist, (0.5, 0.99))
         return FloatResult(
             numel=n, max_abs=self.max_abs, mean_abs=float(D[_SUM_ABS]) / f, max_rel=float(D[_MAX_REL]),
-            rmse=math.sqrt(sum_sq_err / f), cosine=cos, sqnr_db=sqnr, ulp_p50=self._percentile(hist, 0.5),
-            ulp_p99=self._percentile(hist, 0.99), ulp_max=float(D[_ULP_MAX]), ulp_unit=self.unit.name,
+            rmse=math.sqrt(sum_sq_err / f), cosine=cos, sqnr_db=sqnr, ulp_p50=p50,
+            ulp_p99=p99, ulp_max=float(D[_ULP_MAX]), ulp_unit=self.unit.name,
             mismatch_fraction=bad / max(n, 1), mismatches=bad, nan=(int(I[_NAN_A]), int(I[_NAN_B])),
             inf=(int(I[_INF_A]), int(I[_INF_B])), nonfinite_mismatch=int(I[_MISMATCH]),
             range=((float(D[_MIN_A]), float(D[_MAX_A])), (float(D[_MIN_B]), float(D[_MAX_B]))))

@@ -5,16 +5,20 @@ core (format, compare, report) works with no model installed.
 """
 from __future__ import annotations
 
-from importlib.metadata import entry_points
+from typing import TYPE_CHECKING
 
-from .adapter import ModelAdapter
-from .contract import Contract
 from .errors import BadInput
+
+if TYPE_CHECKING:  # the adapter machinery (faults, options) loads only when an adapter does
+    from .adapter import ModelAdapter
+    from .contract import Contract
 
 GROUP = "tensordiff.models"
 
 
 def _eps():
+    from importlib.metadata import entry_points
+
     return {ep.name: ep for ep in entry_points(group=GROUP)}
 
 
@@ -23,6 +27,8 @@ def names() -> list[str]:
 
 
 def adapter(name: str) -> ModelAdapter:
+    from .adapter import ModelAdapter
+
     eps = _eps()
     if name not in eps:
         known = ", ".join(sorted(eps)) or "none installed"

@@ -7,10 +7,15 @@ as uint16 with a `dtype` attribute. Nothing here can unpickle.
 """
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import json
 import mmap
 import os
 import struct
+import sys
+import threading
+from collections import OrderedDict
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -34,6 +39,8 @@ class StoredTensor:
     shape: tuple[int, ...]
     dtype: DType
     offset: int = 0  # safetensors: absolute byte offset of the data
+    raw: bool = False  # HDF5: the dataset's bytes lie as they are at `offset` (contiguous, unfiltered,
+    # little-endian), so they are mapped like a safetensors tensor's instead of read through h5py
 
     @property
     def numel(self) -> int:
@@ -47,9 +54,100 @@ class StoredTensor:
         return self.numel * self.dtype.itemsize
 
     def reader(self) -> "FlatReader":
-        if self.file.suffix in HDF5_EXT:
+        if self.file.suffix in HDF5_EXT and not self.raw:
             return _H5Reader(self)
         return _MemmapReader(self)
+
+
+# Mappings of whole tensor files, shared by every reader inside `shared_files()`: a dump of
+# thousands of small tensors in a few files maps each file once, not each tensor (an np.memmap
+# per tensor and side cost ~90 us). Bounded: an evicted mapping lives on while a reader holds it.
+MAX_SHARED_MAPS = 64
+# Inside a block, the releases of small ranges are gathered into one extent per mapping and
+# released together (one madvise per ~MAX_DEFERRED bytes, not two per small tensor); resident
+# memory stays within MAX_DEFERRED bytes of what is being read.
+SMALL_RELEASE = 1 << 20
+MAX_DEFERRED = 8 << 20
+
+
+class _Scope:
+    def __init__(self):
+        self.maps: OrderedDict[Path, mmap.mmap] = OrderedDict()
+        self.pending: dict[int, list] = {}  # id(mapping) -> [mapping, first byte, end byte]
+        self.deferred = 0
+        self.lock = threading.Lock()
+
+    def release(self, mm: mmap.mmap, b0: int, b1: int) -> None:
+        with self.lock:
+            p = self.pending.get(id(mm))
+            if p is not None and p[0] is mm and b0 <= p[2] and b1 >= p[1]:  # touches the extent: grow it
+                self.deferred += max(0, p[1] - b0) + max(0, b1 - p[2])
+                p[1], p[2] = min(p[1], b0), max(p[2], b1)
+            else:
+                if p is not None:
+                    self.deferred -= p[2] - p[1]
+                    _madvise(p[0], p[1], p[2])
+                self.pending[id(mm)] = [mm, b0, b1]
+                self.deferred += b1 - b0
+            if self.deferred >= MAX_DEFERRED:
+                self.flush()
+
+    def flush(self) -> None:  # under self.lock
+        for m, lo, hi in self.pending.values():
+            _madvise(m, lo, hi)
+        self.pending.clear()
+        self.deferred = 0
+
+
+_SCOPE: contextvars.ContextVar["_Scope | None"] = contextvars.ContextVar("tensordiff_files", default=None)
+
+
+@contextlib.contextmanager
+def shared_files():
+    """Within this block, readers of the same file share one mapping of it (compare_dumps opens
+    one around a whole comparison). Nested blocks share the outer one."""
+    if _SCOPE.get() is not None:
+        yield
+        return
+    scope = _Scope()
+    token = _SCOPE.set(scope)
+    try:
+        yield
+    finally:
+        _SCOPE.reset(token)
+        with scope.lock:
+            scope.flush()
+
+
+def _madvise(mm: mmap.mmap, b0: int, b1: int) -> None:
+    try:
+        mm.madvise(mmap.MADV_DONTNEED, b0, b1 - b0)
+    except ValueError:  # a mapping closed under us: nothing left to release
+        pass
+
+
+def _map_file(path: Path) -> mmap.mmap:
+    scope = _SCOPE.get()
+    maps = scope.maps if scope is not None else None
+    if maps is not None:
+        m = maps.get(path)
+        if m is not None:
+            maps.move_to_end(path)
+            return m
+    with open(path, "rb") as f:
+        m = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+    if maps is not None:
+        maps[path] = m
+        if len(maps) > MAX_SHARED_MAPS:
+            maps.popitem(last=False)
+    return m
+    with open(path, "rb") as f:
+        m = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+    if maps is not None:
+        maps[path] = m
+        if len(maps) > MAX_SHARED_MAPS:
+            maps.popitem(last=False)
+    return m
 
 
 class FlatReader:
@@ -66,30 +164,47 @@ class FlatReader:
 
 
 class _MemmapReader(FlatReader):
+    """A tensor's elements as a view of its file's mapping (shared inside `shared_files()`)."""
+
     def __init__(self, t: StoredTensor):
         self.t = t
+        self.mm: mmap.mmap | None = None
+        self.scope = _SCOPE.get()  # releases are gathered here (worker threads see no context)
         if t.numel == 0:
-            self.mm = np.zeros(0, dtype=t.dtype.storage)
-        else:
-            self.mm = np.memmap(t.file, dtype=t.dtype.storage, mode="r", offset=t.offset, shape=(t.numel,))
+            self.arr = np.zeros(0, dtype=t.dtype.storage)
+            return
+        try:
+            self.mm = _map_file(t.file)
+            self.arr = np.frombuffer(self.mm, dtype=t.dtype.storage, count=t.numel, offset=t.offset)
+        except (OSError, ValueError) as e:  # missing, emptied or truncated since the dump was opened
+            size = t.file.stat().st_size if t.file.is_file() else None
+            what = f"HDF5 dataset {t.key!r}" if t.raw else f"tensor {t.key!r}"
+            raise BadInput(f"{t.file}: {what} cannot be read (the file has {size} bytes, the tensor ends at "
+                           f"byte {t.offset + t.nbytes}: {type(e).__name__}); the file is damaged") from None
 
     def read(self, start: int, stop: int) -> np.ndarray:
-        return np.asarray(self.mm[start:stop])
+        return self.arr[start:stop]
 
     def release(self, start: int, stop: int) -> None:
-        # Unmap the pages wholly inside [start, stop) from this process (the page cache keeps
-        # them; a later read faults them back in), so streaming a tensor larger than RAM keeps
-        # resident memory one chunk deep instead of the whole mapping.
-        m = getattr(self.mm, "_mmap", None)
-        if m is None or not hasattr(mmap, "MADV_DONTNEED"):
+        # Unmap the pages of [start, stop) from this process (the page cache keeps them; a later
+        # read faults them back in), so streaming a tensor larger than RAM keeps resident memory a
+        # chunk or two deep instead of the whole mapping. Pages shared with a neighbouring tensor go
+        # too: dropping a read-only file page loses nothing, a reader of it just faults it back.
+        if self.mm is None or not hasattr(mmap, "MADV_DONTNEED"):
             return
-        base = self.t.offset % mmap.ALLOCATIONGRANULARITY  # np.memmap maps from an aligned offset
-        b0 = -(-(base + start * self.t.dtype.itemsize) // mmap.PAGESIZE) * mmap.PAGESIZE
-        b1 = (base + stop * self.t.dtype.itemsize) // mmap.PAGESIZE * mmap.PAGESIZE
-        if b1 > b0:
-            m.madvise(mmap.MADV_DONTNEED, b0, b1 - b0)
+        isz = self.t.dtype.itemsize
+        b0 = (self.t.offset + start * isz) // mmap.PAGESIZE * mmap.PAGESIZE
+        b1 = min(-(-(self.t.offset + stop * isz) // mmap.PAGESIZE) * mmap.PAGESIZE, len(self.mm))
+        if b1 <= b0:
+            return
+        scope = self.scope
+        if scope is not None and b1 - b0 < SMALL_RELEASE:
+            scope.release(self.mm, b0, b1)
+        else:
+            _madvise(self.mm, b0, b1)
 
     def close(self) -> None:
+        self.arr = None
         self.mm = None
 
 
@@ -253,34 +368,54 @@ def write_safetensors(path: Path, tensors: dict[str, tuple[np.ndarray, DType]], 
 
 # ----------------------------------------------------------------------------- HDF5
 
-def read_hdf5_entry(path: Path, key: str, dtype_name: str | None) -> StoredTensor:
+def read_hdf5_entry(path: Path, key: str, dtype_name: str | None, handle=None) -> StoredTensor:
+    """One dataset of an HDF5 file as a StoredTensor. `handle`: the file already open (h5py.File),
+    so a dump of many datasets in one file opens it once (`open_dump`)."""
     import h5py
 
     try:
+        if handle is not None:
+            return _hdf5_entry(handle, path, key, dtype_name)
         with h5py.File(path, "r") as f:
-            if key not in f or not isinstance(f[key], h5py.Dataset):
-                raise BadInput(f"{path}: no dataset {key!r}")
-            ds = f[key]
-            # The manifest's dtype first: reading a variable-length string attribute of a damaged
-            # file can loop forever inside libhdf5 (found by tests/fuzz), so the attribute is read
-            # only when the manifest does not say, and only when it is a fixed-length string.
-            name = dtype_name
-            if name is None and "dtype" in ds.attrs:
-                aid = ds.attrs.get_id("dtype")
-                if aid.dtype.kind != "S" or aid.shape not in ((), (1,)):
-                    raise BadInput(f"{path}:{key}: the dtype attribute is not a fixed-length string; "
-                                   "give the dtype in the manifest")
-                name = np.asarray(ds.attrs["dtype"]).reshape(-1)[0].decode("ascii", "replace")
-            name = name or _np_to_name(ds.dtype)
-            try:
-                dt = by_name(str(name))
-            except KeyError as e:
-                raise BadInput(f"{path}:{key}: {e.args[0]}") from None
-            if np.dtype(ds.dtype).itemsize != dt.itemsize:
-                raise BadInput(f"{path}:{key}: stored as {ds.dtype}, which cannot hold {dt.name}")
-            return StoredTensor(path, key, tuple(int(s) for s in ds.shape), dt)
+            return _hdf5_entry(f, path, key, dtype_name)
     except H5_ERRORS as e:  # h5py reports a damaged file through any of these
         raise BadInput(f"{path}: not a readable HDF5 file ({type(e).__name__}: {str(e)[:200]})") from None
+
+
+def _hdf5_entry(f, path: Path, key: str, dtype_name: str | None) -> StoredTensor:
+    import h5py
+
+    if key not in f or not isinstance(f[key], h5py.Dataset):
+        raise BadInput(f"{path}: no dataset {key!r}")
+    ds = f[key]
+    # The manifest's dtype first: reading a variable-length string attribute of a damaged
+    # file can loop forever inside libhdf5 (found by tests/fuzz), so the attribute is read
+    # only when the manifest does not say, and only when it is a fixed-length string.
+    name = dtype_name
+    if name is None and "dtype" in ds.attrs:
+        aid = ds.attrs.get_id("dtype")
+        if aid.dtype.kind != "S" or aid.shape not in ((), (1,)):
+            raise BadInput(f"{path}:{key}: the dtype attribute is not a fixed-length string; "
+                           "give the dtype in the manifest")
+        name = np.asarray(ds.attrs["dtype"]).reshape(-1)[0].decode("ascii", "replace")
+    name = name or _np_to_name(ds.dtype)
+    try:
+        dt = by_name(str(name))
+    except KeyError as e:
+        raise BadInput(f"{path}:{key}: {e.args[0]}") from None
+    if np.dtype(ds.dtype).itemsize != dt.itemsize:
+        raise BadInput(f"{path}:{key}: stored as {ds.dtype}, which cannot hold {dt.name}")
+    shape = tuple(int(s) for s in ds.shape)
+    st = StoredTensor(path, key, shape, dt)
+    # Contiguous, unfiltered, little-endian, allocated and inside the file: its bytes are read
+    # in place (mapped), with no h5py call (and no h5py lock) per chunk.
+    offset = ds.id.get_offset() if ds.chunks is None and not ds.compression and st.numel else None
+    order = np.dtype(ds.dtype).byteorder
+    little = order in "<|" or (order == "=" and sys.byteorder == "little")
+    if offset is not None and little and np.dtype(ds.dtype).kind in "fiub" \
+            and ds.id.get_storage_size() == st.nbytes and offset + st.nbytes <= path.stat().st_size:
+        st = StoredTensor(path, key, shape, dt, int(offset), raw=True)
+    return st
 
 
 def write_hdf5(path: Path, tensors: dict[str, tuple[np.ndarray, DType]]) -> None:

@@ -34,7 +34,7 @@ import fnmatch
 import math
 import sys
 import tomllib
-from dataclasses import asdict, dataclass, fields, replace
+from dataclasses import dataclass, fields, replace
 from pathlib import Path
 from typing import Any
 
@@ -51,8 +51,11 @@ class Tolerance:
     source: str = "default"
 
     def as_dict(self) -> dict:
-        return asdict(self)
+        # every field by name (dataclasses.asdict deep-copies: ~0.1 ms, once per compared tensor)
+        return {f.name: getattr(self, f.name) for f in _TOL_FIELDS}
 
+
+_TOL_FIELDS = fields(Tolerance)
 
 DEFAULTS: dict[str, Tolerance] = {
     "float64": Tolerance(atol=1e-9, rtol=1e-7, max_mismatch=0.0, min_cosine=0.999999999),

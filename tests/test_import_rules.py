@@ -65,3 +65,33 @@ def test_compare_works_without_model_code():
             "assert r.earliest == ['rope'], r.earliest")
     p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert p.returncode == 0, p.stderr
+
+
+HEAVY = ("torch", "scipy", "sympy", "transformers", "rich", "h5py", "safetensors")
+
+
+def _modules_after(code: str) -> set[str]:
+    import json
+    import subprocess
+    import sys
+
+    probe = code + "\nimport json, sys\nprint(json.dumps(sorted({m.split('.')[0] for m in sys.modules})))"
+    p = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, cwd=ROOT)
+    assert p.returncode == 0, p.stderr
+    return set(json.loads(p.stdout.strip().splitlines()[-1]))
+
+
+def test_the_compare_command_imports_nothing_heavy():
+    # `tensordiff compare` on the sample dumps, piped (no terminal: no rich), as CI runs it
+    code = ("import sys\nfrom tensordiff.cli import cli\n"
+            f"sys.argv = ['tensordiff', 'compare', r'{ROOT}/dumps/sample-oracle', r'{ROOT}/dumps/sample-engine']\n"
+            "try:\n    cli()\nexcept SystemExit:\n    pass")
+    loaded = _modules_after(code)
+    assert "tensordiff" in loaded and "numpy" in loaded  # the probe saw the run
+    bad = sorted(loaded & set(HEAVY))
+    assert not bad, f"`tensordiff compare` imports {bad}"
+
+
+def test_the_heavy_import_check_sees_a_heavy_import():
+    # the fault that proves the check above: a run that imports one of them is caught
+    assert "scipy" in _modules_after("import scipy")

@@ -12,11 +12,8 @@ from __future__ import annotations
 import ctypes
 import hashlib
 import os
-import platform
 import shutil
-import subprocess
 import sys
-import tempfile
 import threading
 from pathlib import Path
 
@@ -37,6 +34,8 @@ def _cpu_key() -> str:
                 return line
     except OSError:
         pass
+    import platform
+
     return platform.processor() or platform.machine()
 
 
@@ -55,11 +54,17 @@ def _build() -> Path:
     out = cache_root() / "native" / f"float_metrics-{key}.so"
     if out.is_file():
         return out
+    import subprocess  # only to build: the cached path above spawns nothing and imports less
+    import tempfile
+
     out.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(suffix=".so", dir=out.parent)
     os.close(fd)
     try:
-        r = subprocess.run([cc, *FLAGS, "-o", tmp, str(SOURCE)], capture_output=True, text=True, timeout=120)
+        try:
+            r = subprocess.run([cc, *FLAGS, "-o", tmp, str(SOURCE)], capture_output=True, text=True, timeout=120)
+        except subprocess.SubprocessError as e:  # a compiler that hangs: no kernel, the numpy path
+            raise OSError(f"{cc} did not finish: {e}") from None
         if r.returncode:
             raise OSError(f"{cc} failed: {r.stderr.strip()[:300]}")
         os.replace(tmp, out)  # atomic: a concurrent process sees the old or the whole new file
@@ -88,6 +93,6 @@ def float_kernel():
                                       p, i64, p, i64, i64, p, p]
                         f.restype = ctypes.c_int
                         _kernel, status = f, "native"
-                    except (OSError, subprocess.SubprocessError, BadInput) as e:  # BadInput: an unusable cache
+                    except (OSError, BadInput) as e:  # BadInput: an unusable cache
                         _kernel, status = False, f"numpy (native kernel unavailable: {e})"
     return _kernel or None

@@ -10,6 +10,19 @@
  * exact). Each block of BLOCK elements runs a vectorised pass; if that pass saw any NaN/Inf,
  * its results are dropped and the scalar path, which does the NaN/Inf bookkeeping, redoes it.
  *
+ * The ULP histogram is counted in the bins tensordiff/metrics.py reports (quarter-ULP bins below 16
+ * ULP, 16 per octave above), computed from the bits of u: below 16, floor(4u); above, the octave
+ * from u's exponent and the bin inside it, floor(16 log2 v) for v = 1.m (u's top 7 mantissa bits),
+ * as the exponent of v^16 by four float squarings (no table, no gather: the loop stays vectorised).
+ * For every key that is the bin metrics.py's key table (`_LUT`) gives, checked there at import on
+ * the same float32 arithmetic and here by tests through `td_ulp_bins`; so the counts are the numpy
+ * path's, exactly, and a few thousand counters stay in L1, unlike one per key. Counts of a call go to NSUB interleaved
+ * 32-bit sub-histograms on the stack, added to the caller's int64 bins at the end.
+ *
+ * u = d / spacing: the spacing is a power of two, so u is d times its reciprocal, also a power
+ * of two and correctly rounded alike (no division); when the spacing is subnormal its reciprocal
+ * is not a float, and d is first scaled by 2^64 (exact) and then by the rest.
+ *
  * I[]: 0 n, 1 finite, 2 nan_a, 3 nan_b, 4 inf_a, 5 inf_b, 6 nonfinite mismatches,
  *      7 allclose violations, 8 worst (index of the first max |a-b|, -1 none),
  *      9 first nonfinite mismatch (-1 none)
@@ -23,21 +36,46 @@
 
 #define BLOCK 1024
 #define EXP 0x7f800000u
-#define KEY_SHIFT 16 /* histogram key: the top 16 bits of the float32 ULP distance */
-#define NKEYS (1 << (31 - KEY_SHIFT)) /* keys of non-negative floats */
-#define HSTRIDE (NKEYS + 24)          /* sub-histogram stride: not a multiple of 4 KiB, so the
-                                        sub-histograms do not alias each other's stores */
-#define NSUB 4                        /* interleaved sub-histograms: no store-forwarding chain on one key */
+#define LIN_BINS 64                     /* quarter-ULP bins below 16 ULP */
+#define NBINS (LIN_BINS + 16 * 128)     /* tensordiff/metrics.py _NBINS */
+#define E16 131                         /* biased exponent of 16.0f */
+#define HSTRIDE (NBINS + 16)            /* sub-histogram stride: the sub-histograms do not alias */
+#define NSUB 4                          /* interleaved sub-histograms: no store-forwarding chain on one bin */
 
 typedef struct {
     float atol, rtol, floor, scale;
-    int64_t *hist; /* NSUB * HSTRIDE counts per key; tensordiff/metrics.py folds keys into bins */
+    int32_t fexp, sexp; /* biased exponent of `floor`; unbiased exponent of `scale` (both powers of two) */
+    uint32_t *hist; /* NSUB * HSTRIDE counts of this call */
     double *rows; /* row maxima for rows r0.., or NULL */
     int64_t row, r0;
 } params;
 
 static inline float f_of(uint32_t u) { float f; memcpy(&f, &u, 4); return f; }
 static inline uint32_t u_of(float f) { uint32_t u; memcpy(&u, &f, 4); return u; }
+
+/* d / spacing(x) without a division (see the top) */
+static inline __attribute__((always_inline)) float ulps(float d, float x, int32_t fexp, int32_t sexp) {
+    int32_t xe = (int32_t)((u_of(x) & EXP) >> 23);
+    int32_t se = (xe > fexp ? xe : fexp) + sexp; /* the spacing's biased exponent */
+    int32_t sub = se <= 0;                                /* a subnormal spacing */
+    float f1 = sub ? 0x1p64f : 1.0f;
+    float f2 = f_of((uint32_t)(254 - se - (sub ? 64 : 0)) << 23);
+    return (d * f1) * f2;
+}
+
+/* the histogram bin of u >= 0 (tensordiff/metrics.py `_LUT` of u's key) */
+static inline __attribute__((always_inline)) uint16_t bin_of(float u) {
+    uint32_t b = u_of(u);
+    int32_t e = (int32_t)(b >> 23);
+    int32_t lin = (int32_t)((u < 16.0f ? u : 0.0f) * 4.0f);
+    float v = f_of((b & 0x007f0000u) | 0x3f800000u); /* 1.m, exact */
+    v *= v; /* exact */
+    v *= v;
+    v *= v;
+    v *= v;
+    int32_t lg = LIN_BINS + (e - E16) * 16 + ((int32_t)(u_of(v) >> 23) - 127);
+    return (uint16_t)(u < 16.0f ? lin : (e >= 255 ? NBINS - 1 : lg));
+}
 
 static inline __attribute__((always_inline)) float load(const void *p, int kind, int64_t i) {
     if (kind == 1) return f_of((uint32_t)((const uint16_t *)p)[i] << 16);
@@ -62,7 +100,8 @@ block_fast(const void *a, int ka, const void *b, int kb, int64_t off, int64_t n,
     float s_abs = 0, s_err = 0, s_aa = 0, s_bb = 0;
     float mx = 0, mrel = 0, mu = 0, mina = INFINITY, maxa = -INFINITY, minb = INFINITY, maxb = -INFINITY;
     int32_t viol = 0, bad = 0; /* per block: fits, and packs 16 lanes per vector */
-    const float atol = P->atol, rtol = P->rtol, floor_ = P->floor, scale = P->scale;
+    const float atol = P->atol, rtol = P->rtol;
+    const int32_t fexp = P->fexp, sexp = P->sexp;
 #pragma omp simd reduction(+ : s_abs, s_err, s_aa, s_bb, viol, bad) reduction(max : mx, mrel, mu, maxa, maxb) \
     reduction(min : mina, minb)
     for (int64_t i = 0; i < n; i++) {
@@ -85,11 +124,9 @@ block_fast(const void *a, int ka, const void *b, int kb, int64_t off, int64_t n,
         maxa = x > maxa ? x : maxa;
         minb = y < minb ? y : minb;
         maxb = y > maxb ? y : maxb;
-        float m = f_of(u_of(x) & EXP);
-        float sp = (m > floor_ ? m : floor_) * scale;
-        float u = di / sp;
+        float u = ulps(di, x, fexp, sexp);
         mu = u > mu ? u : mu;
-        key[i] = (uint16_t)(u_of(u) >> KEY_SHIFT);
+        key[i] = bin_of(u);
     }
     if (bad) return bad; /* NaN/Inf in the block: the partial results above are garbage, drop them */
     I[1] += n;
@@ -112,7 +149,7 @@ block_fast(const void *a, int ka, const void *b, int kb, int64_t off, int64_t n,
                 break;
             }
     }
-    int64_t *h = P->hist;
+    uint32_t *h = P->hist;
     int64_t i = 0;
     for (; i + NSUB <= n; i += NSUB) {
         h[key[i]]++;
@@ -176,10 +213,9 @@ static void block_slow(const void *a, int ka, const void *b, int kb, int64_t off
         if (x > D[8]) D[8] = x;
         if (y < D[9]) D[9] = y;
         if (y > D[10]) D[10] = y;
-        float m = f_of(u_of(x) & EXP);
-        float u = di / ((m > P->floor ? m : P->floor) * P->scale);
+        float u = ulps(di, x, P->fexp, P->sexp);
         if (u > D[11]) D[11] = u;
-        P->hist[u_of(u) >> KEY_SHIFT]++;
+        P->hist[bin_of(u)]++;
         if (P->rows) row_max(P, g, g / P->row, di);
     }
 }
@@ -194,17 +230,29 @@ run(const void *a, int ka, const void *b, int kb, int64_t n, int64_t start, cons
     }
 }
 
+/* the bins of n ULP distances u >= 0 (tests check the bin formula for every key through this) */
+void td_ulp_bins(const float *u, int64_t n, uint16_t *out) {
+    for (int64_t i = 0; i < n; i++) out[i] = bin_of(u[i]);
+}
+
+/* hist: the caller's NBINS int64 bin counts (tensordiff/metrics.py) */
 int td_float_update(const void *a, int ka, const void *b, int kb, int64_t n, int64_t start, float atol, float rtol,
-                    float floor_, float scale, int64_t *hist, int64_t hstride, double *rows, int64_t row,
-                    int64_t r0, int64_t *I, double *D) {
-    params P = {atol, rtol, floor_, scale, hist, rows, row, r0};
-    if (hstride != HSTRIDE) return -2; /* tensordiff/metrics.py lays the histogram out the same way */
+                    float floor_, float scale, int64_t *hist, int64_t nbins, double *rows, int64_t row, int64_t r0,
+                    int64_t *I, double *D) {
+    if (nbins != NBINS) return -2; /* tensordiff/metrics.py bins the same way */
     if (ka < 0 || ka > 1 || kb < 0 || kb > 1) return -1;
+    if (n > 0x7fffffffLL) return -3; /* 32-bit counts per call */
+    uint32_t sub[NSUB * HSTRIDE];
+    memset(sub, 0, sizeof sub);
+    params P = {atol, rtol, floor_, scale, (int32_t)(u_of(floor_) >> 23), (int32_t)(u_of(scale) >> 23) - 127,
+                sub, rows, row, r0};
     I[0] += n;
     /* constant kinds: each call below is its own specialised, vectorised loop */
     if (ka == 0 && kb == 0) run(a, 0, b, 0, n, start, &P, I, D);
     else if (ka == 0 && kb == 1) run(a, 0, b, 1, n, start, &P, I, D);
     else if (ka == 1 && kb == 0) run(a, 1, b, 0, n, start, &P, I, D);
     else run(a, 1, b, 1, n, start, &P, I, D);
+    for (int k = 0; k < NBINS; k++)
+        hist[k] += (int64_t)sub[k] + sub[HSTRIDE + k] + sub[2 * HSTRIDE + k] + sub[3 * HSTRIDE + k];
     return 0;
 }

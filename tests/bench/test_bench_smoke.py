@@ -13,13 +13,14 @@ BENCH = Path(__file__).resolve().parents[2] / "bench" / "compare_throughput.py"
 def test_bench_tiny_writes_its_report(tmp_path):
     out = tmp_path / "bench.json"
     r = subprocess.run([sys.executable, str(BENCH), "--dir", str(tmp_path / "dumps"), "--size-mb", "3",
-                        "--repeat", "1", "--json", str(out)], capture_output=True, text=True, timeout=300)
+                        "--repeat", "1", "--cases", "big", "--json", str(out)], capture_output=True, text=True,
+                       timeout=300)
     assert r.returncode == 0, r.stderr
     assert "compare / read" in r.stdout
     rep = json.loads(out.read_text())
     assert 2.5e6 < rep["dumps"]["bytes"] < 3.5e6
     warm = rep["warm"]
-    for route in ("read", "read1", "compare", "naive"):
+    for route in ("read", "read1", "compare", "naive", "limit", "verify"):
         for k in ("wall_s", "gb_per_s", "peak_rss_mb", "rss_after_import_mb"):
             assert warm[route][k] > 0, (route, k)
         assert warm[route]["cpu_s"] >= 0
@@ -32,6 +33,31 @@ def test_bench_tiny_writes_its_report(tmp_path):
     assert "speedup_vs_naive" in warm and "ratio_compare_to_read1" in warm
     assert set(rep["met"]) == {"ratio", "rss"}
     assert rep["comparator"]["kernel"]
+    assert warm["limit"]["max_abs"] > 0 and warm["ratio_compare_to_limit"] > 0
+    assert warm["verify"]["verdict"] == "match" and warm["ratio_verify_to_compare"] > 0
+    assert {row[0] for row in rep["summary"]} == {"big: compare / C limit", "big: verify / compare",
+                                                  "big: compare / C limit, CPU seconds",
+                                                  "big: verify / compare, CPU seconds"}
+
+
+def test_bench_tiny_other_cases(tmp_path):
+    """The many-tensors, memory and CLI cases at toy sizes: every figure the summary quotes."""
+    out = tmp_path / "bench.json"
+    r = subprocess.run([sys.executable, str(BENCH), "--dir", str(tmp_path / "dumps"), "--repeat", "1",
+                        "--cases", "many,memory,cli", "--many-counts", "40,80", "--memory-numel", "300000",
+                        "--json", str(out)], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    rep = json.loads(out.read_text())
+    for k in ("safetensors-40", "safetensors-80", "hdf5-40", "hdf5-80"):
+        m = rep["many"][k]
+        assert m["compare_s"] > 0 and m["numpy_s"] > 0 and m["tensors"] == int(k.split("-")[1])
+    assert rep["many"]["hdf5_over_safetensors-80"] > 0
+    for w in (1, 2):
+        assert rep["memory"][f"threads_{w}"]["peak_rss_mb"] > 0
+    assert rep["cli"]["compare"]["wall_s"] > 0 and rep["cli"]["python_numpy"]["wall_s"] > 0
+    names = {row[0] for row in rep["summary"]}
+    assert "cli: tensordiff compare sample dumps, s" in names and "many hdf5_over_safetensors-80" in names
+    assert not list((tmp_path / "dumps").glob("many-*")) and not (tmp_path / "dumps" / "memory").exists()
 
 
 def _headers(root: Path) -> int:

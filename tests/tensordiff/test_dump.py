@@ -205,3 +205,36 @@ def test_names_with_a_trailing_newline_refused_when_read(dump, name):
     _save(dump, m)
     with pytest.raises(BadInput, match="invalid name"):
         open_dump(dump)
+
+
+def test_an_hdf5_file_of_many_datasets_is_opened_once(tmp_path, monkeypatch):
+    import h5py
+
+    d = write(tmp_path / "h", {f"layer.t{i}": torch.full((3, 4), float(i)) for i in range(30)}, fmt="hdf5")
+    opened = []
+    real = h5py.File
+
+    def counting(path, *a, **k):
+        opened.append(str(path))
+        return real(path, *a, **k)
+
+    monkeypatch.setattr(h5py, "File", counting)
+    dump = open_dump(d)
+    assert len(dump.entries) == 30 and len(opened) == 1  # one file, opened once (not once per entry)
+    monkeypatch.setattr(h5py, "File", real)
+    assert all(e.stored.raw for e in dump.entries)  # contiguous datasets: read in place
+    assert dump.load("layer.t7").tolist() == [[7.0] * 4] * 3
+
+
+def test_a_file_named_by_many_entries_is_checked_once_and_still_checked(dump):
+    # rope.cos and rope.sin share rope.safetensors: the second spelling of it is checked afresh
+    m = _manifest(dump)
+    files = {t["name"]: t["file"] for t in m["tensors"]}
+    assert files["rope.cos"] == files["rope.sin"]
+    assert open_dump(dump).entry("rope.sin").stored.file == open_dump(dump).entry("rope.cos").stored.file
+    for t in m["tensors"]:
+        if t["name"] == "rope.sin":
+            t["file"] = "../" + dump.name + "/" + t["file"]
+    _save(dump, m)
+    with pytest.raises(BadInput, match="escapes"):
+        open_dump(dump)

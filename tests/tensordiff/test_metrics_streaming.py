@@ -275,3 +275,76 @@ def test_exact_mode_on_floats_compares_values_not_truncated_integers():
     acc = ExactMetrics(f32, bf16)
     acc.update(0, a, bits)
     assert not acc.verdict()[0]
+
+
+# ----------------------------------------------------------------------------- the histogram's bins
+
+def edge_case(seed: int, n: int = 20_000):
+    """Random pairs with every awkward value: NaN, +-Inf, -0, subnormals, the smallest normal,
+    the largest floats (differences that overflow), exact ties and large relative errors."""
+    rng = np.random.default_rng(seed)
+    a = (rng.standard_normal(n) * 10.0 ** rng.integers(-8, 8, n)).astype(np.float32)
+    b = (a * (1 + 10.0 ** rng.integers(-8, 0, n) * rng.standard_normal(n))).astype(np.float32)
+    tiny = np.finfo(np.float32).tiny
+    specials = np.array([np.nan, np.inf, -np.inf, -0.0, 0.0, 1e-45, -1e-45, 3e-39, tiny, -tiny, 3.4e38, -3.4e38,
+                         1.0, 16.0, 15.999999], dtype=np.float32)
+    for x in (a, b):
+        pos = rng.integers(0, n, 600)
+        x[pos] = rng.choice(specials, 600)
+    b[:50] = a[:50]  # exact ties
+    b[50:100] = -a[50:100]
+    return a, b
+
+
+def old_bins(u32: np.ndarray) -> np.ndarray:
+    """The histogram as the comparator counted it before the kernel counted bins: per key of u's
+    float32 bits, folded into bins through `_LUT`."""
+    return np.bincount(M._LUT[u32.view(np.uint32) >> M._KEY_SHIFT], minlength=M._NBINS)
+
+
+@pytest.mark.parametrize("na,nb", PAIRS[:4] + [("float32", "float64"), ("float16", "float32")])
+@pytest.mark.parametrize("seed", [0, 1])
+def test_histogram_and_percentiles_are_the_key_tables_exactly(na, nb, seed):
+    a, b = edge_case(seed)
+    ra, rb = stored(a, na), stored(b, nb)
+    ref = reference(ra, rb, na, nb, (a.size,))
+    want = old_bins(ref["_u"].astype(np.float32))
+    native_ok = NATIVE and {na, nb} <= {"float32", "bfloat16"}
+    for native in (False, True) if native_ok else (False,):
+        acc = streamed(ra, rb, na, nb, (a.size,), 3001, native)
+        assert (acc._native is not None) == native
+        np.testing.assert_array_equal(acc.hist, want)
+        r = acc.result()  # a difference overflowing float32 (3.4e38 - -3.4e38) must not break a result
+        assert r["ulp_max"] == ref["ulp_max"] and r["mismatches"] == ref["mismatches"]
+        for q in (0.5, 0.99):
+            assert r[f"ulp_p{round(q * 100)}"] == min(M._bin_upper(int(np.searchsorted(np.cumsum(want),
+                                                                                     math.ceil(q * want.sum())))),
+                                                      ref["ulp_max"])
+    if native_ok:  # both paths: the same percentiles to the bit
+        r0 = streamed(ra, rb, na, nb, (a.size,), 3001, False).result()
+        r1 = streamed(ra, rb, na, nb, (a.size,), 3001, True).result()
+        assert (r0.ulp_p50, r0.ulp_p99, r0.ulp_max) == (r1.ulp_p50, r1.ulp_p99, r1.ulp_max)
+
+
+def test_the_bin_formula_is_the_key_table_for_every_key():
+    # every key's lower edge and the last float of its cell, through the numpy mirror and the kernel
+    keys = np.arange(M._NKEYS, dtype=np.uint32)
+    with np.errstate(invalid="ignore"):
+        u = np.concatenate([keys << M._KEY_SHIFT, (keys << M._KEY_SHIFT) | 0xFFFF]).view(np.float32)
+    want = np.concatenate([M._LUT, M._LUT]).astype(np.int64)
+    assert np.array_equal(M._kernel_bins(u), want)
+    if NATIVE:
+        import ctypes
+
+        lib = ctypes.CDLL(float_kernel.__globals__["_build"]().as_posix())
+        out = np.zeros(u.size, dtype=np.uint16)
+        lib.td_ulp_bins.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p]
+        lib.td_ulp_bins(u.ctypes.data, u.size, out.ctypes.data)
+        assert np.array_equal(out.astype(np.int64), want)
+
+
+def test_a_wrong_bin_is_caught():
+    # the fault that proves the check above: one bin off for one key is not the key table
+    bins = M._kernel_bins((np.arange(M._NKEYS, dtype=np.uint32) << M._KEY_SHIFT).view(np.float32)[:20_000])
+    bins[17_000] += 1
+    assert not np.array_equal(bins, M._LUT[:20_000])

@@ -42,3 +42,129 @@ def test_a_checkpoint_shard_layout_takes_any_dtype_a_dump_does_not(tmp_path):
     p.write_bytes(_struct.pack("<Q", len(hb)) + hb + bytes(5))  # one byte short: truncated either way
     with pytest.raises(BadInput, match="truncated"):
         read_safetensors_layout(p)
+
+
+# ----------------------------------------------------------------------------- shared mappings, HDF5 in place
+
+def test_readers_share_one_mapping_per_file_inside_shared_files(tmp_path):
+    import numpy as np
+
+    from tensordiff import storage
+
+    d = write(tmp_path / "d", {"x.a": torch.arange(10.0), "x.b": torch.arange(5.0) * 2})
+    ea, eb = open_dump(d).entry("x.a"), open_dump(d).entry("x.b")
+    with storage.shared_files():
+        ra, rb = ea.stored.reader(), eb.stored.reader()
+        assert ra.mm is rb.mm  # one file, one mapping
+        assert np.array_equal(ra.read(0, 10), np.arange(10.0, dtype=np.float32))
+        assert np.array_equal(rb.read(1, 3), [2.0, 4.0])
+    ra2, rb2 = ea.stored.reader(), eb.stored.reader()
+    assert ra2.mm is not rb2.mm  # outside a block every reader maps for itself
+
+
+def test_a_dump_rewritten_between_two_comparisons_is_read_afresh(tmp_path):
+    # no mapping outlives its comparison: the second one sees the new bytes, not the old file's
+    from tensordiff.compare import compare_dumps
+
+    a = write(tmp_path / "a", {"x": torch.ones(64)})
+    b = write(tmp_path / "b", {"x": torch.ones(64)})
+    assert compare_dumps(a, b).verdict == "match"
+    import shutil
+
+    shutil.rmtree(b)
+    write(tmp_path / "b", {"x": torch.ones(64) * 3})
+    assert compare_dumps(a, b).verdict == "diverged"
+
+
+def test_released_pages_shared_with_a_neighbour_lose_nothing(tmp_path):
+    import numpy as np
+
+    from tensordiff import storage
+
+    xs = {f"t.{i}": torch.arange(i, i + 777, dtype=torch.float32) for i in range(12)}  # 3108-byte tensors
+    d = write(tmp_path / "d", xs)
+    dump = open_dump(d)
+    with storage.shared_files():
+        for i in range(12):
+            r = dump.entry(f"t.{i}").stored.reader()
+            r.read(0, 777)
+            r.release(0, 777)  # also drops the pages it shares with t.{i-1} and t.{i+1}
+        for i in range(12):
+            r = dump.entry(f"t.{i}").stored.reader()
+            assert np.array_equal(r.read(0, 777), np.arange(i, i + 777, dtype=np.float32))
+
+
+@pytest.mark.parametrize("layout", ["contiguous", "chunked", "compressed"])
+def test_hdf5_datasets_read_in_place_when_they_can_and_through_h5py_otherwise(tmp_path, layout):
+    import h5py
+    import numpy as np
+
+    from tensordiff import storage
+    from tensordiff.dtypes import BY_NAME
+
+    x = np.arange(6000, dtype=np.float32).reshape(60, 100) * 0.5
+    p = tmp_path / "t.h5"
+    with h5py.File(p, "w") as f:
+        kw = {"contiguous": {}, "chunked": {"chunks": (7, 100)}, "compressed": {"compression": "gzip"}}[layout]
+        f.create_dataset("x", data=x, **kw)
+    st = storage.read_hdf5_entry(p, "x", "float32")
+    assert st.raw == (layout == "contiguous") and st.dtype is BY_NAME["float32"]
+    r = st.reader()
+    try:
+        assert np.array_equal(r.read(0, 6000), x.reshape(-1))
+        assert np.array_equal(r.read(1234, 1240), x.reshape(-1)[1234:1240])
+    finally:
+        r.close()
+
+
+def test_a_big_endian_hdf5_dataset_is_not_read_in_place(tmp_path):
+    import h5py
+    import numpy as np
+
+    from tensordiff import storage
+
+    p = tmp_path / "t.h5"
+    with h5py.File(p, "w") as f:
+        f.create_dataset("x", data=np.arange(10, dtype=">f4"))
+    st = storage.read_hdf5_entry(p, "x", "float32")
+    assert not st.raw  # its bytes are not the little-endian elements the comparator reads
+
+
+def test_small_releases_are_gathered_but_every_page_goes_and_the_backlog_is_bounded(tmp_path, monkeypatch):
+    import mmap
+
+    from tensordiff import storage
+
+    xs = {f"t.{i}": torch.arange(i, i + 1000, dtype=torch.float32) for i in range(200)}  # 4 kB each
+    dump = open_dump(write(tmp_path / "d", xs))
+    calls = []
+    real = storage._madvise
+    monkeypatch.setattr(storage, "_madvise", lambda mm, b0, b1: (calls.append((b0, b1)), real(mm, b0, b1)))
+    monkeypatch.setattr(storage, "MAX_DEFERRED", 64 << 10)
+    wanted = []
+    with storage.shared_files():
+        scope = storage._SCOPE.get()
+        backlog = 0
+        for i in range(200):
+            st = dump.entry(f"t.{i}").stored
+            r = st.reader()
+            r.read(0, 1000)
+            r.release(0, 1000)
+            wanted.append((st.offset // mmap.PAGESIZE * mmap.PAGESIZE, st.offset + st.nbytes))
+            backlog = max(backlog, scope.deferred)
+    assert 0 < len(calls) < 200 / 4  # far fewer calls than tensors
+    assert backlog < (64 << 10) + 2 * mmap.PAGESIZE  # never more than MAX_DEFERRED waiting
+    for lo, hi in wanted:  # every released range lies inside one released extent
+        assert any(b0 <= lo and hi <= b1 for b0, b1 in calls), (lo, hi)
+
+
+def test_outside_shared_files_a_release_is_immediate(tmp_path, monkeypatch):
+    from tensordiff import storage
+
+    dump = open_dump(write(tmp_path / "d", {"x": torch.ones(5000)}))
+    calls = []
+    monkeypatch.setattr(storage, "_madvise", lambda mm, b0, b1: calls.append((b0, b1)))
+    r = dump.entry("x").stored.reader()
+    r.read(0, 5000)
+    r.release(0, 5000)
+    assert len(calls) == 1
