@@ -7,7 +7,8 @@ Taps at the five boundaries are explicit `rec.record` calls guarded by `rec.enab
 `attention` = SDPA kernel names to prefer on CUDA (see `engine.runtime.attention.KERNELS`), `fuse`
 and `graphs` = the CUDA speed paths (`fused`), `kernel_quant` = the language kernels' round trips.
 The run's `speed_path` (`VisionEngine.speed_path`) goes into the manifest: what was asked, what ran,
-the SDPA kernels taken and every fallback with its reason.
+the SDPA kernels taken and every fallback with its reason. Several images (`req.more_images`):
+each is planned and encoded on its own, image K >= 1 tapped under `image.K.` (`tensordiff.images`).
 """
 from __future__ import annotations
 

@@ -4,7 +4,9 @@
 
 Boundaries (design, "Boundaries"): `patches` [N, 588] bf16 (the official patches are bf16 before
 the tower whatever the tower dtype), `rope.cos` / `rope.sin` [N, rope_dim] (the tables block 0
-actually received), `block0` [N, D], `final_norm` [N, D], `aligner` [T, dim].
+actually received), `block0` [N, D], `final_norm` [N, D], `aligner` [T, dim]. With several
+images (`req.more_images`, one `<image>` each), image K >= 1 records the same under `image.K.`
+(`tensordiff.images`), each planned by its own size, as the official `prepare_vl_inputs` does.
 """
 from __future__ import annotations
 
