@@ -24,6 +24,8 @@ class RunRequest:
     weights: str  # as the user gave it: "synthetic:tiny", "synthetic:full", ... or a checkpoint dir
     weights_dir: Path | None = None  # the resolved checkpoint directory both sides load from
     image: Path | None = None
+    # the prompt's further images, in order, after `image` (`tensordiff.images` names their taps)
+    more_images: tuple[Path, ...] = ()
     device: str = "cpu"
     dtype: str = "float32"
     backend: str = "torch"  # engine kernels: "torch" reference ops or compiled "hip"
@@ -76,6 +78,9 @@ class ModelAdapter:
     weight_prefixes: Callable[[RunRequest], tuple[str, ...] | None] | None = None
     # The run options (`-o NAME=VALUE`): name, type, default, help; parsed once into RunRequest.options.
     options: OptionTable = NO_OPTIONS
+    # Whether both runners take several images per prompt (RunRequest.more_images); otherwise a
+    # second --image is refused before anything runs.
+    multi_image: bool = False
 
     def runner(self, side: str) -> Runner:
         if side not in SIDES:

@@ -166,10 +166,18 @@ def inspect(directory, verify):
         raise BadInput(f"{bad} tensor(s) in {d.path} fail their sha256: the files are corrupt")
 
 
+def _split_images(ctx, _param, value):
+    """A repeated --image: the first stays `image` (what every single-image path reads), the
+    rest go to `more_images`, in order."""
+    ctx.params["more_images"] = tuple(value[1:])
+    return value[0] if value else None
+
+
 def _model_options(f):
     opts = [
-        click.option("--image", type=click.Path(path_type=Path), default=None,
-                     help="Input image (default: the embedded 1024x701 test picture)."),
+        click.option("--image", type=click.Path(path_type=Path), multiple=True, callback=_split_images,
+                     help="Input image (default: the embedded 1024x701 test picture); repeat it for several "
+                          "images, one per `<image>` of --prompt, in order (DeepSeek V4.1 Flash)."),
         click.option("--weights", default="synthetic:tiny", show_default=True,
                      help="synthetic:tiny | synthetic:full | synthetic:<variant> | a checkpoint directory."),
         click.option("--device", default="cpu", show_default=True, help="cpu or cuda[:N]."),
@@ -249,7 +257,8 @@ def check(model, json_path, tolerances, out, oracle_dtype, no_cache, junit_path=
     from .pipeline import CaseSpec, check as run_check, lone_case, write_reports
 
     guard_reports(json_path, junit_path, html_path,
-                  inputs=[kw.get("image"), _weights_path(kw.get("weights")), tolerances, out])
+                  inputs=[kw.get("image"), *kw.get("more_images", ()), _weights_path(kw.get("weights")), tolerances,
+                          out])
     case = run_check(CaseSpec(model, oracle_dtype=oracle_dtype, **kw), out=out, tolerances=tolerances,
                      use_cache=not no_cache, views=html_path is not None)
     report_json = case.report.as_json()
@@ -407,6 +416,8 @@ def calibrate(config, out, models, variants, multiple, dtype, device, no_cache, 
     for m in mcs:
         path = Path(str(out).replace("{model}", m.name))
         guard(path, "--out", "calibration", [config, *gate_inputs(cfg)])
+        if any(isinstance(i, tuple) for i in m.images):
+            raise BadInput(f"{config}: calibrate runs one image per case; {m.name} lists several images in one case")
         cal = run_calibrate(m.name, list(m.images), weights=m.weights, device=device or m.device, dtype=dtype,
                             variants=list(variants) or list(DEFAULT_VARIANTS), multiple=multiple,
                             use_cache=cfg.cache and not no_cache, echo=lambda s: click.echo(s, err=True),

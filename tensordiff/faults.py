@@ -42,6 +42,8 @@ def _language(req) -> bool:
 
 LANGUAGE = Need("--prompt (or --decode), so the run goes on into the language backbone", _language)
 CHUNK = Need("--chunk (a chunked prefill)", lambda req: req.chunk is not None)
+SEVERAL_IMAGES = Need("two or more images in the prompt (a repeated --image)",
+                      lambda req: getattr(req, "images", 1) >= 2)
 FLOAT32 = Need("--dtype float32 (the change is below bf16 resolution)", lambda req: req.dtype == "float32")
 
 

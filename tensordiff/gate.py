@@ -36,7 +36,9 @@ DEFAULT_IMAGE = "tensordiff:default"
 # key -> (type check, description); valid under [gate] (as defaults) and in each [[model]]
 KEYS: dict[str, tuple[Callable[[Any], bool], str]] = {
     "weights": (lambda v: isinstance(v, str) and v != "", "a SPEC string (synthetic:tiny, synthetic:full, a checkpoint directory)"),
-    "images": (lambda v: isinstance(v, list) and v and all(isinstance(x, str) and x for x in v), "a non-empty list of image files or folders"),
+    "images": (lambda v: isinstance(v, list) and v and all((isinstance(x, str) and x) or _image_list(x) for x in v),
+               "a non-empty list of image files or folders, or of lists of image files (several images in one "
+               "prompt, in order)"),
     "prompts": (lambda v: isinstance(v, list) and all(isinstance(x, str) for x in v), "a list of strings"),
     "dtype": (lambda v: v in ("float32", "bfloat16"), "float32 or bfloat16"),
     "oracle_dtype": (lambda v: v in ("float32", "bfloat16"), "float32 or bfloat16"),
@@ -53,6 +55,11 @@ KEYS: dict[str, tuple[Callable[[Any], bool], str]] = {
                "a list of distinct passes: \"semantic\", \"numeric\", \"direct\""),
 }
 GATE_ONLY = {"name": (lambda v: isinstance(v, str), "a string"), "cache": (lambda v: isinstance(v, bool), "true or false")}
+def _image_list(v) -> bool:
+    """One case's several images: a list of at least two image files (no folders)."""
+    return isinstance(v, list) and len(v) >= 2 and all(isinstance(x, str) and x for x in v)
+
+
 DEFAULTS = {"weights": "synthetic:tiny", "images": [DEFAULT_IMAGE], "prompts": [], "dtype": "float32",
             "oracle_dtype": None, "device": "cpu", "backend": "torch", "tolerances": None, "local_error": True,
             "chunk": None, "decode": 0, "passes": None, "layers": None,
@@ -113,12 +120,17 @@ def _resolve(base: Path, p: str) -> Path:
     return q if q.is_absolute() else base / q
 
 
-def expand_images(specs, base: Path, where: str) -> tuple[Path, ...]:
-    """Files as given, folders as their image files in name order; every image is validated."""
+def expand_images(specs, base: Path, where: str) -> tuple:
+    """Files as given, folders as their image files in name order; every image is validated. A
+    list of files is one case of several images, kept as a tuple of paths in its order."""
     from .inputs import check_image, default_image_path
 
-    out: list[Path] = []
+    out: list = []
     for s in specs:
+        if isinstance(s, list):
+            group = tuple(p for x in s for p in _one_file(x, base, where))
+            out.append(group)
+            continue
         if s == DEFAULT_IMAGE:
             out.append(default_image_path())
             continue
@@ -133,11 +145,46 @@ def expand_images(specs, base: Path, where: str) -> tuple[Path, ...]:
         else:
             raise BadInput(f"{where}: image {p} does not exist")
     for p in out:
-        check_image(p)
-    seen: dict[Path, None] = {}
+        for q in p if isinstance(p, tuple) else (p,):
+            check_image(q)
+    seen: dict = {}
     for p in out:
-        seen.setdefault(p.resolve(), None)
+        seen.setdefault(tuple(q.resolve() for q in p) if isinstance(p, tuple) else p.resolve(), None)
     return tuple(seen)
+
+
+def _check_image_cases(imgs, prompts, model: str, where: str) -> None:
+    """A several-image case needs a model that takes them and a prompt with one `<image>` per
+    image: refused when the file is read, not in the middle of the gate."""
+    groups = [g for g in imgs if isinstance(g, tuple)]
+    if not groups:
+        return
+    from . import registry
+
+    if model in registry.names() and not registry.adapter(model).multi_image:
+        raise BadInput(f"{where}: {model} takes one image per prompt; a list of images is a DeepSeek V4.1 Flash case")
+    for g in groups:
+        if not prompts:
+            raise BadInput(f"{where}: a case of {len(g)} images needs prompts with one '<image>' per image")
+        for pr in prompts:
+            if pr.count("<image>") != len(g):
+                raise BadInput(f"{where}: prompt {pr[:40]!r} holds {pr.count('<image>')} '<image>' placeholder(s) "
+                               f"but a case lists {len(g)} images; put cases of another image count in a "
+                               "[[model]] table of their own")
+
+
+def _one_file(s: str, base: Path, where: str) -> tuple[Path]:
+    """An image of a several-image case: a file (or the default picture), never a folder."""
+    from .inputs import default_image_path
+
+    if s == DEFAULT_IMAGE:
+        return (default_image_path(),)
+    p = _resolve(base, s)
+    if p.is_dir():
+        raise BadInput(f"{where}: {p} is a folder; a list of images (one prompt) takes image files")
+    if not p.exists():
+        raise BadInput(f"{where}: image {p} does not exist")
+    return (p,)
 
 
 def from_mapping(data: dict, path: Path | None = None, known_models=None) -> GateConfig:
@@ -173,8 +220,10 @@ def from_mapping(data: dict, path: Path | None = None, known_models=None) -> Gat
 
             load(tol_path)  # validate now: a bad tolerance file must not surface after an hour of runs
         weights = check_weights(merged["weights"], base, w)
+        imgs = expand_images(merged["images"], base, w)
+        _check_image_cases(imgs, merged["prompts"], m["name"], w)
         cases.append(ModelCase(
-            name=m["name"], weights=weights, images=expand_images(merged["images"], base, w),
+            name=m["name"], weights=weights, images=imgs,
             prompts=tuple(merged["prompts"]), dtype=merged["dtype"], oracle_dtype=merged["oracle_dtype"],
             device=merged["device"], backend=merged["backend"], tolerances=tol_path,
             local_error=merged["local_error"], chunk=merged["chunk"], decode=merged["decode"],
@@ -302,17 +351,9 @@ class _Progress:
             self.p.console.print(line, markup=False, highlight=False)
 
 
-def _label(model: str, image: Path, prompt: str | None, dtype: str, base: Path | None, fault: str | None) -> str:
-    from .inputs import default_image_path
-
-    if image == default_image_path().resolve():
-        img = "default image"
-    else:
-        try:
-            img = str(image.relative_to(base.resolve())) if base else image.name
-        except ValueError:
-            img = image.name
-    parts = [model, img, dtype]
+def _label(model: str, image, prompt: str | None, dtype: str, base: Path | None, fault: str | None) -> str:
+    parts = [model, " + ".join(_image_label(p, base) for p in (image if isinstance(image, tuple) else (image,))),
+             dtype]
     if prompt is not None:
         parts.append(f"prompt {prompt[:40]!r}")
     if fault:
@@ -320,12 +361,24 @@ def _label(model: str, image: Path, prompt: str | None, dtype: str, base: Path |
     return " / ".join(parts)
 
 
-def _refusal(adapter, fault: str, m, prompt) -> str | None:
+def _image_label(image: Path, base: Path | None) -> str:
+    from .inputs import default_image_path
+
+    if image == default_image_path().resolve():
+        return "default image"
+    try:
+        return str(image.relative_to(base.resolve())) if base else image.name
+    except ValueError:
+        return image.name
+
+
+def _refusal(adapter, fault: str, m, prompt, img=None) -> str | None:
     """Why case (m, prompt) cannot carry `fault` (None: it can): a gate plants a fault only in
     the cases whose model has it and whose run takes its route."""
     from .options import fault_refusal
 
     return fault_refusal(adapter, fault, prompt=prompt, chunk=m.chunk, decode=m.decode,
+                         images=len(img) if isinstance(img, tuple) else 1,
                          dtype=carrier_dtype(case_passes(m), m.dtype))
 
 
@@ -357,8 +410,8 @@ def run_gate(cfg: GateConfig, *, fault: str | None = None, models: list[str] | N
         if not having:
             known = sorted({f.name for a in adapters.values() for f in a.faults})
             raise BadInput(f"no model in this gate has a fault {fault!r} (known: {', '.join(known) or 'none'})")
-        why = [_refusal(adapters[m.name], fault, m, pr) for m in mcs if m.name in having
-               for pr in (m.prompts or (None,))]
+        why = [_refusal(adapters[m.name], fault, m, pr, img) for m in mcs if m.name in having
+               for img in m.images for pr in (m.prompts or (None,))]
         if all(why):  # no case would run the bug: a silent pass otherwise
             raise BadInput(f"no case of this gate can carry it: {why[0]}")
     out = prepare_out(out)
@@ -379,13 +432,14 @@ def run_gate(cfg: GateConfig, *, fault: str | None = None, models: list[str] | N
             _Progress(len(plan), show, steps=len(STAGES) - (0 if html else 1)) as prog:
         for i, (m, img, prompt) in enumerate(plan):
             adapter = adapters[m.name]
-            f = fault if fault and _refusal(adapter, fault, m, prompt) is None else None
+            f = fault if fault and _refusal(adapter, fault, m, prompt, img) is None else None
             dt = m.dtype if m.oracle_dtype in (None, m.dtype) else f"{m.dtype} (oracle {m.oracle_dtype})"
             label = _label(m.name, img, prompt, dt, base, f)
             prog.case(label)
             work = root / f"case-{i:03d}"
             work.mkdir(parents=True, exist_ok=True)
-            spec = CaseSpec(m.name, image=img, weights=m.weights, device=m.device, dtype=m.dtype,
+            imgs = img if isinstance(img, tuple) else (img,)  # a several-image case: one prompt, in order
+            spec = CaseSpec(m.name, image=imgs[0], more_images=imgs[1:], weights=m.weights, device=m.device, dtype=m.dtype,
                             oracle_dtype=m.oracle_dtype, backend=m.backend, fault=f, prompt=prompt, chunk=m.chunk,
                             decode=m.decode, extra=m.options, passes=case_passes(m), layers=m.layers)
             case = run_case(spec, work, kept=kept, tolerances=tols[m.tolerances], use_cache=use_cache,

@@ -225,7 +225,7 @@ def parse_assignments(items: Iterable[str], flag: str = "--option") -> dict[str,
 
 def validate_request(adapter, *, fault: str | None = None, options: Mapping[str, Any] | None = None,
                      prompt: str | None = None, chunk: int | None = None, decode: int = 0,
-                     dtype: str = "float32") -> tuple[Fault | None, dict[str, Any]]:
+                     dtype: str = "float32", images: int = 1) -> tuple[Fault | None, dict[str, Any]]:
     """The run's fault and options checked against the adapter's tables, before anything runs.
 
     Returns (the Fault or None, the typed options with defaults). Raises BadInput for an unknown
@@ -240,7 +240,7 @@ def validate_request(adapter, *, fault: str | None = None, options: Mapping[str,
     except KeyError:
         known = ", ".join(x.name for x in adapter.faults) or "none"
         raise BadInput(f"unknown fault {fault!r} for {adapter.name} (known: {known})") from None
-    why = refusal(f, _Inputs(prompt, chunk, decode, dtype))
+    why = refusal(f, _Inputs(prompt, chunk, decode, dtype, images))
     if why is not None:
         raise BadInput(why)
     return f, typed
@@ -252,17 +252,18 @@ class _Inputs:  # what a fault's needs are checked against (RunRequest's fields 
     chunk: int | None
     decode: int
     dtype: str
+    images: int = 1  # how many images the prompt holds
 
 
 def fault_refusal(adapter, fault: str, *, prompt: str | None = None, chunk: int | None = None, decode: int = 0,
-                  dtype: str = "float32") -> str | None:
+                  dtype: str = "float32", images: int = 1) -> str | None:
     """Why a run of `adapter` with these inputs cannot exercise `fault` (None: it can). A gate
     plants a fault only in the cases it can reach."""
     try:
         f = find(adapter.faults, fault)
     except KeyError:
         return f"{adapter.name} has no fault {fault!r}"
-    return refusal(f, _Inputs(prompt, chunk, decode, dtype))
+    return refusal(f, _Inputs(prompt, chunk, decode, dtype, images))
 
 
 def oracle_option(adapter, key: str, value: Any, what: str) -> tuple[str, Any]:

@@ -53,6 +53,8 @@ def key(adapter, req) -> str | None:
              "weights": run_weights(adapter, req), "image": img, "dtype": req.dtype,
              "device": req.device, "prompt": req.prompt, "decode": req.decode,
              "options": adapter.options.for_side(req.options, "oracle", undeclared=True)}
+    if req.more_images:  # absent for one image, so single-image keys stay what they were
+        parts["more_images"] = [hashlib.sha256(Path(p).read_bytes()).hexdigest() for p in req.more_images]
     return hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()[:32]
 
 

@@ -101,7 +101,7 @@ def gate_inputs(cfg) -> list:
     """A gate config's input files: every model's images, checkpoint directory and tolerance file."""
     out = []
     for m in cfg.models:
-        out += list(m.images)
+        out += [p for i in m.images for p in (i if isinstance(i, tuple) else (i,))]  # several-image cases flattened
         if m.weights and not str(m.weights).startswith("synthetic:"):
             out.append(m.weights)
         out.append(m.tolerances)

@@ -58,6 +58,7 @@ class CaseSpec:
     extra: tuple[str, ...] = ()  # KEY=VALUE model options
     passes: tuple[str, ...] | None = None  # PASSES to run; None: ("direct",)
     layers: str | None = None  # DeepSeek language backbone: run only these layers ("0-2")
+    more_images: tuple[Path, ...] = ()  # the prompt's further images after `image`, in order
 
     def request(self, adapter: ModelAdapter | None = None) -> tuple[ModelAdapter, RunRequest]:
         from .runs import make_request
@@ -65,7 +66,7 @@ class CaseSpec:
         return make_request(self.model, image=self.image, weights=self.weights, device=self.device, dtype=self.dtype,
                             backend=self.backend, fault=self.fault, prompt=self.prompt, chunk=self.chunk,
                             decode=self.decode, processor=self.processor, extra=self.extra, adapter=adapter,
-                            fault_dtype=self.carrier_dtype, layers=self.layers)
+                            fault_dtype=self.carrier_dtype, layers=self.layers, more_images=self.more_images)
 
     @property
     def carrier_dtype(self) -> str:

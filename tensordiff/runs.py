@@ -17,10 +17,11 @@ from .warmup import warm
 def make_request(model: str, *, image=None, weights="synthetic:tiny", device="cpu", dtype="float32",
                  backend="torch", fault=None, prompt=None, chunk=None, decode=0, processor=None, extra=(),
                  adapter: ModelAdapter | None = None, fault_dtype: str | None = None, layers: str | None = None,
-                 **options) -> tuple[ModelAdapter, RunRequest]:
+                 more_images=(), **options) -> tuple[ModelAdapter, RunRequest]:
     """The validated request of one run; `adapter` when the caller already looked it up;
     `fault_dtype` the precision a fault's needs are checked in (a case's float32 semantic pass);
-    `layers` a DeepSeek language layer subset ("0-2"), handed to both runners as `options["layers"]`."""
+    `layers` a DeepSeek language layer subset ("0-2"), handed to both runners as `options["layers"]`;
+    `more_images` the prompt's further images after `image`, in order (a repeated --image)."""
     from .options import parse_assignments, validate_request
 
     warm()  # before any torch op of this process (synthetic weights included): see warmup.py
@@ -29,7 +30,7 @@ def make_request(model: str, *, image=None, weights="synthetic:tiny", device="cp
     if processor is not None:
         raw["processor"] = processor
     _, options = validate_request(adapter, fault=fault, options=raw, prompt=prompt, chunk=chunk, decode=decode,
-                                  dtype=fault_dtype or dtype)
+                                  dtype=fault_dtype or dtype, images=1 + len(tuple(more_images)))
     if layers is not None:
         if adapter.name != "deepseek-v4.1-flash":
             raise BadInput(f"--layers selects DeepSeek V4.1 Flash language layers; {model} has no such option")
@@ -43,10 +44,18 @@ def make_request(model: str, *, image=None, weights="synthetic:tiny", device="cp
             raise BadInput("--device cuda was asked for, but torch sees no CUDA/ROCm GPU on this machine")
     img = Path(image) if image is not None else default_image_path()
     check_image(img)
+    more = tuple(Path(p) for p in more_images)
+    if more and not adapter.multi_image:
+        raise BadInput(f"{model} takes one --image per prompt here (got {1 + len(more)})")
+    for p in more:
+        check_image(p)
+    if more and prompt is not None and prompt.count("<image>") != 1 + len(more):
+        raise BadInput(f"the prompt holds {prompt.count('<image>')} '<image>' placeholder(s) but {1 + len(more)} "
+                       "images were given: one placeholder per --image, in order")
     if adapter.weights is None:
         raise BadInput(f"model {model} does not say how to load weights")
     wdir = adapter.weights(weights)
-    return adapter, RunRequest(weights=weights, weights_dir=wdir, image=img, device=device, dtype=dtype,
+    return adapter, RunRequest(weights=weights, weights_dir=wdir, image=img, more_images=more, device=device, dtype=dtype,
                                backend=backend, fault=fault, prompt=prompt, chunk=chunk, decode=decode,
                                options=options)
 
@@ -63,7 +72,10 @@ def run_side(adapter: ModelAdapter, side: str, req: RunRequest, out: Path, *, fm
     warm()
     producer = {"name": f"tensordiff-{side}", "version": tensordiff.__version__, "side": side}
     image = describe_image(req.image)
-    run = {"inputs": {"image": image} if image else {}, "dtype": req.dtype, "device": req.device,
+    inputs = {"image": image} if image else {}
+    if req.more_images:  # the prompt's further images, in order (absent for one image)
+        inputs["more_images"] = [describe_image(p) for p in req.more_images]
+    run = {"inputs": inputs, "dtype": req.dtype, "device": req.device,
            "weights": run_weights(adapter, req), "weights_spec": req.weights, "versions": versions(),
            "backend": req.backend if side == "engine" else None, "fault": req.fault if side == "engine" else None,
            "options": adapter.options.for_side(req.options, side)}

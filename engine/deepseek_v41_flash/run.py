@@ -7,7 +7,8 @@ Taps at the five boundaries are explicit `rec.record` calls guarded by `rec.enab
 `attention` = SDPA kernel names to prefer on CUDA (see `engine.runtime.attention.KERNELS`), `fuse`
 and `graphs` = the CUDA speed paths (`fused`), `kernel_quant` = the language kernels' round trips.
 The run's `speed_path` (`VisionEngine.speed_path`) goes into the manifest: what was asked, what ran,
-the SDPA kernels taken and every fallback with its reason.
+the SDPA kernels taken and every fallback with its reason. Several images (`req.more_images`):
+each is planned and encoded on its own, image K >= 1 tapped under `image.K.` (`tensordiff.images`).
 """
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ from pathlib import Path
 
 import torch
 
+from tensordiff.images import ImageRecorder
 from tensordiff.models.deepseek_options import OPTIONS
 
 from .. import backend as backends
@@ -168,16 +170,23 @@ def run(req, rec) -> None:
     t0 = time.perf_counter()
     eng = engine_for(req)
     t1 = time.perf_counter()
-    plan, patches = eng.preprocess(req.image)
+    # each image of the prompt planned by its own size; image k's taps go under `image.k.`
+    # (`tensordiff.images`; the first keeps the single-image names)
+    prepared = [eng.preprocess(p) for p in (req.image, *req.more_images)]
     # model facts only: the core writes the provenance (weights, versions, the image) itself
-    rec.update_run(inputs={"grid": list(plan.grid), "cells": list(plan.cells), "span": plan.span},
-                   backend=eng.backend.name)
-    if req.taps and getattr(rec, "enabled", True):
-        for name, t in plan.record().items():
-            rec.record(name, t, boundary="plan")
+    per_image = [{"grid": list(pl.grid), "cells": list(pl.cells), "span": pl.span} for pl, _ in prepared]
+    rec.update_run(inputs=per_image[0], backend=eng.backend.name)
+    if len(per_image) > 1:
+        rec.update_run(inputs={"images": per_image})
     t2 = time.perf_counter()
-    with torch.inference_mode():
-        aligned = eng.encode(patches, plan, rec if req.taps else None)
+    aligned = []
+    for k, (plan, patches) in enumerate(prepared):
+        irec = ImageRecorder(rec, k) if req.taps else None
+        if irec is not None and irec.enabled:
+            for name, t in plan.record().items():
+                irec.record(name, t, boundary="plan")
+        with torch.inference_mode():
+            aligned.append(eng.encode(patches, plan, irec))
     if eng.device.type == "cuda":
         torch.cuda.synchronize(eng.device)
     # the gate's time breakdown (`tensordiff gate` reads run.timings); forward includes the taps' copies
@@ -186,11 +195,13 @@ def run(req, rec) -> None:
     if req.prompt is not None or req.decode > 0:
         from .language.run import SPEED, run_language
 
-        # the tower ran once, above; prefill asks for its rows when it first reaches the span
-        facts = run_language(dataclasses.replace(req, fault=F.language(req.fault)), rec, lambda: aligned,
-                             tuple(plan.cells))
+        # the tower ran once per image, above; prefill asks for an image's rows when it first
+        # reaches its span
+        facts = run_language(dataclasses.replace(req, fault=F.language(req.fault)), rec,
+                             [lambda a=a: a for a in aligned], [tuple(pl.cells) for pl, _ in prepared])
         rec.update_run(outputs={"generated": facts["generated"], "stop": facts["stop"]},
                        language={"prompt_tokens": facts["prompt_tokens"], "span_start": facts["span_start"],
-                                 "vision_calls": facts["vision_calls"]},
+                                 "vision_calls": facts["vision_calls"],
+                                 **({"span_starts": facts["span_starts"]} if len(prepared) > 1 else {})},
                        speed_path={**eng.speed_path(), "language": dict(SPEED)})
 

@@ -14,37 +14,45 @@ import dataclasses
 
 import torch
 
+from tensordiff import images
+
 from . import faults as F
 from .run import engine_for
 
 
 def make_stages(req, run: dict) -> dict:
     eng = engine_for(req)
-    grid = tuple(int(v) for v in run["inputs"]["grid"])
+    stages = {}
+    # one set of vision stages per image, under its names (`tensordiff.images`), on its own grid
+    for k, facts in enumerate((run["inputs"].get("images") or [run["inputs"]])):
+        stages.update(_vision_stages(eng, tuple(int(v) for v in facts["grid"]), images.prefix(k)))
+    if req.prompt is not None or req.decode > 0:  # the run went on into the language backbone
+        from .language.stages import make_language_stages
+
+        stages.update(make_language_stages(dataclasses.replace(req, fault=F.language(req.fault)), run))
+    return stages
+
+
+def _vision_stages(eng, grid: tuple[int, int], pre: str) -> dict:
     tower = eng.tower
 
     def act(t: torch.Tensor) -> torch.Tensor:  # the residual stream's dtype, on the device
         return t.to(device=eng.device, dtype=eng.dtype)
 
     def rope(i) -> tuple[torch.Tensor, torch.Tensor]:  # the tables stay fp32, as the engine keeps them
-        return i["rope.cos"].to(eng.device, torch.float32), i["rope.sin"].to(eng.device, torch.float32)
+        return i[pre + "rope.cos"].to(eng.device, torch.float32), i[pre + "rope.sin"].to(eng.device, torch.float32)
 
     @torch.inference_mode()
     def block0(i):
-        x = tower.embed(i["patches"].to(eng.device))
-        return {"block0": tower.block(x, tower.w.blocks[0], *rope(i))}
+        x = tower.embed(i[pre + "patches"].to(eng.device))
+        return {pre + "block0": tower.block(x, tower.w.blocks[0], *rope(i))}
 
     @torch.inference_mode()
     def final_norm(i):
-        return {"final_norm": tower.norm(tower.later_blocks(act(i["block0"]), *rope(i), tower.block))}
+        return {pre + "final_norm": tower.norm(tower.later_blocks(act(i[pre + "block0"]), *rope(i), tower.block))}
 
     @torch.inference_mode()
     def aligner(i):
-        return {"aligner": eng.align(act(i["final_norm"]), grid)}
+        return {pre + "aligner": eng.align(act(i[pre + "final_norm"]), grid)}
 
-    stages = {"block0": block0, "final_norm": final_norm, "aligner": aligner}
-    if req.prompt is not None or req.decode > 0:  # the run went on into the language backbone
-        from .language.stages import make_language_stages
-
-        stages.update(make_language_stages(dataclasses.replace(req, fault=F.language(req.fault)), run))
-    return stages
+    return {pre + "block0": block0, pre + "final_norm": final_norm, pre + "aligner": aligner}

@@ -35,7 +35,7 @@ from tensordiff.models.deepseek_options import OPTIONS
 
 from .checkpoint import default_dtype, load_into
 from .engram import Engram, EngramLayout, NgramHasher
-from .image_processor import IMAGE, IMAGE_END, IMAGE_NEW_LINE, IMAGE_START, TEXT
+from .image_processor import IMAGE, IMAGE_END, IMAGE_NEW_LINE, IMAGE_START, TEXT, num_image_tokens
 from .quant import QuantLinear, fp4_round_trip, fp8_round_trip, set_kernel
 from .tokens import DEFAULT_PROMPT, build_prompt, compressed_token_map
 
@@ -756,30 +756,34 @@ def language_numerics(req) -> Numerics:
     return Numerics(mode, dtype, mode == "official" if kq is None else kq)
 
 
-def run_language(args, checkpoint: Path, dtype: torch.dtype, prompt: str | None, image_rows: torch.Tensor | None,
-                 cells: tuple[int, int] | None, decode: int, rec, kernel_quant: bool = False,
+def run_language(args, checkpoint: Path, dtype: torch.dtype, prompt: str | None, image_rows,
+                 cells, decode: int, rec, kernel_quant: bool = False,
                  index_keys: str = "official", layers: str | None = None) -> dict:
-    """The language half of an oracle run: tokenise, overlay the image span with `image_rows`
-    (the aligner output, [n_llm_h * n_llm_w, dim], or None for a text-only prompt), prefill once,
-    decode `decode` steps by recomputation. Runs on the CPU (the yardstick, not the fast path). Returns the run facts to merge into `inputs`."""
+    """The language half of an oracle run: tokenise, overlay each image span with its aligner
+    rows, prefill once, decode `decode` steps by recomputation. `image_rows` is one image's
+    aligner output [n_llm_h * n_llm_w, dim] with its `cells` (n_llm_h, n_llm_w), or a list of
+    them with a list of cells, one per `<image>` in prompt order; None for a text-only prompt.
+    Runs on the CPU (the yardstick, not the fast path). Returns the run facts to merge into `inputs`."""
     from .subset import layer_ids
 
     running = layer_ids(layers, args)
     model = build(args, Path(checkpoint), dtype, kernel_quant, running)
-    ids, types, start = build_prompt(prompt if prompt is not None else DEFAULT_PROMPT, args,
-                                     cells if image_rows is not None else None)
+    rows = [] if image_rows is None else list(image_rows) if isinstance(image_rows, (list, tuple)) else [image_rows]
+    grids = [] if image_rows is None else list(cells) if isinstance(image_rows, (list, tuple)) else [cells]
+    ids, types, starts = build_prompt(prompt if prompt is not None else DEFAULT_PROMPT, args, grids or None)
     if ids.numel() + decode > args.max_seq_len:
         raise BadInput(f"prompt of {ids.numel()} tokens + {decode} decode steps exceeds max_seq_len {args.max_seq_len}")
     images = []
-    if image_rows is not None:
-        span_types = types[start:start + int((types[start:] >= 0).sum())]
+    for start, r, grid in zip(starts, rows, grids):
+        n = num_image_tokens(*grid)
         # the language oracle runs on the CPU whatever device the tower used
-        images.append(ImageSpan(start, span_types, image_rows.detach().to("cpu")))
+        images.append(ImageSpan(start, types[start:start + n], r.detach().to("cpu")))
+    start = starts[0] if starts else None
     out = generate(model, ids, types, images, decode, rec, index_keys)
     # the rules where the official code leaves a choice or has a quirk, stated in every dump
     rec.update_run(semantics={"index_ties": INDEX_TIES, "index_keys": index_keys},
                    layers=list(running) if len(running) < args.n_layers else None)
-    return {"prompt_tokens": int(ids.numel()), "span_start": start, **out}
+    return {"prompt_tokens": int(ids.numel()), "span_start": start, "span_starts": starts, **out}
 
 
 def run(req, rec) -> None:

@@ -4,7 +4,9 @@
 
 Boundaries (design, "Boundaries"): `patches` [N, 588] bf16 (the official patches are bf16 before
 the tower whatever the tower dtype), `rope.cos` / `rope.sin` [N, rope_dim] (the tables block 0
-actually received), `block0` [N, D], `final_norm` [N, D], `aligner` [T, dim].
+actually received), `block0` [N, D], `final_norm` [N, D], `aligner` [T, dim]. With several
+images (`req.more_images`, one `<image>` each), image K >= 1 records the same under `image.K.`
+(`tensordiff.images`), each planned by its own size, as the official `prepare_vl_inputs` does.
 """
 from __future__ import annotations
 
@@ -16,6 +18,7 @@ import torch
 from torch import nn
 
 from tensordiff.errors import BadInput
+from tensordiff.images import ImageRecorder
 from tensordiff.models.deepseek_options import OPTIONS
 
 from .checkpoint import default_dtype, load_into
@@ -89,20 +92,29 @@ def run(req, rec) -> None:
     model = build(args, checkpoint, dtype, device)
     t1 = time.perf_counter()
 
-    patches, n_vit_h, n_vit_w, n_llm_h, n_llm_w = load_image(req.image, args)
+    # every image of the prompt, in order, each planned by its own size as `prepare_vl_inputs`
+    # does; image k's taps are named by `tensordiff.images` (the first keeps the plain names)
+    paths = (req.image, *req.more_images)
+    loaded = [load_image(p, args) for p in paths]
     # model facts only: the core writes the provenance (weights, versions, the image) itself
-    rec.update_run(inputs={"grid": [n_vit_h, n_vit_w], "cells": [n_llm_h, n_llm_w],
-                           "span": num_image_tokens(n_llm_h, n_llm_w)})
-    if getattr(rec, "enabled", True):
-        for name, t in plan_record(req.image, args).items():
-            rec.record(name, t, boundary="plan")
-    handles = tap(model, rec) if getattr(rec, "enabled", True) else []
+    per_image = [{"grid": [g[1], g[2]], "cells": [g[3], g[4]], "span": num_image_tokens(g[3], g[4])} for g in loaded]
+    rec.update_run(inputs=per_image[0])
+    if len(per_image) > 1:
+        rec.update_run(inputs={"images": per_image})
     t2 = time.perf_counter()
-    try:
-        aligned = model.encode_image(patches.to(device=device, dtype=dtype), n_vit_h, n_vit_w)
-    finally:
-        for h in handles:
-            h.remove()
+    aligned, cells = [], []
+    for k, (path, (patches, n_vit_h, n_vit_w, n_llm_h, n_llm_w)) in enumerate(zip(paths, loaded)):
+        irec = ImageRecorder(rec, k)
+        if irec.enabled:
+            for name, t in plan_record(path, args).items():
+                irec.record(name, t, boundary="plan")
+        handles = tap(model, irec) if irec.enabled else []
+        try:
+            aligned.append(model.encode_image(patches.to(device=device, dtype=dtype), n_vit_h, n_vit_w).detach())
+        finally:
+            for h in handles:
+                h.remove()
+        cells.append((n_llm_h, n_llm_w))
     if device.type == "cuda":
         torch.cuda.synchronize(device)
     # the gate's time breakdown (`tensordiff gate` reads run.timings); forward includes the taps' copies
@@ -112,11 +124,11 @@ def run(req, rec) -> None:
 
         num = language_numerics(req)
         opts = OPTIONS.resolve(req.options)
-        facts = run_language(args, checkpoint, num.dtype, req.prompt, aligned.detach(), (n_llm_h, n_llm_w),
-                             req.decode, rec, kernel_quant=num.kernel_quant, index_keys=opts["index_keys"],
-                             layers=opts.get("layers"))
+        facts = run_language(args, checkpoint, num.dtype, req.prompt, aligned, cells, req.decode, rec,
+                             kernel_quant=num.kernel_quant, index_keys=opts["index_keys"], layers=opts.get("layers"))
         rec.update_run(outputs={"generated": facts["generated"], "stop": facts["stop"]},
-                       language={"prompt_tokens": facts["prompt_tokens"], "span_start": facts["span_start"]},
+                       language={"prompt_tokens": facts["prompt_tokens"], "span_start": facts["span_start"],
+                                 **({"span_starts": facts["span_starts"]} if len(paths) > 1 else {})},
                        language_numerics=num.facts(), boundary_dtypes=num.boundary_dtypes())
 
 

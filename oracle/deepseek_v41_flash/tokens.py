@@ -47,28 +47,28 @@ def encode_text(text: str) -> list[int]:
     return [b + BYTE_OFFSET for b in text.encode("utf-8")]
 
 
-def build_prompt(prompt: str, args, cells: tuple[int, int] | None) -> tuple[torch.Tensor, torch.Tensor, int | None]:
-    """(input_ids [S], token_types [S], span start or None). `cells` = (n_llm_h, n_llm_w) of the
-    image, or None for a text-only prompt. The image span replaces the one `<image>`; as the
-    official `prepare_vl_inputs`, the placeholders must match the images one for one."""
+def build_prompt(prompt: str, args, cells) -> tuple[torch.Tensor, torch.Tensor, list[int]]:
+    """(input_ids [S], token_types [S], every span's start). `cells` is one (n_llm_h, n_llm_w) per
+    image in prompt order (a lone pair stands for one image; None: a text-only prompt). As the
+    official `prepare_vl_inputs`, the prompt's placeholders must match the images one for one,
+    and placeholder k becomes image k's span, sized by that image's own grid; the text between
+    them stays as it is (no separator is added)."""
     if args.vocab_size < 256 + BYTE_OFFSET or args.image_token_id < 256 + BYTE_OFFSET:
         raise BadInput("this checkpoint's vocabulary cannot hold the byte tokenizer of synthetic checkpoints")
+    grids = [] if cells is None else [tuple(cells)] if isinstance(cells[0], int) else [tuple(c) for c in cells]
     parts = prompt.split(PLACEHOLDER)
-    if len(parts) > 2:
-        raise BadInput(f"the prompt holds {len(parts) - 1} '{PLACEHOLDER}' placeholders; one image is supported")
-    if len(parts) == 2 and cells is None:
-        raise BadInput(f"the prompt holds '{PLACEHOLDER}' but no image was given")
-    if len(parts) == 1 and cells is not None:
-        raise BadInput(f"an image was given but the prompt holds no '{PLACEHOLDER}' placeholder for it")
+    if len(parts) - 1 != len(grids):
+        raise BadInput(f"the prompt holds {len(parts) - 1} '{PLACEHOLDER}' placeholder(s) but {len(grids)} "
+                       f"image(s) were given: one placeholder per image, in order")
     ids = [BOS] + encode_text(parts[0])
     types = [TEXT] * len(ids)
-    start = None
-    if cells is not None:
-        span = image_token_types(*cells).tolist()
-        start = len(ids)
+    starts = []
+    for grid, text in zip(grids, parts[1:]):
+        span = image_token_types(*grid).tolist()
+        starts.append(len(ids))
         ids += [args.image_token_id] * len(span)
         types += span
-        tail = encode_text(parts[1])
+        tail = encode_text(text)
         ids += tail
         types += [TEXT] * len(tail)
-    return torch.tensor(ids, dtype=torch.int64), torch.tensor(types, dtype=torch.int64), start
+    return torch.tensor(ids, dtype=torch.int64), torch.tensor(types, dtype=torch.int64), starts

@@ -7,7 +7,7 @@ a run that would never reach the bug, see `tensordiff.faults`). No torch here.
 """
 from __future__ import annotations
 
-from ..faults import CHUNK, FLOAT32, LANGUAGE, Fault, Need
+from ..faults import CHUNK, FLOAT32, LANGUAGE, SEVERAL_IMAGES, Fault, Need
 
 # the vision path (always runs)
 CONTAIN_CEIL = "contain-ceil"
@@ -25,6 +25,7 @@ ROUTER_TEXT_BIAS_FOR_IMAGES = "router-text-bias-for-images"
 ROUTER_BIASED_WEIGHTS = "router-biased-weights"
 ENGRAM_NGRAM_ACROSS_IMAGE = "engram-ngram-across-image"
 OVERLAY_CHUNK_SHIFT = "overlay-chunk-shift"
+IMAGE_SPAN_UNEXPANDED = "image-span-unexpanded"
 # reading a quantised checkpoint (synthetic:tiny-fp8 or a real one)
 FP8_SCALE_IGNORED = "fp8-scale-ignored"
 FP8_SCALE_TRANSPOSED = "fp8-scale-transposed"
@@ -69,6 +70,10 @@ LANGUAGE_FAULTS = (
           "chunked prefill overlays the image span at its absolute offset inside every chunk",
           needs=(LANGUAGE, CHUNK,
                  Need("a chunk smaller than the span's start + length, so a chunk boundary cuts or precedes it"))),
+    Fault(IMAGE_SPAN_UNEXPANDED, "embeddings",
+          "a later image's span overlaid where its tag sits in the unexpanded prompt (the earlier spans' "
+          "lengths not added)",
+          needs=(LANGUAGE, SEVERAL_IMAGES)),
     # checkpoint reading: layer 0's attention projections are the first FP8 GEMMs; the first FP8
     # matrix of more than one block row and column in the tiny configs is the Engram `wkv`;
     # layer 0's routed experts the first FP4 ones

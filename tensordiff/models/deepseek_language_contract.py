@@ -45,9 +45,9 @@ def boundary_of(name: str) -> str:
     return name.split(".", 1)[0]  # the vision side's rule (rope.cos -> rope)
 
 
-def language_boundaries(present: Sequence[str], upstream: str | None = "aligner") -> tuple[Boundary, ...]:
-    """The language part of the DAG for the boundaries present; `upstream` feeds `embeddings`
-    (the aligner when a vision path ran)."""
+def language_boundaries(present: Sequence[str], upstream: str | Sequence[str] | None = "aligner") -> tuple[Boundary, ...]:
+    """The language part of the DAG for the boundaries present; `upstream` (one name or several)
+    feeds `embeddings`: the aligner of every image when a vision path ran."""
     layers: set[int] = set()
     steps: set[int] = set()
     names = set(present)
@@ -60,7 +60,8 @@ def language_boundaries(present: Sequence[str], upstream: str | None = "aligner"
             steps.add(int(s.group(1)))
     out: list[Boundary] = []
     if "embeddings" in names or layers:
-        ups = (upstream,) if upstream and upstream in names else ()
+        # every image's aligner feeds the embeddings (`tensordiff.images`: image.K.aligner, K >= 1)
+        ups = tuple(u for u in ((upstream,) if isinstance(upstream, str) else upstream or ()) if u in names)
         out.append(Boundary("embeddings", ups, "token embeddings after the image-span overlay [S, dim]: START/END/"
                             "NEWLINE learned rows, IMAGE rows = aligner rows in reading order", layout="tokens"))
     prev = "embeddings"

@@ -19,6 +19,7 @@ import math
 
 from ..adapter import ModelAdapter, lazy
 from ..contract import Boundary, Contract
+from .. import images
 from ..geometry import Rule
 from . import deepseek_faults as faults
 from . import deepseek_language_contract as language
@@ -82,8 +83,31 @@ def _weights(spec: str):
 
 # With a prompt (`--prompt/--chunk/--decode`), the language backbone's per-layer boundaries follow
 # the aligner: embeddings, engram.L, router.L.ids/weights, hidden.L, logits, logits.step.K.
-CONTRACT = Contract(NAME, CONTRACT.boundaries, rules=language.RULES,
-                    resolver=language.make_resolver(CONTRACT.boundaries), boundary_of=language.boundary_of,
+# Several images per prompt (`tensordiff.images`): image K >= 1 has its own copy of the vision
+# boundaries under `image.K.` (same DAG, layout plain: run.inputs.grid / cells are the first
+# image's), and every image's aligner feeds `embeddings`.
+VISION = CONTRACT.boundaries
+
+
+def _image_boundaries(k: int) -> tuple[Boundary, ...]:
+    pre = images.prefix(k)
+    return tuple(Boundary(pre + b.name, tuple(pre + i for i in b.inputs), f"image {k}: {b.meaning}",
+                          probes=b.probes) for b in VISION)
+
+
+def _resolve(present) -> tuple[Boundary, ...]:
+    ks = sorted({k for k, rest in map(images.split, present) if k})
+    extra = tuple(b for k in ks for b in _image_boundaries(k))
+    aligners = ("aligner",) + tuple(images.prefix(k) + "aligner" for k in ks)
+    return VISION + extra + language.language_boundaries(present, aligners)
+
+
+def _boundary_of(name: str) -> str:
+    k, rest = images.split(name)
+    return images.prefix(k) + language.boundary_of(rest)
+
+
+CONTRACT = Contract(NAME, CONTRACT.boundaries, rules=language.RULES, resolver=_resolve, boundary_of=_boundary_of,
                     tolerances=language.TOLERANCES)
 
 ADAPTER = ModelAdapter(
@@ -99,5 +123,6 @@ ADAPTER = ModelAdapter(
              "tensordiff.models.deepseek_language_contract"),
     stages=lazy("engine.deepseek_v41_flash.stages:make_stages"),
     geometry=GEOMETRY,
+    multi_image=True,
     description="DeepSeek V4.1 Flash: preprocessing, 32-layer ViT with 2D RoPE, 3x3 aligner; with a prompt, the language backbone",
 )

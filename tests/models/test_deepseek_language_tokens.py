@@ -19,12 +19,13 @@ CFG = language_config(64)
     ("text only", None),
 ])
 def test_both_sides_tokenise_alike(prompt, cells):
-    ids_o, types_o, start = O.build_prompt(prompt, ModelArgs(**CFG), cells)
+    ids_o, types_o, starts = O.build_prompt(prompt, ModelArgs(**CFG), cells)
     ids_e, types_e = E.tokenize(prompt, Config(**{k: tuple(v) if isinstance(v, list) else v for k, v in CFG.items()}),
                                 cells)
     assert torch.equal(ids_o, ids_e) and torch.equal(types_o, types_e)
     if cells is not None:
-        assert int(types_o[start]) == 0 and int((types_o >= 0).sum()) == cells[0] * (cells[1] + 1) + 2
+        assert len(starts) == 1 and int(types_o[starts[0]]) == 0
+        assert int((types_o >= 0).sum()) == cells[0] * (cells[1] + 1) + 2
 
 
 def test_compressed_maps_agree():
@@ -48,3 +49,35 @@ def test_both_sides_refuse_an_image_without_its_placeholder():
     with pytest.raises(BadInput, match="<image>"):
         E.tokenize("no placeholder here", Config(**{k: tuple(v) if isinstance(v, list) else v for k, v in CFG.items()}),
                    (1, 4))
+
+
+ECFG = Config(**{k: tuple(v) if isinstance(v, list) else v for k, v in CFG.items()})
+
+
+@pytest.mark.parametrize("prompt,cells", [
+    ("First <image> then <image>.", [(2, 3), (1, 1)]),
+    ("<image><image><image>", [(1, 4), (3, 1), (2, 2)]),
+])
+def test_both_sides_tokenise_several_images_alike(prompt, cells):
+    """prepare_vl_inputs: tag k becomes image k's own span, sized by its own grid, the text
+    between them kept as it is (no separator)."""
+    ids_o, types_o, starts = O.build_prompt(prompt, ModelArgs(**CFG), cells)
+    ids_e, types_e = E.tokenize(prompt, ECFG, cells)
+    assert torch.equal(ids_o, ids_e) and torch.equal(types_o, types_e)
+    assert starts == (types_o == 0).nonzero().flatten().tolist()
+    text = prompt.split("<image>")
+    pos = 1 + len(text[0].encode())
+    for k, (h, w) in enumerate(cells):  # each span where its tag was, after the earlier spans
+        n = h * (w + 1) + 2
+        assert starts[k] == pos and torch.equal(types_o[pos:pos + n], O.image_token_types(h, w))
+        pos += n + len(text[k + 1].encode())
+    assert pos == ids_o.numel()
+
+
+@pytest.mark.parametrize("prompt,cells", [("<image> and <image>", [(1, 1)]), ("<image>", [(1, 1), (2, 2)]),
+                                          ("<image> <image>", [(1, 1), (1, 1), (1, 1)])])
+def test_both_sides_refuse_tags_that_do_not_pair_with_images(prompt, cells):
+    with pytest.raises(BadInput, match="<image>"):
+        O.build_prompt(prompt, ModelArgs(**CFG), cells)
+    with pytest.raises(BadInput, match="<image>"):
+        E.tokenize(prompt, ECFG, cells)

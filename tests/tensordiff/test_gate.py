@@ -99,6 +99,21 @@ def test_bad_model_table_is_one_clear_error(tmp_path, body, needle):
     assert "\n" not in str(e.value)
 
 
+@pytest.mark.parametrize("body, needle", [
+    ('images = [["tensordiff:default", "tensordiff:default"]]\nprompts = ["<image> <image>"]\n',
+     "takes one image per prompt"),  # the toy's runners take one image
+    ('images = [["a.png", "imgs"]]\n', "is a folder"),
+    ('images = [["a.png", "missing.png"]]\n', "does not exist"),
+    ('images = [["a.png"]]\n', "lists of image files"),  # one image is a file, not a list
+])
+def test_a_case_of_several_images_is_checked_when_the_file_is_read(tmp_path, body, needle):
+    _png(tmp_path / "a.png")
+    (tmp_path / "imgs").mkdir()
+    with pytest.raises(BadInput, match=needle) as e:
+        load_gate(toy.write_gate(tmp_path, body))
+    assert "\n" not in str(e.value)
+
+
 @pytest.mark.parametrize("text, needle", [
     ("[gate]\nname = 'x'\n", "needs at least one [[model]]"),
     ("[[model]]\nweights = 'synthetic:tiny'\n", "needs name ="),

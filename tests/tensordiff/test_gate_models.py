@@ -62,6 +62,7 @@ def small_picture(tmp_path_factory) -> Path:
 
 @pytest.mark.parametrize("fault", _faults("deepseek-v4.1-flash"))
 def test_every_deepseek_fault_fails_the_gate_at_its_boundary(fault, small_picture):
+    from tensordiff.faults import SEVERAL_IMAGES
     from tensordiff.gate import from_mapping
 
     _gate("deepseek-v4.1-flash")
@@ -72,6 +73,8 @@ def test_every_deepseek_fault_fails_the_gate_at_its_boundary(fault, small_pictur
         model.update(prompts=["A picture: <image> What does it show?"], chunk=16)
     if any("synthetic:tiny-fp8" in n.text for n in registry.adapter("deepseek-v4.1-flash").fault(fault).needs):
         model["weights"] = "synthetic:tiny-fp8"  # the checkpoint-reading faults need scales to misread
+    if SEVERAL_IMAGES in registry.adapter("deepseek-v4.1-flash").fault(fault).needs:  # a later span to misplace
+        model.update(images=[[str(small_picture), "tensordiff:default"]], prompts=["A <image> and <image>."])
     res = run_gate(from_mapping({"model": [model]}), fault=fault, progress=False, echo=lambda s: None)
     assert res.exit_code == 1
     for c in res.cases:

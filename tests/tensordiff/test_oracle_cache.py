@@ -90,6 +90,21 @@ def test_editing_a_declared_source_changes_the_key(tmp_path):
     assert oracle_cache.key(ad, req) != before
 
 
+def test_the_further_images_key_the_cache_and_one_image_keeps_its_key(tmp_path):
+    from PIL import Image
+
+    a, b = tmp_path / "a.png", tmp_path / "b.png"
+    Image.new("RGB", (40, 30), (200, 0, 0)).save(a)
+    Image.new("RGB", (40, 30), (0, 0, 200)).save(b)
+    _, req = make_request(toy.NAME)
+    one = oracle_cache.key(toy.ADAPTER, req)
+    assert oracle_cache.key(toy.ADAPTER, replace(req, more_images=())) == one
+    ab = oracle_cache.key(toy.ADAPTER, replace(req, more_images=(a, b)))
+    assert ab not in (one, oracle_cache.key(toy.ADAPTER, replace(req, more_images=(b, a))))  # order counts
+    b.write_bytes(a.read_bytes())  # an image edited in place
+    assert oracle_cache.key(toy.ADAPTER, replace(req, more_images=(a, b))) != ab
+
+
 WORKER = """
 import sys, time
 sys.path.insert(0, {here!r})

@@ -31,13 +31,14 @@ from ...errors import EngineInputError
 from ...runtime.embedding import Span, overlay
 from .. import weights as W
 from ..config import Config
-from ..faults import LANGUAGE as FAULTS, OVERLAY_CHUNK_SHIFT
+from ..faults import IMAGE_SPAN_UNEXPANDED, LANGUAGE as FAULTS, OVERLAY_CHUNK_SHIFT
 from ..span import span_rows
 from . import hyper, quant
 from .attention import Attention, AttnWeights, ChunkShared
 from .engram import EngramHashState, EngramLayer, EngramTables
 from .layer import Layer, first_stream, index_ids, selection_scores
 from .moe import ExpertBank, GateWeights, MoE
+from .shapes import language_shapes
 from .subset import parse_layers
 from .tokens import compressed_token_map
 
@@ -162,14 +163,20 @@ class LanguageModel:
         cfg = Config.load(checkpoint)
         ids = parse_layers(layers, cfg)
         names = cls.tensor_names(cfg, ids)
-        if parallel is not None:
+        if parallel is not None:  # a rank reads only the tensors it holds
             names = [n for n in names if parallel.reads(n, cfg)]
-        return cls(cfg, W.read(checkpoint, names), dtype, backend, fault, device, kernel_quant,
-                   ids, index_keys, parallel)
+        # every tensor's shape checked against the config before its data is read
+        t = W.read(checkpoint, names, shapes=language_shapes(cfg, ids))
+        return cls(cfg, t, dtype, backend, fault, device, kernel_quant, ids, index_keys, parallel)
 
     def sequence(self, input_ids: torch.Tensor, token_types: torch.Tensor,
-                 image: Callable[[], torch.Tensor] | None = None, cells: tuple[int, int] | None = None) -> "Sequence":
-        return Sequence(self, input_ids, token_types, image, cells)
+                 image: Callable[[], torch.Tensor] | None = None, cells: tuple[int, int] | None = None,
+                 images: list[tuple[Callable[[], torch.Tensor], tuple[int, int]]] | None = None) -> "Sequence":
+        """`image` / `cells`: one image's rows (a callable) and token grid; `images`: one
+        (rows callable, cells) per image span, in sequence order, for several."""
+        if images is None:
+            images = [] if image is None else [(image, tuple(cells))]
+        return Sequence(self, input_ids, token_types, images)
 
 
 def _stack(ws: list):
@@ -179,7 +186,7 @@ def _stack(ws: list):
 class Sequence:
     """One prompt's run: prefill in chunks, then greedy decode."""
 
-    def __init__(self, lm: LanguageModel, input_ids, token_types, image, cells):
+    def __init__(self, lm: LanguageModel, input_ids, token_types, images):
         self.lm = lm
         self.ids = input_ids.clone()
         self.types = token_types.clone()
@@ -188,12 +195,19 @@ class Sequence:
         self.pos = 0
         self.caches = {i: a.new_cache(lm.dtype, lm.device) for i, a in lm.attn.items()}
         self.engram_state = EngramHashState(lm.engram_tables, lm.fault) if lm.engram_tables else None
-        self._image, self._cells = image, cells
-        self._span: Span | None = None
+        self._images = list(images)  # (rows callable, cells) per span, in sequence order
         self.vision_calls = 0
-        starts = (token_types == 0).nonzero().flatten().tolist()  # IMAGE_START
-        if len(starts) > 1:
-            raise EngineInputError("one image per prompt is supported")
+        starts = (token_types == 0).nonzero().flatten().tolist()  # IMAGE_START of every span
+        if self._images and len(starts) != len(self._images):
+            raise EngineInputError(f"the prompt has {len(starts)} image span(s) but {len(self._images)} image(s)")
+        lengths = [int(c[0]) * (int(c[1]) + 1) + 2 for _, c in self._images]
+        if lm.fault == IMAGE_SPAN_UNEXPANDED:
+            # wrong: a later span placed where its tag sits in the unexpanded prompt (one token
+            # per tag), the earlier spans' expansion not counted
+            starts = [s - sum(n - 1 for n in lengths[:k]) for k, s in enumerate(starts)]
+        self.span_starts = starts
+        self.span_lens = lengths
+        self._spans_built: dict[int, Span] = {}  # span k's rows, built the first time a chunk touches it
         self.span_start = starts[0] if starts else None
         self.span_len = int((token_types >= 0).sum())
         self.generated: list[int] = []
@@ -201,20 +215,22 @@ class Sequence:
         self.key_owner = None  # the index-key cache the last chunk left published (official decode)
 
     def _spans(self, lo: int, hi: int) -> list[Span]:
-        """The image span, its rows built the first time a chunk touches it."""
-        if self.span_start is None:
-            return []
-        if hi <= self.span_start or lo >= self.span_start + self.span_len:
-            return []
-        if self._span is None:
-            if self._image is None:
-                raise EngineInputError("the prompt has an image span but no image rows were given")
-            self.vision_calls += 1
-            rows = self._image().to(device=self.lm.device, dtype=self.lm.dtype)
-            self._span = Span(self.span_start, span_rows(rows, self.lm.markers["image_start"],
-                                                         self.lm.markers["image_end"],
-                                                         self.lm.markers["image_newline"], self._cells))
-        return [self._span]
+        """The image spans positions lo..hi-1 touch, each one's rows built the first time."""
+        if self.span_starts and not self._images:
+            raise EngineInputError("the prompt has an image span but no image rows were given")
+        out = []
+        for k, (start, n) in enumerate(zip(self.span_starts, self.span_lens)):
+            if hi <= start or lo >= start + n:
+                continue
+            if k not in self._spans_built:
+                image, cells = self._images[k]
+                self.vision_calls += 1
+                rows = image().to(device=self.lm.device, dtype=self.lm.dtype)
+                m = self.lm.markers
+                self._spans_built[k] = Span(start, span_rows(rows, m["image_start"], m["image_end"],
+                                                             m["image_newline"], cells))
+            out.append(self._spans_built[k])
+        return out
 
     def embed(self, lo: int, hi: int) -> torch.Tensor:
         """Token embeddings of positions lo..hi-1 with the image span's rows that fall inside."""
@@ -222,7 +238,7 @@ class Sequence:
         emb = lm.embed[self.ids[lo:hi].to(lm.device)].clone()
         spans = self._spans(lo, hi)
         if lm.fault == OVERLAY_CHUNK_SHIFT:
-            spans = [self._span] if self._span is not None else []
+            spans = list(self._spans_built.values())
             return overlay(emb, 0, spans, lm.backend)  # wrong: the chunk's own start is ignored
         return overlay(emb, lo, spans, lm.backend)
 

@@ -15,7 +15,6 @@ from __future__ import annotations
 import hashlib
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
 
 import torch
 
@@ -77,20 +76,28 @@ def language_model(req, num: Numerics | None = None) -> LanguageModel:
                               parallel=(req.options or {}).get("parallel"))  # a rank (`distributed`)
 
 
-def run_language(req, rec, image: Callable[[], torch.Tensor] | None, cells: tuple[int, int] | None) -> dict:
+def run_language(req, rec, image, cells) -> dict:
     """Tokenise `req.prompt`, prefill in `req.chunk` chunks, decode `req.decode` steps; record the
-    language boundaries when `req.taps`. Returns the facts to merge into the run's `inputs`."""
+    language boundaries when `req.taps`. `image` yields one image's aligner rows and `cells` is
+    its token grid; for several images both are lists, one entry per `<image>` in prompt order
+    (None: no image). Returns the facts to merge into the run's `inputs`."""
     num = Numerics.of(req)
     if req.decode < 0:
         raise EngineInputError(f"decode must be >= 0 (got {req.decode})")
     lm = language_model(req, num)
     rec.update_run(language_numerics=num.facts(), boundary_dtypes=num.boundary_dtypes())
     prompt = req.prompt if req.prompt is not None else DEFAULT_PROMPT
-    ids, types = tokenize(prompt, lm.cfg, cells if image is not None else None)
+    if image is None:
+        images = []
+    elif isinstance(image, (list, tuple)):
+        images = [(f, tuple(c)) for f, c in zip(image, cells)]
+    else:
+        images = [(image, tuple(cells))]
+    ids, types = tokenize(prompt, lm.cfg, [c for _, c in images] or None)
     if ids.numel() + req.decode > lm.cfg.max_seq_len:
         raise EngineInputError(f"prompt of {ids.numel()} tokens + {req.decode} decode steps exceeds "
                                f"max_seq_len {lm.cfg.max_seq_len}")
-    seq = lm.sequence(ids, types, image=image, cells=cells)
+    seq = lm.sequence(ids, types, images=images)
     taps = rec if req.taps else None
     last = seq.prefill(req.chunk, taps)
     generated = seq.decode(req.decode, last, taps)
@@ -98,7 +105,7 @@ def run_language(req, rec, image: Callable[[], torch.Tensor] | None, cells: tupl
                    layers=list(lm.layers) if len(lm.layers) < lm.cfg.n_layers else None)
     return {"prompt": prompt, "prompt_tokens": int(ids.numel()),
             "input_ids_sha256": hashlib.sha256(ids.numpy().tobytes()).hexdigest(),
-            "span_start": seq.span_start, "generated": generated, "stop": seq.stop,
+            "span_start": seq.span_start, "span_starts": seq.span_starts, "generated": generated, "stop": seq.stop,
             "chunk": req.chunk, "vision_calls": seq.vision_calls}
 
 
@@ -110,6 +117,6 @@ def run(req, rec) -> None:
     image = (lambda: rows) if rows is not None else None
     facts = run_language(req, rec, image, tuple(cells) if cells is not None else None)
     rec.update_run(inputs={"language": {k: v for k, v in facts.items() if k not in ("generated", "stop", "chunk",
-                                                                                    "vision_calls")}},
+                                                                                    "vision_calls", "span_starts")}},
                    outputs={"generated": facts["generated"], "stop": facts["stop"]}, chunk=req.chunk,
                    speed_path=SpeedPath(parts={"language": dict(SPEED)}).as_json())

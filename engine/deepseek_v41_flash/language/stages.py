@@ -23,6 +23,8 @@ from __future__ import annotations
 
 import torch
 
+from tensordiff import images
+
 from .attention import ChunkShared
 from .engram import EngramHashState
 from .layer import LayerOut, first_stream, index_ids, selection_scores
@@ -123,8 +125,10 @@ def make_language_stages(req, run: dict, image_rows: torch.Tensor | None = None)
     cells = (run.get("inputs") or {}).get("cells") or opts.get("cells")
     has_image = cells is not None and (image_rows is not None or opts.get("image_rows") is not None
                                        or (run.get("inputs") or {}).get("grid") is not None)
-    ids, types = tokenize(req.prompt if req.prompt is not None else DEFAULT_PROMPT, cfg,
-                          tuple(cells) if has_image else None)
+    # several images: each one's cells, and its aligner rows under its name (`tensordiff.images`)
+    several = [tuple(f["cells"]) for f in (run.get("inputs") or {}).get("images") or []]
+    grids = several or ([tuple(cells)] if has_image else [])
+    ids, types = tokenize(req.prompt if req.prompt is not None else DEFAULT_PROMPT, cfg, grids or None)
     n = ids.numel()
     step = n if req.chunk is None else req.chunk
     chunks = [(lo, min(n, lo + step)) for lo in range(0, n, step)]
@@ -143,8 +147,8 @@ def make_language_stages(req, run: dict, image_rows: torch.Tensor | None = None)
 
     def embeddings(f):
         rows = image_rows if image_rows is not None else f.ref.get("aligner", opts.get("image_rows"))
-        seq = lm.sequence(ids, types, image=(lambda: rows) if has_image else None,
-                          cells=tuple(cells) if has_image else None)
+        more = [f.ref[images.prefix(k) + "aligner"] for k in range(1, len(grids))]
+        seq = lm.sequence(ids, types, images=[(lambda r=r: r, g) for r, g in zip([rows, *more], grids)])
         return {"embeddings": torch.cat([seq.embed(lo, hi) for lo, hi in chunks])}
 
     def logits(f):

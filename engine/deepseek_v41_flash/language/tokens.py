@@ -1,8 +1,8 @@
 """Prompt -> (input_ids, token_types) for synthetic checkpoints, which carry no tokenizer.
 
-The byte tokenizer: BOS 0, EOS 1, PAD 2, then UTF-8 byte b -> b + 3. One `<image>` in the prompt
-becomes the image span (every position `image_token_id`, told apart by token type); an image
-with no tag for it is refused, as the official `prepare_vl_inputs` refuses it. The Engram
+The byte tokenizer: BOS 0, EOS 1, PAD 2, then UTF-8 byte b -> b + 3. The k-th `<image>` in the
+prompt becomes image k's span (every position `image_token_id`, told apart by token type); tags
+and images must pair up, as the official `prepare_vl_inputs` requires. The Engram
 compressed vocabulary folds what the official normaliser folds for these tokens: ASCII capitals onto lower case, tab / CR / LF onto
 space; every other token keeps an id of its own, numbered in token order.
 """
@@ -42,27 +42,28 @@ def _text(s: str) -> torch.Tensor:
     return torch.tensor([b + OFFSET for b in s.encode("utf-8")], dtype=torch.int64)
 
 
-def tokenize(prompt: str, cfg, cells: tuple[int, int] | None) -> tuple[torch.Tensor, torch.Tensor]:
-    """(input_ids [S], token_types [S]): BOS, the text before the tag, the image span (when
-    `cells` are given), the text after it."""
+def tokenize(prompt: str, cfg, cells) -> tuple[torch.Tensor, torch.Tensor]:
+    """(input_ids [S], token_types [S]): BOS, then the prompt's text with tag k replaced by image
+    k's span. `cells` is one (cells_h, cells_w) per image in prompt order (a lone pair: one
+    image; None: no image); tags and images must pair up one for one."""
     if cfg.vocab_size < 256 + OFFSET or cfg.image_token_id < 256 + OFFSET:
         raise EngineInputError("this checkpoint's vocabulary cannot hold the byte tokenizer of synthetic checkpoints")
-    tags = prompt.count(IMAGE_TAG)
-    if tags > 1:
-        raise EngineInputError(f"the prompt holds {tags} '{IMAGE_TAG}' tags; one image is supported")
-    if tags and cells is None:
-        raise EngineInputError(f"the prompt holds '{IMAGE_TAG}' but no image was given")
-    if cells is not None and not tags:
-        raise EngineInputError(f"the prompt has no '{IMAGE_TAG}' tag, but an image was given for it")
-    before, _, after = prompt.partition(IMAGE_TAG) if tags else ("", "", prompt)
     if cells is None:
-        before, after = prompt, ""
-    # the sequence as (ids, types) segments: BOS + text | image span | text
-    head = torch.cat([torch.zeros(1, dtype=torch.int64), _text(before)])
+        grids = []
+    elif isinstance(cells[0], int):
+        grids = [tuple(cells)]
+    else:
+        grids = [tuple(c) for c in cells]
+    pieces = prompt.split(IMAGE_TAG)
+    if len(pieces) != len(grids) + 1:
+        raise EngineInputError(f"{len(pieces) - 1} '{IMAGE_TAG}' tag(s) in the prompt for {len(grids)} image(s): "
+                               "each image needs its own tag, in order")
+    # the sequence as (ids, types) segments: BOS + text | span 0 | text | span 1 | ... | text
+    head = torch.cat([torch.zeros(1, dtype=torch.int64), _text(pieces[0])])
     segments = [(head, torch.full_like(head, TEXT))]
-    if cells is not None:
-        st = span_types(*cells)
+    for grid, text in zip(grids, pieces[1:]):
+        st = span_types(*grid)
         segments.append((torch.full_like(st, cfg.image_token_id), st))
-    tail = _text(after)
-    segments.append((tail, torch.full_like(tail, TEXT)))
+        tail = _text(text)
+        segments.append((tail, torch.full_like(tail, TEXT)))
     return torch.cat([i for i, _ in segments]), torch.cat([t for _, t in segments])

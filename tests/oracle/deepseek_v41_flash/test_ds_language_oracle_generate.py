@@ -12,7 +12,7 @@ def test_image_token_stops_generation_and_steps_extend_the_prompt():
     ck = tiny_language_checkpoint()
     args = ModelArgs.from_dir(ck)
     model = build(args, ck, torch.float32)
-    ids, types, start = build_prompt("Look <image> then tell.", args, (1, 2))
+    ids, types, (start,) = build_prompt("Look <image> then tell.", args, (1, 2))  # one span start per image
     rows = torch.randn(2, args.dim, generator=torch.Generator().manual_seed(2))
     images = [ImageSpan(start, types[start:start + 6], rows)]
     rec = MemoryRecorder()

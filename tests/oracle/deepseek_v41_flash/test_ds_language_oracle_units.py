@@ -48,7 +48,7 @@ def test_routing_without_mask_uses_text_bias_everywhere():
 
 def test_start_newline_end_rows_count_as_image():
     args = ModelArgs(**{k: v for k, v in language_config(64).items()})
-    ids, types, start = build_prompt("x <image> y", args, (2, 3))
+    ids, types, (start,) = build_prompt("x <image> y", args, (2, 3))
     span = types[start:start + 10]
     assert span.tolist() == [0, 1, 1, 1, 2, 1, 1, 1, 2, 3]
     assert ((types >= 0).nonzero().flatten() == torch.arange(start, start + 10)).all()
@@ -65,7 +65,7 @@ def hasher():
 
 def test_engram_no_ngram_crosses_an_image(hasher):
     h, args = hasher
-    ids, types, start = build_prompt("ab <image> cd", args, (1, 2))
+    ids, types, (start,) = build_prompt("ab <image> cd", args, (1, 2))
     mask = types < 0
     out = h(ids[None], mask[None])[0]  # [S, layers, cols]
     after = start + int((types >= 0).sum())  # first text position after the span
