@@ -73,17 +73,20 @@ class Sequence:
         self.dec, self.ids, self.positions, self.rope_deltas = dec, input_ids.clone(), positions, rope_deltas
         self.stop_ids = stop_ids
         self.cache = KVCache()
-        ranges = pad_ranges(input_ids, image_token_id)
-        self.image = [Span(s, image_rows.to(dec.dtype)) for s, n in ranges] if ranges else []
-        self.deepstack = [[Span(s, d.to(dec.dtype)) for s, n in ranges] for d in deepstack_rows] if ranges else []
+        # (image_rows None: no overlay, for a local-error stage that never embeds)
+        ranges = pad_ranges(input_ids, image_token_id) if image_rows is not None else []
+        dev = dec.embed.device
+        self.image = [Span(s, image_rows.to(device=dev, dtype=dec.dtype)) for s, n in ranges]
+        self.deepstack = [[Span(s, d.to(device=dev, dtype=dec.dtype)) for s, n in ranges] for d in deepstack_rows]
         for s, n in ranges:
-            if image_rows is None or image_rows.shape[0] != n:
-                raise ValueError(f"an image range of {n} pad tokens needs as many merger rows")
+            if image_rows.shape[0] != n:
+                raise ValueError(f"an image range of {n} pad tokens needs as many merger rows, not {image_rows.shape[0]}")
         self.pos = 0
         self.generated: list[int] = []
         self.stop = "steps"
 
-    def _embed(self, lo: int, hi: int) -> torch.Tensor:
+    def embed(self, lo: int, hi: int) -> torch.Tensor:
+        """Token embeddings of rows lo..hi-1 with the merger rows of every pad range inside."""
         d = self.dec
         emb = d.embed[self.ids[lo:hi].to(d.embed.device)].clone()
         spans = self.image
@@ -91,16 +94,29 @@ class Sequence:
             spans = [t for s in spans for t in _shifted(s, lo, hi - lo)]
         return overlay(emb, lo, spans, d.backend)
 
-    def _deepstack_depth(self, layer: int) -> int | None:
-        """The DeepStack feature added after `layer` (None: none)."""
-        k = layer - 1 if self.dec.fault == F.DEEPSTACK_LAYER_LATE else layer
-        return k if 0 <= k < len(self.deepstack) else None
+    def rope(self, positions: torch.Tensor):
+        d = self.dec
+        return mrope_tables(positions.to(d.embed.device), d.cfg.head_dim, d.cfg.rope_theta, d.cfg.mrope_section,
+                            interleaved=d.cfg.mrope_interleaved and d.fault != F.MROPE_CHUNKED, dtype=d.dtype)
+
+    def inject(self, layer: int, x: torch.Tensor, lo: int) -> torch.Tensor:
+        """The stream after `layer`'s DeepStack add (x itself after a layer with none)."""
+        d = self.dec
+        k = layer - 1 if d.fault == F.DEEPSTACK_LAYER_LATE else layer
+        if not 0 <= k < len(self.deepstack):
+            return x
+        add = add_every_row if d.fault == F.DEEPSTACK_EVERY_ROW else add_rows
+        return add(x.clone(), lo, self.deepstack[k])
+
+    def decode_position(self, at: int) -> torch.Tensor:
+        """[3, 1]: the row at sequence index `at` (past the prompt) sits at at + rope_deltas."""
+        delta = 0 if self.dec.fault == F.DECODE_NO_DELTA else self.rope_deltas
+        return torch.full((3, 1), at + delta, dtype=torch.int64)
 
     def _forward(self, lo: int, hi: int, positions: torch.Tensor, out: dict | None) -> torch.Tensor:
         d = self.dec
-        x = self._embed(lo, hi)
-        cos, sin = mrope_tables(positions.to(x.device), d.cfg.head_dim, d.cfg.rope_theta, d.cfg.mrope_section,
-                                interleaved=d.cfg.mrope_interleaved and d.fault != F.MROPE_CHUNKED, dtype=d.dtype)
+        x = self.embed(lo, hi)
+        cos, sin = self.rope(positions)
         if out is not None:
             out.setdefault("embeddings", []).append(x.clone())
             out.setdefault("text_rope.cos", []).append(cos)
@@ -109,14 +125,17 @@ class Sequence:
             x = d.layer(i, x, cos, sin, lo, self.cache)
             if out is not None:
                 out.setdefault(f"hidden.{i}", []).append(x)
-            k = self._deepstack_depth(i)
-            add = add_every_row if d.fault == F.DEEPSTACK_EVERY_ROW else add_rows
-            if k is not None:
-                x = add(x.clone(), lo, self.deepstack[k])
+            x = self.inject(i, x, lo)
             if out is not None and i < len(self.deepstack):
                 out.setdefault(f"deepstack_add.{i}", []).append(x)
         self.pos = hi
         return d.logits(x)
+
+    def step(self, token: int) -> torch.Tensor:
+        """Feed one generated token at the next index; -> its logits [1, vocab]."""
+        at = self.pos
+        self.ids = torch.cat([self.ids, torch.tensor([token])])
+        return self._forward(at, at + 1, self.decode_position(at), None)
 
     @torch.inference_mode()
     def prefill(self, chunk: int | None = None, taps=None) -> torch.Tensor:
@@ -140,15 +159,11 @@ class Sequence:
         record = taps is not None and taps.enabled
         nxt = int(last_logits.argmax())
         self.generated = [nxt]
-        delta = 0 if self.dec.fault == F.DECODE_NO_DELTA else self.rope_deltas
         for k in range(1, steps + 1):
             if nxt in self.stop_ids:
                 self.stop = "vision-token"
                 break
-            at = self.pos
-            self.ids = torch.cat([self.ids, torch.tensor([nxt])])
-            pos = torch.full((3, 1), at + delta, dtype=torch.int64)
-            logits = self._forward(at, at + 1, pos, None)
+            logits = self.step(nxt)
             if record:
                 taps.record(f"logits.step.{k}", logits, boundary=f"logits.step.{k}")
             nxt = int(logits[-1].argmax())
