@@ -66,6 +66,8 @@ def main(argv=None) -> int:
     ap.add_argument("--weights", default="synthetic:full-2b")
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--budget", type=float, default=400.0, help="seconds; what is left after it is skipped")
+    ap.add_argument("--photos", type=int, default=4, help="how many of the photographs (smoke runs: fewer)")
+    ap.add_argument("--faults", default="", help="comma-separated language faults (default: all)")
     args = ap.parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)
 
@@ -80,6 +82,7 @@ def main(argv=None) -> int:
     report: dict = {"weights": args.weights, "device": args.device, "prompt": PROMPT, "chunk": CHUNK,
                     "decode": DECODE, "weights_seconds": round(time.perf_counter() - tw, 1), "skipped": []}
     images, source = photographs(args.out)
+    images = images[:max(1, args.photos)]
     report["photographs"] = {"source": source, "files": [p.name for p in images]}
 
     def gate(images, fault=None):
@@ -102,7 +105,10 @@ def main(argv=None) -> int:
     import fnmatch
 
     faults = []
+    wanted = [n for n in args.faults.split(",") if n]
     for f in LANGUAGE_FAULTS:
+        if wanted and f.name not in wanted:
+            continue
         if time.perf_counter() - t0 > args.budget:
             report["skipped"].append(f.name)
             continue
