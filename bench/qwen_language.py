@@ -52,10 +52,10 @@ def summarise(res) -> list[dict]:
     rows = []
     for c in res.cases:
         rows.append({"image": Path(str(c.image)).name, "passed": c.passed, "error": c.error,
-                     "semantic": c.report.verdict if c.report else None,
-                     "semantic_earliest": list(c.report.earliest) if c.report else None,
-                     "numeric": c.numeric.verdict if c.numeric else None,
-                     "numeric_earliest": list(c.numeric.earliest) if c.numeric else None,
+                     "semantic": c.report.verdict if c.report is not None else None,
+                     "semantic_earliest": list(c.report.earliest) if c.report is not None else None,
+                     "numeric": c.numeric.verdict if c.numeric is not None else None,
+                     "numeric_earliest": list(c.numeric.earliest) if c.numeric is not None else None,
                      "seconds": round(sum(c.timings.values()), 2), "line": c.summary_line()})
     return rows
 

@@ -20,6 +20,6 @@ def test_bench_smoke_writes_its_report(tmp_path):
     rep = json.loads((tmp_path / "qwen_language.json").read_text())
     assert rep["ok"] and not rep["false_alarms"] and len(rep["clean"]) == 2
     assert all(c["numeric"] == "match" and c["semantic"] == "match" for c in rep["clean"])  # the three-way pass ran
-    assert [f["fault"] for f in rep["faults"]] == [QF.DEEPSTACK_EVERY_ROW, QF.DECODE_NO_DELTA]
+    assert {f["fault"] for f in rep["faults"]} == {QF.DEEPSTACK_EVERY_ROW, QF.DECODE_NO_DELTA}
     assert all(f["caught_at_boundary"] and f["exit"] == 1 for f in rep["faults"])
     assert rep["one_check_seconds"] > 0 and (tmp_path / "qwen_language.md").is_file()
