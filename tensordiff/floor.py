@@ -219,6 +219,11 @@ def verdict(st: dict, rule: FloorRule, band: dict[str, tuple[float, float]] | No
         return False, ""
     for stat in RATIOS:
         lim = getattr(rule, stat)
+        if st.get("rows") == 1 and stat != "row":
+            # one row (a decode step's logits): the tensor-wide RMSE IS that row's RMSE, a sample
+            # as noisy as any row's, so it takes the row multiplier (and the cosine deficit,
+            # about the square of the RMSE ratio, its square), not the many-row average's
+            lim = rule.row if stat == "rmse" else rule.row ** 2
         if r[stat] > lim:
             what = {"rmse": "RMSE", "row": "max row RMSE", "cosine": "cosine deficit"}[stat]
             w = st["worst_rows"][0] if stat == "row" and st["worst_rows"] else None

@@ -1,1 +1,1 @@
-"""Qwen3-VL in the engine: the vision tower and the image-token positions, our own implementation."""
+"""Qwen3-VL in the engine: the vision tower, the image-token positions and the text decoder, our own implementation."""

@@ -1,6 +1,6 @@
 """Qwen3-VL configuration as the checkpoint states it: `config.json` and `preprocessor_config.json`.
 
-Field names are the JSON keys. Only what the vision path and the image-token positions need.
+Field names are the JSON keys: the vision path, the image-token positions and the text model.
 """
 from __future__ import annotations
 
@@ -53,9 +53,29 @@ class ProcessorConfig:
 
 
 @dataclass(frozen=True)
+class TextConfig:
+    """text_config (defaults: transformers' Qwen3VLTextConfig; a checkpoint states every field)."""
+    vocab_size: int = 151936
+    hidden_size: int = 4096
+    intermediate_size: int = 22016
+    num_hidden_layers: int = 32
+    num_attention_heads: int = 32
+    num_key_value_heads: int = 32
+    head_dim: int = 128
+    hidden_act: str = "silu"
+    rms_norm_eps: float = 1e-6
+    attention_bias: bool = False
+    rope_theta: float = 5000000.0
+    mrope_section: tuple[int, ...] = (24, 20, 20)
+    mrope_interleaved: bool = True
+
+
+@dataclass(frozen=True)
 class Qwen3VLConfig:
     vision: VisionConfig
     processor: ProcessorConfig
+    text: TextConfig | None = None  # None: config.json has no text_config
+    tie_word_embeddings: bool = False
     image_token_id: int = 151655
     video_token_id: int = 151656
     vision_start_token_id: int = 151652
@@ -102,4 +122,16 @@ def load_config(ckpt: Path) -> Qwen3VLConfig:
     if proc.patch_size != vision.patch_size or proc.merge_size != vision.spatial_merge_size:
         raise EngineInputError(f"{pp.name} (patch {proc.patch_size}, merge {proc.merge_size}) disagrees with config.json "
                                f"(patch {vision.patch_size}, merge {vision.spatial_merge_size})")
-    return _pick(Qwen3VLConfig, raw, vision=vision, processor=proc)
+    text = None
+    if isinstance(raw.get("text_config"), dict):
+        traw = raw["text_config"]
+        rope = traw.get("rope_parameters") or traw.get("rope_scaling") or {}
+        text = _pick(TextConfig, traw, rope_theta=float(rope.get("rope_theta", traw.get("rope_theta", 5000000.0))),
+                     mrope_section=tuple(rope.get("mrope_section", (24, 20, 20))),
+                     mrope_interleaved=bool(rope.get("mrope_interleaved", True)))
+        if sum(text.mrope_section) * 2 != text.head_dim:
+            raise EngineInputError(f"mrope_section {list(text.mrope_section)} does not cover head_dim {text.head_dim}")
+        if text.hidden_act != "silu" or text.attention_bias:
+            raise EngineInputError(f"text hidden_act {text.hidden_act!r} / attention_bias {text.attention_bias} "
+                                   "is not supported (silu, no bias)")
+    return _pick(Qwen3VLConfig, raw, vision=vision, processor=proc, text=text)

@@ -1,6 +1,9 @@
-"""The engine's Qwen3-VL run: picture -> vision tower boundaries, prompt -> M-RoPE positions."""
+"""The engine's Qwen3-VL run: picture -> vision tower boundaries, prompt -> M-RoPE positions; with a
+prompt or decode steps, on through the text decoder (`sequence`): chunked prefill (`req.chunk`),
+then `req.decode` greedy steps."""
 from __future__ import annotations
 
+import hashlib
 from pathlib import Path
 
 import torch
@@ -13,7 +16,9 @@ from ..runtime.fused import compile_unavailable
 from ..runtime.speed_path import SpeedPath
 from . import faults as F
 from .config import load_config
+from .decoder import Decoder
 from .positions import decode_positions, mrope_positions, tokenize
+from .sequence import Sequence
 from .preprocess import decode, default_processor, preprocess
 from .vision import VisionTower
 from .weights import load_visual
@@ -97,7 +102,7 @@ def run(req, rec) -> None:
     # one pass: 'auto' stays eager (a one-shot check pays no compile or capture)
     tower = load_tower(req, cfg, speed, fuse=policy["block"], graphs=policy["cuda_graphs"])
     with torch.inference_mode():
-        tower(px.pixel_values.to(req.device), grid_thw, rec)
+        seen = tower(px.pixel_values.to(req.device), grid_thw, rec)
 
     prompt = tokenize(req.prompt, grid_thw, cfg)
     pos, deltas = mrope_positions(prompt, cfg.vision.spatial_merge_size)
@@ -107,10 +112,27 @@ def run(req, rec) -> None:
     if req.decode:
         rec.record("positions.decode", decode_positions(prompt.input_ids.shape[0], req.decode, carried))
 
+    facts = {}
+    if req.prompt is not None or req.decode > 0:  # the language path
+        if cfg.text is None:
+            raise EngineInputError(f"{req.weights_dir}/config.json has no text_config: no language path")
+        if req.chunk is not None and req.chunk < 1:
+            raise EngineInputError(f"chunk must be at least 1 (got {req.chunk})")
+        dtype = torch_dtype(req.dtype)
+        dec = Decoder.load(req.weights_dir, cfg.text, cfg.tie_word_embeddings, backends.get(req.backend), dtype,
+                           req.device, fault)
+        stops = {cfg.vision_start_token_id, cfg.vision_end_token_id, cfg.image_token_id, cfg.video_token_id}
+        seq = Sequence(dec, prompt.input_ids, pos, carried, cfg.image_token_id, stops, seen.embeds, seen.deepstack)
+        taps = rec if req.taps else None
+        last = seq.prefill(req.chunk, taps)
+        generated = seq.decode(req.decode, last, taps)
+        rec.update_run(outputs={"generated": generated, "stop": seq.stop}, chunk=req.chunk)
+        facts = {"input_ids_sha256": hashlib.sha256(prompt.input_ids.numpy().tobytes()).hexdigest()}
+
     # model facts only: the core writes the provenance (weights, versions, the image) itself
     inputs = {
         "resized": [px.plan.resized_height, px.plan.resized_width],
         "grid": list(px.plan.grid), "cells": list(px.plan.cells), "grid_thw": list(grid_thw),
-        "processor": processor, "prompt": req.prompt, "tokens": int(prompt.input_ids.shape[0]), "decode": req.decode,
+        "processor": processor, "prompt": req.prompt, "tokens": int(prompt.input_ids.shape[0]), "decode": req.decode, **facts,
     }
     rec.update_run(inputs=inputs, fault=fault, speed_path=speed_facts(tower, asked, policy, speed))

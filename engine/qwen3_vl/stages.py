@@ -9,13 +9,27 @@ arrive as the reference stored them and are cast as the engine holds them. The l
 run once from the reference's `block0` and shared by `final_norm` and the DeepStack stages (each
 DeepStack merger reads the block its index names).
 `patches`, `pos_embed`, `rope` and `positions` have no upstream boundary: compared end to end.
+
+With a language run (the reference dumped `embeddings`), the text model's stages too, each on the
+reference's tensors: `embeddings` overlays the reference's `aligner` rows; `text_rope` turns the
+reference's `positions.ids` into tables; `hidden.L` runs layer L on the reference's stream entering
+it (`embeddings`, `hidden.(L-1)` or `deepstack_add.(L-1)`) and its `text_rope`, chunk by chunk
+with a fresh KV cache (the request's `chunk`); `deepstack_add.L` adds the reference's
+`deepstack.*` to the reference's `hidden.L`; `logits` reads the reference's last stream;
+`logits.step.K` decodes the reference's generated tokens against a KV cache filled by running
+every layer on the reference's prefill streams (teacher forced), so a decode-only bug is named
+at the first step.
 """
 from __future__ import annotations
 
 import torch
 
+from .. import backend as backends
 from .config import load_config
+from .decoder import Decoder, KVCache
+from .positions import tokenize
 from .runner import load_tower, torch_dtype
+from .sequence import Sequence
 
 
 def make_stages(req, run: dict) -> dict:
@@ -63,4 +77,95 @@ def make_stages(req, run: dict) -> dict:
 
     out = {"block0": block0, "final_norm": final_norm, "aligner": aligner}
     out.update({f"deepstack.{k}": deepstack(k) for k in range(len(tower.deepstack_taps))})
+    cfg = load_config(req.weights_dir)
+    if cfg.text is not None and (req.prompt is not None or req.decode > 0):
+        out.update(language_stages(req, run, cfg, (t, gh, gw)))
+    return out
+
+
+def language_stages(req, run: dict, cfg, grid_thw) -> dict:
+    dtype = torch_dtype(req.dtype)
+    tc = cfg.text
+    dec = Decoder.load(req.weights_dir, tc, cfg.tie_word_embeddings, backends.get(req.backend), dtype, req.device,
+                       req.fault)
+    ids = tokenize(req.prompt, grid_thw, cfg).input_ids
+    n = int(ids.numel())
+    step = n if req.chunk is None else req.chunk
+    chunks = [(lo, min(n, lo + step)) for lo in range(0, n, step)]
+    n_deep = len(cfg.vision.deepstack_visual_indexes)
+    stops = {cfg.vision_start_token_id, cfg.vision_end_token_id, cfg.image_token_id, cfg.video_token_id}
+
+    def act(x: torch.Tensor) -> torch.Tensor:
+        return x.to(device=req.device, dtype=dtype)
+
+    def sequence(i) -> Sequence:
+        deltas = int(i["positions.rope_deltas"][0]) if "positions.rope_deltas" in i else 0
+        deep = [i[f"deepstack.{k}"] for k in range(n_deep) if f"deepstack.{k}" in i]
+        return Sequence(dec, ids, i.get("positions.ids"), deltas, cfg.image_token_id, stops,
+                        i.get("aligner"), deep)
+
+    def entering(i, L: int) -> torch.Tensor:
+        """The reference's stream entering layer L."""
+        if L == 0:
+            return act(i["embeddings"])
+        name = f"deepstack_add.{L - 1}" if f"deepstack_add.{L - 1}" in i else f"hidden.{L - 1}"
+        return act(i[name])
+
+    def tables(i):
+        return act(i["text_rope.cos"]), act(i["text_rope.sin"])
+
+    @torch.inference_mode()
+    def embeddings(i):
+        seq = sequence(i)
+        return {"embeddings": torch.cat([seq.embed(lo, hi) for lo, hi in chunks])}
+
+    @torch.inference_mode()
+    def text_rope(i):
+        cos, sin = sequence(i).rope(i["positions.ids"])
+        return {"text_rope.cos": cos, "text_rope.sin": sin}
+
+    def hidden(L: int):
+        @torch.inference_mode()
+        def stage(i):
+            x, (cos, sin), cache = entering(i, L), tables(i), KVCache()
+            return {f"hidden.{L}": torch.cat([dec.layer(L, x[lo:hi], cos[lo:hi], sin[lo:hi], lo, cache)
+                                             for lo, hi in chunks])}
+        return stage
+
+    def inject(L: int):
+        @torch.inference_mode()
+        def stage(i):
+            seq, x = sequence(i), act(i[f"hidden.{L}"])
+            return {f"deepstack_add.{L}": torch.cat([seq.inject(L, x[lo:hi], lo) for lo, hi in chunks])}
+        return stage
+
+    @torch.inference_mode()
+    def logits(i):
+        return {"logits": dec.logits(entering(i, tc.num_hidden_layers))}
+
+    def decode_step(K: int):
+        @torch.inference_mode()
+        def stage(i):
+            seq = sequence(i)
+            cos, sin = tables(i)
+            for L in range(tc.num_hidden_layers):  # the prefill KV cache from the reference's streams
+                x = entering(i, L)
+                for lo, hi in chunks:
+                    dec.layer(L, x[lo:hi], cos[lo:hi], sin[lo:hi], lo, seq.cache)
+            seq.pos = n
+            generated = run.get("outputs", {}).get("generated") or []
+            if len(generated) < K:
+                raise RuntimeError(f"the reference generated {len(generated)} tokens; step {K} needs {K}")
+            for k in range(1, K + 1):
+                got = seq.step(int(generated[k - 1]))
+            return {f"logits.step.{K}": got}
+        return stage
+
+    out = {"embeddings": embeddings, "text_rope": text_rope, "logits": logits}
+    for L in range(tc.num_hidden_layers):
+        out[f"hidden.{L}"] = hidden(L)
+        if L < n_deep:
+            out[f"deepstack_add.{L}"] = inject(L)
+    for K in range(1, req.decode + 1):
+        out[f"logits.step.{K}"] = decode_step(K)
     return out

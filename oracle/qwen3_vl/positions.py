@@ -55,15 +55,21 @@ class _Past:
         return self.n
 
 
+def mm_token_type_ids(ids: torch.Tensor, cfg) -> torch.Tensor:
+    """The processor's `mm_token_type_ids` for `ids` [1, S], from its own function."""
+    from transformers.processing_utils import ProcessorMixin
+
+    tokens = type("T", (), {"image_token_ids": [cfg.image_token_id], "video_token_ids": [cfg.video_token_id],
+                            "audio_token_ids": [None]})()
+    return torch.tensor(ProcessorMixin.create_mm_token_type_ids(tokens, [ids[0].tolist()]), dtype=torch.int)
+
+
 def mrope(ids: torch.Tensor, image_grid_thw: torch.Tensor, cfg, decode: int = 0):
     """-> (position ids [3, S], rope_deltas [1], decode positions [3, decode] or None)."""
     from transformers import Qwen3VLModel
-    from transformers.processing_utils import ProcessorMixin
 
     host = _Host(cfg)
-    tokens = type("T", (), {"image_token_ids": [cfg.image_token_id], "video_token_ids": [cfg.video_token_id],
-                            "audio_token_ids": [None]})()
-    mm = torch.tensor(ProcessorMixin.create_mm_token_type_ids(tokens, [ids[0].tolist()]), dtype=torch.int)
+    mm = mm_token_type_ids(ids, cfg)
     n_images = int((ids == cfg.vision_start_token_id).sum())
     grids = image_grid_thw.repeat(n_images, 1)  # every marker shows the same picture
     pos = Qwen3VLModel.compute_3d_position_ids(host, input_ids=ids, inputs_embeds=None, image_grid_thw=grids,

@@ -3,6 +3,7 @@ get_rope_index for the positions. Nothing of transformers is re-typed here."""
 from __future__ import annotations
 
 import contextlib
+import hashlib
 from pathlib import Path
 
 import torch
@@ -11,6 +12,7 @@ from tensordiff.errors import BadInput
 from tensordiff.models.qwen3_vl_options import OPTIONS
 
 from . import config as config_mod
+from . import language as language_mod
 from . import model as model_mod
 from . import positions as positions_mod
 from . import plan as plan_mod
@@ -58,7 +60,12 @@ def run(req, rec) -> None:
         rec.record(name, t, boundary="plan")
     rec.record("patches", pixel_values)
 
-    model = model_mod.build(cfg, req.weights_dir, dtype, req.device, attn=opts["attention"])
+    # with a prompt or decode steps the run goes on into the text model: the whole
+    # Qwen3VLForConditionalGeneration is built, and its own vision tower gives the vision boundaries
+    text = req.prompt is not None or req.decode > 0
+    full = language_mod.build(cfg, req.weights_dir, dtype, req.device, attn=opts["attention"]) if text else None
+    model = full.model.visual if text else model_mod.build(cfg, req.weights_dir, dtype, req.device,
+                                                           attn=opts["attention"])
     taps = Taps(model)
     try:
         with torch.inference_mode(), _exact_fp32(dtype):
@@ -81,12 +88,31 @@ def run(req, rec) -> None:
     if dec is not None:
         rec.record("positions.decode", dec.to(torch.int64))
 
+    facts = {}
+    if text:
+        n_images = int((ids == cfg.vision_start_token_id).sum())
+        with _exact_fp32(dtype):
+            got, logits, steps, generated, stop = language_mod.run(
+                full, cfg, ids, positions_mod.mm_token_type_ids(ids, cfg), pixel_values, grid_thw, n_images,
+                req.decode, req.device)
+        for name in ("embeddings", "text_rope.cos", "text_rope.sin"):
+            rec.record(name, got[name])
+        for L in range(cfg.text_config.num_hidden_layers):
+            rec.record(f"hidden.{L}", got[f"hidden.{L}"], boundary=f"hidden.{L}")
+            if f"deepstack_add.{L}" in got:
+                rec.record(f"deepstack_add.{L}", got[f"deepstack_add.{L}"], boundary=f"deepstack_add.{L}")
+        rec.record("logits", logits)
+        for k, step in enumerate(steps, 1):
+            rec.record(f"logits.step.{k}", step, boundary=f"logits.step.{k}")
+        rec.update_run(outputs={"generated": generated, "stop": stop})
+        facts = {"input_ids_sha256": hashlib.sha256(ids[0].numpy().tobytes()).hexdigest()}
+
     t, gh, gw = (int(v) for v in grid_thw[0])
     m, patch = cfg.vision_config.spatial_merge_size, cfg.vision_config.patch_size
     # model facts only: the core writes the provenance (weights, versions, the image) itself
     inputs = {
         "resized": [gh * patch, gw * patch], "grid": [gh, gw], "cells": [gh // m, gw // m], "grid_thw": [t, gh, gw],
         "processor": ran, "processor_class": type(proc).__name__, "prompt": req.prompt,
-        "tokens": int(ids.shape[1]), "decode": req.decode,
+        "tokens": int(ids.shape[1]), "decode": req.decode, **facts,
     }
     rec.update_run(inputs=inputs, attn=model.config._attn_implementation)

@@ -8,6 +8,17 @@ Data flow (the contract's DAG):
     plan ──┼─> rope ──────┘           └─> deepstack.0 -> deepstack.1 -> deepstack.2
            └─> positions (M-RoPE ids of the prompt with its image span)
 
+With a prompt or decode steps (`--prompt/--chunk/--decode`) the text model follows:
+
+    aligner ─> embeddings ──────────┐
+    positions ─> text_rope ─────────┼─> hidden.0 ─> deepstack_add.0 ─> hidden.1 ─> ... ─> hidden.(n-1) ─> logits
+    deepstack.k ─> deepstack_add.k ─┘                                     logits ─> logits.step.1 ─> ...
+
+`deepstack_add.L` (L < 3) is the stream after layer L's DeepStack residual add, so a dropped,
+misplaced or wrongly deep injection is named at its layer; every `hidden.L` and `logits.step.K`
+also reads `text_rope` / `positions`. A chunked prefill is recorded over the whole prompt, so the
+oracle's single-shot tensors are the expectations of every chunk.
+
 `plan` (smart_resize's size, the grid, token counts, the branch taken) feeds every boundary
 computed from the grid, so a resize bug names ONE root.
 
@@ -30,6 +41,8 @@ from .qwen3_vl_options import OPTIONS
 
 NAME = "qwen3-vl"
 DEEPSTACK = re.compile(r"^deepstack\.(\d+)$")
+LAYERED = re.compile(r"^(hidden|deepstack_add)\.(\d+)$")
+STEP = re.compile(r"^logits\.step\.(\d+)$")
 
 PLAN = Boundary("plan", (), "the preprocessing decisions, int64, compared exactly: plan.size [src_w, src_h, "
                 "resized_w, resized_h] (smart_resize), plan.grid [t, patch_h, patch_w, cell_h, cell_w], plan.tokens "
@@ -58,14 +71,45 @@ def deepstack(k: int) -> Boundary:
                     layout="merged")
 
 
+def language_boundaries(present: Sequence[str]) -> tuple[Boundary, ...]:
+    """The text model's boundaries for the names a run dumped (none without a language run)."""
+    names = set(present)
+    layers = sorted({int(m.group(2)) for p in names if (m := LAYERED.match(p)) and m.group(1) == "hidden"})
+    steps = sorted({int(m.group(1)) for p in names if (m := STEP.match(p))})
+    if not ({"embeddings", "text_rope", "logits"} & names or layers or steps):
+        return ()
+    out = [Boundary("embeddings", ("aligner",), "token embeddings after the image overlay [S, hidden]: the "
+                    "merger rows replace the <|image_pad|> rows", layout="tokens"),
+           Boundary("text_rope", ("positions",), "text M-RoPE text_rope.cos / text_rope.sin [S, head_dim] (shared "
+                    "by every layer): interleaved t/h/w frequencies from positions.ids", layout="tokens",
+                    probes=("unit-circle",))]
+    prev = "embeddings"
+    for L in layers:
+        out.append(Boundary(f"hidden.{L}", (prev, "text_rope"), f"output of decoder layer {L} [S, hidden] "
+                            "(GQA with q/k RMSNorm before RoPE, SwiGLU)", layout="tokens"))
+        prev = f"hidden.{L}"
+        if f"deepstack_add.{L}" in names:
+            out.append(Boundary(f"deepstack_add.{L}", (prev, f"deepstack.{L}"), f"the stream after layer {L} with "
+                                f"DeepStack feature {L} added on the visual rows only [S, hidden]", layout="tokens"))
+            prev = f"deepstack_add.{L}"
+    out.append(Boundary("logits", (prev,), "LM head logits for every prompt row [S, vocab] (final RMSNorm, then "
+                        "the head; tied to the embeddings where the config says so)", layout="tokens"))
+    prev = "logits"
+    for k in steps:
+        out.append(Boundary(f"logits.step.{k}", (prev, "positions", "text_rope"), f"logits after feeding generated "
+                            f"token {k} [1, vocab] (KV cache; position S+k-1+rope_deltas)", layout="tokens"))
+        prev = f"logits.step.{k}"
+    return tuple(out)
+
+
 def boundaries_for(present: Sequence[str]) -> tuple[Boundary, ...]:
     ks = sorted({int(m.group(1)) for p in present if (m := DEEPSTACK.match(p))} or {0, 1, 2})
     n = max(ks) + 1
-    return BASE + tuple(deepstack(k) for k in range(n)) + (POSITIONS,)
+    return BASE + tuple(deepstack(k) for k in range(n)) + (POSITIONS,) + language_boundaries(present)
 
 
 def boundary_of(tensor: str) -> str:
-    if DEEPSTACK.match(tensor):
+    if DEEPSTACK.match(tensor) or LAYERED.match(tensor) or STEP.match(tensor):
         return tensor
     return tensor.split(".", 1)[0]
 
@@ -115,10 +159,12 @@ ADAPTER = ModelAdapter(
     oracle=lazy("oracle.qwen3_vl.runner:run"),
     engine=lazy("engine.qwen3_vl.runner:run"),
     weights=_weights,
-    weight_prefixes=lambda req: ("model.visual.",),  # both sides read the vision tower only
+    # the vision tower only, unless a prompt or decode steps take the run into the text model
+    weight_prefixes=lambda req: ("model.visual.",) if req.prompt is None and not req.decode else None,
     sources=("oracle.qwen3_vl", "tensordiff.models.qwen3_vl", "tensordiff.taps"),  # taps: the oracle is hooked through it
     stages=lazy("engine.qwen3_vl.stages:make_stages"),
     geometry=GEOMETRY,
     description="Qwen3-VL vision path (smart_resize, merge-order patches, interpolated position table, 2D RoPE, "
-                "ViT, merger, DeepStack) and the M-RoPE positions of the image span; oracle = transformers",
+                "ViT, merger, DeepStack) and the M-RoPE positions of the image span; with a prompt, the text decoder "
+                "(image overlay, DeepStack injection, interleaved M-RoPE, chunked prefill, decode); oracle = transformers",
 )

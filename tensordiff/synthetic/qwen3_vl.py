@@ -1,16 +1,27 @@
-"""Synthetic Qwen3-VL vision checkpoints: official `model.visual.*` names, shapes, shards and index.
+"""Synthetic Qwen3-VL checkpoints: official `model.visual.*` / `model.language_model.*` names, shapes,
+shards and index.
 
 Variants:
 - `tiny`: merge 2, hidden 64, 4 blocks, DeepStack at [0, 1, 2], the real 48x48 position table,
-  and an image budget of 64x64 .. 256x256 pixels (grids 4x4 .. 16x16 patches); seconds on a CPU.
+  and an image budget of 64x64 .. 256x256 pixels (grids 4x4 .. 16x16 patches); a 4-layer text
+  model (hidden 96, 4 heads, 2 KV heads, head dim 24, interleaved mrope_section [6, 3, 3]: three
+  DeepStack injection layers and one clean one), untied LM head; seconds on a CPU.
 - `full` (8B/32B tower: 27 blocks, hidden 1152, DeepStack [8, 16, 24], text width 4096) and
   `full-2b` (2B tower: 24 blocks, hidden 1024, DeepStack [5, 11, 17], text width 2048), with the
   checkpoint's image budget (shortest_edge 65536, longest_edge 16777216).
 
 Each unit (`model.visual.blocks.3`, `model.visual.merger`, ...) draws from a generator seeded by
 its own name, tensors in sorted-name order, so a unit never depends on which others exist.
-Stored in bfloat16, as the released checkpoints are. Only the vision tower is written: the text
-model's weights are not needed by any boundary here.
+Stored in bfloat16, as the released checkpoints are. The text model (`model.language_model.*`,
+`lm_head`) is written for `tiny` and `full-2b` (`"language": True`); `full` (8B text, 16 GB) keeps
+the vision tower only.
+
+`full-2b` has Qwen3-VL-2B-Instruct's published dimensions, checked against transformers 5.17.0's
+`Qwen3VLTextConfig` fields and the published config.json: text hidden 2048, 28 layers, 16 heads,
+8 KV heads, head dim 128, intermediate 6144, vocab 151936, rms_norm_eps 1e-6, rope_theta 5e6,
+mrope_section [24, 20, 20] interleaved, max_position_embeddings 262144, tie_word_embeddings true
+(no `lm_head.weight` stored: the head is the embedding table); vision depth 24, hidden 1024,
+DeepStack [5, 11, 17], out_hidden 2048.
 """
 from __future__ import annotations
 
@@ -22,14 +33,15 @@ from pathlib import Path
 
 from . import cache_root, generator, share
 
-SCHEMA = 1  # bump when the layout or the initialisation changes: the cache key changes with it
+SCHEMA = 2  # bump when the layout or the initialisation changes: the cache key changes with it
 
 VARIANTS: dict[str, dict] = {
     "tiny": {
         "vision": dict(depth=4, hidden_size=64, num_heads=4, intermediate_size=128, out_hidden_size=96,
                        deepstack_visual_indexes=[0, 1, 2], num_position_embeddings=2304),
-        "text": dict(hidden_size=96, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+        "text": dict(hidden_size=96, num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2,
                      head_dim=24, intermediate_size=192, mrope_section=[6, 3, 3]),
+        "language": True, "tie": False,
         "pixels": (64 * 64, 256 * 256),
         "shard_bytes": 1 << 30,
     },
@@ -38,6 +50,7 @@ VARIANTS: dict[str, dict] = {
                        deepstack_visual_indexes=[8, 16, 24], num_position_embeddings=2304),
         "text": dict(hidden_size=4096, num_hidden_layers=36, num_attention_heads=32, num_key_value_heads=8,
                      head_dim=128, intermediate_size=12288, mrope_section=[24, 20, 20]),
+        "language": False, "tie": False,
         "pixels": (65536, 16777216),
         "shard_bytes": 400 << 20,
     },
@@ -46,6 +59,7 @@ VARIANTS: dict[str, dict] = {
                        deepstack_visual_indexes=[5, 11, 17], num_position_embeddings=2304),
         "text": dict(hidden_size=2048, num_hidden_layers=28, num_attention_heads=16, num_key_value_heads=8,
                      head_dim=128, intermediate_size=6144, mrope_section=[24, 20, 20]),
+        "language": True, "tie": True,
         "pixels": (65536, 16777216),
         "shard_bytes": 400 << 20,
     },
@@ -66,13 +80,13 @@ def config_json(variant: str) -> dict:
         "video_token_id": 151656,
         "vision_start_token_id": 151652,
         "vision_end_token_id": 151653,
-        "tie_word_embeddings": False,
+        "tie_word_embeddings": v["tie"],
         "dtype": "bfloat16",
         "vision_config": {**VISION_COMMON, **v["vision"]},
         "text_config": {
             "model_type": "qwen3_vl_text", "vocab_size": 151936, "hidden_act": "silu",
             "max_position_embeddings": 262144, "rms_norm_eps": 1e-6, "attention_bias": False,
-            "dtype": "bfloat16",
+            "dtype": "bfloat16", "tie_word_embeddings": v["tie"],
             "rope_parameters": {"rope_type": "default", "rope_theta": 5000000.0,
                                 "mrope_section": mrope, "mrope_interleaved": True},
             **t,
@@ -125,12 +139,42 @@ def unit_shapes(vc: dict) -> dict[str, dict[str, tuple[int, ...]]]:
     return units
 
 
+def text_unit_shapes(tc: dict, tie: bool) -> dict[str, dict[str, tuple[int, ...]]]:
+    """The text model's units in the official layout (`model.language_model.*`, `lm_head`)."""
+    d, f, v = tc["hidden_size"], tc["intermediate_size"], tc["vocab_size"]
+    hd, nq, nkv = tc["head_dim"], tc["num_attention_heads"], tc["num_key_value_heads"]
+    pre = "model.language_model"
+    units: dict[str, dict[str, tuple[int, ...]]] = {f"{pre}.embed_tokens": {f"{pre}.embed_tokens.weight": (v, d)}}
+    for i in range(tc["num_hidden_layers"]):
+        p = f"{pre}.layers.{i}"
+        units[p] = {f"{p}.input_layernorm.weight": (d,), f"{p}.post_attention_layernorm.weight": (d,),
+                    f"{p}.self_attn.q_proj.weight": (nq * hd, d), f"{p}.self_attn.k_proj.weight": (nkv * hd, d),
+                    f"{p}.self_attn.v_proj.weight": (nkv * hd, d), f"{p}.self_attn.o_proj.weight": (d, nq * hd),
+                    f"{p}.self_attn.q_norm.weight": (hd,), f"{p}.self_attn.k_norm.weight": (hd,),
+                    f"{p}.mlp.gate_proj.weight": (f, d), f"{p}.mlp.up_proj.weight": (f, d),
+                    f"{p}.mlp.down_proj.weight": (d, f)}
+    units[f"{pre}.norm"] = {f"{pre}.norm.weight": (d,)}
+    if not tie:
+        units["lm_head"] = {"lm_head.weight": (v, d)}
+    return units
+
+
+def all_unit_shapes(variant: str) -> dict[str, dict[str, tuple[int, ...]]]:
+    cfg = config_json(variant)
+    units = unit_shapes(cfg["vision_config"])
+    if VARIANTS[variant]["language"]:
+        units.update(text_unit_shapes(cfg["text_config"], VARIANTS[variant]["tie"]))
+    return units
+
+
 def _init(name: str, shape: tuple[int, ...], g):
     import torch
 
     leaf = name.rsplit(".", 2)
     if name.endswith("pos_embed.weight"):
         return torch.randn(shape, generator=g) * 0.5
+    if name.endswith("embed_tokens.weight"):
+        return torch.randn(shape, generator=g)
     if "norm" in leaf[-2]:
         if name.endswith("weight"):
             return 1.0 + 0.1 * torch.randn(shape, generator=g)
@@ -147,8 +191,7 @@ def build_tensors(variant: str):
     """Yields (name, bf16 tensor) unit by unit."""
     import torch
 
-    vc = config_json(variant)["vision_config"]
-    for unit, tensors in unit_shapes(vc).items():
+    for unit, tensors in all_unit_shapes(variant).items():
         g = generator(unit)
         for name in sorted(tensors):
             yield name, _init(name, tensors[name], g).to(torch.bfloat16)

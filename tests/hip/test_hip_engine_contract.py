@@ -32,6 +32,18 @@ def test_engine_through_the_hip_layer_matches_the_oracle(model, kernels, tmp_pat
     assert kernels <= set(fake.calls), sorted(set(fake.calls))
 
 
+def test_qwen_language_path_through_the_hip_layer_matches_the_oracle(tmp_path, monkeypatch):
+    # the text decoder's RMSNorms (hidden, q/k per head), M-RoPE and the image overlay go through
+    # the same backend entry points as DeepSeek's
+    fake = install(monkeypatch)
+    adapter, req = make_request("qwen3-vl", weights="synthetic:tiny", backend="hip", prompt="A <image> b", decode=1)
+    report = compare_dumps(run_side(adapter, "oracle", req, tmp_path / "oracle"),
+                           run_side(adapter, "engine", req, tmp_path / "engine"))
+    assert report.verdict == "match", str(report)
+    assert {"logits.step.1", "deepstack_add.2"} <= {b.name for b in report.boundaries}
+    assert {"rms_norm", "rope_rotate_half", "embed_scatter"} <= set(fake.calls), sorted(set(fake.calls))
+
+
 def test_a_kernel_that_breaks_the_contract_is_seen(tmp_path, monkeypatch):
     # Teeth: a module whose aligner gather drops the zero padding diverges at the aligner.
     fake = install(monkeypatch)

@@ -39,8 +39,16 @@ def test_boundary_of_and_rules():
     assert CONTRACT.mode_for("block0") is None
 
 
+# what a language run (prompt, 4 text layers, DeepStack on 3 of them, 2 decode steps) dumps
+LANGUAGE_RUN = ["plan", "patches", "pos_embed", "rope", "block0", "final_norm", "aligner", "deepstack.0",
+                "deepstack.1", "deepstack.2", "positions", "embeddings", "text_rope", "hidden.0", "deepstack_add.0",
+                "hidden.1", "deepstack_add.1", "hidden.2", "deepstack_add.2", "hidden.3", "logits", "logits.step.1",
+                "logits.step.2"]
+
+
 def test_every_fault_names_a_boundary():
-    names = [b.name for b in CONTRACT.boundaries]
+    # the language boundaries exist per run (per layer, per decode step): resolved for a language run
+    names = [b.name for b in CONTRACT.resolve(LANGUAGE_RUN)]
     assert len(ADAPTER.faults) >= 5
     for f in ADAPTER.faults:
         assert any(fnmatch.fnmatchcase(n, f.boundary) for n in names), f
@@ -131,3 +139,57 @@ def test_engine_carries_exactly_the_adapter_faults():
     assert set(faults.ALL) == {f.name for f in ADAPTER.faults}
     with pytest.raises(EngineInputError, match="unknown qwen3-vl fault"):
         faults.check(D.CONTAIN_CEIL)  # another model's fault
+
+
+@pytest.mark.parametrize("variant", ["tiny", "full-2b"])
+def test_language_dag_has_every_read_as_an_edge(variant):
+    """From the config transformers builds: the text model adds DeepStack feature k after layer k
+    for k < len(deepstack_visual_indexes) (`Qwen3VLTextModel.forward`), every layer reads the
+    shared rotary tables, decode reads the positions; each read is an edge of the contract."""
+    from transformers import Qwen3VLConfig
+
+    cfg = Qwen3VLConfig(**{k: v for k, v in S.config_json(variant).items() if k != "synthetic"})
+    n, n_deep = cfg.text_config.num_hidden_layers, len(cfg.vision_config.deepstack_visual_indexes)
+    present = (["aligner", "positions", "embeddings", "text_rope"] + [f"deepstack.{k}" for k in range(n_deep)]
+               + [x for L in range(n) for x in [f"hidden.{L}"] + ([f"deepstack_add.{L}"] if L < n_deep else [])]
+               + ["logits", "logits.step.1", "logits.step.2"])
+    by = {b.name: b for b in CONTRACT.resolve(present)}
+    assert by["embeddings"].inputs == ("aligner",)
+    assert by["text_rope"].inputs == ("positions",)
+    for L in range(n):
+        entering = "embeddings" if L == 0 else (f"deepstack_add.{L - 1}" if L - 1 < n_deep else f"hidden.{L - 1}")
+        assert set(by[f"hidden.{L}"].inputs) == {entering, "text_rope"}, L
+    for k in range(n_deep):
+        assert set(by[f"deepstack_add.{k}"].inputs) == {f"hidden.{k}", f"deepstack.{k}"}
+    assert f"deepstack_add.{n_deep}" not in by  # the layers after the injections are clean
+    last = f"deepstack_add.{n - 1}" if n - 1 < n_deep else f"hidden.{n - 1}"
+    assert by["logits"].inputs == (last,)
+    assert {"logits", "positions", "text_rope"} <= set(by["logits.step.1"].inputs)
+    assert "logits.step.1" in by["logits.step.2"].inputs
+    assert ancestors(list(by.values()), "logits.step.2") >= {"deepstack.2", "aligner", "plan", "positions"}
+    assert CONTRACT.boundary_of("deepstack_add.1") == "deepstack_add.1"
+    assert CONTRACT.boundary_of("text_rope.cos") == "text_rope" and CONTRACT.boundary_of("logits.step.3") == "logits.step.3"
+
+
+@pytest.mark.parametrize("variant", ["tiny", "full-2b"])
+def test_synthetic_text_layout_is_transformers_layout(variant):
+    """Every tensor of Qwen3VLForConditionalGeneration, by name and shape (the tied head of
+    full-2b is the embedding table: not stored); the 2B's published text dimensions."""
+    import torch
+    from transformers import Qwen3VLConfig, Qwen3VLForConditionalGeneration
+
+    cj = S.config_json(variant)
+    cfg = Qwen3VLConfig(**{k: v for k, v in cj.items() if k != "synthetic"})
+    with torch.device("meta"):
+        model = Qwen3VLForConditionalGeneration(cfg)
+    theirs = {k: tuple(v.shape) for k, v in model.state_dict().items() if not k.startswith("model.visual.")}
+    ours = {n: s for u in S.all_unit_shapes(variant).values() for n, s in u.items() if not n.startswith("model.visual.")}
+    if cfg.tie_word_embeddings:
+        assert theirs.pop("lm_head.weight") == ours["model.language_model.embed_tokens.weight"]
+    assert ours == theirs
+    if variant == "full-2b":
+        t = cfg.text_config
+        assert (t.hidden_size, t.num_hidden_layers, t.num_attention_heads, t.num_key_value_heads, t.head_dim,
+                t.intermediate_size, t.vocab_size) == (2048, 28, 16, 8, 128, 6144, 151936)
+        assert t.rope_parameters["mrope_section"] == [24, 20, 20] and t.rope_parameters["mrope_interleaved"]
+        assert t.rope_parameters["rope_theta"] == 5e6 and cfg.tie_word_embeddings
