@@ -144,7 +144,7 @@ def test_a_gate_refuses_a_profile_measured_under_other_engine_options(toys, tmp_
 
     imgs = _pictures(tmp_path)
     write(calibrate(JITTER, imgs, variants=["dtype=bfloat16"], options=("fuse=off",)), tmp_path / "cal.toml")
-    with pytest.raises(BadInput, match=r"fuse off \(calibrated\) vs on \(this gate\)"):
+    with pytest.raises(BadInput, match=r"calibrated under another engine setup \(fuse off \(calibrated\) vs on"):
         run_gate(_gate(tmp_path, "on"), progress=False, echo=lambda s: None)
     with pytest.raises(SystemExit) as e:
         main(["gate", str(tmp_path / "gate.toml")])
@@ -152,6 +152,16 @@ def test_a_gate_refuses_a_profile_measured_under_other_engine_options(toys, tmp_
     # a device override is an engine change too
     with pytest.raises(BadInput, match="device cpu"):
         run_gate(_gate(tmp_path, "off"), overrides={"device": "cuda"}, progress=False, echo=lambda s: None)
+
+
+def test_a_gate_refuses_a_profile_measured_on_other_weights(toys, tmp_path):
+    write(calibrate(JITTER, _pictures(tmp_path), variants=["dtype=bfloat16"], options=("fuse=off",)),
+          tmp_path / "cal.toml")
+    cfg = load_gate(toy.write_gate(tmp_path, 'dtype = "bfloat16"\ntolerances = "cal.toml"\nimages = ["pics"]\n'
+                                             'weights = "synthetic:tiny-s2"\noptions = { fuse = "off" }\n',
+                                   model=JITTER))
+    with pytest.raises(BadInput, match=r"weights synthetic:tiny \(calibrated\) vs synthetic:tiny-s2 \(this gate\)"):
+        run_gate(cfg, progress=False, echo=lambda s: None)
 
 
 def test_the_fused_profile_judges_the_fused_engine(toys, tmp_path):
