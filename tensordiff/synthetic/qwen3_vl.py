@@ -11,6 +11,10 @@ Each unit (`model.visual.blocks.3`, `model.visual.merger`, ...) draws from a gen
 its own name, tensors in sorted-name order, so a unit never depends on which others exist.
 Stored in bfloat16, as the released checkpoints are. Only the vision tower is written: the text
 model's weights are not needed by any boundary here.
+
+Seeds: `<variant>-s<N>` (N >= 1, e.g. `synthetic:full-s2`) is the same variant with every unit
+drawn from seed N instead of 0 (the plain name): does a clean engine's profile hold on other
+weights (`tensordiff calibrate`)?
 """
 from __future__ import annotations
 
@@ -55,8 +59,16 @@ VISION_COMMON = dict(hidden_act="gelu_pytorch_tanh", in_channels=3, patch_size=1
                      temporal_patch_size=2, initializer_range=0.02, model_type="qwen3_vl")
 
 
+def split_seed(variant: str) -> tuple[str, int]:
+    """"full-s2" -> ("full", 2); "full" -> ("full", 0)."""
+    base, sep, tail = variant.rpartition("-s")
+    if sep and base in VARIANTS and tail.isdigit() and int(tail) >= 1 and tail == str(int(tail)):
+        return base, int(tail)
+    return variant, 0
+
+
 def config_json(variant: str) -> dict:
-    v = VARIANTS[variant]
+    v = VARIANTS[split_seed(variant)[0]]
     t = dict(v["text"])
     mrope = t.pop("mrope_section")
     return {
@@ -82,7 +94,7 @@ def config_json(variant: str) -> dict:
 
 
 def preprocessor_json(variant: str) -> dict:
-    lo, hi = VARIANTS[variant]["pixels"]
+    lo, hi = VARIANTS[split_seed(variant)[0]]["pixels"]
     return {
         "size": {"shortest_edge": lo, "longest_edge": hi},
         "patch_size": 16, "temporal_patch_size": 2, "merge_size": 2,
@@ -148,8 +160,9 @@ def build_tensors(variant: str):
     import torch
 
     vc = config_json(variant)["vision_config"]
+    seed = split_seed(variant)[1]
     for unit, tensors in unit_shapes(vc).items():
-        g = generator(unit)
+        g = generator(unit, seed)
         for name in sorted(tensors):
             yield name, _init(name, tensors[name], g).to(torch.bfloat16)
 
@@ -160,10 +173,11 @@ def checkpoint_dir(variant: str) -> Path:
 
 def ensure(variant: str) -> Path:
     """The cached checkpoint directory for `variant`, written on first use (atomically)."""
-    if variant not in VARIANTS:
+    if split_seed(variant)[0] not in VARIANTS:
         from ..errors import BadInput
 
-        raise BadInput(f"unknown synthetic Qwen3-VL variant {variant!r} (known: {', '.join(VARIANTS)})")
+        raise BadInput(f"unknown synthetic Qwen3-VL variant {variant!r} (known: {', '.join(VARIANTS)}; "
+                       "each optionally with a seed suffix such as -s2)")
     out = checkpoint_dir(variant)
     if (out / "model.safetensors.index.json").exists():
         return out
@@ -174,7 +188,7 @@ def ensure(variant: str) -> Path:
     try:
         shards: list[dict] = [{}]
         size = 0
-        limit = VARIANTS[variant]["shard_bytes"]
+        limit = VARIANTS[split_seed(variant)[0]]["shard_bytes"]
         for name, t in build_tensors(variant):
             nbytes = t.numel() * t.element_size()
             if size and size + nbytes > limit:
