@@ -218,3 +218,23 @@ def test_engine_of_reads_the_record(tmp_path):
     p.write_text('[calibration]\nengine = 3\n')
     with pytest.raises(BadInput, match="calibration.engine"):
         engine_of(p)
+
+
+def test_cli_calibrate_repeats_under_the_gates_options(toys, tmp_path, capsys):
+    from tensordiff.cli import main
+
+    _pictures(tmp_path)
+    gate = toy.write_gate(tmp_path, 'images = ["pics"]\noptions = { fuse = "on" }\n', model=JITTER)
+    with pytest.raises(SystemExit) as e:
+        main(["calibrate", str(gate), "--out", str(tmp_path / "cal.toml"), "--repeats", "2"])
+    out = capsys.readouterr().out
+    assert e.value.code == 0, out
+    assert "engine: backend=torch, device=cpu, fuse=on; 2 runs per image" in out
+    data = tomllib.loads((tmp_path / "cal.toml").read_text())
+    assert data["calibration"]["engine"]["fuse"] == "on" and data["calibration"]["engine"]["repeats"] == 2
+    assert data["profile"]["block0"]["rmse"]["repeats"] == 2
+    with pytest.raises(SystemExit) as e:
+        main(["calibrate", str(gate), "--out", str(tmp_path / "cal2.toml"), "--repeats", "0"])
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and "--repeats must be a positive integer" in err and "Traceback" not in err
+    assert not (tmp_path / "cal2.toml").exists()
