@@ -24,13 +24,15 @@ The engine's profile is measured under the gate case's engine options (`[[model]
 backend, device), and the file records them as `[calibration.engine]`: a profile measured on the
 eager engine need not hold for the compiled one (fused segments, CUDA graphs), so a gate whose
 numeric pass would judge an engine run under other options by this profile refuses to run
-(`check_engine`; also on other weights: a profile does not transfer across weight seeds). `--repeats N` runs the clean engine N times per image; each profile entry
-then records `run_spread` (run-to-run) apart from `image_spread`, and the band covers both.
+(`check_engine`; on other weights too: a profile does not transfer across weight seeds).
+`--repeats N` runs the clean engine N times per image; each profile entry then records
+`run_spread` (run-to-run) apart from `image_spread`, and the band covers both.
 """
 from __future__ import annotations
 
 import json
 import math
+import shutil
 import tempfile
 import time
 from contextlib import contextmanager
@@ -255,10 +257,6 @@ def _sdpa_only(name: str | None):
         yield
 
 
-# the record's keys besides the model's engine-read options
-ENGINE_KEYS = ("backend", "device")
-
-
 def _text(v: Any) -> str:
     if v is None:
         return "default"
@@ -414,9 +412,11 @@ def calibrate(model: str, images, *, weights: str = "synthetic:tiny", device: st
                     from .runs import run_side
 
                     for r in range(repeats):
-                        edir = run_side(adapter, "engine", replace(ereq, dtype=low.value), Path(tmp) / f"engine-{i}-{r}")
+                        edir = run_side(adapter, "engine", replace(ereq, dtype=low.value),
+                                        Path(tmp) / f"engine-{i}-{r}")
                         num = three_way(ref, vdir, edir)
                         cal.profile.add(num, Path(img).name, run=r)
+                        shutil.rmtree(edir, ignore_errors=True)  # judged: N repeats need no N dumps on disk
                         echo(f"{Path(img).name}: clean {low.value} engine"
                              + (f" (run {r + 1} of {repeats})" if repeats > 1 else "") + f", numeric pass {num.verdict}")
     cal.boundaries = list(order)
