@@ -68,8 +68,11 @@ def pictures(d: Path, smoke: bool) -> list[Path]:
 
 
 def profile_json(cal) -> dict:
-    """boundary -> stat -> {min, median, max, n, images, repeats, image_spread, run_spread}."""
-    return {name: {s: v for s, v in per.items() if s != "equals_floor_run"}
+    """boundary -> stat -> {min, median, max, n, images, repeats, image_spread, run_spread,
+    per_image: {image: [ratio per run]}}."""
+    runs = cal.profile.by_image
+    return {name: {s: {**v, "per_image": {k.split(":", 1)[1]: r for k, r in runs.get(name, {}).get(s, {}).items()}}
+                   for s, v in per.items() if s != "equals_floor_run"}
             for name, per in cal.profile.summary().items()}
 
 

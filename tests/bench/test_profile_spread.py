@@ -25,6 +25,8 @@ def test_profile_spread_smoke_runs_every_step(tmp_path):
             v = prof["aligner"][stat]
             assert v["images"] == 2 and v["repeats"] == 2 and v["n"] == 4 and v["min"] <= v["median"] <= v["max"]
             assert v["run_spread"] >= 0 and v["image_spread"] >= 0
+            assert sorted(v["per_image"]) == ["noise-a.png", "noise-b.png"] and all(
+                len(r) == 2 and v["min"] <= min(r) and max(r) <= v["max"] for r in v["per_image"].values())
     assert set(res["shift"]["aligner"]["rmse"]) >= {"median_shift", "compiled_inside_eager_band"}
     g = res["gate"]
     assert g["eager_profile_on_compiled"].startswith("refused:") and "fuse off (calibrated)" in g["eager_profile_on_compiled"]

@@ -141,16 +141,18 @@ def test_without_repeats_the_band_can_miss_the_run_to_run_variation(toys, tmp_pa
                for r in runs for c in r.cases if c.numeric is not None for b in c.numeric.boundaries)
 
 
-def test_a_gate_refuses_a_profile_measured_under_other_engine_options(toys, tmp_path):
+def test_a_gate_refuses_a_profile_measured_under_other_engine_options(toys, tmp_path, capsys):
     from tensordiff.cli import main
 
     imgs = _pictures(tmp_path)
     write(calibrate(JITTER, imgs, variants=["dtype=bfloat16"], options=("fuse=off",)), tmp_path / "cal.toml")
     with pytest.raises(BadInput, match=r"calibrated under another engine setup \(fuse off \(calibrated\) vs on"):
         run_gate(_gate(tmp_path, "on"), progress=False, echo=lambda s: None)
+    capsys.readouterr()
     with pytest.raises(SystemExit) as e:
         main(["gate", str(tmp_path / "gate.toml")])
-    assert e.value.code == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert e.value.code == 2 and len(err) == 1 and "fuse off (calibrated) vs on (this gate)" in err[0]
     # a device override is an engine change too
     with pytest.raises(BadInput, match="device cpu"):
         run_gate(_gate(tmp_path, "off"), overrides={"device": "cuda"}, progress=False, echo=lambda s: None)
