@@ -23,8 +23,10 @@ from __future__ import annotations
 
 import argparse
 import json
+import shutil
 import signal
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -226,11 +228,14 @@ def main(argv=None) -> int:
                 if fault and a.budget - (time.perf_counter() - t0) < 0.3 * est:
                     res["skipped"].append(f"gate fault {fault}: out of budget")
                     continue
-                work = a.out / "gate-work" / (fault or "clean")
-                g = run_gate(few if fault else cfg, fault=fault, out=work, progress=False, echo=echo)
+                work = Path(tempfile.mkdtemp(prefix="profile-spread-gate-"))  # dumps stay out of OUTDIR
+                try:
+                    g = run_gate(few if fault else cfg, fault=fault, out=work, progress=False, echo=echo)
+                    if fault is None:
+                        out["speed_path"] = speed_paths(work)  # what the compiled engine really ran
+                finally:
+                    shutil.rmtree(work, ignore_errors=True)
                 out[fault or "clean"] = summarise(g)
-                if fault is None:
-                    out["speed_path"] = speed_paths(work)
                 save()
             return out
 

@@ -32,6 +32,9 @@ def test_profile_spread_smoke_runs_every_step(tmp_path):
     assert g["eager_profile_on_compiled"].startswith("refused:") and "fuse off (calibrated)" in g["eager_profile_on_compiled"]
     assert g["clean_passes"] and g["faults_caught"] == {f: True for f in
                                                         ("residual-scale", "norm-eps", "splitk-bf16", "tail-row-scale")}
+    # what the "compiled" engine really ran is recorded (on the CPU: eager, with the reason)
+    assert any(sp["vision"]["block"]["asked"] == "on" for sp in g["speed_path"])
+    assert not (tmp_path / "out" / "gate-work").exists()  # the gate's dumps are not left in OUTDIR
     assert res["seed"]["weights"] == "synthetic:tiny-s2" and isinstance(res["seed"]["transfers"], bool)
     assert res["seed"]["gate_seed0_calibration_on_seed2"].startswith("refused:")
     assert "weights synthetic:tiny (calibrated) vs synthetic:tiny-s2" in res["seed"]["gate_seed0_calibration_on_seed2"]
