@@ -19,11 +19,20 @@ with only that kernel allowed (and records it in `RunRequest.options["sdpa"]`, s
 cache keeps them apart); any other key is one of the model's run options that the oracle reads
 (`tensordiff options MODEL`; e.g. `attention=eager` for the Qwen3-VL oracle, `processor=pil`),
 typed through that table; an unknown or engine-only key is refused.
+
+The engine's profile is measured under the gate case's engine options (`[[model]] options`,
+backend, device), and the file records them as `[calibration.engine]`: a profile measured on the
+eager engine need not hold for the compiled one (fused segments, CUDA graphs), so a gate whose
+numeric pass would judge an engine run under other options by this profile refuses to run
+(`check_engine`; on other weights too: a profile does not transfer across weight seeds).
+`--repeats N` runs the clean engine N times per image; each profile entry then records
+`run_spread` (run-to-run) apart from `image_spread`, and the band covers both.
 """
 from __future__ import annotations
 
 import json
 import math
+import shutil
 import tempfile
 import time
 from contextlib import contextmanager
@@ -94,6 +103,8 @@ class Calibration:
     profile: Any = None  # floor.Profile | None
     profile_dtype: str | None = None
     profile_note: str = ""
+    engine: dict = field(default_factory=dict)  # engine_record(): what the profile was measured under
+    repeats: int = 1
 
     def measured(self) -> list[Floor]:
         return [f for f in self.floors.values() if f.max_abs > 0 and math.isfinite(f.max_abs)]
@@ -142,6 +153,11 @@ class Calibration:
              f"reference = {q(self.reference)}", f"variants = [{', '.join(q(v) for v in self.variants)}]",
              f"multiple = {_num(self.multiple)}", f"images = [{', '.join(q(i) for i in self.images)}]",
              f"created = {q(now)}", ""]
+        if self.profile is not None and self.engine:
+            L += ["# the engine options the profile was measured under: a gate running the engine otherwise",
+                  "# refuses this profile (recalibrate under its options)", "[calibration.engine]"]
+            L += [f"{q(k)} = {q(v)}" for k, v in self.engine.items()]
+            L += [f"repeats = {self.repeats}", ""]
         un = self.unmeasured()
         if un:
             L.append("[calibration.unmeasured]")
@@ -189,6 +205,9 @@ class Calibration:
     def render_text(self) -> str:
         lines = [f"calibration of {self.model} ({self.weights}): reference {self.reference}; "
                  f"variants {', '.join(self.variants)}; tolerance = {self.multiple:g}x floor"]
+        if self.profile is not None and self.engine:
+            lines.append("engine: " + ", ".join(f"{k}={v}" for k, v in self.engine.items())
+                         + (f"; {self.repeats} runs per image" if self.repeats > 1 else ""))
         for v, why in self.failed.items():
             lines.append(f"  variant {v} could not run: {why}")
         for f in sorted(self.floors.values(), key=lambda f: (self.boundaries.index(f.boundary)
@@ -205,6 +224,7 @@ class Calibration:
                          f"min/median/max; multipliers {rule.as_dict()}")
             for name, per in self.profile.summary().items():
                 lines.append(f"  {name:<16} " + "  ".join(f"{s} {v['min']:.3f}/{v['median']:.3f}/{v['max']:.3f}"
+                                                        + (f" (runs ±{v['run_spread']:.2g})" if "run_spread" in v else "")
                                                         for s, v in per.items() if s != "equals_floor_run")
                              + ("  (bit-equal to the floor run: kept exact)" if "equals_floor_run" in per else ""))
             for f in self.profile.failed:
@@ -237,6 +257,69 @@ def _sdpa_only(name: str | None):
         yield
 
 
+def _text(v: Any) -> str:
+    if v is None:
+        return "default"
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if isinstance(v, (tuple, list)):
+        return ",".join(str(x) for x in v)
+    return str(v)
+
+
+def engine_record(adapter, backend: str, device: str, options=()) -> dict[str, str]:
+    """What the clean engine's profile depends on, as strings: backend, device kind (cpu, cuda)
+    and every option the engine reads, typed with its default filled in (fuse = auto when unset)."""
+    from .options import NO_OPTIONS, parse_assignments
+
+    table = getattr(adapter, "options", None) or NO_OPTIONS
+    typed = table.parse(parse_assignments(options), adapter.name)
+    rec = {"backend": backend, "device": device.split(":", 1)[0]}
+    rec.update({k: _text(v) for k, v in table.for_side(typed, "engine").items()})
+    return rec
+
+
+def engine_mismatch(recorded: dict | None, now: dict[str, str]) -> str | None:
+    """Why a profile measured under `recorded` must not judge an engine run under `now` (None:
+    it may). A file without the record (written before it existed) is not checked."""
+    if not recorded:
+        return None
+    diff = [f"{k} {recorded.get(k, 'default')!s} (calibrated) vs {v} (this gate)"
+            for k, v in now.items() if str(recorded.get(k, "default")) != v]
+    return "; ".join(diff) or None
+
+
+def engine_of(path) -> dict | None:
+    """The `[calibration.engine]` record of a calibration file (None: none recorded)."""
+    from .floor import _read_toml
+
+    cal = _read_toml(path).get("calibration")
+    rec = cal.get("engine") if isinstance(cal, dict) else None
+    if rec is None:
+        return None
+    if not isinstance(rec, dict):
+        raise BadInput(f"{path}: [calibration.engine] must be a table")
+    return {k: str(v) for k, v in rec.items() if k != "repeats"}
+
+
+def check_engine(path, adapter, backend: str, device: str, options=(), weights: str | None = None,
+                 where: str = "gate") -> None:
+    """Refuse (BadInput) a profile measured under other engine options, or on other weights, than
+    this run's. Weights too: measured on CPU (synthetic:tiny, four photographs), the clean
+    engine's block0 RMSE ratio on seed-2 weights is 1.003x, outside the seed-0 profile's band
+    [0.9972, 1.001]; a profile does not transfer across weights, so it would false-alarm."""
+    from .floor import _read_toml
+
+    why = engine_mismatch(engine_of(path), engine_record(adapter, backend, device, options))
+    cal = _read_toml(path).get("calibration")
+    was = cal.get("weights") if isinstance(cal, dict) else None
+    if weights is not None and isinstance(was, str) and was != weights:
+        why = "; ".join(x for x in (f"weights {was} (calibrated) vs {weights} (this gate)", why) if x)
+    if why:
+        raise BadInput(f"{where}: the engine profile in {path} was calibrated under another engine setup "
+                       f"({why}); recalibrate under the gate's, or drop \"numeric\" from passes")
+
+
 def variant_request(req, v: Variant, adapter=None):
     if v.key == "dtype":
         return replace(req, dtype=v.value)
@@ -248,10 +331,12 @@ def variant_request(req, v: Variant, adapter=None):
 
 def calibrate(model: str, images, *, weights: str = "synthetic:tiny", device: str = "cpu",
               dtype: str = "float32", variants=DEFAULT_VARIANTS, multiple: float = DEFAULT_MULTIPLE,
-              use_cache: bool = True, echo=None, engine_profile: bool = True, backend: str = "torch") -> Calibration:
+              use_cache: bool = True, echo=None, engine_profile: bool = True, backend: str = "torch",
+              options=(), repeats: int = 1) -> Calibration:
     """The oracle at `dtype` (the reference) against itself under each variant, on every image;
     with `engine_profile`, the clean engine in the low precision of the first dtype variant too,
-    three-way (tensordiff.floor), for the numeric pass's multipliers and profile."""
+    three-way (tensordiff.floor), for the numeric pass's multipliers and profile: `repeats` runs
+    per image under the engine `options` (NAME=VALUE, as a gate's `[[model]] options`)."""
     from . import registry
     from .compare import compare_dumps
     from .metrics import FloatResult
@@ -260,6 +345,8 @@ def calibrate(model: str, images, *, weights: str = "synthetic:tiny", device: st
 
     if not (isinstance(multiple, (int, float)) and multiple > 0 and math.isfinite(multiple)):
         raise BadInput(f"--multiple must be a positive number, not {multiple!r}")
+    if isinstance(repeats, bool) or not isinstance(repeats, int) or repeats < 1:
+        raise BadInput(f"--repeats must be a positive integer, not {repeats!r}")
     vs = [v if isinstance(v, Variant) else parse_variant(v) for v in variants]
     if not vs:
         raise BadInput("calibrate needs at least one --variant")
@@ -272,7 +359,8 @@ def calibrate(model: str, images, *, weights: str = "synthetic:tiny", device: st
         if v.key not in ("dtype", "sdpa"):
             oracle_option(adapter, v.key, v.value, f"--variant {v.label}")
     cal = Calibration(model, weights, f"oracle {dtype}, default attention", [v.label for v in vs], float(multiple),
-                      [str(i) for i in images])
+                      [str(i) for i in images], engine=engine_record(adapter, backend, device, options),
+                      repeats=repeats)
     order: dict[str, None] = {}
     t0 = time.perf_counter()
     low = next((v for v in vs if v.key == "dtype" and v.value != "float32"), None)
@@ -288,7 +376,7 @@ def calibrate(model: str, images, *, weights: str = "synthetic:tiny", device: st
     with tempfile.TemporaryDirectory(prefix="tensordiff-calibrate-") as tmp:
         for i, img in enumerate(images):
             _, ereq = make_request(model, image=img, weights=weights, device=device, dtype=dtype, backend=backend,
-                                   adapter=adapter)
+                                   adapter=adapter, extra=tuple(options))
             req = oracle_request(ereq)
             ref = oracle_dump(adapter, req, Path(tmp) / f"ref-{i}", use_cache).path
             for j, v in enumerate(vs):
@@ -323,10 +411,14 @@ def calibrate(model: str, images, *, weights: str = "synthetic:tiny", device: st
                     from .floor import three_way
                     from .runs import run_side
 
-                    edir = run_side(adapter, "engine", replace(ereq, dtype=low.value), Path(tmp) / f"engine-{i}")
-                    num = three_way(ref, vdir, edir)
-                    cal.profile.add(num, Path(img).name)
-                    echo(f"{Path(img).name}: clean {low.value} engine, numeric pass {num.verdict}")
+                    for r in range(repeats):
+                        edir = run_side(adapter, "engine", replace(ereq, dtype=low.value),
+                                        Path(tmp) / f"engine-{i}-{r}")
+                        num = three_way(ref, vdir, edir)
+                        cal.profile.add(num, Path(img).name, run=r)
+                        shutil.rmtree(edir, ignore_errors=True)  # judged: N repeats need no N dumps on disk
+                        echo(f"{Path(img).name}: clean {low.value} engine"
+                             + (f" (run {r + 1} of {repeats})" if repeats > 1 else "") + f", numeric pass {num.verdict}")
     cal.boundaries = list(order)
     cal.timings["total"] = time.perf_counter() - t0
     if not cal.boundaries and cal.failed:

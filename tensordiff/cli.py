@@ -401,7 +401,10 @@ def gate(config, json_path, junit_path, html_path, out, models, fault, weights, 
 @click.option("--no-cache", is_flag=True, help="Run the oracle even when a cached dump exists.")
 @click.option("--no-engine-profile", is_flag=True,
               help="Skip the clean engine's profile (its ratios to the floor, for the gate's numeric pass).")
-def calibrate(config, out, models, variants, multiple, dtype, device, no_cache, no_engine_profile=False):
+@click.option("--repeats", type=int, default=1, show_default=True,
+              help="Run the clean engine this many times per image: the profile's spread then covers "
+                   "run-to-run variation (recorded as run_spread).")
+def calibrate(config, out, models, variants, multiple, dtype, device, no_cache, no_engine_profile=False, repeats=1):
     """Measure each boundary's noise floor (the oracle against itself at another precision or
     attention kernel, on the gate's images) and write tolerances as a multiple of it."""
     from .calibrate import DEFAULT_VARIANTS, calibrate as run_calibrate, write
@@ -421,7 +424,8 @@ def calibrate(config, out, models, variants, multiple, dtype, device, no_cache, 
         cal = run_calibrate(m.name, list(m.images), weights=m.weights, device=device or m.device, dtype=dtype,
                             variants=list(variants) or list(DEFAULT_VARIANTS), multiple=multiple,
                             use_cache=cfg.cache and not no_cache, echo=lambda s: click.echo(s, err=True),
-                            engine_profile=not no_engine_profile, backend=m.backend)
+                            engine_profile=not no_engine_profile, backend=m.backend, options=m.options,
+                            repeats=repeats)
         write(cal, path)
         click.echo(cal.render_text())
         click.echo(f"wrote {path}")

@@ -194,10 +194,12 @@ def detectable(st: dict, rule: FloorRule, upper: float | None = None) -> dict:
 
 
 def profile_band(prof: dict | None) -> dict[str, tuple[float, float]]:
-    """stat -> (low, high) allowed by a clean profile {stat: {min, max, n}} (n >= 2 only)."""
+    """stat -> (low, high) allowed by a clean profile {stat: {min, max, n}} (two images or more:
+    `images` where the profile has repeated runs, else `n`). The spread is that of every sample,
+    so with `calibrate --repeats` it covers run-to-run variation as well as the images'."""
     out = {}
     for stat, p in (prof or {}).items():
-        if stat not in RATIOS or not isinstance(p, dict) or int(p.get("n", 0)) < 2:
+        if stat not in RATIOS or not isinstance(p, dict) or int(p.get("images", p.get("n", 0))) < 2:
             continue
         lo, hi = float(p["min"]), float(p["max"])
         spread = hi - lo
@@ -391,32 +393,40 @@ class Profile:
     same: dict = None  # tensor -> [engine equal to the floor run bit for bit, per image]
     images: int = 0
     failed: list = None  # images whose clean run diverged under the default rule
+    by_image: dict = None  # tensor -> stat -> image -> [ratio per run]
 
     def __post_init__(self):
         self.ratios, self.worst_row, self.failed = self.ratios or {}, self.worst_row or {}, self.failed or []
         self.same = self.same or {}
+        self.by_image = self.by_image or {}
 
-    def add(self, report, image: str = "") -> None:
-        """One clean numeric-pass report (`three_way` of the clean engine)."""
-        self.images += 1
+    def add(self, report, image: str = "", run: int = 0) -> None:
+        """One clean numeric-pass report (`three_way` of the clean engine); `run` > 0 is a repeat
+        of an image already added (`calibrate --repeats`): a sample of run-to-run variation."""
+        if run == 0:
+            self.images += 1
         if report.verdict != "match":
-            self.failed.append(f"{image}: {'; '.join(b.reason for b in report.boundaries if b.reason)[:300]}")
+            self.failed.append(f"{image}{f' (run {run + 1})' if run else ''}: "
+                               f"{'; '.join(b.reason for b in report.boundaries if b.reason)[:300]}")
         for b in report.boundaries:
             for t in b.tensors:
                 if t.mode != "floor" or t.metrics.get("exact_floor"):
                     continue
                 self.same.setdefault(t.name, []).append(bool(t.metrics.get("equals_floor_run")))
                 per = self.ratios.setdefault(t.name, {})
+                per_image = self.by_image.setdefault(t.name, {})
                 for stat in RATIOS:
                     v = t.metrics["ratios"][stat]
                     if math.isfinite(v):
                         per.setdefault(stat, []).append(float(v))
+                        per_image.setdefault(stat, {}).setdefault(f"{self.images}:{image}", []).append(float(v))
                 if t.metrics["worst_rows"]:
                     self.worst_row.setdefault(t.name, []).append(float(t.metrics["worst_rows"][0]["x_floor"]))
 
     def summary(self) -> dict:
         """tensor -> stat -> {min, median, max, n}: what a calibration file stores as [profile]."""
-        out = {name: {stat: {"min": min(v), "median": float(np.median(v)), "max": max(v), "n": len(v)}
+        out = {name: {stat: {"min": min(v), "median": float(np.median(v)), "max": max(v), "n": len(v),
+                             **self._spreads(name, stat)}
                       for stat, v in per.items() if v}
                for name, per in self.ratios.items()}
         # where the clean engine is the oracle's own arithmetic in this precision (a position
@@ -425,6 +435,17 @@ class Profile:
             if same and all(same) and len(same) >= 1 and name in out:
                 out[name]["equals_floor_run"] = {"all": True, "n": len(same)}
         return out
+
+    def _spreads(self, name: str, stat: str) -> dict:
+        """With repeated runs: the images' spread (max - min of their per-image medians) and the
+        run-to-run spread (the largest max - min over one image's runs), recorded apart."""
+        runs = self.by_image.get(name, {}).get(stat, {})
+        if not runs or all(len(v) < 2 for v in runs.values()):
+            return {}
+        medians = [float(np.median(v)) for v in runs.values()]
+        return {"images": len(runs), "repeats": max(len(v) for v in runs.values()),
+                "image_spread": max(medians) - min(medians),
+                "run_spread": max(max(v) - min(v) for v in runs.values())}
 
     def rule(self, base: FloorRule = DEFAULT_RULE) -> FloorRule:
         """Multipliers for this engine: the default, or the default's margin above the engine's

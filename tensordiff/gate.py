@@ -405,6 +405,12 @@ def run_gate(cfg: GateConfig, *, fault: str | None = None, models: list[str] | N
             raise BadInput(f"{m.name}: the numeric pass judges a low-precision run against float32; "
                            "set dtype = \"bfloat16\" (or drop \"numeric\" from passes)")
     adapters = {m.name: registry.adapter(m.name) for m in mcs}  # looked up once, used by every case
+    from .calibrate import check_engine
+    from .floor import profile_of
+
+    for m in mcs:  # a profile judges only the engine setup it was measured on (eager is not compiled)
+        if m.tolerances is not None and "numeric" in case_passes(m) and profile_of(m.tolerances):
+            check_engine(m.tolerances, adapters[m.name], m.backend, m.device, m.options, m.weights, m.name)
     if fault is not None:
         having = [n for n, a in adapters.items() if any(f.name == fault for f in a.faults)]
         if not having:

@@ -16,6 +16,11 @@ small biases, norm weights near 1. Stored in bf16, as the released vision weight
 `tiny-fp8` is `tiny` in the released storage (FP8 dense layers and Engram table with block scales,
 FP4 routed experts). `tiny` also holds the language backbone (`deepseek_v41_flash_language`, merged into the same
 config and index); `full` holds the vision path only (tower, aligner, span markers).
+
+Seeds: `synthetic:<size>-s<N>` (N >= 1, e.g. `synthetic:full-s2`) is the same config with the
+vision path's units (tower, aligner, span markers) drawn from seed N instead of 0; the language
+backbone of `tiny` keeps its one seeding. It asks whether a clean engine's profile measured on
+one set of weights holds on another (`tensordiff calibrate`).
 """
 from __future__ import annotations
 
@@ -117,11 +122,11 @@ def _scale(name: str, shape: tuple[int, ...], cfg: dict) -> tuple[str, float]:
     return "normal", std
 
 
-def _vision_values(cfg: dict) -> Iterator[tuple[str, dict]]:
+def _vision_values(cfg: dict, seed: int = 0) -> Iterator[tuple[str, dict]]:
     import torch
 
     for unit, tensors in vision_units(cfg):
-        g = generator(f"{MODEL}:{unit}")
+        g = generator(f"{MODEL}:{unit}", seed)
         values = {}
         for name, shape in tensors.items():
             kind, std = _scale(name, shape, cfg)
@@ -131,9 +136,9 @@ def _vision_values(cfg: dict) -> Iterator[tuple[str, dict]]:
         yield unit, values
 
 
-def _language_values(cfg: dict) -> Iterator[tuple[str, dict]]:
+def _language_values(cfg: dict, seed: int = 0) -> Iterator[tuple[str, dict]]:
     """The language backbone's tensors (its own seeding and scales), minus what the vision
-    writer already holds (the span markers)."""
+    writer already holds (the span markers). Its seeding is its own: `seed` changes nothing here."""
     from .deepseek_v41_flash_language import language_tensors
 
     yield "language", language_tensors(cfg, skip=frozenset(vision_tensor_names(cfg)))
@@ -150,7 +155,7 @@ SHARD_BYTES = 512 << 20
 
 # --------------------------------------------------------------------------- writing
 
-def _write(target: Path, cfg: dict, writers) -> None:
+def _write(target: Path, cfg: dict, writers, seed: int = 0) -> None:
     """Shards of whole units up to SHARD_BYTES, an index, and config.json, atomically."""
     from safetensors.torch import save_file
 
@@ -160,7 +165,7 @@ def _write(target: Path, cfg: dict, writers) -> None:
         shards: list[dict] = [{}]
         size = 0
         for writer in writers:
-            for _unit, values in writer(cfg):
+            for _unit, values in writer(cfg, seed):
                 nbytes = sum(t.numel() * t.element_size() for t in values.values())
                 if shards[-1] and size + nbytes > SHARD_BYTES:
                     shards.append({})
@@ -192,18 +197,31 @@ def _write(target: Path, cfg: dict, writers) -> None:
         raise
 
 
+def split_seed(variant: str) -> tuple[str, int]:
+    """"full-s2" -> ("full", 2); "full" -> ("full", 0). A size without a seed suffix is seed 0."""
+    base, sep, tail = variant.rpartition("-s")
+    if sep and base in CONFIGS and tail.isdigit() and int(tail) >= 1 and tail == str(int(tail)):
+        return base, int(tail)
+    return variant, 0
+
+
 def synthetic_dir(size: str) -> Path:
-    """The cached checkpoint for `size` ("tiny" or "full"), written on first use."""
-    if size not in CONFIGS:
-        raise BadInput(f"unknown synthetic size {size!r} ({', '.join(CONFIGS)})")
-    cfg = CONFIGS[size]()
+    """The cached checkpoint for `size` ("tiny", "tiny-fp8", "full", each optionally with a
+    seed suffix "-s<N>"), written on first use."""
+    base, seed = split_seed(size)
+    if base not in CONFIGS:
+        raise BadInput(f"unknown synthetic size {size!r} ({', '.join(CONFIGS)}, each optionally "
+                       "with a vision seed suffix such as -s2)")
+    cfg = CONFIGS[base]()
     from .deepseek_v41_flash_language import SYNTH_VERSION
 
-    # the directory name changes with the config or either writer's version
-    key = hashlib.sha256(f"{VERSION}:{SYNTH_VERSION}:{json.dumps(cfg, sort_keys=True)}".encode()).hexdigest()[:12]
+    # the directory name changes with the config, either writer's version or the seed (seed 0
+    # keeps the name it always had)
+    text = f"{VERSION}:{SYNTH_VERSION}:{json.dumps(cfg, sort_keys=True)}" + (f":seed={seed}" if seed else "")
+    key = hashlib.sha256(text.encode()).hexdigest()[:12]
     target = cache_root() / MODEL / f"synthetic-{size}-{key}"
     if not (target / INDEX).is_file():
-        _write(target, cfg, UNIT_WRITERS[size])
+        _write(target, cfg, UNIT_WRITERS[base], seed)
     return target
 
 

@@ -22,6 +22,10 @@ the vision tower only.
 mrope_section [24, 20, 20] interleaved, max_position_embeddings 262144, tie_word_embeddings true
 (no `lm_head.weight` stored: the head is the embedding table); vision depth 24, hidden 1024,
 DeepStack [5, 11, 17], out_hidden 2048.
+
+Seeds: `<variant>-s<N>` (N >= 1, e.g. `synthetic:full-s2`) is the same variant with every unit
+drawn from seed N instead of 0 (the plain name): does a clean engine's profile hold on other
+weights (`tensordiff calibrate`)?
 """
 from __future__ import annotations
 
@@ -69,8 +73,16 @@ VISION_COMMON = dict(hidden_act="gelu_pytorch_tanh", in_channels=3, patch_size=1
                      temporal_patch_size=2, initializer_range=0.02, model_type="qwen3_vl")
 
 
+def split_seed(variant: str) -> tuple[str, int]:
+    """"full-s2" -> ("full", 2); "full" -> ("full", 0)."""
+    base, sep, tail = variant.rpartition("-s")
+    if sep and base in VARIANTS and tail.isdigit() and int(tail) >= 1 and tail == str(int(tail)):
+        return base, int(tail)
+    return variant, 0
+
+
 def config_json(variant: str) -> dict:
-    v = VARIANTS[variant]
+    v = VARIANTS[split_seed(variant)[0]]
     t = dict(v["text"])
     mrope = t.pop("mrope_section")
     return {
@@ -96,7 +108,7 @@ def config_json(variant: str) -> dict:
 
 
 def preprocessor_json(variant: str) -> dict:
-    lo, hi = VARIANTS[variant]["pixels"]
+    lo, hi = VARIANTS[split_seed(variant)[0]]["pixels"]
     return {
         "size": {"shortest_edge": lo, "longest_edge": hi},
         "patch_size": 16, "temporal_patch_size": 2, "merge_size": 2,
@@ -161,9 +173,10 @@ def text_unit_shapes(tc: dict, tie: bool) -> dict[str, dict[str, tuple[int, ...]
 
 def all_unit_shapes(variant: str) -> dict[str, dict[str, tuple[int, ...]]]:
     cfg = config_json(variant)
+    base = split_seed(variant)[0]
     units = unit_shapes(cfg["vision_config"])
-    if VARIANTS[variant]["language"]:
-        units.update(text_unit_shapes(cfg["text_config"], VARIANTS[variant]["tie"]))
+    if VARIANTS[base]["language"]:
+        units.update(text_unit_shapes(cfg["text_config"], VARIANTS[base]["tie"]))
     return units
 
 
@@ -191,8 +204,9 @@ def build_tensors(variant: str):
     """Yields (name, bf16 tensor) unit by unit."""
     import torch
 
+    seed = split_seed(variant)[1]
     for unit, tensors in all_unit_shapes(variant).items():
-        g = generator(unit)
+        g = generator(unit, seed)
         for name in sorted(tensors):
             yield name, _init(name, tensors[name], g).to(torch.bfloat16)
 
@@ -203,10 +217,11 @@ def checkpoint_dir(variant: str) -> Path:
 
 def ensure(variant: str) -> Path:
     """The cached checkpoint directory for `variant`, written on first use (atomically)."""
-    if variant not in VARIANTS:
+    if split_seed(variant)[0] not in VARIANTS:
         from ..errors import BadInput
 
-        raise BadInput(f"unknown synthetic Qwen3-VL variant {variant!r} (known: {', '.join(VARIANTS)})")
+        raise BadInput(f"unknown synthetic Qwen3-VL variant {variant!r} (known: {', '.join(VARIANTS)}; "
+                       "each optionally with a seed suffix such as -s2)")
     out = checkpoint_dir(variant)
     if (out / "model.safetensors.index.json").exists():
         return out
@@ -217,7 +232,7 @@ def ensure(variant: str) -> Path:
     try:
         shards: list[dict] = [{}]
         size = 0
-        limit = VARIANTS[variant]["shard_bytes"]
+        limit = VARIANTS[split_seed(variant)[0]]["shard_bytes"]
         for name, t in build_tensors(variant):
             nbytes = t.numel() * t.element_size()
             if size and size + nbytes > limit:
