@@ -240,6 +240,8 @@ def check(model, json_path, tolerances, out, oracle_dtype, no_cache, passes="aut
         report_json["numeric"] = case.numeric.as_json()
     if case.local is not None:  # ran for a near-tie flip's cascade: it decides what the flip feeds
         report_json["local_error"] = case.local.as_json()
+    if case.local_numeric is not None:  # the same for a flip of the numeric pass
+        report_json["local_error_numeric"] = case.local_numeric.as_json()
     report_json["passed"] = case.passed
     both = case.numeric is not None
     cases = [case] if both else [lone_case(case.report, views=case.views)]
@@ -255,6 +257,10 @@ def check(model, json_path, tolerances, out, oracle_dtype, no_cache, passes="aut
         click.echo(f"local error: {case.local.summary()}")
         if case.local.origin is not None:
             code = 1
+    if case.local_numeric is not None:
+        click.echo(f"local error (numeric pass): {case.local_numeric.summary()}")
+        if case.local_numeric.origin is not None:
+            code = 1
     if both:
         click.echo(_pass_verdicts(case))
     sys.exit(code)
@@ -263,8 +269,9 @@ def check(model, json_path, tolerances, out, oracle_dtype, no_cache, passes="aut
 def _pass_verdicts(case) -> str:
     """The line that says which pass decided: each pass's verdict and the local error's."""
     parts = [f"{p}: {r.verdict}" for p, r in ((case.passes[0], case.report), ("numeric", case.numeric))]
-    if case.local is not None:
-        parts.append(f"local error: {'origin ' + case.local.origin if case.local.origin else 'clean'}")
+    for what, lr in (("local error", case.local), ("numeric local error", case.local_numeric)):
+        if lr is not None:
+            parts.append(f"{what}: {'origin ' + lr.origin if lr.origin else 'clean'}")
     return f"{'PASS' if case.passed else 'FAIL'} ({'; '.join(parts)})"
 
 

@@ -208,12 +208,16 @@ class CaseResult:
     geometry: list[str] = field(default_factory=list)  # discrete preprocessing rules this image exercises
     passes: tuple[str, ...] = ()  # what ran: `report` is the first (semantic/direct), `numeric` the three-way
     numeric: Any = None  # Report of the numeric pass, when it ran beside another pass
+    # local error of the numeric pass beside another (the run's engine stages on the floor run's
+    # tensors), when a near-tie flip's cascade there leaves what the flip feeds to local error
+    local_numeric: Any = None
 
     @property
     def passed(self) -> bool:
         return (self.report is not None and self.report.verdict == "match"
                 and (self.numeric is None or self.numeric.verdict == "match")
-                and (self.local is None or self.local.origin is None))
+                and (self.local is None or self.local.origin is None)
+                and (self.local_numeric is None or self.local_numeric.origin is None))
 
     @property
     def exit_code(self) -> int:
@@ -234,6 +238,8 @@ class CaseResult:
         if self.local is not None:
             local = (f"; local origin `{self.local.origin}`" if self.local.origin
                      else "; local: every stage within tolerance" if self.local.available else "; local: n/a")
+        if self.local_numeric is not None and self.local_numeric.origin:
+            local += f"; numeric local origin `{self.local_numeric.origin}`"
         if self.numeric is not None:
             sem = (f"{len(r.boundaries)} boundaries within tolerance" if r.verdict == "match" else headline(r))
             num = ("every boundary within its floor multiples" if self.numeric.verdict == "match"
@@ -254,7 +260,8 @@ class CaseResult:
                 "passes": list(self.passes),
                 "report": self.report.as_json() if self.report is not None else None,
                 "numeric": self.numeric.as_json() if self.numeric is not None else None,
-                "local_error": self.local.as_json() if self.local is not None else None}
+                "local_error": self.local.as_json() if self.local is not None else None,
+                "local_error_numeric": self.local_numeric.as_json() if self.local_numeric is not None else None}
 
 
 @contextmanager
@@ -363,6 +370,14 @@ def run_case(spec: CaseSpec, work: Path, *, kept: bool, tolerances=None, use_cac
                           if adapter.stages is not None else unavailable(adapter.name))
     elif prog:
         prog.done_step()
+    if (case.numeric is not None and adapter.stages is not None
+            and any(b.status == "cascade" for b in case.numeric.boundaries)):
+        # the semantic pass's local error judges its own (float32) stages; what a flip of the
+        # numeric pass feeds is judged here, the run's engine stages on the floor run's tensors
+        with timed(case.timings, "local_error"):
+            floor_dir = Path(case.dumps["floor"])
+            njudge = Judge.build(adapter.contract, tols, run_dtypes=(ereq.dtype, ereq.dtype))
+            case.local_numeric = local_error(adapter, ereq, floor_dir, case.numeric, njudge, work / "numeric")
     if views:
         from .report_html import heat_views
 

@@ -41,6 +41,9 @@ def test_bf16_check_runs_both_passes_against_the_exact_reference(tmp_path, capsy
     assert rep["passes"] == ["semantic", "numeric"] and rep["pass"] == "semantic" and rep["passed"]
     assert "== semantic pass" in stdout and "== numeric pass" in stdout
     assert "PASS (semantic: match; numeric: match" in stdout
+    # a flip of the numeric pass leaves what it feeds to that pass's own local error: clean here
+    numeric_local = rep.get("local_error_numeric")
+    assert numeric_local is None or numeric_local["origin"] is None, numeric_local["summary"]
     # the numeric pass judges every language boundary against a floor it measured
     num = {b["name"]: b for b in rep["numeric"]["boundaries"]}
     for name in ("embeddings", "attn.0", "router.0.weights", "hidden.0", "engram.1", "attn.2", "hidden.2",
@@ -55,6 +58,21 @@ def test_bf16_check_runs_both_passes_against_the_exact_reference(tmp_path, capsy
         assert facts[d]["language_numerics"] == {"mode": "semantic", "dtype": "float32", "kernel_quant": False}
     for d in ("oracle-floor", "engine-bfloat16"):
         assert facts[d]["language_numerics"] == {"mode": "official", "dtype": "bfloat16", "kernel_quant": True}
+
+
+def test_a_decode_bug_behind_a_numeric_flip_is_named_by_that_passs_local_error(tmp_path, capsys):
+    """The default bf16 route: the semantic pass (fp32, no flip) names the decode-only bug end to
+    end; in the numeric pass it hides in a near-tie flip's cascade, and that pass's own local
+    error (the bf16 engine's decode step on the floor run's cache and tokens) names it."""
+    code, stdout, _ = cli(["check", MODEL, "--dtype", "bfloat16", "--prompt", PROMPT, "--chunk", "5",
+                           "--decode", "2", *SUBSET, "--fault", D.DECODE_ENGRAM_WINDOW_RESET,
+                           "--json", tmp_path / "r.json"], capsys)
+    rep = json.loads((tmp_path / "r.json").read_text())
+    assert code == 1 and rep["earliest"] == ["logits.step.2"], rep["earliest"]
+    num = {b["name"]: b["status"] for b in rep["numeric"]["boundaries"]}
+    assert num["logits.step.2"] == "cascade", num
+    assert rep["local_error_numeric"]["origin"] == "logits.step.2", rep["local_error_numeric"]["summary"]
+    assert "numeric local error: origin logits.step.2" in stdout
 
 
 def test_direct_keeps_the_one_comparison(tmp_path, capsys):
