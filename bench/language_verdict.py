@@ -102,12 +102,15 @@ def run_case(name: str, spec, out: Path) -> dict:
            "verdicts": {data["passes"][0]: rep["verdict"], **({"numeric": num["verdict"]} if num else {})},
            "earliest": {data["passes"][0]: rep.get("earliest"), **({"numeric": num.get("earliest")} if num else {})},
            "local_origin": (data["local_error"] or {}).get("origin") if data["local_error"] else "not run",
+           "numeric_local_origin": (data["local_error_numeric"] or {}).get("origin")
+           if data.get("local_error_numeric") else "not run",
            "benign": {p: [b["name"] for b in r["boundaries"] if b["status"] == "benign"]
                       for p, r in ((data["passes"][0], rep), ("numeric", num)) if r},
            "cascade": {p: [b["name"] for b in r["boundaries"] if b["status"] == "cascade"]
                        for p, r in ((data["passes"][0], rep), ("numeric", num)) if r},
            "flips": flips(num) + flips(rep), "numeric_boundaries": boundary_rows(num)}
-    print(f"{name}: exit {row['exit']} {row['verdicts']} local {row['local_origin']} ({row['seconds']} s)", flush=True)
+    print(f"{name}: exit {row['exit']} {row['verdicts']} local {row['local_origin']} numeric local "
+          f"{row['numeric_local_origin']} ({row['seconds']} s)", flush=True)
     return row
 
 
@@ -199,16 +202,19 @@ def summarise(summary: dict, out: Path) -> None:
             summary["faults"].append({"case": r["case"], "fault": r["fault"], "boundary": want, "exit": r["exit"],
                                       "earliest": r.get("earliest"), "local_origin": r.get("local_origin"),
                                       "caught_at_boundary": any(want in (e or []) for e in (r.get("earliest") or {}).values())
-                                      or r.get("local_origin") == want,
+                                      or want in (r.get("local_origin"), r.get("numeric_local_origin")),
+                                      "numeric_local_origin": r.get("numeric_local_origin"),
                                       "numeric_at_boundary": r.get("numeric_boundaries", {}).get(want)})
     summary["clean_exit_0"] = f"{sum(r['exit'] == 0 for r in clean)} of {len(clean)}"
     (out / "summary.json").write_text(json.dumps(summary, indent=1, default=str) + "\n")
-    md = ["| case | exit | verdicts | local origin | benign (numeric) | cascade (numeric) | s |", "|---|---|---|---|---|---|---|"]
+    md = ["| case | exit | verdicts | local origin (first pass / numeric) | benign (numeric) | cascade (numeric) | s |",
+          "|---|---|---|---|---|---|---|"]
     for r in rows:
         if r.get("exit") is None:
             md.append(f"| {r['case']} | skipped | | | | | |")
             continue
-        md.append(f"| {r['case']} | {r['exit']} | {r.get('verdicts', r.get('error'))} | {r.get('local_origin')} | "
+        md.append(f"| {r['case']} | {r['exit']} | {r.get('verdicts', r.get('error'))} | {r.get('local_origin')} / "
+                  f"{r.get('numeric_local_origin')} | "
                   f"{', '.join((r.get('benign') or {}).get('numeric', [])) or '-'} | "
                   f"{len((r.get('cascade') or {}).get('numeric', []))} | {r.get('seconds')} |")
     md += ["", "clean cases, boundaries the floor judged (a near-tie flip's cascade apart: its count and max):", "",
@@ -220,10 +226,11 @@ def summarise(summary: dict, out: Path) -> None:
         floor = f"{fl['median']:.3g}" if fl else "-"
         cascade = f"{cas['n']}, {cas['max']:.3g}" if cas else "-"
         md.append(f"| {b} | {floor} | {f(t['x_rmse'])} | {f(t['x_row'])} | {f(t['x_cosine'])} | {cascade} |")
-    md += ["", "| fault | boundary | exit | earliest (per pass) | local origin | caught at its boundary |", "|---|---|---|---|---|---|"]
+    md += ["", "| fault | boundary | exit | earliest (per pass) | local origin (first pass / numeric) | "
+           "caught at its boundary |", "|---|---|---|---|---|---|"]
     for f in summary["faults"]:
-        md.append(f"| {f['fault']} | {f['boundary']} | {f['exit']} | {f['earliest']} | {f['local_origin']} | "
-                  f"{f['caught_at_boundary']} |")
+        md.append(f"| {f['fault']} | {f['boundary']} | {f['exit']} | {f['earliest']} | {f['local_origin']} / "
+                  f"{f['numeric_local_origin']} | {f['caught_at_boundary']} |")
     (out / "summary.md").write_text("\n".join(md) + "\n")
     print("\n".join(md))
     print(f"clean cases exiting 0: {summary['clean_exit_0']}; faults caught at their boundary: "
