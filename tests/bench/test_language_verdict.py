@@ -10,6 +10,8 @@ import json
 import subprocess
 from pathlib import Path
 
+from tensordiff.models import deepseek_faults as D
+
 BENCH = Path(__file__).resolve().parents[2] / "bench"
 
 
@@ -29,9 +31,9 @@ def _row(case, status, x, fault=None, earliest=None, local=None, exit=0):
 
 def test_the_summary_keeps_cascades_apart_and_faults_at_their_boundary(tmp_path):
     rows = [_row("clean-a-c64", "match", 1.0), _row("clean-b-c64", "match", 1.2), _row("clean-c-c1", "cascade", 9.0),
-            _row("fault-router-biased-weights", "cascade", 3.0, "router-biased-weights", local="router.0.weights",
-                 exit=1),
-            _row("fault-router-text-bias-for-images", "match", 1.0, "router-text-bias-for-images",
+            _row(f"fault-{D.ROUTER_BIASED_WEIGHTS}", "cascade", 3.0, D.ROUTER_BIASED_WEIGHTS,
+                 local="router.0.weights", exit=1),
+            _row(f"fault-{D.ROUTER_TEXT_BIAS_FOR_IMAGES}", "match", 1.0, D.ROUTER_TEXT_BIAS_FOR_IMAGES,
                  earliest={"semantic": ["hidden.0"]}, exit=1),  # a later symptom, not its boundary
             {"case": "clean-d-c5", "exit": None, "skipped": "time budget"}]
     _module().summarise({"device": "cpu", "weights": "synthetic:tiny", "passes": ["semantic", "numeric"],
@@ -41,7 +43,7 @@ def test_the_summary_keeps_cascades_apart_and_faults_at_their_boundary(tmp_path)
     assert h["x_rmse"] == {"min": 1.0, "median": 1.1, "max": 1.2, "n": 2}
     assert h["cascade_x_rmse"]["max"] == 9.0 and h["floor_relative"]["n"] == 3
     caught = {f["fault"]: f["caught_at_boundary"] for f in s["faults"]}
-    assert caught == {"router-biased-weights": True, "router-text-bias-for-images": False}
+    assert caught == {D.ROUTER_BIASED_WEIGHTS: True, D.ROUTER_TEXT_BIAS_FOR_IMAGES: False}
     assert s["clean_exit_0"] == "3 of 3"
     md = (tmp_path / "summary.md").read_text()
     assert "| clean-d-c5 | skipped |" in md and "| hidden.0 | 0.08 |" in md
