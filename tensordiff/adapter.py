@@ -81,6 +81,12 @@ class ModelAdapter:
     # Whether both runners take several images per prompt (RunRequest.more_images); otherwise a
     # second --image is refused before anything runs.
     multi_image: bool = False
+    # Optional: the options a float32 REFERENCE run sets, (name, value) pairs: the model's exact
+    # numerics where its default numerics round whatever the dtype (DeepSeek's language half runs
+    # bf16 with kernel quantisation under its default `official` numerics). The semantic pass runs
+    # both sides with them, and the numeric pass's float32 reference is the oracle with them; the
+    # numeric pass's floor run and engine keep the user's options (`pipeline.exact_request`).
+    exact_options: tuple[tuple[str, Any], ...] = ()
 
     def runner(self, side: str) -> Runner:
         if side not in SIDES:

@@ -247,31 +247,66 @@ def dump(model, side, out, fmt, force, **kw):
 @click.option("--oracle-dtype", type=click.Choice(["float32", "bfloat16"]), default=None,
               help="Run the oracle at another dtype than the engine (default: the engine's dtype).")
 @click.option("--no-cache", is_flag=True, help="Run the oracle even when a cached dump for these inputs exists.")
+@click.option("--passes", default="auto", show_default=True, metavar="auto|LIST",
+              help="What is judged: auto = semantic,numeric for --dtype bfloat16 (as the gate: float32 with "
+                   "exact numerics, then three-way against the oracle's own bf16 floor), the run itself in "
+                   "float32, direct with --oracle-dtype; or a list of semantic, numeric, direct. `direct` is "
+                   "the one tensor-wide comparison of the engine against the oracle at --oracle-dtype.")
 @click.option("--junit", "junit_path", type=click.Path(path_type=Path), help="Also write a JUnit XML report here.")
 @click.option("--html", "html_path", type=click.Path(path_type=Path),
               help="Also write a self-contained HTML report (boundary table, error heatmaps) here.")
 @ALL_OPTION
-def check(model, json_path, tolerances, out, oracle_dtype, no_cache, junit_path=None, html_path=None, show_all=False,
-          **kw):
+def check(model, json_path, tolerances, out, oracle_dtype, no_cache, passes="auto", junit_path=None, html_path=None,
+          show_all=False, **kw):
     """Run the oracle and the engine on one image, compare, and name the earliest divergence."""
-    from .pipeline import CaseSpec, check as run_check, lone_case, write_reports
+    from .pipeline import CaseSpec, check as run_check, lone_case, parse_passes, write_reports
 
     guard_reports(json_path, junit_path, html_path,
                   inputs=[kw.get("image"), *kw.get("more_images", ()), _weights_path(kw.get("weights")), tolerances,
                           out])
-    case = run_check(CaseSpec(model, oracle_dtype=oracle_dtype, **kw), out=out, tolerances=tolerances,
+    chosen = parse_passes(passes, kw.get("dtype") or "float32", oracle_dtype)
+    case = run_check(CaseSpec(model, oracle_dtype=oracle_dtype, passes=chosen, **kw), out=out, tolerances=tolerances,
                      use_cache=not no_cache, views=html_path is not None)
     report_json = case.report.as_json()
+    report_json["passes"] = list(case.passes)
+    report_json["pass"] = case.passes[0]  # the pass this top-level report is (numeric alone: numeric)
+    if case.numeric is not None:  # the numeric pass beside the semantic one
+        report_json["numeric"] = case.numeric.as_json()
     if case.local is not None:  # ran for a near-tie flip's cascade: it decides what the flip feeds
         report_json["local_error"] = case.local.as_json()
-    write_reports(report_json=report_json, json_path=json_path, cases=[lone_case(case.report, views=case.views)],
+    if case.local_numeric is not None:  # the same for a flip of the numeric pass
+        report_json["local_error_numeric"] = case.local_numeric.as_json()
+    report_json["passed"] = case.passed
+    both = case.numeric is not None
+    cases = [case] if both else [lone_case(case.report, views=case.views)]
+    write_reports(report_json=report_json, json_path=json_path, cases=cases,
                   junit_path=junit_path, html_path=html_path, title=f"tensordiff: {case.report.model}")
+    if both:
+        click.echo(f"== {case.passes[0]} pass")
     code = _print_report(case.report, show_all)
+    if both:
+        click.echo("== numeric pass")
+        code = max(code, _print_report(case.numeric, show_all))
     if case.local is not None:
         click.echo(f"local error: {case.local.summary()}")
         if case.local.origin is not None:
             code = 1
+    if case.local_numeric is not None:
+        click.echo(f"local error (numeric pass): {case.local_numeric.summary()}")
+        if case.local_numeric.origin is not None:
+            code = 1
+    if both:
+        click.echo(_pass_verdicts(case))
     sys.exit(code)
+
+
+def _pass_verdicts(case) -> str:
+    """The line that says which pass decided: each pass's verdict and the local error's."""
+    parts = [f"{p}: {r.verdict}" for p, r in ((case.passes[0], case.report), ("numeric", case.numeric))]
+    for what, lr in (("local error", case.local), ("numeric local error", case.local_numeric)):
+        if lr is not None:
+            parts.append(f"{what}: {'origin ' + lr.origin if lr.origin else 'clean'}")
+    return f"{'PASS' if case.passed else 'FAIL'} ({'; '.join(parts)})"
 
 
 @cli.command()

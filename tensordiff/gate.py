@@ -28,7 +28,7 @@ from typing import Any, Callable
 from .errors import BadInput
 from .pipeline import STAGES, CaseResult, CaseSpec, check_weights, prepare_out, run_case, workspace  # noqa: F401 (re-exported)
 
-from .pipeline import PASSES, carrier_dtype  # noqa: E402  semantic, numeric, direct (see pipeline.run_case)
+from .pipeline import PASSES, carrier_dtype, default_passes  # noqa: E402  semantic, numeric, direct (see pipeline.run_case)
 
 IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".webp", ".bmp", ".gif", ".tif", ".tiff")
 DEFAULT_IMAGE = "tensordiff:default"
@@ -93,9 +93,7 @@ def case_passes(m: ModelCase) -> tuple[str, ...]:
     oracle dtype other than the engine's (the one-pass comparison it asked for)."""
     if m.passes:
         return tuple(m.passes)
-    if m.oracle_dtype not in (None, m.dtype):
-        return ("direct",)
-    return ("semantic",) if m.dtype == "float32" else ("semantic", "numeric")
+    return default_passes(m.dtype, m.oracle_dtype)
 
 
 @dataclass(frozen=True)

@@ -28,7 +28,8 @@ from .errors import BadInput
 from .outputs import dump_root
 
 # The passes a case can run (`CaseSpec.passes`; the gate picks them with `gate.case_passes`):
-#   semantic  engine float32 against oracle float32: approximations (a tanh GELU) that bf16 hides
+#   semantic  engine float32 against oracle float32: approximations (a tanh GELU) that bf16 hides;
+#             beside numeric, in the model's exact numerics (`exact_request`), else the run's options
 #   numeric   three-way in the run's precision: the engine's error as multiples of the oracle's own
 #             in that precision (tensordiff.floor), row-aware, against a calibrated profile if any
 #   direct    the engine at its dtype against the oracle at oracle_dtype (one comparison; `check`)
@@ -77,6 +78,39 @@ def carrier_dtype(passes, dtype: str) -> str:
     """The precision in which a case can carry a planted fault: a semantic pass runs the engine in
     float32 whatever the case's dtype, so a fault below bf16 resolution is reached."""
     return "float32" if passes and "semantic" in passes else dtype
+
+
+def default_passes(dtype: str, oracle_dtype: str | None = None) -> tuple[str, ...]:
+    """The passes a case runs when none are asked for (`check --passes auto`, a gate case without
+    `passes`): semantic + numeric for a low-precision run, semantic alone in float32 (where it is
+    the direct comparison), direct when an oracle dtype other than the engine's is pinned (the
+    one-pass comparison that asks for)."""
+    if oracle_dtype not in (None, dtype):
+        return ("direct",)
+    return ("semantic",) if dtype == "float32" else ("semantic", "numeric")
+
+
+def parse_passes(text: str | None, dtype: str, oracle_dtype: str | None = None) -> tuple[str, ...]:
+    """`--passes`: auto (None) or a comma-separated list of PASSES, validated."""
+    if text is None or text.strip() == "auto":
+        return default_passes(dtype, oracle_dtype)
+    out = tuple(p.strip() for p in text.split(",") if p.strip())
+    bad = [p for p in out if p not in PASSES]
+    if bad or not out:
+        raise BadInput(f"--passes {text!r}: expected auto or a comma-separated list of {', '.join(PASSES)}")
+    if len(set(out)) != len(out) or ("semantic" in out and "direct" in out):
+        raise BadInput(f"--passes {text!r}: each pass once, and semantic or direct, not both")
+    if "numeric" in out and dtype == "float32":
+        raise BadInput("--passes numeric judges a low-precision run against float32: give --dtype bfloat16")
+    if oracle_dtype is not None and "direct" not in out:
+        raise BadInput(f"--oracle-dtype sets the direct pass's oracle; --passes {text!r} has no direct pass")
+    return out
+
+
+def exact_request(adapter: ModelAdapter, req: RunRequest) -> RunRequest:
+    """`req` in float32 with the adapter's exact numerics (`ModelAdapter.exact_options`): both
+    sides of the semantic pass, and the oracle of the numeric pass's reference."""
+    return replace(req, dtype="float32", options={**req.options, **dict(adapter.exact_options)})
 
 
 def oracle_request(req: RunRequest, oracle_dtype: str | None = None) -> RunRequest:
@@ -175,12 +209,16 @@ class CaseResult:
     geometry: list[str] = field(default_factory=list)  # discrete preprocessing rules this image exercises
     passes: tuple[str, ...] = ()  # what ran: `report` is the first (semantic/direct), `numeric` the three-way
     numeric: Any = None  # Report of the numeric pass, when it ran beside another pass
+    # local error of the numeric pass beside another (the run's engine stages on the floor run's
+    # tensors), when a near-tie flip's cascade there leaves what the flip feeds to local error
+    local_numeric: Any = None
 
     @property
     def passed(self) -> bool:
         return (self.report is not None and self.report.verdict == "match"
                 and (self.numeric is None or self.numeric.verdict == "match")
-                and (self.local is None or self.local.origin is None))
+                and (self.local is None or self.local.origin is None)
+                and (self.local_numeric is None or self.local_numeric.origin is None))
 
     @property
     def exit_code(self) -> int:
@@ -201,6 +239,8 @@ class CaseResult:
         if self.local is not None:
             local = (f"; local origin `{self.local.origin}`" if self.local.origin
                      else "; local: every stage within tolerance" if self.local.available else "; local: n/a")
+        if self.local_numeric is not None and self.local_numeric.origin:
+            local += f"; numeric local origin `{self.local_numeric.origin}`"
         if self.numeric is not None:
             sem = (f"{len(r.boundaries)} boundaries within tolerance" if r.verdict == "match" else headline(r))
             num = ("every boundary within its floor multiples" if self.numeric.verdict == "match"
@@ -221,7 +261,8 @@ class CaseResult:
                 "passes": list(self.passes),
                 "report": self.report.as_json() if self.report is not None else None,
                 "numeric": self.numeric.as_json() if self.numeric is not None else None,
-                "local_error": self.local.as_json() if self.local is not None else None}
+                "local_error": self.local.as_json() if self.local is not None else None,
+                "local_error_numeric": self.local_numeric.as_json() if self.local_numeric is not None else None}
 
 
 @contextmanager
@@ -272,7 +313,11 @@ def run_case(spec: CaseSpec, work: Path, *, kept: bool, tolerances=None, use_cac
     passes = case.passes = tuple(spec.passes or ("direct",))
     first = next((p for p in passes if p != "numeric"), None)
     ereq = req  # the run in its own precision (the numeric pass)
-    if first == "semantic":  # both sides in float32
+    if first == "semantic" and "numeric" in passes:
+        # both sides in float32 with the model's exact numerics: the run's own numerics (DeepSeek's
+        # official bf16 language half) are the numeric pass's to judge
+        req, oracle_dtype = exact_request(adapter, req), "float32"
+    elif first == "semantic":  # a float32 case: the semantic pass is the run itself
         req, oracle_dtype = replace(req, dtype="float32"), "float32"
     elif first == "direct":
         oracle_dtype = spec.oracle_dtype
@@ -305,7 +350,8 @@ def run_case(spec: CaseSpec, work: Path, *, kept: bool, tolerances=None, use_cac
 
             replay_roots(adapter, req, odir, edir, case.report)
         if "numeric" in passes:
-            num = _numeric(adapter, ereq, odir if oreq.dtype == "float32" and first else None,
+            # the semantic pass's oracle is the numeric pass's reference (float32, exact numerics)
+            num = _numeric(adapter, ereq, odir if first == "semantic" else None,
                            odir if not first else None, edir if not first else None, work, kept, use_cache, tols,
                            floor, case)
             if first:
@@ -318,10 +364,10 @@ def run_case(spec: CaseSpec, work: Path, *, kept: bool, tolerances=None, use_cac
         where = "" if odir.is_relative_to(work) else f" except the oracle's, kept in the cache at {odir}"
         case.report.notes.append(TEMPORARY_NOTE.format(cached=where))
     # a near-tie flip's cascade passes end to end only because local error judges what it feeds:
-    # so a case with a cascade runs local error even when it was not asked for (not with a layer
-    # subset: local error re-runs whole-model stages)
+    # so a case with a cascade runs local error even when it was not asked for (a layer subset
+    # too: its stages chain through the subset's own layers)
     cascade = any(b.status == "cascade" for r in (case.report, case.numeric) if r is not None for b in r.boundaries)
-    if spec.layers is None and (local or (cascade and adapter.stages is not None)):
+    if (local or (cascade and adapter.stages is not None)):
         if cascade and not local:
             say("a near-tie flip's cascade: judging the stages after it by local error…")
         with timed(case.timings, "local_error", prog, label):
@@ -329,6 +375,14 @@ def run_case(spec: CaseSpec, work: Path, *, kept: bool, tolerances=None, use_cac
                           if adapter.stages is not None else unavailable(adapter.name))
     elif prog:
         prog.done_step()
+    if (case.numeric is not None and adapter.stages is not None
+            and any(b.status == "cascade" for b in case.numeric.boundaries)):
+        # the semantic pass's local error judges its own (float32) stages; what a flip of the
+        # numeric pass feeds is judged here, the run's engine stages on the floor run's tensors
+        with timed(case.timings, "local_error"):
+            floor_dir = Path(case.dumps["floor"])
+            njudge = Judge.build(adapter.contract, tols, run_dtypes=(ereq.dtype, ereq.dtype))
+            case.local_numeric = local_error(adapter, ereq, floor_dir, case.numeric, njudge, work / "numeric")
     if views:
         from .report_html import heat_views
 
@@ -348,16 +402,19 @@ def run_case(spec: CaseSpec, work: Path, *, kept: bool, tolerances=None, use_cac
 
 def _numeric(adapter, req: RunRequest, ref: Path | None, floor_dir: Path | None, eng: Path | None, work: Path,
              kept: bool, use_cache: bool, tols, floor, case: CaseResult):
-    """The numeric pass of one case: the oracle in float32 (`ref`, when another pass has it) and in
-    the run's dtype (`floor_dir`, the floor run), the engine in the run's dtype (`eng`, when run),
-    judged three-way (`floor.three_way`) by `floor` = (FloorRule, profile), else the defaults."""
+    """The numeric pass of one case: the oracle in float32 with the exact numerics (`ref`, when the
+    semantic pass has it: `exact_request`) and in the run's dtype with the run's options
+    (`floor_dir`, the floor run: for DeepSeek's language half under `official` numerics, the
+    official bf16 + kernel rounding the engine runs too), the engine in the run's dtype (`eng`,
+    when run), judged three-way (`floor.three_way`) by `floor` = (FloorRule, profile), else the
+    defaults."""
     from .floor import DEFAULT_RULE, three_way
     from .runs import run_side
 
     rule, profile = floor or (DEFAULT_RULE, {})
     base = oracle_request(req)
     if ref is None:
-        ref = oracle_dump(adapter, replace(base, dtype="float32"), work / "oracle-float32", use_cache).path
+        ref = oracle_dump(adapter, exact_request(adapter, base), work / "oracle-float32", use_cache).path
     if floor_dir is None:
         floor_dir = oracle_dump(adapter, base, work / "oracle-floor", use_cache).path
     if eng is None:

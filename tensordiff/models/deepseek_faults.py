@@ -26,6 +26,7 @@ ROUTER_BIASED_WEIGHTS = "router-biased-weights"
 ENGRAM_NGRAM_ACROSS_IMAGE = "engram-ngram-across-image"
 OVERLAY_CHUNK_SHIFT = "overlay-chunk-shift"
 IMAGE_SPAN_UNEXPANDED = "image-span-unexpanded"
+DECODE_ENGRAM_WINDOW_RESET = "decode-engram-window-reset"
 # reading a quantised checkpoint (synthetic:tiny-fp8 or a real one)
 FP8_SCALE_IGNORED = "fp8-scale-ignored"
 FP8_SCALE_TRANSPOSED = "fp8-scale-transposed"
@@ -74,6 +75,12 @@ LANGUAGE_FAULTS = (
           "a later image's span overlaid where its tag sits in the unexpanded prompt (the earlier spans' "
           "lengths not added)",
           needs=(LANGUAGE, SEVERAL_IMAGES)),
+    # decode only: the prefill and the first step are right, so the error starts at step 2 and
+    # only a decode step's own local error sees it behind a prefill flip's cascade
+    Fault(DECODE_ENGRAM_WINDOW_RESET, "logits.step.2",
+          "every decode step after the first starts the Engram n-gram window afresh (state not carried "
+          "across steps)",
+          needs=(LANGUAGE, Need("--decode 2 or more and a layer with Engram", lambda req: req.decode >= 2))),
     # checkpoint reading: layer 0's attention projections are the first FP8 GEMMs; the first FP8
     # matrix of more than one block row and column in the tiny configs is the Engram `wkv`;
     # layer 0's routed experts the first FP4 ones

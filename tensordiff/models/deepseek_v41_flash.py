@@ -124,5 +124,8 @@ ADAPTER = ModelAdapter(
     stages=lazy("engine.deepseek_v41_flash.stages:make_stages"),
     geometry=GEOMETRY,
     multi_image=True,
+    # the fp32 reference of the language half: semantic numerics (fp32, exact dequantised weights,
+    # no kernel rounding); `official` would run it in bf16 with FP8/FP4 rounding whatever --dtype
+    exact_options=(("language_numerics", "semantic"), ("kernel_quant", False)),
     description="DeepSeek V4.1 Flash: preprocessing, 32-layer ViT with 2D RoPE, 3x3 aligner; with a prompt, the language backbone",
 )

@@ -71,6 +71,7 @@ def test_clean_engine_matches(oracle_dump, checkpoint, rows, tmp_path, chunk):
     (D.ROUTER_BIASED_WEIGHTS, None),
     (D.ENGRAM_NGRAM_ACROSS_IMAGE, None),
     (D.OVERLAY_CHUNK_SHIFT, 7),
+    (D.DECODE_ENGRAM_WINDOW_RESET, 7),  # decode only: the prefill and step 1 match
 ])
 def test_fault_is_localised(oracle_dump, checkpoint, rows, tmp_path, fault, chunk):
     eng = dump("engine", request(checkpoint, rows, chunk=chunk, fault=fault), tmp_path / "engine")

@@ -58,4 +58,4 @@ def test_local_origin(base, oracle_dump, tmp_path, fault, chunk):
     want = None if fault is None else next(f.boundary for f in D.LANGUAGE_FAULTS if f.name == fault)
     assert local.origin == want, local.summary()
     stageless = {r.boundary for r in local.boundaries if r.status == "no-stage"}
-    assert stageless == {"logits.step.1"}  # decode steps are compared end to end only
+    assert stageless == set()  # decode steps too: the engine's step on the teacher-forced cache

@@ -87,6 +87,20 @@ def test_after_a_benign_flip_local_error_judges_each_stage_on_the_references_cho
     assert lr.origin is None, lr.summary()
 
 
+def test_a_decode_bug_behind_a_benign_flip_is_the_decode_steps_own_local_error(oracle32, base, tmp_path):
+    """A decode-only bug (the Engram window dropped after step 1), bf16 against fp32: the prefill
+    flips on a near-tie, so every decode step is only the flip's cascade end to end; the decode
+    steps' own stages (the engine's step on the teacher-forced cache and the reference's tokens)
+    name step 2, and the clean engine's steps are within tolerance there (the test above)."""
+    req = dataclasses.replace(base, dtype="bfloat16", chunk=5, fault=F.DECODE_ENGRAM_WINDOW_RESET)
+    report = compare_dumps(oracle32, dump("engine", req, tmp_path / "engine"), contract=CONTRACT)
+    assert report.verdict == "match" and report.boundary("logits.step.2").status == "cascade", \
+        [(b.name, b.status) for b in report.boundaries]
+    lr = local(req, oracle32, report, tmp_path)
+    assert lr.origin == "logits.step.2", lr.summary()
+    assert lr.get("logits.step.1").status == "match"  # the first step is right: the bug is after it
+
+
 def _worst_pick(monkeypatch, layer):
     """Plant an indexer bug at one layer: every full row keeps its WORST eligible group in place of
     its best, while the recorded scores stay the ones it ranked."""

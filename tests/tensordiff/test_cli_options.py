@@ -35,8 +35,14 @@ def run(args, capsys):
     (["dump", DEEPSEEK, "--side", "engine", "--out", "{tmp}/d", "-o", "graphs=2"], "not one of off, on, auto"),
     (["check", DEEPSEEK, "--fault", D.ROUTER_TEXT_BIAS_FOR_IMAGES], "needs --prompt"),
     (["check", DEEPSEEK, "--fault", D.OVERLAY_CHUNK_SHIFT, "--prompt", "<image> hi"], "needs --chunk"),
-    (["check", DEEPSEEK, "--fault", D.GELU_TANH, "--dtype", "bfloat16"], "needs --dtype float32"),
-    (["check", QWEN, "--fault", Q.MERGER_GELU_TANH, "--dtype", "bfloat16"], "needs --dtype float32"),
+    # the direct comparison runs the engine in bf16 only (the default bf16 check's semantic pass
+    # runs it in float32 too, where these approximations are reached and caught)
+    (["check", DEEPSEEK, "--fault", D.GELU_TANH, "--dtype", "bfloat16", "--passes", "direct"], "needs --dtype float32"),
+    (["check", QWEN, "--fault", Q.MERGER_GELU_TANH, "--dtype", "bfloat16", "--passes", "direct"],
+     "needs --dtype float32"),
+    (["check", DEEPSEEK, "--passes", "numeric"], "low-precision"),
+    (["check", DEEPSEEK, "--dtype", "bfloat16", "--passes", "semantic,numeric", "--oracle-dtype", "float32"],
+     "no direct pass"),
     (["options", "no-such-model"], "unknown model"),
 ])
 def test_bad_options_and_unreachable_faults_exit_2_with_one_line(args, match, capsys, tmp_path):

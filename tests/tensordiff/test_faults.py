@@ -30,7 +30,8 @@ def test_each_model_has_one_table_and_its_adapter_uses_it(model):
 
 # tensors a run of each model dumps (the language boundaries are resolved from what is present)
 PRESENT = {"deepseek-v4.1-flash": ["embeddings", "engram.1", "attn.0", "router.0.ids", "router.0.weights",
-                                   "hidden.0", "attn.1", "router.1.ids", "router.1.weights", "hidden.1", "logits"],
+                                   "hidden.0", "attn.1", "router.1.ids", "router.1.weights", "hidden.1", "logits",
+                                   "logits.step.1", "logits.step.2"],
            # a language run: the text boundaries follow the vision ones
            "qwen3-vl": ["embeddings", "text_rope", "hidden.0", "deepstack_add.0", "hidden.1", "logits",
                         "logits.step.1"]}

@@ -71,3 +71,41 @@ def test_the_output_directory_and_weights_checks(tmp_path):
     assert check_weights("ck", tmp_path, "w") == str((tmp_path / "ck").resolve())
     with pytest.raises(BadInput, match="w: weights 'nope' is neither synthetic"):
         check_weights("nope", tmp_path, "w")
+
+
+def test_the_passes_a_case_runs_when_none_are_asked_for():
+    from tensordiff.pipeline import default_passes, parse_passes
+
+    assert default_passes("bfloat16") == parse_passes("auto", "bfloat16") == ("semantic", "numeric")
+    assert default_passes("float32") == parse_passes(None, "float32") == ("semantic",)  # the run itself
+    assert parse_passes("auto", "bfloat16", "float32") == ("direct",)  # a pinned oracle dtype: one comparison
+    assert parse_passes("direct", "bfloat16") == ("direct",)
+    assert parse_passes(" numeric ", "bfloat16") == ("numeric",)
+
+
+@pytest.mark.parametrize("text, dtype, oracle, says", [
+    ("semantics", "bfloat16", None, "expected auto or"), ("", "bfloat16", None, "expected auto or"),
+    ("semantic,direct", "bfloat16", None, "not both"), ("numeric,numeric", "bfloat16", None, "each pass once"),
+    ("numeric", "float32", None, "low-precision"), ("semantic,numeric", "bfloat16", "float32", "no direct pass")])
+def test_bad_passes_are_bad_input(text, dtype, oracle, says):
+    from tensordiff.pipeline import parse_passes
+
+    with pytest.raises(BadInput, match=says):
+        parse_passes(text, dtype, oracle)
+
+
+def test_the_exact_reference_sets_the_models_exact_numerics():
+    """DeepSeek's language half runs official bf16 + kernel rounding whatever --dtype: its float32
+    reference is the semantic numerics without rounding; a model without exact options is only
+    cast to float32."""
+    from tensordiff import registry
+    from tensordiff.pipeline import exact_request
+
+    ds = registry.adapter("deepseek-v4.1-flash")
+    _, req = make_request(ds.name, dtype="bfloat16", prompt="Describe <image>.", adapter=ds)
+    assert req.options["language_numerics"] == "official"
+    ref = exact_request(ds, req)
+    assert ref.dtype == "float32" and ref.options["language_numerics"] == "semantic"
+    assert ref.options["kernel_quant"] is False and req.options["language_numerics"] == "official"
+    _, toy_req = make_request(toy.NAME, dtype="bfloat16")
+    assert exact_request(registry.adapter(toy.NAME), toy_req).options == toy_req.options

@@ -76,6 +76,10 @@ class EngramHashState:
         self.window = torch.full((tables.max_ngram - 1,), BLOCKED, dtype=torch.int64)  # oldest first
         self.ignore_dead = fault == ENGRAM_NGRAM_ACROSS_IMAGE
 
+    def reset(self) -> None:
+        """Forget the window (a sequence's start); only the planted decode fault calls it mid-run."""
+        self.window.fill_(BLOCKED)
+
     def hash(self, ids: torch.Tensor, image: torch.Tensor) -> torch.Tensor:
         """ids, image: [n] -> hash rows [n, layers, (max_ngram-1)*heads] int64."""
         comp = self.t.token_map[ids]

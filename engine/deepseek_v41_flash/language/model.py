@@ -17,7 +17,9 @@ recording, so a chunked run is compared row for row with a single-shot one); dec
 `logits.step.K`.
 
 Faults (off by default; `FAULTS`): `overlay-chunk-shift` here (the span overlaid as if every
-chunk started at position 0), the two router faults in `moe`, the Engram one in `engram`.
+chunk started at position 0) and `decode-engram-window-reset` (`Sequence.step`: the n-gram window
+dropped on every decode step after the first), the two router faults in `moe`, the Engram one in
+`engram`.
 """
 from __future__ import annotations
 
@@ -31,7 +33,7 @@ from ...errors import EngineInputError
 from ...runtime.embedding import Span, overlay
 from .. import weights as W
 from ..config import Config
-from ..faults import IMAGE_SPAN_UNEXPANDED, LANGUAGE as FAULTS, OVERLAY_CHUNK_SHIFT
+from ..faults import DECODE_ENGRAM_WINDOW_RESET, IMAGE_SPAN_UNEXPANDED, LANGUAGE as FAULTS, OVERLAY_CHUNK_SHIFT
 from ..span import span_rows
 from . import hyper, quant
 from .attention import Attention, AttnWeights, ChunkShared
@@ -296,6 +298,19 @@ class Sequence:
         return logits[-1][-1]
 
     @torch.inference_mode()
+    def step(self, token: int, k: int) -> torch.Tensor:
+        """Feed `token` as generated token k (1-based) at the next position -> logits [1, vocab].
+        The one decode step: `decode` runs it on its own argmax, the local-error stage on the
+        reference's token."""
+        if self.pos >= self.lm.cfg.max_seq_len:
+            raise EngineInputError(f"decode ran past max_seq_len {self.lm.cfg.max_seq_len}")
+        if self.lm.fault == DECODE_ENGRAM_WINDOW_RESET and k >= 2 and self.engram_state is not None:
+            self.engram_state.reset()  # wrong: the n-gram window is carried across every step
+        self.ids = torch.cat([self.ids, torch.tensor([token])])
+        self.types = torch.cat([self.types, torch.tensor([-1])])
+        return self._forward(self.pos, self.pos + 1, None, decoding=True)
+
+    @torch.inference_mode()
     def decode(self, steps: int, last_logits: torch.Tensor, taps=None) -> list[int]:
         """Greedy: feed argmax tokens back `steps` times; a generated image token stops it (it is
         never fed: an image can only enter through the image path). Returns every generated id."""
@@ -307,11 +322,7 @@ class Sequence:
             if nxt == image_id:
                 self.stop = "image-token"
                 break
-            if self.pos >= self.lm.cfg.max_seq_len:
-                raise EngineInputError(f"decode ran past max_seq_len {self.lm.cfg.max_seq_len}")
-            self.ids = torch.cat([self.ids, torch.tensor([nxt])])
-            self.types = torch.cat([self.types, torch.tensor([-1])])
-            logits = self._forward(self.pos, self.pos + 1, None, decoding=True)
+            logits = self.step(nxt, k)
             if record:
                 taps.record(f"logits.step.{k}", logits, boundary=f"logits.step.{k}")
             nxt = int(logits[-1].argmax())

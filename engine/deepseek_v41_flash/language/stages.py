@@ -17,7 +17,13 @@ attends to the reference's `index.j.ids`, later indexers keep the candidate bloc
 reference's `index.c.scores` (c the candidate source), and `router.L.weights` / `hidden.L` mix
 the reference's experts (the engine's weights for them); the choice stages themselves
 (`index.L.ids`, `router.L.ids`) run the engine's own choice and record the scores it ranked.
-Decode steps have no stage.
+A layer subset (`layers=2-5`) chains the same way: the first layer of the subset enters from the
+embeddings, each later one from the reference's stream of the layer before it in the subset.
+A decode step `logits.step.K` is the engine's own decode step (`Sequence.step`) on a cache the
+engine filled teacher-forced (each layer's attention on the reference's stream, attending to the
+reference's selections, so a benign prefill flip does not reach it), fed the reference's token
+(the argmax of the reference's previous logits); steps before K are the engine's own steps on the
+reference's tokens, so a decode-only bug is that step's own error even behind a prefill flip.
 """
 from __future__ import annotations
 
@@ -36,11 +42,18 @@ class TeacherForced:
     """Teacher-forced quantities of one reference dump, memoised across the stages (every stage
     is handed the same reference values; `ref` gathers them as the stages run)."""
 
-    def __init__(self, lm, image: torch.Tensor, hashes: torch.Tensor | None, chunks: list[tuple[int, int]]):
+    def __init__(self, lm, image: torch.Tensor, hashes: torch.Tensor | None, chunks: list[tuple[int, int]],
+                 sequence=None):
+        """`sequence()`: a fresh engine `Sequence` of the prompt with its Engram window carried
+        through the prompt (what a decode step continues from)."""
         self.lm, self.image, self.hashes, self.chunks = lm, image, hashes, chunks
         self.ref: dict = {}
         self._layer: dict[tuple[int, bool], LayerOut] = {}
         self._attn: dict[tuple[int, bool], tuple] = {}
+        order = list(lm.stack)  # the layers that run, in stack order (a subset skips the others)
+        self.before = {L: (order[i - 1] if i else None) for i, L in enumerate(order)}
+        self.last = order[-1]
+        self._sequence, self._decoding, self._steps = sequence, None, {}
 
     def act(self, t: torch.Tensor) -> torch.Tensor:
         """A reference tensor as the engine holds activations (its device and dtype)."""
@@ -48,16 +61,16 @@ class TeacherForced:
 
     def stream(self, L: int) -> torch.Tensor:
         """The reference's stream entering layer L [S, hc, D]."""
-        if L == 0:
+        if self.before[L] is None:
             return first_stream(self.act(self.ref["embeddings"]), self.lm.cfg.hc_mult)[0]
-        return self.act(self.ref[f"hidden.{L - 1}"])
+        return self.act(self.ref[f"hidden.{self.before[L]}"])
 
     def entering(self, L: int) -> tuple[torch.Tensor, torch.Tensor]:
         """(stream entering layer L, the collapse its attention input uses: the FFN-side pre mix
-        of layer L-1 run on the reference's inputs; not a boundary)."""
-        if L == 0:
+        of the layer before run on the reference's inputs; not a boundary)."""
+        if self.before[L] is None:
             return first_stream(self.act(self.ref["embeddings"]), self.lm.cfg.hc_mult)
-        return self.stream(L), self.layer(L - 1).pre
+        return self.stream(L), self.layer(self.before[L]).pre
 
     def layer(self, L: int, own_choice: bool = False) -> LayerOut:
         """Layer L on the reference's inputs, the reference's `attn.L` standing in for its
@@ -90,7 +103,9 @@ class TeacherForced:
             self._attn[key] = self._attention(L, own_choice)
         return self._attn[key]
 
-    def _attention(self, L: int, own_choice: bool):
+    def _attention(self, L: int, own_choice: bool, state: dict | None = None):
+        """`state`, when given, receives the caches each layer filled and the index-key owner the
+        last chunk left published (what a decode step continues from)."""
         lm = self.lm
         layers = [layer for j, layer in lm.stack.items() if j <= L]
         caches = [layer.attn.new_cache(lm.dtype, lm.device) for layer in layers]
@@ -115,7 +130,25 @@ class TeacherForced:
             if layers[-1].attn.index_source and own_choice:
                 sels.append(index_ids(shared.selection, lm.cfg.index_topk))
                 scores.append(selection_scores(shared.selection_scores, n // layers[-1].attn.ratio))
+        if state is not None:
+            state.update(caches={layer.index: cache for layer, cache in zip(layers, caches)},
+                         key_owner=shared.key_cache if self.chunks else None)
         return torch.cat(outs), (torch.cat(sels) if sels else None), (torch.cat(scores) if scores else None)
+
+    def step(self, k: int) -> torch.Tensor:
+        """`logits.step.k` [1, vocab]: the engine's decode step k on the teacher-forced cache and
+        the reference's tokens (see the module doc). Steps run in order, each once."""
+        if self._decoding is None:
+            state: dict = {}
+            self._attention(self.last, False, state)  # every layer's cache, on the reference's streams
+            seq = self._sequence()
+            seq.caches.update(state["caches"])
+            seq.pos, seq.key_owner = self.chunks[-1][1] if self.chunks else 0, state["key_owner"]
+            self._decoding = seq
+        for j in range(len(self._steps) + 1, k + 1):
+            prev = self.ref["logits"] if j == 1 else self.ref[f"logits.step.{j - 1}"]
+            self._steps[j] = self._decoding.step(int(prev[-1].argmax()), j)
+        return self._steps[k]
 
 
 def make_language_stages(req, run: dict, image_rows: torch.Tensor | None = None) -> dict:
@@ -136,7 +169,17 @@ def make_language_stages(req, run: dict, image_rows: torch.Tensor | None = None)
     if lm.engram_tables is not None:  # the n-gram window, chunk by chunk as the engine carries it
         state = EngramHashState(lm.engram_tables, lm.fault)
         hashes = torch.cat([state.hash(ids[lo:hi], types[lo:hi] >= 0) for lo, hi in chunks]).to(dev)
-    forced = TeacherForced(lm, (types >= 0).to(dev), hashes, chunks)
+
+    def sequence():
+        """The prompt's engine sequence as prefill leaves it, but for its caches (the caller's):
+        position and Engram window past the prompt."""
+        seq = lm.sequence(ids, types, cells=tuple(cells) if has_image else None)
+        if seq.engram_state is not None:
+            for lo, hi in chunks:
+                seq.engram_state.hash(ids[lo:hi], types[lo:hi] >= 0)
+        return seq
+
+    forced = TeacherForced(lm, (types >= 0).to(dev), hashes, chunks, sequence)
 
     def stage(fn):
         def run_stage(ref):
@@ -152,8 +195,7 @@ def make_language_stages(req, run: dict, image_rows: torch.Tensor | None = None)
         return {"embeddings": torch.cat([seq.embed(lo, hi) for lo, hi in chunks])}
 
     def logits(f):
-        last = cfg.n_layers - 1
-        return {"logits": lm.logits(f.act(f.ref[f"hidden.{last}"]), f.layer(last).pre)}
+        return {"logits": lm.logits(f.act(f.ref[f"hidden.{f.last}"]), f.layer(f.last).pre)}
 
     stages = {"embeddings": stage(embeddings)}
     for L, layer in lm.stack.items():
@@ -167,4 +209,6 @@ def make_language_stages(req, run: dict, image_rows: torch.Tensor | None = None)
         stages[f"router.{L}.weights"] = stage(lambda f, L=L: {f"router.{L}.weights": f.layer(L).router_weights})
         stages[f"hidden.{L}"] = stage(lambda f, L=L: {f"hidden.{L}": f.layer(L).hidden})
     stages["logits"] = stage(logits)
+    for k in range(1, req.decode + 1):  # a step the reference never took (it stopped) is not in its dump
+        stages[f"logits.step.{k}"] = stage(lambda f, k=k: {f"logits.step.{k}": f.step(k)})
     return stages
