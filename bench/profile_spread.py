@@ -30,9 +30,11 @@ import tempfile
 import time
 from pathlib import Path
 
+from tensordiff.models.deepseek_faults import NORM_EPS, RESIDUAL_SCALE, SPLITK_BF16, TAIL_ROW_SCALE
+
 MODEL = "deepseek-v4.1-flash"
 PHOTOS = ("astronaut", "chelsea", "coffee", "rocket")
-FAULTS = ("residual-scale", "norm-eps", "splitk-bf16", "tail-row-scale")
+FAULTS = (RESIDUAL_SCALE, NORM_EPS, SPLITK_BF16, TAIL_ROW_SCALE)
 EAGER = ("fuse=off", "graphs=off")
 COMPILED = ("fuse=on", "graphs=on")
 FAULT_IMAGES = 2  # the faults run on the first pictures (the clean gate on all)

@@ -7,6 +7,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from tensordiff.models.deepseek_faults import NORM_EPS, RESIDUAL_SCALE, SPLITK_BF16, TAIL_ROW_SCALE
+
 ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -30,8 +32,8 @@ def test_profile_spread_smoke_runs_every_step(tmp_path):
     assert set(res["shift"]["aligner"]["rmse"]) >= {"median_shift", "compiled_inside_eager_band"}
     g = res["gate"]
     assert g["eager_profile_on_compiled"].startswith("refused:") and "fuse off (calibrated)" in g["eager_profile_on_compiled"]
-    assert g["clean_passes"] and g["faults_caught"] == {f: True for f in
-                                                        ("residual-scale", "norm-eps", "splitk-bf16", "tail-row-scale")}
+    assert g["clean_passes"] and g["faults_caught"] == {f: True for f in (RESIDUAL_SCALE, NORM_EPS, SPLITK_BF16,
+                                                                         TAIL_ROW_SCALE)}
     # what the "compiled" engine really ran is recorded (on the CPU: eager, with the reason)
     assert any(sp["vision"]["block"]["asked"] == "on" for sp in g["speed_path"])
     assert not (tmp_path / "out" / "gate-work").exists()  # the gate's dumps are not left in OUTDIR
