@@ -218,8 +218,12 @@ class Sequence:
 
     def _spans(self, lo: int, hi: int) -> list[Span]:
         """The image spans positions lo..hi-1 touch, each one's rows built the first time."""
-        if self.span_starts and not self._images:
-            raise EngineInputError("the prompt has an image span but no image rows were given")
+        if not self._images:
+            # a sequence built without image rows (a decode-step stage past the prompt) may run
+            # positions outside the spans; only a chunk that reaches an image row needs them
+            if bool((self.types[lo:hi] >= 0).any()):
+                raise EngineInputError("the prompt has an image span but no image rows were given")
+            return []
         out = []
         for k, (start, n) in enumerate(zip(self.span_starts, self.span_lens)):
             if hi <= start or lo >= start + n:
