@@ -195,3 +195,18 @@ def test_the_report_shows_the_scaled_atol(tmp_path):
     o, e = _logits_pair(tmp_path)
     text = render_text(compare_dumps(o, e, Tolerances({}, {}), contract=SCALED))
     assert "atol 0.0001×max(1, rms(A) 4" in text, text
+
+
+def test_the_bf16_numeric_pass_on_logits_is_unchanged_by_the_scale(tmp_path):
+    from helpers_dumps import reduction_pair
+
+    from tensordiff.floor import three_way
+
+    a, b = reduction_pair()
+    floor_run, cand = a.bfloat16().float(), (b + 0.01 * b.std() * torch.randn_like(b)).bfloat16().float()
+    o = write(tmp_path / "o", {"logits": a}, model="toy-scaled", run={"dtype": "float32"})
+    f = write(tmp_path / "f", {"logits": floor_run}, model="toy-scaled", run={"dtype": "bfloat16"})
+    e = write(tmp_path / "e", {"logits": cand}, model="toy-scaled", run={"dtype": "bfloat16"})
+    scaled, plain = (three_way(o, f, e, contract=c).boundary("logits").tensors[0] for c in (SCALED, PLAIN))
+    assert scaled.mode == plain.mode == "floor" and scaled.status == plain.status
+    assert scaled.metrics == plain.metrics and scaled.tolerance == plain.tolerance
