@@ -73,13 +73,17 @@ class Tolerance:
 
     @property
     def effective_atol(self) -> float:
-        """The atol an element is judged by: `atol`, times max(1, scale) when scaled and measured."""
-        if self.atol_scale and self.scale is not None and math.isfinite(self.scale):
+        """The atol an element is judged by: `atol`, times max(1, scale) when scaled and measured.
+        A calibrated atol (`floor` set: `tensordiff calibrate` derives it from a measured max|d|)
+        is already absolute and is never scaled, whatever pattern declares a scale beside it."""
+        if self.atol_scale and self.floor is None and self.scale is not None and math.isfinite(self.scale):
             return self.atol * max(1.0, self.scale)
         return self.atol
 
     def atol_text(self) -> str:
         """The atol as a report line shows it: `1e-04` or `1e-04×rms(A) 38.2 = 0.00382`."""
+        if self.atol_scale and self.floor is not None:
+            return f"{self.atol:g} (calibrated: not scaled)"
         if self.atol_scale and self.scale is not None:
             return f"{self.atol:g}×max(1, {self.atol_scale}(A) {self.scale:.4g}) = {self.effective_atol:.4g}"
         if self.atol_scale:
@@ -88,9 +92,10 @@ class Tolerance:
 
     @classmethod
     def from_dict(cls, d: dict) -> "Tolerance":
-        """The inverse of `as_dict` (a report's stored tolerance); unknown keys are ignored."""
+        """The inverse of `as_dict` (a report's stored tolerance); unknown keys are ignored, a
+        missing atol or rtol reads as 0 (a hand-written or older report may hold only some)."""
         names = {f.name for f in fields(cls)}
-        return cls(**{k: v for k, v in d.items() if k in names})
+        return cls(**{"atol": 0.0, "rtol": 0.0, **{k: v for k, v in d.items() if k in names}})
 
     def as_dict(self) -> dict:
         # every field by name (dataclasses.asdict deep-copies: ~0.1 ms, once per compared tensor)

@@ -127,3 +127,17 @@ def test_effective_atol_and_its_text():
     assert m.effective_atol == pytest.approx(4.57e-3)
     assert m.atol_text() == "0.0001×max(1, rms(A) 45.7) = 0.00457"
     assert Tolerance.from_dict(m.as_dict()) == m and Tolerance(1e-4, 1e-3).atol_text() == "0.0001"
+
+
+def test_a_calibrated_atol_is_never_scaled():
+    # `tensordiff calibrate` writes `logits.step.1` with an absolute atol from a measured floor; the
+    # contract's `logits.step.*` scale must not multiply it by the logits' RMS
+    from tensordiff.tolerance import Tolerances, with_contract
+
+    cal = Tolerances({}, {"logits.step.1": {"float32": {"atol": 3e-4, "rtol": 0.0, "floor": 1e-4}}}, "cal.toml")
+    t = with_contract(cal, {"logits.step.*": {"float32": {"atol_scale": "rms"}}}).for_("logits.step.1", "float32")
+    from dataclasses import replace
+
+    measured = replace(t, scale=45.0)
+    assert measured.atol_scale == "rms" and measured.effective_atol == 3e-4
+    assert measured.atol_text() == "0.0003 (calibrated: not scaled)"
