@@ -7,6 +7,7 @@
 #
 #   bash bench/qwen_full2b_fp32.sh OUTDIR                                    # H200: full-2b, cuda
 #   WEIGHTS=synthetic:tiny DEVICE=cpu bash bench/qwen_full2b_fp32.sh OUTDIR  # CPU smoke run
+#   FAULTS=1 BUDGET=380 LIMIT=470 bash bench/qwen_full2b_fp32.sh OUTDIR # also decode-no-delta and logits-no-final-norm (then up to ~7 minutes)
 set -u -o pipefail
 out="${1:?usage: bench/qwen_full2b_fp32.sh OUTDIR}"
 mkdir -p "$out"
@@ -14,8 +15,8 @@ cd "$(dirname "${BASH_SOURCE[0]}")/.."
 export NVIDIA_TF32_OVERRIDE=0 PYTHONUNBUFFERED=1 PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" \
   TENSORDIFF_CACHE="${TENSORDIFF_CACHE:-/tmp/tensordiff-cache}"
 py="${PYTHON:-python3}"
-timeout 235 "$py" bench/qwen_full2b_fp32.py --out "$out" --weights "${WEIGHTS:-synthetic:full-2b}" \
-  --device "${DEVICE:-cuda}" --budget "${BUDGET:-170}" 2>&1 | tee "$out/qwen_full2b_fp32.log"
+timeout "${LIMIT:-235}" "$py" bench/qwen_full2b_fp32.py --out "$out" --weights "${WEIGHTS:-synthetic:full-2b}" \
+  --device "${DEVICE:-cuda}" --budget "${BUDGET:-200}" ${FAULTS:+--faults} 2>&1 | tee "$out/qwen_full2b_fp32.log"
 rc=${PIPESTATUS[0]}
 echo "exit $rc" | tee -a "$out/qwen_full2b_fp32.log"
 exit $rc
