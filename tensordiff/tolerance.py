@@ -30,22 +30,22 @@ A per-boundary value wins over a dtype default; a boundary-at-dtype value wins o
 
 Magnitude-aware atol (`atol_scale = "rms"`): atol is then in units of the reference tensor's
 scale, atol_eff = atol x max(1, RMS of A over its finite elements), measured by the comparator in
-one extra streamed pass over A (only for tensors that declare it). Why: an output that is a long
-reduction of large terms carries, in EVERY element, an absolute rounding error of the size of its
-terms, not of the element. Measured on an H200 (Qwen3-VL synthetic:full-2b, fp32, TF32 off):
-`logits` = final-norm hidden [S, 2048] . tied embedding [2048, 151936] reach |120|; the engine
-and transformers differ by summation order only (cosine 1.000000, SQNR 113 dB), max|d| 7.2e-4,
-yet 0.023% of elements fall outside atol 1e-4 + rtol 1e-3 |a|: the ones near zero, whose error is
-that of their 2048 terms. The logits' error there is 2.16e-6 of their RMS (45.7), the same
-relative error the final hidden state already carries (`hidden.27`: 1.93e-6 of its RMS, fp32
-noise of 28 layers): a K-term reduction spreads its inputs' relative noise, and its own
-reordering noise, as an ABSOLUTE error ~ (relative noise) x (output RMS) into every element,
-near zero or not. rtol scales with the element and atol not at all, so neither describes it;
-the tensor's RMS does (max|d| 7.2e-4 against 1e-4 x 45.7 = 4.6e-3: 6x headroom). The element rule is otherwise
-unchanged (rtol still per element, no element allowed outside in fp32), so a fault of 1e-3 of
-the tensor's scale on one row, or a sign flip of one column, still trips. Declared by the
-Qwen3-VL contract for `logits`/`logits.step.*` at float32 only; a TOML table may set it too
-(`atol_scale = "rms"`, or `"none"` to turn a contract's declaration off).
+one extra streamed pass over A (only for tensors that declare it). Why: a long reduction carries
+in EVERY element an absolute error of the size of its partial sums, not of the element. Measured
+on an H200 (Qwen3-VL synthetic:full-2b, fp32, TF32 off): `logits` = final-norm hidden [S, 2048] .
+tied embedding [2048, 151936], |logits| up to 450, RMS 45.7; clean engine against transformers at
+cosine 1.000000, SQNR 113 dB, max|d| 7.2e-4, yet 0.023% of elements (the ones near zero) fall
+outside atol 1e-4 + rtol 1e-3 |a|. Their error is 2.16e-6 of the logits' RMS: the relative noise
+the final hidden state already carries (`hidden.27`: 1.93e-6 of its RMS, fp32 rounding of 28
+layers), which the 2048-term reduction spreads, with its own reordering noise, as an ABSOLUTE
+error ~ (relative noise) x (output RMS) into every element, near zero or not. rtol scales with
+the element and atol not at all, so neither describes it; the tensor's RMS does (max|d| 7.2e-4
+against 1e-4 x 45.7 = 4.6e-3: 6x headroom). The element rule is otherwise unchanged (rtol per
+element, no element allowed outside in fp32), so an error of 1e-3 of the tensor's RMS on one row,
+or a sign flip of one column, still trips. Declared by the Qwen3-VL and DeepSeek language
+contracts for `logits`/`logits.step.*` at float32 only; a TOML table may set it too
+(`atol_scale = "rms"`, or `"none"` to turn a contract's declaration off). A calibrated atol
+(`floor` set) is absolute and never scaled.
 """
 from __future__ import annotations
 
@@ -81,7 +81,7 @@ class Tolerance:
         return self.atol
 
     def atol_text(self) -> str:
-        """The atol as a report line shows it: `1e-04` or `1e-04×rms(A) 38.2 = 0.00382`."""
+        """The atol as a report line shows it: `0.0001` or `0.0001×max(1, rms(A) 45.7) = 0.00457`."""
         if self.atol_scale and self.floor is not None:
             return f"{self.atol:g} (calibrated: not scaled)"
         if self.atol_scale and self.scale is not None:
