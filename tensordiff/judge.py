@@ -28,7 +28,7 @@ from typing import Callable, Iterable, Mapping
 
 import numpy as np
 
-from . import stream, ties
+from . import scale, stream, ties
 from .contract import Boundary, Contract
 from .dtypes import BY_NAME, DType, narrower
 from .dump import Entry
@@ -103,6 +103,8 @@ class Judge:
                 res.tolerance = tol.as_dict()
                 res.reason = "the scores behind this boundary's choice (read by the tie rule)"
                 return res
+            if mode == "values":
+                tol = scale.scaled(tol, ea.stored)  # a magnitude-aware atol: the reference's RMS first
             acc = FloatMetrics(da, db, unit, tol, ea.shape) if mode == "values" else ExactMetrics(da, db)
         else:
             tol = self.tolerance(boundary.name, "int")

@@ -252,7 +252,8 @@ class FloatMetrics:
             self._mask = np.uint64(_F64_EXP)
             self._ibits = np.uint64
         self._scale = self.work.type(2.0 ** -unit.bits_mantissa)
-        self._atol, self._rtol = self.work.type(tol.atol), self.work.type(tol.rtol)
+        # a magnitude-aware atol arrives measured (`Tolerance.scale`): the element rule sees its value
+        self._atol, self._rtol = self.work.type(tol.effective_atol), self.work.type(tol.rtol)
         self._tiny = np.finfo(self.work).tiny
         self._native = None
         self._ptrs: tuple | None = None
@@ -303,7 +304,7 @@ class FloatMetrics:
             rbuf = np.zeros((start + ra.size - 1) // row + 1 - r0)
             rows = _data(rbuf)
         if self._ptrs is None:  # this accumulator's own arrays do not move: their addresses once
-            self._ptrs = (int(self.da.name == "bfloat16"), int(self.db.name == "bfloat16"), self.tol.atol,
+            self._ptrs = (int(self.da.name == "bfloat16"), int(self.db.name == "bfloat16"), self.tol.effective_atol,
                           self.tol.rtol, self._floor_f32, float(self._scale), _data(self.hist), _data(self.I),
                           _data(self.D))
         ka, kb, atol, rtol, fl, sc, h, pi, pd = self._ptrs
@@ -464,7 +465,7 @@ class FloatMetrics:
                           f"B nan={I[_NAN_B]} inf={I[_INF_B]})")
         if r.mismatch_fraction > t.max_mismatch:
             return True, (f"{r.mismatches} of {r.numel} elements ({100 * r.mismatch_fraction:.3g}%) outside "
-                          f"atol={t.atol:g} rtol={t.rtol:g} (allowed {100 * t.max_mismatch:.3g}%); max abs {r.max_abs:.4g}")
+                          f"atol={t.atol_text()} rtol={t.rtol:g} (allowed {100 * t.max_mismatch:.3g}%); max abs {r.max_abs:.4g}")
         if t.min_cosine is not None and r.cosine < t.min_cosine:
             return True, f"cosine {r.cosine:.6f} < {t.min_cosine:g}"
         return False, ""

@@ -10,6 +10,7 @@ import math
 from pathlib import Path
 
 from .result import Report, TensorResult
+from .tolerance import Tolerance
 
 MARK = {"match": "ok", "diverged": "DIVERGED", "consequent": "consequent", "missing": "MISSING",
         "incomparable": "INCOMPARABLE", "skipped": "skipped", "benign": "benign (tie)", "cascade": "cascade"}
@@ -44,6 +45,8 @@ def tensor_summary(t: TensorResult) -> str:
         floor = t.tolerance.get("floor")
         if floor:
             s += f"  = {m.max_abs / floor:.3g}× floor"
+        if t.tolerance.get("atol_scale"):  # a magnitude-aware atol: the value it was judged by
+            s += f"  atol {Tolerance.from_dict(t.tolerance).atol_text()}"
         return s
     if isinstance(m, TopKResult):
         out = f"{m.rows_differ}/{m.rows} rows differ as sets, overlap {m.mean_overlap:.3f}"

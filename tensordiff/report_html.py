@@ -23,6 +23,7 @@ from pathlib import Path
 import numpy as np
 
 from .storage import write_text_atomic
+from .tolerance import Tolerance
 from .layout import row_position
 from .report import diagnosis_lines, headline
 from .result import FAILING, Report
@@ -230,7 +231,9 @@ def heat_views(report: Report, dump_a=None, only_failing: bool = False) -> list[
             if t.mode == "floor":  # row_error holds each row's × floor: the outlier multiplier is "at tolerance"
                 scale = float((t.tolerance.get("rule") or {}).get("outlier") or 1.0)
             else:
-                scale = float(t.tolerance.get("atol") or 0.0) or float(t.tolerance.get("floor") or 0.0) or 1e-6
+                # the atol the elements were judged by (a magnitude-aware one scaled by A's RMS)
+                atol = Tolerance.from_dict(t.tolerance).effective_atol
+                scale = float(atol or 0.0) or float(t.tolerance.get("floor") or 0.0) or 1e-6
             worst = None
             if np.isfinite(err).any():
                 wy, wx = np.unravel_index(int(np.nanargmax(np.where(np.isfinite(err), err, -1))), err.shape)

@@ -27,6 +27,25 @@ Overrides: a TOML file (`--tolerances`) or `[tool.tensordiff]` in the nearest py
     [tolerances.boundaries.aligner.float32]   # a boundary at one dtype: wins over both above
 
 A per-boundary value wins over a dtype default; a boundary-at-dtype value wins over both.
+
+Magnitude-aware atol (`atol_scale = "rms"`): atol is then in units of the reference tensor's
+scale, atol_eff = atol x max(1, RMS of A over its finite elements), measured by the comparator in
+one extra streamed pass over A (only for tensors that declare it). Why: a long reduction carries
+in EVERY element an absolute error of the size of its partial sums, not of the element. Measured
+on an H200 (Qwen3-VL synthetic:full-2b, fp32, TF32 off): `logits` = final-norm hidden [S, 2048] .
+tied embedding [2048, 151936], |logits| up to 450, RMS 45.7; clean engine against transformers at
+cosine 1.000000, SQNR 113 dB, max|d| 7.2e-4, yet 0.023% of elements (the ones near zero) fall
+outside atol 1e-4 + rtol 1e-3 |a|. Their error is 2.16e-6 of the logits' RMS: the relative noise
+the final hidden state already carries (`hidden.27`: 1.93e-6 of its RMS, fp32 rounding of 28
+layers), which the 2048-term reduction spreads, with its own reordering noise, as an ABSOLUTE
+error ~ (relative noise) x (output RMS) into every element, near zero or not. rtol scales with
+the element and atol not at all, so neither describes it; the tensor's RMS does (max|d| 7.2e-4
+against 1e-4 x 45.7 = 4.6e-3: 6x headroom). The element rule is otherwise unchanged (rtol per
+element, no element allowed outside in fp32), so an error of 1e-3 of the tensor's RMS on one row,
+or a sign flip of one column, still trips. Declared by the Qwen3-VL and DeepSeek language
+contracts for `logits`/`logits.step.*` at float32 only; a TOML table may set it too
+(`atol_scale = "rms"`, or `"none"` to turn a contract's declaration off). A calibrated atol
+(`floor` set) is absolute and never scaled.
 """
 from __future__ import annotations
 
@@ -49,6 +68,34 @@ class Tolerance:
     min_cosine: float | None = None
     floor: float | None = None  # measured noise floor (max abs), when calibrated
     source: str = "default"
+    atol_scale: str | None = None  # "rms": atol is in units of max(1, RMS of the reference tensor)
+    scale: float | None = None  # that RMS, once the comparator has measured it (never set by a file)
+
+    @property
+    def effective_atol(self) -> float:
+        """The atol an element is judged by: `atol`, times max(1, scale) when scaled and measured.
+        A calibrated atol (`floor` set: `tensordiff calibrate` derives it from a measured max|d|)
+        is already absolute and is never scaled, whatever pattern declares a scale beside it."""
+        if self.atol_scale and self.floor is None and self.scale is not None and math.isfinite(self.scale):
+            return self.atol * max(1.0, self.scale)
+        return self.atol
+
+    def atol_text(self) -> str:
+        """The atol as a report line shows it: `0.0001` or `0.0001×max(1, rms(A) 45.7) = 0.00457`."""
+        if self.atol_scale and self.floor is not None:
+            return f"{self.atol:g} (calibrated: not scaled)"
+        if self.atol_scale and self.scale is not None:
+            return f"{self.atol:g}×max(1, {self.atol_scale}(A) {self.scale:.4g}) = {self.effective_atol:.4g}"
+        if self.atol_scale:
+            return f"{self.atol:g}×max(1, {self.atol_scale}(A))"
+        return f"{self.atol:g}"
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "Tolerance":
+        """The inverse of `as_dict` (a report's stored tolerance); unknown keys are ignored, a
+        missing atol or rtol reads as 0 (a hand-written or older report may hold only some)."""
+        names = {f.name for f in fields(cls)}
+        return cls(**{"atol": 0.0, "rtol": 0.0, **{k: v for k, v in d.items() if k in names}})
 
     def as_dict(self) -> dict:
         # every field by name (dataclasses.asdict deep-copies: ~0.1 ms, once per compared tensor)
@@ -64,7 +111,8 @@ DEFAULTS: dict[str, Tolerance] = {
     "bfloat16": Tolerance(atol=1.6e-2, rtol=1.6e-2, max_mismatch=0.1, min_cosine=0.999),
     "int": Tolerance(atol=0.0, rtol=0.0, max_mismatch=0.0),
 }
-_FIELDS = {f.name for f in fields(Tolerance)} - {"source"}
+_FIELDS = {f.name for f in fields(Tolerance)} - {"source", "scale"}
+ATOL_SCALES = ("rms",)  # what `atol_scale` may name ("none" in a file: not scaled)
 
 
 @dataclass(frozen=True)
@@ -103,6 +151,10 @@ def _check_table(t: Any, where: str) -> dict[str, Any]:
     for k, v in t.items():
         if k in DEFAULTS and isinstance(v, dict):
             out[k] = _check_table(v, f"{where}.{k}")
+        elif k == "atol_scale":
+            if v not in ATOL_SCALES + ("none",):
+                raise BadInput(f"{where}.atol_scale must be one of {', '.join(ATOL_SCALES + ('none',))}, not {v!r}")
+            out[k] = None if v == "none" else v
         elif k in _FIELDS:
             # nan compares false with everything (so `v < 0` lets it through) and would make every
             # element pass; inf would too: a tolerance is a finite number >= 0

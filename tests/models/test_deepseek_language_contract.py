@@ -84,3 +84,28 @@ def test_released_sizes_write_no_language_units():
     assert list(S.language_units(FULL)) == []
     names = {n for _, t in S.language_units(S.language_config(256)) for n in t}
     assert "layers.5.ffn.experts.7.w2.weight" in names and "image_start" not in names
+
+
+def test_logits_declare_the_tensor_scaled_atol_which_is_inert_at_rms_one(tmp_path):
+    """fp32 logits are judged with atol x max(1, RMS); the synthetic head's logits have RMS ~1
+    (H200: 1.007), where that is the plain atol: an error of 5x atol on one element still trips."""
+    sys.path.insert(0, str(__import__("pathlib").Path(__file__).parents[1] / "tensordiff"))
+    from helpers_dumps import write
+
+    from tensordiff import registry
+    from tensordiff.compare import compare_dumps
+    from tensordiff.judge import Judge
+    from tensordiff.tolerance import Tolerances
+
+    contract = registry.contract("deepseek-v4.1-flash")
+    j = Judge.build(contract, Tolerances({}, {}))
+    assert j.tolerance("logits", "float32").atol_scale == j.tolerance("logits.step.2", "float32").atol_scale == "rms"
+    assert j.tolerance("logits", "bfloat16").atol_scale is None
+    a = torch.randn(16, 512, generator=torch.Generator().manual_seed(0)) * 0.9
+    b = a.clone()
+    k = int(a[3].abs().argmin())
+    b[3, k] += 5e-4
+    o = write(tmp_path / "o", {"logits": a}, model="deepseek-v4.1-flash")
+    e = write(tmp_path / "e", {"logits": b}, model="deepseek-v4.1-flash")
+    t = compare_dumps(o, e, Tolerances({}, {})).boundary("logits").tensors[0]
+    assert t.tolerance["scale"] < 1 and t.status == "diverged" and t.worst["index"] == [3, k], t.reason

@@ -193,3 +193,28 @@ def test_synthetic_text_layout_is_transformers_layout(variant):
                 t.intermediate_size, t.vocab_size) == (2048, 28, 16, 8, 128, 6144, 151936)
         assert t.rope_parameters["mrope_section"] == [24, 20, 20] and t.rope_parameters["mrope_interleaved"]
         assert t.rope_parameters["rope_theta"] == 5e6 and cfg.tie_word_embeddings
+
+
+def test_logits_declare_a_tensor_scaled_atol_in_float32_only(tmp_path):
+    """The LM head's fp32 reordering noise is in units of the logits' RMS (H200: max|d| 7.2e-4 at
+    RMS 45.7): the contract says so for `logits` and every `logits.step.K`, and only in fp32."""
+    import torch
+
+    sys.path.insert(0, str(__import__("pathlib").Path(__file__).parents[1] / "tensordiff"))
+    from helpers_dumps import reduction_pair, write
+
+    from tensordiff.judge import Judge
+    from tensordiff.tolerance import Tolerances
+
+    j = Judge.build(CONTRACT, Tolerances({}, {}))
+    for b in ("logits", "logits.step.1", "logits.step.12"):
+        assert j.tolerance(b, "float32").atol_scale == "rms"
+        assert j.tolerance(b, "bfloat16").atol_scale is None
+    assert j.tolerance("hidden.27", "float32").atol_scale is None
+    a, b = reduction_pair()
+    for k, x in (("clean", b), ("flip", torch.cat([b[:, :5], -b[:, 5:6], b[:, 6:]], 1))):
+        o = write(tmp_path / k / "o", {"logits": a, "logits.step.1": a[:1]}, model="qwen3-vl")
+        e = write(tmp_path / k / "e", {"logits": x, "logits.step.1": x[:1]}, model="qwen3-vl")
+        r = compare_dumps(o, e, Tolerances({}, {}))
+        assert r.boundary("logits").status == ("match" if k == "clean" else "diverged"), str(r)
+        assert r.boundary("logits.step.1").status == ("match" if k == "clean" else "consequent"), str(r)

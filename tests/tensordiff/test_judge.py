@@ -130,3 +130,83 @@ def test_unit_rms_probe_is_quiet_on_a_clean_norm_and_when_the_reference_fails_to
     r = compare_dumps(write(tmp_path / "c", {"norm": raw}), write(tmp_path / "d", {"norm": raw * (1 + 5e-4)}),
                       contract=RMS)
     assert r.verdict == "match"
+
+
+# ---------------------------------------------------------------- magnitude-aware atol
+
+SCALED = Contract("toy-scaled", (Boundary("logits"),), tolerances={"logits": {"float32": {"atol_scale": "rms"}}})
+PLAIN = Contract("toy-scaled", (Boundary("logits"),))
+
+
+def _logits_pair(tmp_path, b_of=lambda a, b: b, dtype=torch.float32):
+    from helpers_dumps import reduction_pair
+
+    a, b = reduction_pair()
+    b = b_of(a, b.clone())
+    return (write(tmp_path / "o", {"logits": a}, model="toy-scaled"),
+            write(tmp_path / "e", {"logits": b.to(dtype)}, model="toy-scaled"))
+
+
+def test_a_clean_large_reduction_needs_the_scaled_atol(tmp_path):
+    # two right fp32 routes (upstream fp32 noise, split-K order): a fixed atol false-alarms on the
+    # elements near zero, the tensor-scaled one does not
+    o, e = _logits_pair(tmp_path)
+    plain = compare_dumps(o, e, Tolerances({}, {}), contract=PLAIN).boundary("logits").tensors[0]
+    assert plain.status == "diverged" and 0 < plain.metrics.mismatches < 1e-3 * plain.metrics.numel
+    scaled = compare_dumps(o, e, Tolerances({}, {}), contract=SCALED).boundary("logits").tensors[0]
+    assert scaled.status == "match", scaled.reason
+    assert scaled.tolerance["atol_scale"] == "rms" and scaled.tolerance["scale"] == pytest.approx(45, rel=0.05)
+    # the headroom is real but bounded: the worst element uses a fraction of the scaled atol
+    assert scaled.metrics.max_abs < 0.2 * 1e-4 * scaled.tolerance["scale"]
+
+
+def _row_noise(a, b):
+    # one row off by 1e-3 of the tensor's RMS (random signs): an error 5x the scaled atol
+    g = torch.Generator().manual_seed(7)
+    b[3] = a[3] + 1e-3 * a.pow(2).mean().sqrt() * torch.randn(a.shape[1], generator=g).sign()
+    return b
+
+
+def _column_flip(a, b):
+    b[:, 1234] = -b[:, 1234]
+    return b
+
+
+@pytest.mark.parametrize("fault", [_row_noise, _column_flip])
+def test_faults_still_trip_the_scaled_atol(tmp_path, fault):
+    o, e = _logits_pair(tmp_path, fault)
+    t = compare_dumps(o, e, Tolerances({}, {}), contract=SCALED).boundary("logits").tensors[0]
+    assert t.status == "diverged" and "×max(1, rms(A)" in t.reason, t.reason
+    assert t.worst["index"][0 if fault is _row_noise else 1] == (3 if fault is _row_noise else 1234)
+
+
+def test_the_scale_is_float32_only_so_bf16_logits_are_judged_as_before(tmp_path):
+    o, e = _logits_pair(tmp_path, dtype=torch.bfloat16)
+    judge = Judge.build(SCALED, Tolerances({}, {}), ("float32", "bfloat16"))
+    t = compare_dumps(o, e, judge).boundary("logits").tensors[0]
+    plain = compare_dumps(o, e, Judge.build(PLAIN, Tolerances({}, {}), ("float32", "bfloat16"))).boundary("logits")
+    assert t.dtype["unit"] == "bfloat16" and t.tolerance["atol_scale"] is None and t.tolerance["scale"] is None
+    assert t.status == plain.tensors[0].status and t.metrics.mismatches == plain.tensors[0].metrics.mismatches
+
+
+def test_the_report_shows_the_scaled_atol(tmp_path):
+    from tensordiff.report import render_text
+
+    o, e = _logits_pair(tmp_path)
+    text = render_text(compare_dumps(o, e, Tolerances({}, {}), contract=SCALED))
+    assert "atol 0.0001×max(1, rms(A) 4" in text, text
+
+
+def test_the_bf16_numeric_pass_on_logits_is_unchanged_by_the_scale(tmp_path):
+    from helpers_dumps import reduction_pair
+
+    from tensordiff.floor import three_way
+
+    a, b = reduction_pair()
+    floor_run, cand = a.bfloat16().float(), (b + 0.01 * b.std() * torch.randn_like(b)).bfloat16().float()
+    o = write(tmp_path / "o", {"logits": a}, model="toy-scaled", run={"dtype": "float32"})
+    f = write(tmp_path / "f", {"logits": floor_run}, model="toy-scaled", run={"dtype": "bfloat16"})
+    e = write(tmp_path / "e", {"logits": cand}, model="toy-scaled", run={"dtype": "bfloat16"})
+    scaled, plain = (three_way(o, f, e, contract=c).boundary("logits").tensors[0] for c in (SCALED, PLAIN))
+    assert scaled.mode == plain.mode == "floor" and scaled.status == plain.status
+    assert scaled.metrics == plain.metrics and scaled.tolerance == plain.tolerance

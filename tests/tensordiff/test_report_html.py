@@ -107,6 +107,17 @@ def test_heat_shows_where_the_error_is():
     assert v.worst[1] == 8
 
 
+
+def test_heat_is_scaled_by_the_atol_the_elements_were_judged_by():
+    # a magnitude-aware atol (`atol_scale`): the colour scale is atol x the measured RMS of A
+    run = {"inputs": {"grid": [6, 9]}}
+    tol = {"atol": 1e-4, "rtol": 1e-3, "atol_scale": "rms", "scale": 40.0}
+    t = TensorResult("x", "b", "match", row_error=[1e-3] * 54, tolerance=tol, shape={"a": [54, 4]},
+                     dtype={"a": "float32"})
+    r = Report("a", "b", "m", [BoundaryResult("b", "match", tensors=[t], layout="grid")], runs={"a": run, "b": run})
+    (v,) = heat_views(r)
+    assert v.scale == pytest.approx(4e-3)
+
 EVIL = '<script>alert("x")</script>'
 
 

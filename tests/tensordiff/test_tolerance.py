@@ -90,3 +90,54 @@ def test_a_broken_parent_pyproject_is_named_in_a_warning(tmp_path, monkeypatch, 
     err = capsys.readouterr().err
     assert f"warning: {tmp_path / 'pyproject.toml'} cannot be read" in err and "defaults apply" in err
     assert t.for_("x", "float32") == DEFAULTS["float32"]
+
+
+def test_atol_scale_in_a_tolerance_file(tmp_path):
+    p = tmp_path / "t.toml"
+    p.write_text('[tolerances.boundaries.logits.float32]\natol_scale = "rms"\n'
+                 '[tolerances.boundaries.other]\natol_scale = "none"\n')
+    t = load(p)
+    assert t.for_("logits", "float32").atol_scale == "rms" and t.for_("logits", "bfloat16").atol_scale is None
+    assert t.for_("other", "float32").atol_scale is None
+
+
+def test_a_scale_named_in_a_file_overrides_the_contracts():
+    from tensordiff.tolerance import Tolerances, with_contract
+
+    user = Tolerances({}, {"logits": {"float32": {"atol_scale": None}}}, "user.toml")
+    merged = with_contract(user, {"logits": {"float32": {"atol_scale": "rms"}}})
+    assert merged.for_("logits", "float32").atol_scale is None
+    assert with_contract(Tolerances({}, {}), {"logits": {"atol_scale": "rms"}}).for_("logits", "float32").atol_scale == "rms"
+
+
+@pytest.mark.parametrize("value", ['"max"', "1", '"RMS"'])
+def test_an_unknown_atol_scale_is_refused(tmp_path, value):
+    p = tmp_path / "t.toml"
+    p.write_text(f"[tolerances.float32]\natol_scale = {value}\n")
+    with pytest.raises(BadInput, match="atol_scale must be one of rms, none"):
+        load(p)
+
+
+def test_effective_atol_and_its_text():
+    from tensordiff.tolerance import Tolerance
+
+    t = Tolerance(atol=1e-4, rtol=1e-3, atol_scale="rms")
+    assert t.effective_atol == 1e-4 and t.atol_text() == "0.0001×max(1, rms(A))"  # not measured yet
+    m = Tolerance(atol=1e-4, rtol=1e-3, atol_scale="rms", scale=45.7)
+    assert m.effective_atol == pytest.approx(4.57e-3)
+    assert m.atol_text() == "0.0001×max(1, rms(A) 45.7) = 0.00457"
+    assert Tolerance.from_dict(m.as_dict()) == m and Tolerance(1e-4, 1e-3).atol_text() == "0.0001"
+
+
+def test_a_calibrated_atol_is_never_scaled():
+    # `tensordiff calibrate` writes `logits.step.1` with an absolute atol from a measured floor; the
+    # contract's `logits.step.*` scale must not multiply it by the logits' RMS
+    from tensordiff.tolerance import Tolerances, with_contract
+
+    cal = Tolerances({}, {"logits.step.1": {"float32": {"atol": 3e-4, "rtol": 0.0, "floor": 1e-4}}}, "cal.toml")
+    t = with_contract(cal, {"logits.step.*": {"float32": {"atol_scale": "rms"}}}).for_("logits.step.1", "float32")
+    from dataclasses import replace
+
+    measured = replace(t, scale=45.0)
+    assert measured.atol_scale == "rms" and measured.effective_atol == 3e-4
+    assert measured.atol_text() == "0.0003 (calibrated: not scaled)"
