@@ -348,3 +348,18 @@ def test_a_wrong_bin_is_caught():
     bins = M._kernel_bins((np.arange(M._NKEYS, dtype=np.uint32) << M._KEY_SHIFT).view(np.float32)[:20_000])
     bins[17_000] += 1
     assert not np.array_equal(bins, M._LUT[:20_000])
+
+
+@pytest.mark.skipif(not NATIVE, reason="no C compiler: the native kernel is not built here")
+def test_large_finite_values_whose_squares_overflow_float32_keep_the_double_sums():
+    # |x| ~ 1e20: x*x overflows a float32 partial sum; the kernel's overflowed block goes to the
+    # double path (as NaN/Inf blocks do), so sums, cosine and RMSE stay the numpy path's
+    rng = np.random.default_rng(11)
+    a = (rng.standard_normal(5000) * 1e20).astype(np.float32)
+    b = (a * (1 + 1e-4 * rng.standard_normal(a.size))).astype(np.float32)
+    ref = reference(a, b, "float32", "float32", (a.size,))
+    acc = streamed(a, b, "float32", "float32", (a.size,), 3000, native=True)
+    assert acc._native is not None
+    r = acc.result()
+    assert math.isfinite(r["cosine"]) and math.isfinite(r["rmse"])
+    check(r, acc, ref, 1e-6)
