@@ -214,6 +214,29 @@ class _Shared:
             np.maximum(seg, m, out=seg)
 
 
+# A fresh accumulator's counters and float accumulators (copied: cheaper than building them)
+_I0 = np.zeros(10, dtype=np.int64)
+_I0[[_WORST, _FIRST_BAD]] = -1
+_D0 = np.array([-1.0, 0, 0, 0, 0, 0, 0, math.inf, -math.inf, math.inf, -math.inf, 0])
+_CONSTANTS: dict = {}
+
+
+def _constants(work: np.dtype, unit: DType) -> tuple:
+    """(floor bits, exponent mask, bit type, floor as float32, ULP scale, tiny) of a work dtype
+    and unit, computed once per pair (a comparison of thousands of tensors builds thousands of
+    accumulators)."""
+    key = (work, unit.name)
+    c = _CONSTANTS.get(key)
+    if c is None:
+        if work == np.float32:
+            fb = np.uint32((_MIN_EXP[unit.name] + 127) << 23)
+            c = (fb, np.uint32(_F32_EXP), np.uint32, float(np.array(fb, dtype=np.uint32).view(np.float32)[()]))
+        else:
+            c = (np.uint64((_MIN_EXP[unit.name] + 1023) << 52), np.uint64(_F64_EXP), np.uint64, None)
+        c = _CONSTANTS[key] = c + (work.type(2.0 ** -unit.bits_mantissa), np.finfo(work).tiny)
+    return c
+
+
 class FloatMetrics:
     """max/mean abs, max rel, RMSE, cosine, SQNR, ULP p50/p99/max, allclose violations, NaN/Inf.
 
@@ -236,24 +259,14 @@ class FloatMetrics:
         self.da, self.db, self.unit, self.tol, self.shape = da, db, unit, tol, shape
         self.work = np.dtype(np.float64 if "float64" in (da.name, db.name) else np.float32)
         self.shared = _shared or _Shared(shape)
-        self.I = np.zeros(10, dtype=np.int64)
-        self.I[[_WORST, _FIRST_BAD]] = -1
-        self.D = np.array([-1.0, 0, 0, 0, 0, 0, 0, math.inf, -math.inf, math.inf, -math.inf, 0])
+        self.I = _I0.copy()
+        self.D = _D0.copy()
         self.hist = np.zeros(_NBINS, dtype=np.int64)
         self._result: FloatResult | None = None  # result() once per state (verdict() reads it too)
         self._bufs: dict[str, np.ndarray] = {}
-        if self.work == np.float32:
-            self._floor_bits = np.uint32((_MIN_EXP[unit.name] + 127) << 23)
-            self._mask = np.uint32(_F32_EXP)
-            self._ibits = np.uint32
-            self._floor_f32 = float(np.array(self._floor_bits, dtype=np.uint32).view(np.float32)[()])
-        else:
-            self._floor_bits = np.uint64((_MIN_EXP[unit.name] + 1023) << 52)
-            self._mask = np.uint64(_F64_EXP)
-            self._ibits = np.uint64
-        self._scale = self.work.type(2.0 ** -unit.bits_mantissa)
+        (self._floor_bits, self._mask, self._ibits, self._floor_f32, self._scale,
+         self._tiny) = _constants(self.work, unit)
         self._atol, self._rtol = self.work.type(tol.atol), self.work.type(tol.rtol)
-        self._tiny = np.finfo(self.work).tiny
         self._native = None
         self._ptrs: tuple | None = None
         if {da.name, db.name} <= {"float32", "bfloat16"}:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import functools
 import json
 import mmap
 import os
@@ -53,10 +54,30 @@ class StoredTensor:
     def nbytes(self) -> int:
         return self.numel * self.dtype.itemsize
 
+    @functools.cached_property
+    def mapped(self) -> bool:
+        """Read through a mapping of the file (safetensors, raw HDF5), not through h5py. Cached:
+        Path.suffix costs ~5 us, and a comparison asks it several times per tensor."""
+        return not (self.file.suffix in HDF5_EXT and not self.raw)
+
     def reader(self) -> "FlatReader":
-        if self.file.suffix in HDF5_EXT and not self.raw:
-            return _H5Reader(self)
-        return _MemmapReader(self)
+        return _MemmapReader(self) if self.mapped else _H5Reader(self)
+
+    def element(self, flat: int) -> np.ndarray:
+        """Element `flat` as a 1-element raw storage array: a view of the shared mapping where
+        there is one (no reader built for one element), else read through a reader."""
+        if self.mapped and 0 <= flat < self.numel:
+            try:
+                isz = self.dtype.itemsize
+                return np.frombuffer(_map_file(self.file), dtype=self.dtype.storage, count=1,
+                                     offset=self.offset + flat * isz)
+            except (OSError, ValueError):  # changed under us: the reader names the damage
+                pass
+        r = self.reader()
+        try:
+            return r.read(flat, flat + 1)
+        finally:
+            r.close()
 
 
 # Mappings of whole tensor files, shared by every reader inside `shared_files()`: a dump of

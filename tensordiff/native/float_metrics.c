@@ -45,7 +45,8 @@
 typedef struct {
     float atol, rtol, floor, scale;
     int32_t fexp, sexp; /* biased exponent of `floor`; unbiased exponent of `scale` (both powers of two) */
-    uint32_t *hist; /* NSUB * HSTRIDE counts of this call */
+    uint32_t *hist; /* nsub * HSTRIDE counts of this call */
+    int32_t nsub;   /* NSUB, or 1 for a small call (less to clear and fold than to count) */
     double *rows; /* row maxima for rows r0.., or NULL */
     int64_t row, r0;
 } params;
@@ -154,7 +155,7 @@ block_fast(const void *a, int ka, const void *b, int kb, int64_t off, int64_t n,
     }
     uint32_t *h = P->hist;
     int64_t i = 0;
-    for (; i + NSUB <= n; i += NSUB) {
+    for (; P->nsub == NSUB && i + NSUB <= n; i += NSUB) {
         h[key[i]]++;
         h[HSTRIDE + key[i + 1]]++;
         h[2 * HSTRIDE + key[i + 2]]++;
@@ -246,16 +247,22 @@ int td_float_update(const void *a, int ka, const void *b, int kb, int64_t n, int
     if (ka < 0 || ka > 1 || kb < 0 || kb > 1) return -1;
     if (n > 0x7fffffffLL) return -3; /* 32-bit counts per call */
     uint32_t sub[NSUB * HSTRIDE];
-    memset(sub, 0, sizeof sub);
+    /* a few thousand elements (a small tensor): one sub-histogram; clearing and folding NSUB of
+       them would cost more than the counting they speed up */
+    int32_t nsub = n >= 16 * NBINS ? NSUB : 1;
+    memset(sub, 0, sizeof(uint32_t) * HSTRIDE * nsub);
     params P = {atol, rtol, floor_, scale, (int32_t)(u_of(floor_) >> 23), (int32_t)(u_of(scale) >> 23) - 127,
-                sub, rows, row, r0};
+                sub, nsub, rows, row, r0};
     I[0] += n;
     /* constant kinds: each call below is its own specialised, vectorised loop */
     if (ka == 0 && kb == 0) run(a, 0, b, 0, n, start, &P, I, D);
     else if (ka == 0 && kb == 1) run(a, 0, b, 1, n, start, &P, I, D);
     else if (ka == 1 && kb == 0) run(a, 1, b, 0, n, start, &P, I, D);
     else run(a, 1, b, 1, n, start, &P, I, D);
-    for (int k = 0; k < NBINS; k++)
-        hist[k] += (int64_t)sub[k] + sub[HSTRIDE + k] + sub[2 * HSTRIDE + k] + sub[3 * HSTRIDE + k];
+    if (nsub == NSUB)
+        for (int k = 0; k < NBINS; k++)
+            hist[k] += (int64_t)sub[k] + sub[HSTRIDE + k] + sub[2 * HSTRIDE + k] + sub[3 * HSTRIDE + k];
+    else
+        for (int k = 0; k < NBINS; k++) hist[k] += sub[k];
     return 0;
 }

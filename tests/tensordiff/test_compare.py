@@ -273,3 +273,26 @@ def test_a_run_declares_the_compute_dtype_of_some_boundaries(tmp_path):
     rep = compare_dumps(a, b)
     assert rep.boundary("lang0").status == "match" and rep.boundary("lang0").tensors[0].dtype["unit"] == "bfloat16"
     assert rep.boundary("vis").status == "diverged"  # not declared: judged in fp32
+
+
+def test_the_gc_runs_less_often_during_a_comparison_and_as_before_after_it(tmp_path):
+    import gc
+
+    seen = []
+    before = gc.get_threshold()
+    r = compare_dumps(*pair(tmp_path), contract=TOY, progress=lambda n: seen.append(gc.get_threshold()))
+    assert r.verdict == "match" and seen and all(t[0] >= 50_000 for t in seen)
+    assert gc.get_threshold() == before
+    with pytest.raises(IncomparableDumps):  # also restored when the comparison fails
+        a, b = pair(tmp_path / "x")
+        compare_dumps(a, b, contract=TOY, progress=lambda n: (_ for _ in ()).throw(IncomparableDumps("stop")))
+    assert gc.get_threshold() == before
+
+
+def test_the_worst_element_values_are_read_from_both_sides(tmp_path):
+    def bug(b):
+        b["block0"][3, 5] += 1.0
+
+    a, b = pair(tmp_path, bug)
+    t = compare_dumps(a, b, contract=TOY).boundary("block0").tensors[0]
+    assert t.worst["index"] == [3, 5] and t.worst["b"] - t.worst["a"] == pytest.approx(1.0)

@@ -363,3 +363,17 @@ def test_large_finite_values_whose_squares_overflow_float32_keep_the_double_sums
     r = acc.result()
     assert math.isfinite(r["cosine"]) and math.isfinite(r["rmse"])
     check(r, acc, ref, 1e-6)
+
+
+@pytest.mark.skipif(not NATIVE, reason="no C compiler: the native kernel is not built here")
+def test_a_large_call_and_small_calls_count_the_same_histogram():
+    # the kernel counts a large call in 4 interleaved sub-histograms and a small one in one:
+    # both give the numpy path's bins
+    rng = np.random.default_rng(3)
+    a = rng.standard_normal(100_000).astype(np.float32)
+    b = (a * (1 + 3e-6 * rng.standard_normal(a.size))).astype(np.float32)
+    hists = [streamed(a, b, "float32", "float32", (a.size,), step, native).hist
+             for step, native in ((100_000, True), (1000, True), (100_000, False))]
+    assert hists[0].sum() == a.size and len(np.flatnonzero(hists[0])) > 50
+    np.testing.assert_array_equal(hists[0], hists[1])
+    np.testing.assert_array_equal(hists[0], hists[2])
