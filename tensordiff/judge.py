@@ -195,14 +195,14 @@ def _values_at(ea: Entry, eb: Entry, flat: int) -> dict:
 
     out = {}
     for side, e in (("a", ea), ("b", eb)):
-        element = getattr(e.stored, "element", None)  # a StoredTensor reads one element in place
-        if element is not None:
-            x = element(flat)
-        else:  # other stored forms (a merged sharded tensor): through a reader
-            r = e.stored.reader()
-            try:
-                x = r.read(flat, flat + 1)
-            finally:
-                r.close()
+        value_at = getattr(e.stored, "value_at", None)  # a StoredTensor reads one element in place
+        if value_at is not None:
+            out[side] = value_at(flat)
+            continue
+        r = e.stored.reader()  # other stored forms (a merged sharded tensor): through a reader
+        try:
+            x = r.read(flat, flat + 1)
+        finally:
+            r.close()
         out[side] = float(to_float64(x, e.dtype)[0]) if e.dtype.is_float else int(x[0])
     return out

@@ -183,6 +183,12 @@ _N, _FINITE, _NAN_A, _NAN_B, _INF_A, _INF_B, _MISMATCH, _VIOL, _WORST, _FIRST_BA
 _MAX_ABS, _MAX_REL, _SUM_ABS, _SUM_SQ_ERR, _SUM_SQ_A, _SUM_SQ_B, _UNUSED, _MIN_A, _MAX_A, _MIN_B, _MAX_B, _ULP_MAX = range(12)
 
 
+def _aligned(x: np.ndarray) -> np.ndarray:
+    """x as C-contiguous aligned elements (np.require checks the same in ~10 us; flags in ~0.3)."""
+    f = x.flags
+    return x if f.c_contiguous and f.aligned else np.require(x, requirements="CA")
+
+
 def _data(x: np.ndarray) -> int:
     """The address of an array's first element (cheaper than `x.ctypes.data`)."""
     return x.__array_interface__["data"][0]
@@ -303,7 +309,7 @@ class FloatMetrics:
         self._result = None
         if self._native is not None:
             # the kernel needs C-contiguous, aligned elements (a foreign writer may misalign data)
-            self._update_native(start, np.require(ra, requirements="CA"), np.require(rb, requirements="CA"))
+            self._update_native(start, _aligned(ra), _aligned(rb))
         else:
             with np.errstate(all="ignore"):  # Inf - Inf, overflowing quotients: counted, not warned
                 for s in range(0, ra.size, _NUMPY_STEP):

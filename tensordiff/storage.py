@@ -63,21 +63,33 @@ class StoredTensor:
     def reader(self) -> "FlatReader":
         return _MemmapReader(self) if self.mapped else _H5Reader(self)
 
-    def element(self, flat: int) -> np.ndarray:
-        """Element `flat` as a 1-element raw storage array: a view of the shared mapping where
-        there is one (no reader built for one element), else read through a reader."""
-        if self.mapped and 0 <= flat < self.numel:
+    def value_at(self, flat: int) -> float | int:
+        """Element `flat` as a Python number (a float widened exactly, an integer as it is): unpacked
+        from the shared mapping where there is one (~1 us; no reader or array for one element),
+        else read through a reader."""
+        fmt = _STRUCT.get(self.dtype.name)
+        if self.mapped and fmt and 0 <= flat < self.numel:
             try:
-                isz = self.dtype.itemsize
-                return np.frombuffer(_map_file(self.file), dtype=self.dtype.storage, count=1,
-                                     offset=self.offset + flat * isz)
-            except (OSError, ValueError):  # changed under us: the reader names the damage
+                (v,) = struct.unpack_from(fmt, _map_file(self.file), self.offset + flat * self.dtype.itemsize)
+            except (OSError, ValueError, struct.error):  # changed under us: the reader names the damage
                 pass
+            else:
+                if self.dtype.name == "bfloat16":  # the top half of a float32: exact
+                    (v,) = struct.unpack("<f", struct.pack("<I", v << 16))
+                return float(v) if self.dtype.is_float else int(v)
+        from .dtypes import to_float64
+
         r = self.reader()
         try:
-            return r.read(flat, flat + 1)
+            x = r.read(flat, flat + 1)
         finally:
             r.close()
+        return float(to_float64(x, self.dtype)[0]) if self.dtype.is_float else int(x[0])
+
+
+# struct formats of the stored elements (little-endian, as the files hold them)
+_STRUCT = {"float64": "<d", "float32": "<f", "float16": "<e", "bfloat16": "<H", "int64": "<q", "int32": "<i",
+           "int16": "<h", "int8": "<b", "uint8": "<B", "bool": "<?"}
 
 
 # Mappings of whole tensor files, shared by every reader inside `shared_files()`: a dump of

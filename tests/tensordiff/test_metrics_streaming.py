@@ -377,3 +377,17 @@ def test_a_large_call_and_small_calls_count_the_same_histogram():
     assert hists[0].sum() == a.size and len(np.flatnonzero(hists[0])) > 50
     np.testing.assert_array_equal(hists[0], hists[1])
     np.testing.assert_array_equal(hists[0], hists[2])
+
+
+@pytest.mark.skipif(not NATIVE, reason="no C compiler: the native kernel is not built here")
+def test_misaligned_and_strided_chunks_reach_the_kernel_as_aligned_copies():
+    rng = np.random.default_rng(9)
+    a = rng.standard_normal(3000).astype(np.float32)
+    b = (a * (1 + 1e-3 * rng.standard_normal(a.size))).astype(np.float32)
+    odd = np.frombuffer(b"\0\0" + b.tobytes(), dtype=np.float32, count=b.size, offset=2)  # 2-byte misaligned
+    assert not odd.flags.aligned and np.array_equal(odd, b)
+    wide = np.repeat(a, 2)[::2]  # every other element: not contiguous
+    assert not wide.flags.c_contiguous
+    ref = streamed(a, b, "float32", "float32", (a.size,), 1000, native=True).result()
+    for xa, xb in ((a, odd), (wide, b)):
+        assert streamed(xa, xb, "float32", "float32", (a.size,), 1000, native=True).result().as_json() == ref.as_json()

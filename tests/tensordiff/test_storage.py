@@ -119,7 +119,7 @@ def test_hdf5_datasets_read_in_place_when_they_can_and_through_h5py_otherwise(tm
         r.close()
     assert st.mapped == (layout == "contiguous")
     for flat in (0, 1234, 5999):  # one element, in place or through h5py: the same value
-        assert st.element(flat).tolist() == [x.reshape(-1)[flat]]
+        assert st.value_at(flat) == x.reshape(-1)[flat]
 
 
 def test_a_big_endian_hdf5_dataset_is_not_read_in_place(tmp_path):
@@ -176,14 +176,17 @@ def test_outside_shared_files_a_release_is_immediate(tmp_path, monkeypatch):
 
 
 @pytest.mark.parametrize("fmt", ["safetensors", "hdf5"])
-def test_one_element_is_read_in_place_inside_and_outside_shared_files(tmp_path, fmt):
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16, torch.float64])
+def test_one_element_is_read_in_place_inside_and_outside_shared_files(tmp_path, fmt, dtype):
     from tensordiff import storage
 
     d = write(tmp_path / "d", {"x": torch.arange(5000, dtype=torch.float32) * 0.25,
                                "y": torch.arange(7, dtype=torch.int32) - 3}, fmt=fmt)
     dump = open_dump(d)
     x, y = dump.entry("x").stored, dump.entry("y").stored
+    z = open_dump(write(tmp_path / "z", {"z": torch.tensor([1.5, -2.0, 3.0e38, 1e-40]).to(dtype)}, fmt=fmt)).entry("z").stored
+    assert [z.value_at(i) for i in range(4)] == torch.tensor([1.5, -2.0, 3.0e38, 1e-40]).to(dtype).double().tolist()
     for scope in (storage.shared_files(), contextlib.nullcontext()):
         with scope:
-            assert [x.element(i).tolist() for i in (0, 1, 4999)] == [[0.0], [0.25], [1249.75]]
-            assert y.element(0).tolist() == [-3] and y.element(6).tolist() == [3]
+            assert [x.value_at(i) for i in (0, 1, 4999)] == [0.0, 0.25, 1249.75]
+            assert [y.value_at(i) for i in (0, 6)] == [-3, 3] and type(y.value_at(0)) is int
