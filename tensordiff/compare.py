@@ -113,7 +113,7 @@ def compare_dumps(a: str | Path | Dump, b: str | Path | Dump,
     _assign_roots(bounds, present, results)
     report_rows = [results[b.name] for b in present]
     notes = [f"{d.path} is a sharded run of {d.world} ranks, merged" for d in (da, db) if d.world]
-    if diagnose:
+    if diagnose and any(r.root for r in report_rows):  # only roots are diagnosed: no import without one
         from .diagnosis import diagnose_report
 
         notes += diagnose_report(report_rows, da, db, contract, bounds)

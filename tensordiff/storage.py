@@ -43,7 +43,7 @@ class StoredTensor:
     raw: bool = False  # HDF5: the dataset's bytes lie as they are at `offset` (contiguous, unfiltered,
     # little-endian), so they are mapped like a safetensors tensor's instead of read through h5py
 
-    @property
+    @functools.cached_property  # asked several times per tensor by a comparison
     def numel(self) -> int:
         n = 1
         for s in self.shape:
