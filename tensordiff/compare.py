@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import gc
+import threading
 from pathlib import Path
 from typing import Callable
 
@@ -30,17 +31,28 @@ Progress = Callable[[int], None]  # called with bytes consumed (both sides)
 
 # ----------------------------------------------------------------------------- dumps
 
+_gc_lock = threading.Lock()
+_gc_depth = [0, None]  # comparisons running (threads may overlap), the thresholds before the first
+
+
 @contextlib.contextmanager
 def _few_collections():
     """The cyclic GC less often while a comparison runs: thousands of tensors leave thousands of
     live results (nothing cyclic per tensor), and the default thresholds traverse them again and
-    again (~20% of a 20,000-tensor comparison). Reference counting still frees everything else."""
-    old = gc.get_threshold()
-    gc.set_threshold(max(old[0], 50_000), *old[1:])
+    again (~20% of a 20,000-tensor comparison). Reference counting still frees everything else.
+    Overlapping comparisons (threads) restore the thresholds when the last one ends."""
+    with _gc_lock:
+        if _gc_depth[0] == 0:
+            _gc_depth[1] = old = gc.get_threshold()
+            gc.set_threshold(max(old[0], 50_000), *old[1:])
+        _gc_depth[0] += 1
     try:
         yield
     finally:
-        gc.set_threshold(*old)
+        with _gc_lock:
+            _gc_depth[0] -= 1
+            if _gc_depth[0] == 0:
+                gc.set_threshold(*_gc_depth[1])
 
 
 def resolve_contract(da: Dump, db: Dump, contract: Contract | None) -> tuple[Contract, list[Boundary]]:

@@ -307,3 +307,16 @@ def test_a_comparison_without_a_root_does_not_load_the_diagnosis(tmp_path):
             "print(r.verdict, 'tensordiff.diagnosis' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code, str(a), str(b)], capture_output=True, text=True, check=True)
     assert out.stdout.split() == ["match", "False"]
+
+
+def test_overlapping_comparisons_restore_the_gc_thresholds_when_the_last_ends():
+    import gc
+
+    before = gc.get_threshold()
+    outer, inner = compare._few_collections(), compare._few_collections()
+    outer.__enter__()
+    inner.__enter__()
+    outer.__exit__(None, None, None)  # the first to start ends first (two threads)
+    assert gc.get_threshold()[0] >= 50_000  # the other is still running
+    inner.__exit__(None, None, None)
+    assert gc.get_threshold() == before
