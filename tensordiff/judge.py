@@ -197,10 +197,14 @@ def _values_at(ea: Entry, eb: Entry, flat: int) -> dict:
 
     out = {}
     for side, e in (("a", ea), ("b", eb)):
-        r = e.stored.reader()
+        value_at = getattr(e.stored, "value_at", None)  # a StoredTensor reads one element in place
+        if value_at is not None:
+            out[side] = value_at(flat)
+            continue
+        r = e.stored.reader()  # other stored forms (a merged sharded tensor): through a reader
         try:
-            v = to_float64(r.read(flat, flat + 1), e.dtype)[0] if e.dtype.is_float else int(r.read(flat, flat + 1)[0])
+            x = r.read(flat, flat + 1)
         finally:
             r.close()
-        out[side] = float(v) if e.dtype.is_float else v
+        out[side] = float(to_float64(x, e.dtype)[0]) if e.dtype.is_float else int(x[0])
     return out

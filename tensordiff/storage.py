@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import functools
 import json
 import mmap
 import os
@@ -42,7 +43,7 @@ class StoredTensor:
     raw: bool = False  # HDF5: the dataset's bytes lie as they are at `offset` (contiguous, unfiltered,
     # little-endian), so they are mapped like a safetensors tensor's instead of read through h5py
 
-    @property
+    @functools.cached_property  # asked several times per tensor by a comparison
     def numel(self) -> int:
         n = 1
         for s in self.shape:
@@ -53,10 +54,42 @@ class StoredTensor:
     def nbytes(self) -> int:
         return self.numel * self.dtype.itemsize
 
+    @functools.cached_property
+    def mapped(self) -> bool:
+        """Read through a mapping of the file (safetensors, raw HDF5), not through h5py. Cached:
+        Path.suffix costs ~5 us, and a comparison asks it several times per tensor."""
+        return not (self.file.suffix in HDF5_EXT and not self.raw)
+
     def reader(self) -> "FlatReader":
-        if self.file.suffix in HDF5_EXT and not self.raw:
-            return _H5Reader(self)
-        return _MemmapReader(self)
+        return _MemmapReader(self) if self.mapped else _H5Reader(self)
+
+    def value_at(self, flat: int) -> float | int:
+        """Element `flat` as a Python number (a float widened exactly, an integer as it is): unpacked
+        from the shared mapping where there is one (~1 us; no reader or array for one element),
+        else read through a reader."""
+        fmt = _STRUCT.get(self.dtype.name)
+        if self.mapped and fmt and 0 <= flat < self.numel:
+            try:
+                (v,) = struct.unpack_from(fmt, _map_file(self.file), self.offset + flat * self.dtype.itemsize)
+            except (OSError, ValueError, struct.error):  # changed under us: the reader names the damage
+                pass
+            else:
+                if self.dtype.name == "bfloat16":  # the top half of a float32: exact
+                    (v,) = struct.unpack("<f", struct.pack("<I", v << 16))
+                return float(v) if self.dtype.is_float else int(v)
+        from .dtypes import to_float64
+
+        r = self.reader()
+        try:
+            x = r.read(flat, flat + 1)
+        finally:
+            r.close()
+        return float(to_float64(x, self.dtype)[0]) if self.dtype.is_float else int(x[0])
+
+
+# struct formats of the stored elements (little-endian, as the files hold them)
+_STRUCT = {"float64": "<d", "float32": "<f", "float16": "<e", "bfloat16": "<H", "int64": "<q", "int32": "<i",
+           "int16": "<h", "int8": "<b", "uint8": "<B", "bool": "<?"}
 
 
 # Mappings of whole tensor files, shared by every reader inside `shared_files()`: a dump of

@@ -53,7 +53,7 @@ def stream_pair(sa: StoredTensor, sb: StoredTensor, acc, step: int, *, workers: 
     n = sa.numel
     workers = WORKERS if workers is None else workers
     ra, rb = sa.reader(), sb.reader()
-    hashed = [(r, h) for r, h in zip((ra, rb), hashes or ()) if h]
+    hashed = [(r, h) for r, h in zip((ra, rb), hashes) if h] if hashes and any(hashes) else []
     try:
         if n <= step or workers <= 1:
             for s in range(0, n, step):

@@ -20,7 +20,10 @@ from pathlib import Path
 from ..errors import BadInput
 
 SOURCE = Path(__file__).with_name("float_metrics.c")
-FLAGS = ["-O3", "-march=native", "-fopenmp-simd", "-ffp-contract=off", "-fno-math-errno", "-shared", "-fPIC"]
+# -mprefer-vector-width=512: where the CPU has 512-bit vectors (-march=native is this machine's, and
+# the build cache is keyed by the CPU), the kernel's ~50 vector ops per element group halve; on a
+# CPU without them the option is a no-op. Measured 1.9x on the kernel alone (bench/compare_throughput.py).
+FLAGS = ["-O3", "-march=native", "-mprefer-vector-width=512", "-fopenmp-simd", "-ffp-contract=off", "-fno-math-errno", "-shared", "-fPIC"]
 
 _lock = threading.Lock()
 _kernel: object = None  # None: not tried yet; False: unavailable

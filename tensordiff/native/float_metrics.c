@@ -45,7 +45,8 @@
 typedef struct {
     float atol, rtol, floor, scale;
     int32_t fexp, sexp; /* biased exponent of `floor`; unbiased exponent of `scale` (both powers of two) */
-    uint32_t *hist; /* NSUB * HSTRIDE counts of this call */
+    uint32_t *hist; /* nsub * HSTRIDE counts of this call */
+    int32_t nsub;   /* NSUB, or 1 for a small call (less to clear and fold than to count) */
     double *rows; /* row maxima for rows r0.., or NULL */
     int64_t row, r0;
 } params;
@@ -88,8 +89,8 @@ static inline void row_max(const params *P, int64_t g, int64_t r, double v) {
     if (v > *slot) *slot = v;
 }
 
-/* Returns 0, or the number of NaN/Inf elements seen, in which case nothing was recorded and the
-   caller runs block_slow on the block instead. */
+/* Returns 0, or 1 when the block holds a NaN/Inf or a float sum overflowed, in which case nothing
+   was recorded and the caller runs block_slow on the block instead. */
 static inline __attribute__((always_inline)) int64_t
 block_fast(const void *a, int ka, const void *b, int kb, int64_t off, int64_t n, int64_t start,
            const params *P, int64_t *I, double *D) {
@@ -99,14 +100,13 @@ block_fast(const void *a, int ka, const void *b, int kb, int64_t off, int64_t n,
        relative), added to the double totals per block */
     float s_abs = 0, s_err = 0, s_aa = 0, s_bb = 0;
     float mx = 0, mrel = 0, mu = 0, mina = INFINITY, maxa = -INFINITY, minb = INFINITY, maxb = -INFINITY;
-    int32_t viol = 0, bad = 0; /* per block: fits, and packs 16 lanes per vector */
+    int32_t viol = 0, bad; /* per block: fits, and packs 16 lanes per vector */
     const float atol = P->atol, rtol = P->rtol;
     const int32_t fexp = P->fexp, sexp = P->sexp;
-#pragma omp simd reduction(+ : s_abs, s_err, s_aa, s_bb, viol, bad) reduction(max : mx, mrel, mu, maxa, maxb) \
+#pragma omp simd reduction(+ : s_abs, s_err, s_aa, s_bb, viol) reduction(max : mx, mrel, mu, maxa, maxb) \
     reduction(min : mina, minb)
     for (int64_t i = 0; i < n; i++) {
         float x = load(a, ka, off + i), y = load(b, kb, off + i);
-        bad += ((u_of(x) & EXP) == EXP) | ((u_of(y) & EXP) == EXP);
         float di = fabsf(x - y);
         d[i] = di;
         s_abs += di;
@@ -128,7 +128,11 @@ block_fast(const void *a, int ka, const void *b, int kb, int64_t off, int64_t n,
         mu = u > mu ? u : mu;
         key[i] = bin_of(u);
     }
-    if (bad) return bad; /* NaN/Inf in the block: the partial results above are garbage, drop them */
+    /* A NaN or Inf on either side makes its sum of squares NaN or Inf (x*x is never -Inf), so the
+       sums detect it without a test per element; a finite |x| > ~1.8e19 overflows the float sum
+       too, and the slow path, which sums in double as numpy does, then takes the block. */
+    bad = !isfinite(s_aa + s_bb);
+    if (bad) return bad; /* the partial results above are garbage or overflowed: drop them */
     I[1] += n;
     I[7] += viol;
     D[2] += s_abs;
@@ -151,7 +155,7 @@ block_fast(const void *a, int ka, const void *b, int kb, int64_t off, int64_t n,
     }
     uint32_t *h = P->hist;
     int64_t i = 0;
-    for (; i + NSUB <= n; i += NSUB) {
+    for (; P->nsub == NSUB && i + NSUB <= n; i += NSUB) {
         h[key[i]]++;
         h[HSTRIDE + key[i + 1]]++;
         h[2 * HSTRIDE + key[i + 2]]++;
@@ -243,16 +247,22 @@ int td_float_update(const void *a, int ka, const void *b, int kb, int64_t n, int
     if (ka < 0 || ka > 1 || kb < 0 || kb > 1) return -1;
     if (n > 0x7fffffffLL) return -3; /* 32-bit counts per call */
     uint32_t sub[NSUB * HSTRIDE];
-    memset(sub, 0, sizeof sub);
+    /* a few thousand elements (a small tensor): one sub-histogram; clearing and folding NSUB of
+       them would cost more than the counting they speed up */
+    int32_t nsub = n >= 16 * NBINS ? NSUB : 1;
+    memset(sub, 0, sizeof(uint32_t) * HSTRIDE * nsub);
     params P = {atol, rtol, floor_, scale, (int32_t)(u_of(floor_) >> 23), (int32_t)(u_of(scale) >> 23) - 127,
-                sub, rows, row, r0};
+                sub, nsub, rows, row, r0};
     I[0] += n;
     /* constant kinds: each call below is its own specialised, vectorised loop */
     if (ka == 0 && kb == 0) run(a, 0, b, 0, n, start, &P, I, D);
     else if (ka == 0 && kb == 1) run(a, 0, b, 1, n, start, &P, I, D);
     else if (ka == 1 && kb == 0) run(a, 1, b, 0, n, start, &P, I, D);
     else run(a, 1, b, 1, n, start, &P, I, D);
-    for (int k = 0; k < NBINS; k++)
-        hist[k] += (int64_t)sub[k] + sub[HSTRIDE + k] + sub[2 * HSTRIDE + k] + sub[3 * HSTRIDE + k];
+    if (nsub == NSUB)
+        for (int k = 0; k < NBINS; k++)
+            hist[k] += (int64_t)sub[k] + sub[HSTRIDE + k] + sub[2 * HSTRIDE + k] + sub[3 * HSTRIDE + k];
+    else
+        for (int k = 0; k < NBINS; k++) hist[k] += sub[k];
     return 0;
 }

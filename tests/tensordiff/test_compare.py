@@ -273,3 +273,50 @@ def test_a_run_declares_the_compute_dtype_of_some_boundaries(tmp_path):
     rep = compare_dumps(a, b)
     assert rep.boundary("lang0").status == "match" and rep.boundary("lang0").tensors[0].dtype["unit"] == "bfloat16"
     assert rep.boundary("vis").status == "diverged"  # not declared: judged in fp32
+
+
+def test_the_gc_runs_less_often_during_a_comparison_and_as_before_after_it(tmp_path):
+    import gc
+
+    seen = []
+    before = gc.get_threshold()
+    r = compare_dumps(*pair(tmp_path), contract=TOY, progress=lambda n: seen.append(gc.get_threshold()))
+    assert r.verdict == "match" and seen and all(t[0] >= 50_000 for t in seen)
+    assert gc.get_threshold() == before
+    with pytest.raises(IncomparableDumps):  # also restored when the comparison fails
+        a, b = pair(tmp_path / "x")
+        compare_dumps(a, b, contract=TOY, progress=lambda n: (_ for _ in ()).throw(IncomparableDumps("stop")))
+    assert gc.get_threshold() == before
+
+
+def test_the_worst_element_values_are_read_from_both_sides(tmp_path):
+    def bug(b):
+        b["block0"][3, 5] += 1.0
+
+    a, b = pair(tmp_path, bug)
+    t = compare_dumps(a, b, contract=TOY).boundary("block0").tensors[0]
+    assert t.worst["index"] == [3, 5] and t.worst["b"] - t.worst["a"] == pytest.approx(1.0)
+
+
+def test_a_comparison_without_a_root_does_not_load_the_diagnosis(tmp_path):
+    import subprocess
+    import sys
+
+    a, b = pair(tmp_path)
+    code = ("import sys; from tensordiff.compare import compare_dumps; r = compare_dumps(sys.argv[1], sys.argv[2]); "
+            "print(r.verdict, 'tensordiff.diagnosis' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code, str(a), str(b)], capture_output=True, text=True, check=True)
+    assert out.stdout.split() == ["match", "False"]
+
+
+def test_overlapping_comparisons_restore_the_gc_thresholds_when_the_last_ends():
+    import gc
+
+    before = gc.get_threshold()
+    outer, inner = compare._few_collections(), compare._few_collections()
+    outer.__enter__()
+    inner.__enter__()
+    outer.__exit__(None, None, None)  # the first to start ends first (two threads)
+    assert gc.get_threshold()[0] >= 50_000  # the other is still running
+    inner.__exit__(None, None, None)
+    assert gc.get_threshold() == before

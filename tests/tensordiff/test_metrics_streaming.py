@@ -348,3 +348,46 @@ def test_a_wrong_bin_is_caught():
     bins = M._kernel_bins((np.arange(M._NKEYS, dtype=np.uint32) << M._KEY_SHIFT).view(np.float32)[:20_000])
     bins[17_000] += 1
     assert not np.array_equal(bins, M._LUT[:20_000])
+
+
+@pytest.mark.skipif(not NATIVE, reason="no C compiler: the native kernel is not built here")
+def test_large_finite_values_whose_squares_overflow_float32_keep_the_double_sums():
+    # |x| ~ 1e20: x*x overflows a float32 partial sum; the kernel's overflowed block goes to the
+    # double path (as NaN/Inf blocks do), so sums, cosine and RMSE stay the numpy path's
+    rng = np.random.default_rng(11)
+    a = (rng.standard_normal(5000) * 1e20).astype(np.float32)
+    b = (a * (1 + 1e-4 * rng.standard_normal(a.size))).astype(np.float32)
+    ref = reference(a, b, "float32", "float32", (a.size,))
+    acc = streamed(a, b, "float32", "float32", (a.size,), 3000, native=True)
+    assert acc._native is not None
+    r = acc.result()
+    assert math.isfinite(r["cosine"]) and math.isfinite(r["rmse"])
+    check(r, acc, ref, 1e-6)
+
+
+@pytest.mark.skipif(not NATIVE, reason="no C compiler: the native kernel is not built here")
+def test_a_large_call_and_small_calls_count_the_same_histogram():
+    # the kernel counts a large call in 4 interleaved sub-histograms and a small one in one:
+    # both give the numpy path's bins
+    rng = np.random.default_rng(3)
+    a = rng.standard_normal(100_000).astype(np.float32)
+    b = (a * (1 + 3e-6 * rng.standard_normal(a.size))).astype(np.float32)
+    hists = [streamed(a, b, "float32", "float32", (a.size,), step, native).hist
+             for step, native in ((100_000, True), (1000, True), (100_000, False))]
+    assert hists[0].sum() == a.size and len(np.flatnonzero(hists[0])) > 50
+    np.testing.assert_array_equal(hists[0], hists[1])
+    np.testing.assert_array_equal(hists[0], hists[2])
+
+
+@pytest.mark.skipif(not NATIVE, reason="no C compiler: the native kernel is not built here")
+def test_misaligned_and_strided_chunks_reach_the_kernel_as_aligned_copies():
+    rng = np.random.default_rng(9)
+    a = rng.standard_normal(3000).astype(np.float32)
+    b = (a * (1 + 1e-3 * rng.standard_normal(a.size))).astype(np.float32)
+    odd = np.frombuffer(b"\0\0" + b.tobytes(), dtype=np.float32, count=b.size, offset=2)  # 2-byte misaligned
+    assert not odd.flags.aligned and np.array_equal(odd, b)
+    wide = np.repeat(a, 2)[::2]  # every other element: not contiguous
+    assert not wide.flags.c_contiguous
+    ref = streamed(a, b, "float32", "float32", (a.size,), 1000, native=True).result()
+    for xa, xb in ((a, odd), (wide, b)):
+        assert streamed(xa, xb, "float32", "float32", (a.size,), 1000, native=True).result().as_json() == ref.as_json()

@@ -1,4 +1,6 @@
 """Tensor files: a damaged HDF5 file is named in a one-line error, also when it breaks mid-read."""
+import contextlib
+
 import pytest
 import torch
 from helpers_dumps import write
@@ -115,6 +117,9 @@ def test_hdf5_datasets_read_in_place_when_they_can_and_through_h5py_otherwise(tm
         assert np.array_equal(r.read(1234, 1240), x.reshape(-1)[1234:1240])
     finally:
         r.close()
+    assert st.mapped == (layout == "contiguous")
+    for flat in (0, 1234, 5999):  # one element, in place or through h5py: the same value
+        assert st.value_at(flat) == x.reshape(-1)[flat]
 
 
 def test_a_big_endian_hdf5_dataset_is_not_read_in_place(tmp_path):
@@ -168,3 +173,20 @@ def test_outside_shared_files_a_release_is_immediate(tmp_path, monkeypatch):
     r.read(0, 5000)
     r.release(0, 5000)
     assert len(calls) == 1
+
+
+@pytest.mark.parametrize("fmt", ["safetensors", "hdf5"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16, torch.float64])
+def test_one_element_is_read_in_place_inside_and_outside_shared_files(tmp_path, fmt, dtype):
+    from tensordiff import storage
+
+    d = write(tmp_path / "d", {"x": torch.arange(5000, dtype=torch.float32) * 0.25,
+                               "y": torch.arange(7, dtype=torch.int32) - 3}, fmt=fmt)
+    dump = open_dump(d)
+    x, y = dump.entry("x").stored, dump.entry("y").stored
+    z = open_dump(write(tmp_path / "z", {"z": torch.tensor([1.5, -2.0, 3.0e38, 1e-40]).to(dtype)}, fmt=fmt)).entry("z").stored
+    assert [z.value_at(i) for i in range(4)] == torch.tensor([1.5, -2.0, 3.0e38, 1e-40]).to(dtype).double().tolist()
+    for scope in (storage.shared_files(), contextlib.nullcontext()):
+        with scope:
+            assert [x.value_at(i) for i in (0, 1, 4999)] == [0.0, 0.25, 1249.75]
+            assert [y.value_at(i) for i in (0, 6)] == [-3, 3] and type(y.value_at(0)) is int
