@@ -67,8 +67,10 @@ class Point:
         what = type(value).__name__
         if isinstance(value, (tuple, list)):
             what = f"a {what} of {len(value)}"
-        hint = f"name an element, e.g. '{self.path or '(root)'}[0]'" if self.select is None else "pick a tensor"
-        raise BadInput(f"tap point {self.name!r}: module {self.path or '(root)'!r} gave {what}, not a tensor; {hint}")
+        at = "@return" if self.method else ""
+        hint = f"name an element, e.g. '{self.path or '(root)'}{at}[0]'" if self.select is None else "pick a tensor"
+        src = "method" if self.method else "module"
+        raise BadInput(f"tap point {self.name!r}: {src} {self.path or '(root)'!r} gave {what}, not a tensor; {hint}")
 
 
 def _select(value: Any, sel: str, p: Point) -> Any:

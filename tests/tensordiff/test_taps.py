@@ -188,3 +188,20 @@ def test_bad_method_points_are_one_clear_error(spec, msg):
     with pytest.raises(BadInput, match=msg):
         tap(m, {"x": spec}, MemoryRecorder())
     assert "add_extra" not in m.__dict__ and not m.lin._forward_hooks
+
+
+def test_a_method_returning_a_tuple_needs_an_element():
+    class Two(torch.nn.Module):
+        def both(self, x):
+            return x, -x
+
+        def forward(self, x):
+            return self.both(x)[1]
+
+    m, rec = Two(), MemoryRecorder()
+    with pytest.raises(BadInput, match=r"method 'both' gave a tuple of 2, not a tensor; name an element, "
+                                       r"e.g. 'both@return\[0\]'"), tap(m, {"x": "both@return"}, rec):
+        m(torch.ones(1))
+    with tap(m, {"neg": "both@return[1]"}, rec):
+        m(torch.ones(1))
+    assert torch.equal(rec.tensors["neg"], -torch.ones(1))
