@@ -8,13 +8,17 @@ Each point names a submodule by its dotted path (`model.named_modules()` names; 
 path parts: `layers.3`), optionally followed by `[i]` to pick one element of a tuple output or
 `[key]` of a dict-like output (transformers' `ModelOutput`). `@input` instead of the output takes
 the module's first positional input; `@input[i]` its i-th positional, `@input[name]` its keyword
-argument `name` (`self_attn@input[hidden_states]`). What a hook sees goes straight into the recorder, which
+argument `name` (`self_attn@input[hidden_states]`). `@return` taps a method rather than a module:
+`PATH.method@return` records what the bound method `method` of the module at PATH returns, for
+computations a model writes as a method, not a submodule (transformers' `_deepstack_process`);
+the method is wrapped on that one instance for the tap's life, its body runs unchanged. What a hook sees goes straight into the recorder, which
 copies it at once (`Recorder.record`): a later in-place op cannot change what was recorded, and
 the dump still appears only when the recorder closes cleanly.
 
 A module that runs twice while tapped (reused in one forward, or a second forward) would silently
 record its first or its last call, so a second call is refused, unless `every_call=True`, which
-names the calls `NAME.0`, `NAME.1`, ...
+names the calls `NAME.0`, `NAME.1`, ...  `Tap.enabled = False` stops recording (and counting)
+without removing the hooks: a caller records a prefill, then decodes untapped.
 
 torch is imported inside the functions: importing `tensordiff` stays free of it.
 """
@@ -26,8 +30,10 @@ from typing import Any, Mapping
 
 from .errors import BadInput
 
+_ABSENT = object()
+
 # "blocks.0", "rotary[1]", "model.layers.2@input", "merger[pooler_output]"
-POINT_RE = re.compile(r"\A(?P<path>[A-Za-z0-9_.]*?)(?P<input>@input)?(?:\[(?P<sel>[A-Za-z0-9_]+)\])?\Z")
+POINT_RE = re.compile(r"\A(?P<path>[A-Za-z0-9_.]*?)(?P<at>@input|@return)?(?:\[(?P<sel>[A-Za-z0-9_]+)\])?\Z")
 
 
 @dataclass(frozen=True)
@@ -38,14 +44,17 @@ class Point:
     path: str
     use_input: bool = False
     select: str | None = None
+    method: bool = False  # `@return`: the path's last part is a method of the module before it
 
     @classmethod
     def parse(cls, name: str, spec: str) -> "Point":
         m = POINT_RE.match(spec) if isinstance(spec, str) else None
         if m is None:
             raise BadInput(f"tap point {name!r}: {spec!r} is not a module path (e.g. 'blocks.0', 'rotary[0]', "
-                           "'layers.2@input')")
-        return cls(name, m["path"], bool(m["input"]), m["sel"])
+                           "'layers.2@input', 'mlp.act@return')")
+        if m["at"] == "@return" and not m["path"]:
+            raise BadInput(f"tap point {name!r}: {spec!r} names no method (e.g. 'layers.0.mlp.forward_part@return')")
+        return cls(name, m["path"], m["at"] == "@input", m["sel"], m["at"] == "@return")
 
     def pick(self, value: Any, *, selected: bool = False) -> Any:
         """The tensor this point records out of what the hook saw (`selected`: already picked)."""
@@ -58,8 +67,10 @@ class Point:
         what = type(value).__name__
         if isinstance(value, (tuple, list)):
             what = f"a {what} of {len(value)}"
-        hint = f"name an element, e.g. '{self.path or '(root)'}[0]'" if self.select is None else "pick a tensor"
-        raise BadInput(f"tap point {self.name!r}: module {self.path or '(root)'!r} gave {what}, not a tensor; {hint}")
+        at = "@return" if self.method else ""
+        hint = f"name an element, e.g. '{self.path or '(root)'}{at}[0]'" if self.select is None else "pick a tensor"
+        src = "method" if self.method else "module"
+        raise BadInput(f"tap point {self.name!r}: {src} {self.path or '(root)'!r} gave {what}, not a tensor; {hint}")
 
 
 def _select(value: Any, sel: str, p: Point) -> Any:
@@ -84,6 +95,19 @@ def _module(root: Any, path: str, name: str) -> Any:
                    + (f" (near it: {', '.join(near)})" if near else ""))
 
 
+def _method(root: Any, path: str, name: str) -> tuple[Any, str]:
+    """(the module that owns the method, the method's name) of a `@return` point."""
+    import torch
+
+    head, _, attr = path.rpartition(".")
+    owner = _module(root, head, name)
+    fn = getattr(owner, attr, None)
+    if fn is None or not callable(fn) or isinstance(fn, torch.nn.Module):
+        what = "a submodule: tap it without @return" if isinstance(fn, torch.nn.Module) else "no such method"
+        raise BadInput(f"tap point {name!r}: {head or '(root)'!r} has {what} ({attr!r})")
+    return owner, attr
+
+
 class Tap:
     """Forward hooks on a module tree; a context manager that removes them on exit."""
 
@@ -98,21 +122,38 @@ class Tap:
             raise BadInput("tap() needs at least one point: {boundary name: module path}")
         self.recorder = recorder
         self.every_call = every_call
+        self.enabled = True
         self.calls: dict[str, int] = {}
         self._handles: list[Any] = []
+        self._wrapped: list[tuple[Any, str, Any]] = []  # (owner, method name, what its __dict__ held)
         parsed = []
         for name, spec in points.items():
             check_name(name)
-            p = Point.parse(name, spec)
-            parsed.append((p, _module(module, p.path, name)))  # every path checked before any hook
+            p = Point.parse(name, spec)  # every path checked before any hook
+            parsed.append((p, _method(module, p.path, name) if p.method else _module(module, p.path, name)))
         for p, mod in parsed:
-            if p.use_input:
+            if p.method:
+                self._wrap(p, *mod)
+            elif p.use_input:
                 self._handles.append(mod.register_forward_pre_hook(self._hook(p, input_=True), with_kwargs=True))
             else:
                 self._handles.append(mod.register_forward_hook(self._hook(p, input_=False)))
 
+    def _wrap(self, p: Point, owner: Any, attr: str) -> None:
+        original = getattr(owner, attr)  # bound: an instance attribute shadowing it needs no self
+
+        def wrapped(*args, **kwargs):
+            out = original(*args, **kwargs)
+            self._record(p, out)
+            return out
+
+        self._wrapped.append((owner, attr, owner.__dict__.get(attr, _ABSENT)))
+        setattr(owner, attr, wrapped)
+
     def _hook(self, p: Point, *, input_: bool):
         def record_input(mod, args, kwargs):
+            if not self.enabled:
+                return None
             if p.select is None and not args:
                 raise BadInput(f"tap point {p.name!r}: module {p.path!r} was called with no positional input; "
                                f"name a keyword argument: '{p.path}@input[{next(iter(kwargs), 'name')}]'")
@@ -129,11 +170,14 @@ class Tap:
             return None
 
         def record_output(mod, args, out):
-            self._record(p, out)
+            if self.enabled:
+                self._record(p, out)
 
         return record_input if input_ else record_output
 
     def _record(self, p: Point, value: Any, selected: bool = False) -> None:
+        if not self.enabled:
+            return
         k = self.calls.get(p.name, 0)
         self.calls[p.name] = k + 1
         if k and not self.every_call:
@@ -146,6 +190,12 @@ class Tap:
         for h in self._handles:
             h.remove()
         self._handles.clear()
+        for owner, attr, held in reversed(self._wrapped):
+            if held is _ABSENT:
+                owner.__dict__.pop(attr, None)
+            else:
+                setattr(owner, attr, held)
+        self._wrapped.clear()
 
     def __enter__(self) -> "Tap":
         return self

@@ -1,12 +1,14 @@
 """The oracle's language half: transformers' own `Qwen3VLForConditionalGeneration`, hooked.
 
-Nothing of the decoder is re-typed. The boundaries are read off transformers' modules:
+Nothing of the decoder is re-typed. The boundaries are read off transformers' modules through
+tensordiff's generic route (`tensordiff.tap`), as the vision half is (hooks.py):
   - `embeddings`: the `inputs_embeds` the text model receives (after `masked_scatter` put the
     merger rows on the `<|image_pad|>` rows), a forward pre-hook on `language_model`;
   - `text_rope.cos` / `.sin`: `rotary_emb`'s output (interleaved M-RoPE, shared by every layer);
   - `hidden.L`: each decoder layer's output;
   - `deepstack_add.L`: what `_deepstack_process` returns after layer L (the text model calls it
-    for L < len(deepstack)); the method is wrapped on the instance, its body runs unchanged;
+    for L < len(deepstack)), a `@return` tap point: the method is wrapped on the instance, its body
+    runs unchanged;
   - `logits` (prefill) and `logits.step.K` (decode step K).
 Decode is transformers' own incremental path: its KV cache, and decode positions from the cached
 `rope_deltas` (`compute_3d_position_ids`). Greedy; a generated vision special token
@@ -19,7 +21,9 @@ from pathlib import Path
 
 import torch
 
+from tensordiff.capture import MemoryRecorder
 from tensordiff.errors import BadInput
+from tensordiff.taps import tap
 
 from .. import shards
 
@@ -61,51 +65,39 @@ def build(cfg, ckpt: Path, dtype: torch.dtype, device: str = "cpu", attn: str = 
     return model.to(device=device).eval()
 
 
+def points(text_model) -> dict[str, str]:
+    """Boundary tensor name -> tap point on the text model (`tensordiff.tap` syntax)."""
+    out = {"embeddings": "@input[inputs_embeds]", "text_rope.cos": "rotary_emb[0]", "text_rope.sin": "rotary_emb[1]"}
+    out.update({f"hidden.{i}": f"layers.{i}" for i in range(len(text_model.layers))})
+    return out
+
+
 class TextTaps:
-    """Hooks on the text model; `tensors` fills during prefill only (`prefill = False` after)."""
+    """The text model tapped through `tensordiff.tap`; `tensors` fills during prefill only
+    (`prefill = False` pauses both taps for decode). Tensors are batch element 0."""
 
     def __init__(self, text_model):
-        self.tensors: dict[str, torch.Tensor] = {}
-        self.prefill = True
-        self._handles = []
-        self._text = text_model
-        hook = self._handles.append
+        self._rec = MemoryRecorder()
+        self._taps = (tap(text_model, points(text_model), self._rec),
+                      # called once per injection layer: every_call names them deepstack_add.0, .1, ...
+                      tap(text_model, {"deepstack_add": "_deepstack_process@return"}, self._rec, every_call=True))
 
-        def embeds(mod, args, kwargs):
-            if self.prefill:
-                self.tensors["embeddings"] = kwargs["inputs_embeds"][0]
+    @property
+    def prefill(self) -> bool:
+        return self._taps[0].enabled
 
-        def rope(mod, inp, out):
-            if self.prefill:
-                self.tensors["text_rope.cos"], self.tensors["text_rope.sin"] = out[0][0], out[1][0]
+    @prefill.setter
+    def prefill(self, on: bool) -> None:
+        for t in self._taps:
+            t.enabled = on
 
-        def layer(i):
-            def fn(mod, inp, out):
-                if self.prefill:
-                    self.tensors[f"hidden.{i}"] = out[0]
-            return fn
-
-        hook(text_model.register_forward_pre_hook(embeds, with_kwargs=True))
-        hook(text_model.rotary_emb.register_forward_hook(rope))
-        for i, m in enumerate(text_model.layers):
-            hook(m.register_forward_hook(layer(i)))
-        original = text_model._deepstack_process
-        calls = []
-
-        def deepstack_process(hidden_states, visual_pos_masks, visual_embeds):
-            out = original(hidden_states, visual_pos_masks, visual_embeds)
-            if self.prefill:
-                self.tensors[f"deepstack_add.{len(calls)}"] = out[0]
-                calls.append(1)
-            return out
-
-        text_model._deepstack_process = deepstack_process  # an instance attribute shadows the method
+    @property
+    def tensors(self) -> dict[str, torch.Tensor]:
+        return {k: v[0] for k, v in self._rec.tensors.items()}
 
     def close(self):
-        for h in self._handles:
-            h.remove()
-        self._handles.clear()
-        self._text.__dict__.pop("_deepstack_process", None)
+        for t in self._taps:
+            t.close()
 
 
 def stop_ids(cfg) -> set[int]:

@@ -242,11 +242,23 @@ def shift_maps(a: Matrix, b: Matrix, rows: np.ndarray, match: np.ndarray, layout
     segs: list[tuple[int, int, int]] = []
     k = 0
     idx = np.flatnonzero(moved)
+
+    def same_offset(i: int, d: int) -> bool:
+        # a row equal to several of A's (a separator token, a repeated vector) continues the
+        # range it sits in when it also equals A's row at that range's offset: the simpler story
+        if int(off[i]) == d:
+            return True
+        r = int(rows[i])
+        if not 0 <= r + d < a.rows:
+            return False
+        xr = xb[i]
+        return bool(((xr - a.read(r + d, r + d + 1)[0]) ** 2).sum() <= MATCH_REL * (xr ** 2).sum())
+
     while k < idx.size:
         d = int(off[idx[k]])
         lo = hi = int(rows[idx[k]])
         k2 = k
-        while k2 + 1 < idx.size and int(off[idx[k2 + 1]]) == d and not (
+        while k2 + 1 < idx.size and same_offset(idx[k2 + 1], d) and not (
                 (ok & (off == 0))[idx[k2] + 1:idx[k2 + 1]].any()):
             k2 += 1
             hi = int(rows[idx[k2]])

@@ -12,6 +12,7 @@ from ..storage import StoredTensor
 from . import affine, column_maps, row_maps
 from .finding import MIN_EXPLAINED, Finding, explained
 from .matrix import Matrix, Predict, residual, sample_rows, sq
+from .mrope_sections import mrope_findings
 from .pairs import pair_findings
 from .transposed import transposed_findings
 from .int_offset import INT_MAX, offset_findings
@@ -89,10 +90,12 @@ def testable(st: StoredTensor) -> bool:
 
 
 def diagnose_boundary(bd: Boundary, names_a: dict[str, StoredTensor], names_b: dict[str, StoredTensor],
-                      diverged: list[str], run: dict) -> list[Finding] | None:
+                      diverged: list[str], run: dict, inputs_a: dict[str, StoredTensor] | None = None
+                      ) -> list[Finding] | None:
     """The findings that explain a diverged boundary: one per diverged tensor at most (or one for
-    a swapped pair, or one for the sizes), each explaining at least MIN_EXPLAINED of its error;
-    None when none of its diverged tensors is of a kind the hypotheses test."""
+    a swapped pair or an M-RoPE cos / sin pair, or one for the sizes), each explaining at least
+    MIN_EXPLAINED of its error; None when none of its diverged tensors is of a kind the hypotheses
+    test. `inputs_a`: A's tensors of the boundary's inputs (the M-RoPE position ids)."""
     diverged = [n for n in diverged if testable(names_a[n]) and testable(names_b[n])]
     if not diverged:
         return None
@@ -104,6 +107,7 @@ def diagnose_boundary(bd: Boundary, names_a: dict[str, StoredTensor], names_b: d
         out += size_findings(bd.meaning, ia, ib) if bd.name == "plan" else offset_findings(ia, ib)
     floats = [n for n in diverged if names_a[n].dtype.is_float]
     pair = [f for f in pair_findings({n: names_a[n] for n in names_a}, {n: names_b[n] for n in names_b})
+            + mrope_findings(names_a, names_b, inputs_a or {})
             if f.explained >= MIN_EXPLAINED and any(t in floats for t in f.tensor.split(" / "))]
     if pair:
         out.append(max(pair, key=lambda f: f.explained))
@@ -144,9 +148,10 @@ def diagnose_report(results, da: Dump, db: Dump, contract: Contract, bounds: lis
             continue
         bd = by.get(br.name, Boundary(br.name, layout=br.layout, meaning=br.meaning))
         names = [t.name for t in br.tensors if t.name in ea and t.name in eb]
+        inputs_a = {n: e.stored for n, e in ea.items() if e.boundary in bd.inputs}
         try:
             found = diagnose_boundary(bd, {n: ea[n].stored for n in names}, {n: eb[n].stored for n in names},
-                                      diverged, run)
+                                      diverged, run, inputs_a)
         except Exception as e:  # the verdict stands without it
             notes.append(f"the diagnosis of `{br.name}` failed ({type(e).__name__}: {str(e)[:200]})")
             continue

@@ -138,3 +138,70 @@ def test_inputs_by_position_and_keyword():
     with pytest.raises(BadInput, match=r"got no input \[bias\] \(1 positional; keywords: scale\)"):
         with tap(m, {"b": "inner@input[bias]"}, MemoryRecorder()):
             m(x)
+
+
+class WithMethod(torch.nn.Module):
+    """A computation written as a method, not a submodule (as transformers' `_deepstack_process`)."""
+
+    def __init__(self):
+        super().__init__()
+        self.lin = torch.nn.Linear(2, 2)
+
+    def add_extra(self, x, extra):
+        return x + extra
+
+    def forward(self, x):
+        for k in range(2):
+            x = self.add_extra(self.lin(x), float(k + 1))
+        return x
+
+
+def test_a_method_return_is_tapped_every_call_and_unwrapped_on_exit():
+    torch.manual_seed(0)
+    m, rec, x = WithMethod(), MemoryRecorder(), torch.randn(1, 2)
+    with torch.no_grad(), tap(m, {"extra": "add_extra@return"}, rec, every_call=True):
+        y = m(x)
+        assert "add_extra" in m.__dict__
+    assert list(rec.tensors) == ["extra.0", "extra.1"]
+    with torch.no_grad():
+        assert torch.equal(rec.tensors["extra.0"], m.lin(x) + 1) and torch.equal(rec.tensors["extra.1"], y)
+    assert "add_extra" not in m.__dict__  # the class's method is back
+
+
+def test_a_disabled_tap_records_and_counts_nothing():
+    m, rec = WithMethod(), MemoryRecorder()
+    with torch.no_grad(), tap(m, {"lin": "lin", "extra": "add_extra@return"}, rec, every_call=True) as t:
+        m(torch.ones(1, 2))
+        t.enabled = False  # e.g. decode after a tapped prefill
+        m(torch.ones(1, 2))
+        assert t.calls == {"lin": 2, "extra": 2}
+        t.enabled = True
+        m(torch.ones(1, 2))
+    assert sorted(rec.tensors) == ["extra.0", "extra.1", "extra.2", "extra.3", "lin.0", "lin.1", "lin.2", "lin.3"]
+
+
+@pytest.mark.parametrize("spec,msg", [("nope@return", "no such method"), ("lin@return", "a submodule"),
+                                      ("@return", "names no method"), ("lin.nope@return", "no such method"),
+                                      ("missing.add@return", "no submodule 'missing'")])
+def test_bad_method_points_are_one_clear_error(spec, msg):
+    m = WithMethod()
+    with pytest.raises(BadInput, match=msg):
+        tap(m, {"x": spec}, MemoryRecorder())
+    assert "add_extra" not in m.__dict__ and not m.lin._forward_hooks
+
+
+def test_a_method_returning_a_tuple_needs_an_element():
+    class Two(torch.nn.Module):
+        def both(self, x):
+            return x, -x
+
+        def forward(self, x):
+            return self.both(x)[1]
+
+    m, rec = Two(), MemoryRecorder()
+    with pytest.raises(BadInput, match=r"method 'both' gave a tuple of 2, not a tensor; name an element, "
+                                       r"e.g. 'both@return\[0\]'"), tap(m, {"x": "both@return"}, rec):
+        m(torch.ones(1))
+    with tap(m, {"neg": "both@return[1]"}, rec):
+        m(torch.ones(1))
+    assert torch.equal(rec.tensors["neg"], -torch.ones(1))

@@ -122,3 +122,80 @@ def test_the_span_overlaid_at_one_offset_in_every_chunk_is_a_row_shift(language,
 def test_the_one_line_summary_names_the_finding():
     case = check(CaseSpec(QWEN, fault=Q.MERGE_ORDER_RASTER))
     assert "; diagnosis: `patches` merge-vs-raster (100%)" in case.summary_line()
+
+
+# ------------------------------------------- the language sides' faults, through `check` (fp32, tiny)
+
+LANGUAGE_PROMPT = "Here is a photo: <image> What does it show?"
+TWO_IMAGES = "First <image> then <image> end."
+
+
+@pytest.fixture(scope="module")
+def photos(tmp_path_factory):
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "models"))
+    from deepseek_images import _smooth, image_path
+    from qwen3vl_images import make_images
+
+    d = tmp_path_factory.mktemp("language-photos")
+    tiny = d / "small.png"
+    Image.fromarray(_smooth(40, 24, 12)).save(tiny)
+    return {"qwen": make_images(d / "qwen")["chelsea"], "chelsea": image_path("chelsea", d), "tiny": tiny}
+
+
+def _qwen_language(photos, fault=None, decode=1):
+    return check(CaseSpec(QWEN, image=photos["qwen"], prompt=LANGUAGE_PROMPT, chunk=7, decode=decode, fault=fault))
+
+
+def _deepseek_two_images(photos, fault=None):
+    clean = fault is None  # the clean run with chunks cutting the spans and a decode step
+    return check(CaseSpec(DEEPSEEK, image=photos["chelsea"], more_images=(photos["tiny"],), prompt=TWO_IMAGES,
+                          extra=("language_numerics=semantic",), chunk=16 if clean else None,
+                          decode=1 if clean else 0, fault=fault))
+
+
+def test_mrope_sections_chunked_are_named_at_text_rope(photos):
+    root, diag, shown = _diagnosis(_qwen_language(photos, Q.MROPE_CHUNKED))
+    assert root == "text_rope" and [f["name"] for f in diag] == ["mrope-sections"], diag
+    assert diag[0]["tensor"] == "text_rope.cos / text_rope.sin" and diag[0]["explained"] >= 0.99
+    assert "chunked (t 0–5, h 6–8, w 9–11 of 12 frequencies) where A's are interleaved" in diag[0]["text"]
+    assert f"diagnosis: {diag[0]['line']}" in shown
+
+
+def test_the_image_rows_taken_one_late_in_a_chunk_are_a_row_shift(photos):
+    root, diag, _ = _diagnosis(_qwen_language(photos, Q.IMAGE_CHUNK_SHIFT))
+    assert root == "embeddings" and [f["name"] for f in diag] == ["row-range-shift"], diag
+    # chunks of 7: the chunk starting at row 21 (inside the image range) reads each feature one row on
+    assert diag[0]["text"].startswith("B's rows 21–") and "(shifted by +1)" in diag[0]["text"]
+    assert diag[0]["explained"] >= 0.99
+
+
+def test_a_later_image_span_at_its_unexpanded_position_is_a_row_range_move(photos):
+    root, diag, _ = _diagnosis(_deepseek_two_images(photos, D.IMAGE_SPAN_UNEXPANDED))
+    assert root == "embeddings" and [f["name"] for f in diag] == ["row-range-shift"], diag
+    # the second span's rows land at its tag's unexpanded place; where it belongs, the placeholder stays
+    assert "B's rows 14–" in diag[0]["text"] and "(shifted by +188)" in diag[0]["text"]
+    assert "a placeholder never overwritten" in diag[0]["text"] and diag[0]["explained"] >= 0.99
+
+
+@pytest.mark.parametrize("fault", [Q.DEEPSTACK_EVERY_ROW, Q.DEEPSTACK_LAYER_LATE, Q.QK_NORM_AFTER_ROPE,
+                                   Q.DECODE_NO_DELTA])
+def test_a_language_fault_that_is_no_layout_gets_no_simple_explanation(photos, fault):
+    _, diag, shown = _diagnosis(_qwen_language(photos, fault))
+    assert diag == [] and "diagnosis: no simple explanation" in shown
+
+
+def test_a_head_without_the_final_norm_is_a_per_row_scale(photos):
+    """Without the final RMSNorm each row is off by its own 1/rms (the norm's weight makes it not
+    quite exact): a per-row scale, which is what the fault is."""
+    root, diag, _ = _diagnosis(_qwen_language(photos, Q.LOGITS_NO_FINAL_NORM))
+    assert root == "logits" and [f["name"] for f in diag] == ["row-scale"], diag
+    assert "every row scaled" in diag[0]["text"]
+
+
+def test_the_clean_language_runs_get_no_diagnosis(photos):
+    for r in (_qwen_language(photos, decode=2).report, _deepseek_two_images(photos).report):
+        assert r.verdict == "match", r.earliest
+        assert r.as_json()["diagnosis"] == {} and "diagnosis:" not in str(r)
