@@ -24,7 +24,9 @@ Writes OUTDIR/engine_speed.json, one section per figure of issue 15 (each also i
 - `deepseek`: the DeepSeek tower + aligner at 90x99 (8,910 patches), synthetic:full bf16: eager
   (no compile, no graphs) and the default route once warm (compiled block + CUDA graph), with the
   default kernel order and (where it differs) with the measured best first, on torch and hip. Targets: <= 32 ms;
-  hip default no slower than torch default.
+  hip default no slower than torch default. Verdict: each route's distance to the same tower run
+  eager in fp32, as a multiple of the bf16 eager route's (the floor, `against_floor`: <= 2x); the
+  cosine to the eager route is kept as a figure (bf16 rounding order alone moves it to ~0.9998).
 Exit status 0 when the run completed (a missed target is a figure, not a failure), 1 when a
 verdict check failed, 2 on bad arguments.
 """
@@ -87,6 +89,30 @@ def picture(width: int, height: int, directory: Path) -> Path:
 def agreement(a: torch.Tensor, b: torch.Tensor) -> dict:
     a, b = a.double().flatten(), b.double().flatten()
     return {"max_abs": float((a - b).abs().max()), "cos": float(torch.nn.functional.cosine_similarity(a, b, 0))}
+
+
+# A fast route's rounding is judged as the product judges an engine: by its distance to the fp32
+# eager route (the oracle's precision) as a multiple of the bf16 eager route's own distance (the
+# floor). A bf16 engine sits at ~1-2x that floor (tensordiff.calibrate), a route that only rounds
+# in another order (Inductor keeping fp32 between fused ops, another attention kernel's summation)
+# at <= ~1x; a wrong op at 10^2x and more. A fixed cosine cannot tell these apart: at 8,910 bf16
+# patches the compiled route and the eager one differ by cos 0.99985 while each is as far from fp32.
+FLOOR_MULTIPLE = 2.0
+
+
+def relative_distance(a: torch.Tensor, ref: torch.Tensor) -> float:
+    """||a - ref|| / ||ref|| in float64 (0 for two equal tensors)."""
+    a, ref = a.double().flatten(), ref.double().flatten()
+    return float((a - ref).norm() / ref.norm().clamp_min(1e-300))
+
+
+def against_floor(route: torch.Tensor, eager: torch.Tensor, ref: torch.Tensor, multiple: float = FLOOR_MULTIPLE) -> dict:
+    """The route's distance to the fp32 reference `ref` against the eager route's (the floor).
+    ok when it is at most `multiple` floors (plus 1e-6 relative, for an fp32 run whose floor is 0)."""
+    d_route, d_eager = relative_distance(route, ref), relative_distance(eager, ref)
+    return {"route_to_fp32": d_route, "eager_to_fp32": d_eager,
+            "floors": d_route / d_eager if d_eager else (0.0 if d_route == 0 else float("inf")),
+            "multiple": multiple, "ok": d_route <= multiple * d_eager + 1e-6}
 
 
 def section(res: dict, name: str, fn) -> None:
@@ -366,12 +392,23 @@ def deepseek(args, work: Path, order: list[str] | None) -> dict:
         out["hip_over_torch_best_first"] = r["hip_best_first"]["ms"] / r["torch_best_first"]["ms"]
     base = outputs.get("torch_eager")
     out["checks"] = {}
+    ref = fp32_reference(args, wdir, path)
     for name, o in outputs.items():
         if base is not None and name != "torch_eager":
-            a = agreement(o, base)
-            r[name]["vs_eager"] = a
-            out["checks"][f"{name} agrees with eager (cos >= 0.999)"] = a["cos"] >= 0.999
+            r[name]["vs_eager"] = agreement(o, base)  # a figure: bf16 rounding order moves the cosine
+            r[name]["vs_fp32_floor"] = f = against_floor(o, base, ref)
+            out["checks"][f"{name} within {FLOOR_MULTIPLE:g}x the eager route's distance to fp32"] = f["ok"]
     return out
+
+
+def fp32_reference(args, wdir: Path, path: Path) -> torch.Tensor:
+    """The tower + aligner eager in fp32 on the same weights and picture: the floor's reference."""
+    from engine.deepseek_v41_flash.run import VisionEngine
+
+    eng = VisionEngine(wdir, device=args.device, dtype="float32", fuse="off", graphs="off")
+    plan, patches = eng.preprocess(path)
+    with torch.inference_mode():
+        return eng.encode(patches, plan, NullRecorder())
 
 
 def main(argv=None) -> int:
