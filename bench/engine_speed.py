@@ -390,6 +390,11 @@ def deepseek(args, work: Path, order: list[str] | None) -> dict:
         out["hip_over_torch_default"] = r["hip_default"]["ms"] / r["torch_default"]["ms"]
     if "ms" in r.get("hip_best_first", {}) and "ms" in r.get("torch_best_first", {}):
         out["hip_over_torch_best_first"] = r["hip_best_first"]["ms"] / r["torch_best_first"]["ms"]
+    out["breakdown"], out["hip_ops"] = pieces(args, wdir, path, r)
+    floor_ms = out["breakdown"].get("totals", {}).get("floor_attention_plus_gemm_roofline_ms")
+    if floor_ms is not None:  # the least this attention kernel allows, every GEMM at the bf16 peak
+        out["least_possible_at_this_attention_ms"] = floor_ms
+        out["target_reachable_at_this_attention"] = floor_ms <= DEEPSEEK_TARGET_MS
     base = outputs.get("torch_eager")
     out["checks"] = {}
     ref = fp32_reference(args, wdir, path)
@@ -399,6 +404,29 @@ def deepseek(args, work: Path, order: list[str] | None) -> dict:
             r[name]["vs_fp32_floor"] = f = against_floor(o, base, ref)
             out["checks"][f"{name} within {FLOOR_MULTIPLE:g}x the eager route's distance to fp32"] = f["ok"]
     return out
+
+
+def pieces(args, wdir: Path, path: Path, routes: dict) -> tuple[dict, dict]:
+    """Where the time goes (bench/deepseek_breakdown.py): one block's GEMMs, attention and
+    elementwise, the tower's other pieces, their sums beside the routes' measured times, and the
+    hip backend's own kernels against torch's ops. Each records its error instead of ending the run."""
+    import deepseek_breakdown as bd
+
+    from engine import backend as backends
+    from engine.deepseek_v41_flash.run import VisionEngine
+
+    eng = VisionEngine(wdir, device=args.device, dtype=args.dtype, fuse="off", graphs="off")
+    plan, patches = eng.preprocess(path)
+    reps = 2 if args.small else 20
+    try:
+        br = bd.breakdown(eng, patches, plan, {k: v["ms"] for k, v in routes.items() if "ms" in v}, reps=reps)
+    except Exception as e:  # noqa: BLE001 - a bench records what broke and goes on
+        br = {"error": f"{type(e).__name__}: {e}"[:300], "where": traceback.format_exc().strip().splitlines()[-3:]}
+    try:
+        hip = bd.hip_ops(backends.get("hip"), backends.get("torch"), eng, patches, plan, reps=reps)
+    except Exception as e:  # noqa: BLE001 - e.g. no hip build here
+        hip = {"error": f"{type(e).__name__}: {e}"[:300]}
+    return br, hip
 
 
 def fp32_reference(args, wdir: Path, path: Path) -> torch.Tensor:
@@ -482,6 +510,14 @@ def summary(res: dict) -> None:
     if d.get("routes"):
         print(f"  target {d['target']}: {'met' if d.get('met') else 'NOT met'}; hip/torch default "
               f"{d.get('hip_over_torch_default', float('nan')):.3f}")
+    tot = d.get("breakdown", {}).get("totals")
+    if tot:
+        print(f"  breakdown ({tot['block_of']} block) x{d['breakdown']['layers']}: attention {tot['attention_ms']:.2f} ms, "
+              f"GEMMs {tot['gemms_ms']:.2f}, elementwise {tot['elementwise_ms']:.2f}, other pieces "
+              f"{tot['others_ms']:.2f}; sum {tot['sum_of_pieces_ms']:.2f}; least possible at this attention "
+              f"(+ GEMMs at peak) {tot['floor_attention_plus_gemm_roofline_ms']:.2f} ms")
+    for name, o in d.get("hip_ops", {}).get("ops", {}).items():
+        print(f"  hip op {name:17s} hip {o['hip_ms']:.4f} ms torch {o['torch_ms']:.4f} ms  x{o['hip_over_torch']:.2f}")
     for name, ok in res.get("checks", {}).items():
         print(f"{'ok  ' if ok else 'FAIL'} {name}")
 

@@ -77,3 +77,20 @@ def test_a_fast_route_is_judged_against_the_floor_not_a_fixed_cosine(tmp_path):
     for fault in ("rope-interleaved", "patch-pad-nonzero"):
         f = against_floor(o[fault], o["eager"], o["fp32"])
         assert not f["ok"] and f["floors"] > 10 * FLOOR_MULTIPLE, (fault, f)
+
+
+def test_the_deepseek_section_breaks_its_time_down_on_the_cpu(tmp_path):
+    r = subprocess.run([sys.executable, str(BENCH), str(tmp_path), "--device", "cpu", "--small", "--iters", "1",
+                        "--only", "deepseek"], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stdout + r.stderr
+    d = json.loads((tmp_path / "engine_speed.json").read_text())["deepseek"]
+    b, t = d["breakdown"]["block"], d["breakdown"]["totals"]
+    assert {"gemm_qkv", "gemm_wo", "gemm_w1", "gemm_w2", "attention", "elementwise"} <= set(b)
+    layers = d["breakdown"]["layers"]
+    assert abs(t["sum_of_pieces_ms"] - (layers * t["per_block_ms"] + t["others_ms"])) < 1e-9
+    assert t["floor_attention_plus_gemm_roofline_ms"] == d["least_possible_at_this_attention_ms"]
+    assert "torch_default_minus_sum_of_pieces_ms" in t
+    # no hip here: said, not hidden; the fp32 floor check judged the fast route
+    assert "error" in d["hip_ops"] and "error" in d["routes"]["hip_default"]
+    assert d["routes"]["torch_default"]["vs_fp32_floor"]["ok"]
+    assert d["checks"] == {"torch_default within 2x the eager route's distance to fp32": True}
