@@ -231,12 +231,17 @@ def qwen(args, work: Path, order: list[str] | None = None) -> dict:
         "fast no farther from transformers than eager (1 - cos within 2x + 1e-4)":
             1 - c_fast <= 2 * (1 - c_eager) + 1e-4,
     }
-    # the tool's own verdict, the compiled block tapped (a check is one pass: graphs stay off),
-    # beside the same check eager: the compiled block must not change it
+    fused_verdict(out, args, work, "qwen3-vl", args.qwen_weights, ["--image", str(path)])
+    return out
+
+
+def fused_verdict(out: dict, args, work: Path, model: str, weights: str, extra: list[str]) -> None:
+    """The tool's own verdict with the compiled block (tapped; a check is one pass, so graphs stay
+    off), beside the same check eager: the compiled block must not change it."""
     for fuse in ("off", "on"):
-        cmd = [sys.executable, "-m", "tensordiff.cli", "check", "qwen3-vl", "--image", str(path), "--weights",
-               args.qwen_weights, "--device", args.device, "--dtype", args.dtype, "-o", f"fuse={fuse}",
-               "--json", str(work / f"qwen-check-{fuse}.json")]
+        cmd = [sys.executable, "-m", "tensordiff.cli", "check", model, *extra, "--weights", weights,
+               "--device", args.device, "--dtype", args.dtype, "-o", f"fuse={fuse}",
+               "--json", str(work / f"{model}-check-{fuse}.json")]
         try:
             r = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=150)
             out[f"check_fuse_{fuse}"] = {"argv": cmd[3:], "exit": r.returncode,
@@ -245,7 +250,6 @@ def qwen(args, work: Path, order: list[str] | None = None) -> dict:
             out[f"check_fuse_{fuse}"] = {"argv": cmd[3:], "exit": None, "first_line": "timed out after 150 s"}
     out["checks"]["tensordiff check: -o fuse=on gives fuse=off's verdict"] = (
         out["check_fuse_on"]["exit"] is not None and out["check_fuse_on"]["exit"] == out["check_fuse_off"]["exit"])
-    return out
 
 
 # ---------------------------------------------------------------- attention at DeepSeek's shape
@@ -411,6 +415,8 @@ def deepseek(args, work: Path, order: list[str] | None) -> dict:
             r[name]["vs_eager"] = agreement(o, base)  # a figure: bf16 rounding order moves the cosine
             r[name]["vs_fp32_floor"] = f = against_floor(o, base, ref)
             out["checks"][f"{name} within {FLOOR_MULTIPLE:g}x the eager route's distance to fp32"] = f["ok"]
+    # and as the product judges it: `check` (its default image) with the compiled block, against the oracle
+    fused_verdict(out, args, work, "deepseek-v4.1-flash", args.deepseek_weights, [])
     return out
 
 

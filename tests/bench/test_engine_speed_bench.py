@@ -93,4 +93,6 @@ def test_the_deepseek_section_breaks_its_time_down_on_the_cpu(tmp_path):
     # no hip here: said, not hidden; the fp32 floor check judged the fast route
     assert "error" in d["hip_ops"] and "error" in d["routes"]["hip_default"]
     assert d["routes"]["torch_default"]["vs_fp32_floor"]["ok"]
-    assert d["checks"] == {"torch_default within 2x the eager route's distance to fp32": True}
+    assert d["checks"] == {"torch_default within 2x the eager route's distance to fp32": True,
+                           "tensordiff check: -o fuse=on gives fuse=off's verdict": True}
+    assert d["check_fuse_on"]["exit"] == d["check_fuse_off"]["exit"] == 0  # the tiny tower passes its check
