@@ -88,6 +88,9 @@ def breakdown(eng, patches: torch.Tensor, plan, route_ms: dict, reps: int = 20,
         heads, hd = q.shape[1], q.shape[2]
         att_ms = timed_ms(lambda: block.attend(q, k, v), reps, dev)
         b["attention"] = {"ms": att_ms, "tflops": 4 * n * n * hd * heads / att_ms / 1e9}
+        # the same call on contiguous [H, N, hd] operands: what the views' layout costs the kernel
+        qh, kh, vh = (t.transpose(0, 1).contiguous().transpose(0, 1) for t in (q, k, v))
+        b["attention_heads_major"] = {"ms": timed_ms(lambda: block.attend(qh, kh, vh), reps, dev)}
         b["attn_in_eager"] = {"ms": timed_ms(lambda: block.attn_in(x, blk, cos, sin), reps, dev)}
         b["out_eager"] = {"ms": timed_ms(lambda: block.out(x, o, blk), reps, dev)}
         b["block_eager"] = {"ms": timed_ms(lambda: block(x, blk, cos, sin), reps, dev)}

@@ -94,5 +94,7 @@ def test_the_deepseek_section_breaks_its_time_down_on_the_cpu(tmp_path):
     assert "error" in d["hip_ops"] and "error" in d["routes"]["hip_default"]
     assert d["routes"]["torch_default"]["vs_fp32_floor"]["ok"]
     assert d["checks"] == {"torch_default within 2x the eager route's distance to fp32": True,
+                           "torch_heads_major within 2x the eager route's distance to fp32": True,
                            "tensordiff check: -o fuse=on gives fuse=off's verdict": True}
+    assert "attention_heads_major" in b and d["best_route"] == "torch_default"  # bench-only variants not ranked
     assert d["check_fuse_on"]["exit"] == d["check_fuse_off"]["exit"] == 0  # the tiny tower passes its check
