@@ -8,7 +8,10 @@ import subprocess
 import sys
 from pathlib import Path
 
+from tensordiff.models import deepseek_faults as D
+
 BENCH = Path(__file__).resolve().parents[2] / "bench" / "engine_speed.py"
+STRUCTURAL = (D.ROPE_INTERLEAVED, D.PATCH_PAD_NONZERO)  # a wrong op in the route
 
 
 def test_the_attention_section_on_the_cpu(tmp_path):
@@ -53,7 +56,7 @@ def _tiny_tower_outputs(tmp_path):
     encode("fp32", "float32")
     encode("eager", "bfloat16")
     encode("compiled", "bfloat16", compiled=True)
-    for fault in ("rope-interleaved", "patch-pad-nonzero"):
+    for fault in STRUCTURAL:
         encode(fault, "bfloat16", fault=fault)
     return out
 
@@ -74,7 +77,7 @@ def test_a_fast_route_is_judged_against_the_floor_not_a_fixed_cosine(tmp_path):
     # an fp32 run has floor 0: identical routes pass, a different one does not
     assert against_floor(o["fp32"], o["fp32"], o["fp32"])["ok"]
     assert not against_floor(o["eager"], o["fp32"], o["fp32"])["ok"]
-    for fault in ("rope-interleaved", "patch-pad-nonzero"):
+    for fault in STRUCTURAL:
         f = against_floor(o[fault], o["eager"], o["fp32"])
         assert not f["ok"] and f["floors"] > 10 * FLOOR_MULTIPLE, (fault, f)
 

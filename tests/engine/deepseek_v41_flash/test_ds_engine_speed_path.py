@@ -85,7 +85,8 @@ def test_the_request_option_wins_over_the_environment(tmp_path, monkeypatch):
 
 
 class _SlowPatchGemm:
-    """A non-torch backend: torch's ops, its patch GEMM 5 ms slower per call (a slow own kernel)."""
+    """A non-torch backend: torch's ops, its patch GEMM 50 ms slower per call (a slow own kernel;
+    far beyond what load on a shared machine does to the tiny reference GEMM)."""
 
     def __init__(self, faults=()):
         from engine.backend.torch_ops import TorchBackend
@@ -98,7 +99,7 @@ class _SlowPatchGemm:
     def patch_linear(self, x, weight, bias):
         import time
 
-        time.sleep(0.005)
+        time.sleep(0.05)
         return self.ref.patch_linear(x, weight, bias)
 
 
@@ -143,7 +144,7 @@ def test_a_backends_slower_op_is_delegated_to_torch_from_the_first_compiled_pass
         return
     ops = eng.speed_path()["vision"]["ops_to_torch"]
     assert set(ops) == {"rms_norm", "patch_linear", "aligner_gather", "rope_rotate_half"}
-    assert ops["patch_linear"]["delegated"] and ops["patch_linear"]["own_ms"] > 4
+    assert ops["patch_linear"]["delegated"] and ops["patch_linear"]["own_ms"] > 45
     # the other ops are the same torch ops both ways: whatever the timing noise decided, the
     # backend runs exactly what the record says
     assert eng.backend.ops == {k for k, v in ops.items() if v["delegated"]} and eng.tower.block.backend is eng.backend
