@@ -24,7 +24,10 @@ Writes OUTDIR/engine_speed.json, one section per figure of issue 15 (each also i
 - `deepseek`: the DeepSeek tower + aligner at 90x99 (8,910 patches), synthetic:full bf16: eager
   (no compile, no graphs) and the default route once warm (compiled block + CUDA graph), with the
   default kernel order and (where it differs) with the measured best first, on torch and hip. Targets: <= 32 ms;
-  hip default no slower than torch default.
+  hip default no slower than torch default (hip_default: its measured-slower ops delegated to
+  torch's, the speed path's `ops_to_torch`; hip_own_kernels: every hip kernel kept). Verdict: each route's distance to the same tower run
+  eager in fp32, as a multiple of the bf16 eager route's (the floor, `against_floor`: <= 2x); the
+  cosine to the eager route is kept as a figure (bf16 rounding order alone moves it to ~0.9998).
 Exit status 0 when the run completed (a missed target is a figure, not a failure), 1 when a
 verdict check failed, 2 on bad arguments.
 """
@@ -87,6 +90,30 @@ def picture(width: int, height: int, directory: Path) -> Path:
 def agreement(a: torch.Tensor, b: torch.Tensor) -> dict:
     a, b = a.double().flatten(), b.double().flatten()
     return {"max_abs": float((a - b).abs().max()), "cos": float(torch.nn.functional.cosine_similarity(a, b, 0))}
+
+
+# A fast route's rounding is judged as the product judges an engine: by its distance to the fp32
+# eager route (the oracle's precision) as a multiple of the bf16 eager route's own distance (the
+# floor). A bf16 engine sits at ~1-2x that floor (tensordiff.calibrate), a route that only rounds
+# in another order (Inductor keeping fp32 between fused ops, another attention kernel's summation)
+# at <= ~1x; a wrong op at 10^2x and more. A fixed cosine cannot tell these apart: at 8,910 bf16
+# patches the compiled route and the eager one differ by cos 0.99985 while each is as far from fp32.
+FLOOR_MULTIPLE = 2.0
+
+
+def relative_distance(a: torch.Tensor, ref: torch.Tensor) -> float:
+    """||a - ref|| / ||ref|| in float64 (0 for two equal tensors)."""
+    a, ref = a.double().flatten(), ref.double().flatten()
+    return float((a - ref).norm() / ref.norm().clamp_min(1e-300))
+
+
+def against_floor(route: torch.Tensor, eager: torch.Tensor, ref: torch.Tensor, multiple: float = FLOOR_MULTIPLE) -> dict:
+    """The route's distance to the fp32 reference `ref` against the eager route's (the floor).
+    ok when it is at most `multiple` floors (plus 1e-6 relative, for an fp32 run whose floor is 0)."""
+    d_route, d_eager = relative_distance(route, ref), relative_distance(eager, ref)
+    return {"route_to_fp32": d_route, "eager_to_fp32": d_eager,
+            "floors": d_route / d_eager if d_eager else (0.0 if d_route == 0 else float("inf")),
+            "multiple": multiple, "ok": d_route <= multiple * d_eager + 1e-6}
 
 
 def section(res: dict, name: str, fn) -> None:
@@ -204,12 +231,17 @@ def qwen(args, work: Path, order: list[str] | None = None) -> dict:
         "fast no farther from transformers than eager (1 - cos within 2x + 1e-4)":
             1 - c_fast <= 2 * (1 - c_eager) + 1e-4,
     }
-    # the tool's own verdict, the compiled block tapped (a check is one pass: graphs stay off),
-    # beside the same check eager: the compiled block must not change it
+    fused_verdict(out, args, work, "qwen3-vl", args.qwen_weights, ["--image", str(path)])
+    return out
+
+
+def fused_verdict(out: dict, args, work: Path, model: str, weights: str, extra: list[str]) -> None:
+    """The tool's own verdict with the compiled block (tapped; a check is one pass, so graphs stay
+    off), beside the same check eager: the compiled block must not change it."""
     for fuse in ("off", "on"):
-        cmd = [sys.executable, "-m", "tensordiff.cli", "check", "qwen3-vl", "--image", str(path), "--weights",
-               args.qwen_weights, "--device", args.device, "--dtype", args.dtype, "-o", f"fuse={fuse}",
-               "--json", str(work / f"qwen-check-{fuse}.json")]
+        cmd = [sys.executable, "-m", "tensordiff.cli", "check", model, *extra, "--weights", weights,
+               "--device", args.device, "--dtype", args.dtype, "-o", f"fuse={fuse}",
+               "--json", str(work / f"{model}-check-{fuse}.json")]
         try:
             r = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=150)
             out[f"check_fuse_{fuse}"] = {"argv": cmd[3:], "exit": r.returncode,
@@ -218,7 +250,6 @@ def qwen(args, work: Path, order: list[str] | None = None) -> dict:
             out[f"check_fuse_{fuse}"] = {"argv": cmd[3:], "exit": None, "first_line": "timed out after 150 s"}
     out["checks"]["tensordiff check: -o fuse=on gives fuse=off's verdict"] = (
         out["check_fuse_on"]["exit"] is not None and out["check_fuse_on"]["exit"] == out["check_fuse_off"]["exit"])
-    return out
 
 
 # ---------------------------------------------------------------- attention at DeepSeek's shape
@@ -322,13 +353,23 @@ def deepseek(args, work: Path, order: list[str] | None) -> dict:
     null = NullRecorder()
     outputs = {}
 
-    def route(name, backend="torch", prefer=None, fuse=None, graphs=None):
+    def route(name, backend="torch", prefer=None, fuse=None, graphs=None, own_kernels=False, heads_major=False):
+        """own_kernels: a non-torch backend keeps every one of its kernels (no measured delegation
+        to torch's ops, `VisionEngine._delegate`): the route as it was before delegation.
+        heads_major: the compiled attn_in writes q, k, v as contiguous [H, N, hd] (Qwen3-VL's
+        layout, `fused.compiled`) instead of views of the qkv GEMM's output."""
         try:
             eng = VisionEngine(wdir, device=args.device, dtype=args.dtype, backend=backend, attention_prefer=prefer,
                                fuse=fuse, graphs=graphs)
         except Exception as e:  # noqa: BLE001 - e.g. no hip build on this machine
             out["routes"][name] = {"error": f"{type(e).__name__}: {e}"[:300]}
             return
+        if own_kernels:
+            eng.delegation = {}  # "measured, nothing delegated"
+        if heads_major:
+            from engine.deepseek_v41_flash import fused as ds_fused
+
+            eng.tower._fused = ds_fused.FusedBlock(eng.tower.block, heads_major=True)  # taken when the block is due
         plan, patches = eng.preprocess(path)
         with torch.inference_mode():
             for _ in range(3):  # eager pass, compile + capture, first replay
@@ -346,13 +387,17 @@ def deepseek(args, work: Path, order: list[str] | None) -> dict:
     out["order_by_measurement"] = order
     route("torch_eager", fuse="off", graphs="off")
     route("torch_default")
+    route("torch_heads_major", heads_major=True)
     if order:
         route("torch_best_first", prefer=order)
     route("hip_default", backend="hip")
+    route("hip_own_kernels", backend="hip", own_kernels=True)
     if order:
         route("hip_best_first", backend="hip", prefer=order)
     r = out["routes"]
-    ok = {k: v["ms"] for k, v in r.items() if "ms" in v and k != "torch_eager"}
+    # the best route among those a user can ask the engine for (not eager, not the bench-only variants)
+    not_askable = ("torch_eager", "hip_own_kernels", "torch_heads_major")
+    ok = {k: v["ms"] for k, v in r.items() if "ms" in v and k not in not_askable}
     for k, v in r.items():
         if "ms" in v and "ms" in r.get("torch_eager", {}):
             v["ratio_to_eager"] = v["ms"] / r["torch_eager"]["ms"]
@@ -362,16 +407,59 @@ def deepseek(args, work: Path, order: list[str] | None) -> dict:
     out["met"] = bool(best) and ok[best] <= DEEPSEEK_TARGET_MS
     if "ms" in r.get("hip_default", {}) and "ms" in r.get("torch_default", {}):
         out["hip_over_torch_default"] = r["hip_default"]["ms"] / r["torch_default"]["ms"]
+    if "ms" in r.get("hip_own_kernels", {}) and "ms" in r.get("torch_default", {}):
+        out["hip_own_kernels_over_torch_default"] = r["hip_own_kernels"]["ms"] / r["torch_default"]["ms"]
     if "ms" in r.get("hip_best_first", {}) and "ms" in r.get("torch_best_first", {}):
         out["hip_over_torch_best_first"] = r["hip_best_first"]["ms"] / r["torch_best_first"]["ms"]
+    out["breakdown"], out["hip_ops"] = pieces(args, wdir, path, r)
+    floor_ms = out["breakdown"].get("totals", {}).get("floor_attention_plus_gemm_roofline_ms")
+    if floor_ms is not None:  # the least this attention kernel allows, every GEMM at the bf16 peak
+        out["least_possible_at_this_attention_ms"] = floor_ms
+        out["target_reachable_at_this_attention"] = floor_ms <= DEEPSEEK_TARGET_MS
     base = outputs.get("torch_eager")
     out["checks"] = {}
+    ref = fp32_reference(args, wdir, path)
     for name, o in outputs.items():
         if base is not None and name != "torch_eager":
-            a = agreement(o, base)
-            r[name]["vs_eager"] = a
-            out["checks"][f"{name} agrees with eager (cos >= 0.999)"] = a["cos"] >= 0.999
+            r[name]["vs_eager"] = agreement(o, base)  # a figure: bf16 rounding order moves the cosine
+            r[name]["vs_fp32_floor"] = f = against_floor(o, base, ref)
+            out["checks"][f"{name} within {FLOOR_MULTIPLE:g}x the eager route's distance to fp32"] = f["ok"]
+    # and as the product judges it: `check` (its default image) with the compiled block, against the oracle
+    fused_verdict(out, args, work, "deepseek-v4.1-flash", args.deepseek_weights, [])
     return out
+
+
+def pieces(args, wdir: Path, path: Path, routes: dict) -> tuple[dict, dict]:
+    """Where the time goes (bench/deepseek_breakdown.py): one block's GEMMs, attention and
+    elementwise, the tower's other pieces, their sums beside the routes' measured times, and the
+    hip backend's own kernels against torch's ops. Each records its error instead of ending the run."""
+    import deepseek_breakdown as bd
+
+    from engine import backend as backends
+    from engine.deepseek_v41_flash.run import VisionEngine
+
+    eng = VisionEngine(wdir, device=args.device, dtype=args.dtype, fuse="off", graphs="off")
+    plan, patches = eng.preprocess(path)
+    reps = 2 if args.small else 20
+    try:
+        br = bd.breakdown(eng, patches, plan, {k: v["ms"] for k, v in routes.items() if "ms" in v}, reps=reps)
+    except Exception as e:  # noqa: BLE001 - a bench records what broke and goes on
+        br = {"error": f"{type(e).__name__}: {e}"[:300], "where": traceback.format_exc().strip().splitlines()[-3:]}
+    try:
+        hip = bd.hip_ops(backends.get("hip"), backends.get("torch"), eng, patches, plan, reps=reps)
+    except Exception as e:  # noqa: BLE001 - e.g. no hip build here
+        hip = {"error": f"{type(e).__name__}: {e}"[:300]}
+    return br, hip
+
+
+def fp32_reference(args, wdir: Path, path: Path) -> torch.Tensor:
+    """The tower + aligner eager in fp32 on the same weights and picture: the floor's reference."""
+    from engine.deepseek_v41_flash.run import VisionEngine
+
+    eng = VisionEngine(wdir, device=args.device, dtype="float32", fuse="off", graphs="off")
+    plan, patches = eng.preprocess(path)
+    with torch.inference_mode():
+        return eng.encode(patches, plan, NullRecorder())
 
 
 def main(argv=None) -> int:
@@ -445,6 +533,14 @@ def summary(res: dict) -> None:
     if d.get("routes"):
         print(f"  target {d['target']}: {'met' if d.get('met') else 'NOT met'}; hip/torch default "
               f"{d.get('hip_over_torch_default', float('nan')):.3f}")
+    tot = d.get("breakdown", {}).get("totals")
+    if tot:
+        print(f"  breakdown ({tot['block_of']} block) x{d['breakdown']['layers']}: attention {tot['attention_ms']:.2f} ms, "
+              f"GEMMs {tot['gemms_ms']:.2f}, elementwise {tot['elementwise_ms']:.2f}, other pieces "
+              f"{tot['others_ms']:.2f}; sum {tot['sum_of_pieces_ms']:.2f}; least possible at this attention "
+              f"(+ GEMMs at peak) {tot['floor_attention_plus_gemm_roofline_ms']:.2f} ms")
+    for name, o in d.get("hip_ops", {}).get("ops", {}).items():
+        print(f"  hip op {name:17s} hip {o['hip_ms']:.4f} ms torch {o['torch_ms']:.4f} ms  x{o['hip_over_torch']:.2f}")
     for name, ok in res.get("checks", {}).items():
         print(f"{'ok  ' if ok else 'FAIL'} {name}")
 

@@ -167,6 +167,19 @@ def cases(g: torch.Generator):
                     lambda dt=dt: (rn(1024, 384, dtype=dt, scale=2.0), rn(384, dtype=torch.float32),
                                    rn(384, dtype=torch.float32), torch.arange(1024, device="cuda") % 2 == 1),
                     lambda be, a: be.moe_route(a[0], a[1], a[2], a[3], 6, 1.5)))
+    # At 1,024 rows every row is in flight at once: the time is one row's dependent chain (the
+    # 0.4 us copy roofline is below a single kernel's latency, even graph-replayed). At 65,536
+    # rows (100 MB of f32 logits, ~8 rounds of resident waves) the copy takes >> a launch and
+    # the share of the roofline measures the kernel's throughput.
+    for dt, tag in ((torch.float32, "f32"), (torch.bfloat16, "bf16")):
+        es = torch.finfo(dt).bits // 8
+        rows = 65536
+        out.append((f"moe_route/{tag}/65536rows", f"{rows}x384 top-6, image rows interleaved",
+                    rows * 384 * es + 2 * 384 * 4 + rows + rows * 6 * (4 + 8), 0,
+                    lambda dt=dt, rows=rows: (rn(rows, 384, dtype=dt, scale=2.0), rn(384, dtype=torch.float32),
+                                              rn(384, dtype=torch.float32),
+                                              torch.arange(rows, device="cuda") % 2 == 1),
+                    lambda be, a: be.moe_route(a[0], a[1], a[2], a[3], 6, 1.5)))
     for tpr in (64, 128, 256):  # threads per row: the automatic choice for 384 experts is 64
         out.append((f"moe_route/f32@{tpr}t", "1024x384 top-6, image rows interleaved",
                     1024 * 384 * 4 + 2 * 384 * 4 + 1024 + 1024 * 6 * (4 + 8), 0,

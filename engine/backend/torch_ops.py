@@ -14,17 +14,17 @@ class TorchBackend:
         return (y * weight.float()).to(x.dtype)
 
     def rope_rotate_half(self, x, cos, sin):
-        hd = x.shape[-1]
-        if cos.shape[-1] * 2 == hd:
-            cos = torch.cat([cos, cos], -1)
-            sin = torch.cat([sin, sin], -1)
-        # cos/sin: [N, hd] -> broadcast over heads at dim -2
-        c = cos.float().unsqueeze(-2)
-        s = sin.float().unsqueeze(-2)
+        """x*cos + rotate_half(x)*sin, written per half: [x1*c - x2*s, x2*c + x1*s]. The same
+        products and sums as the whole-width form (x1*c + (-x2)*s is x1*c - x2*s exactly), bit for
+        bit, without materialising cat(cos, cos), cat(sin, sin) and rotate_half(x)."""
+        h = x.shape[-1] // 2
+        # cos/sin: [N, hd/2] (one table for both halves) or [N, hd]; broadcast over heads at dim -2
+        c, s = cos.float().unsqueeze(-2), sin.float().unsqueeze(-2)
+        (c1, c2), (s1, s2) = ((c, c), (s, s)) if cos.shape[-1] == h else ((c[..., :h], c[..., h:]),
+                                                                          (s[..., :h], s[..., h:]))
         xf = x.float()
-        x1, x2 = xf[..., : hd // 2], xf[..., hd // 2 :]
-        rot = torch.cat([-x2, x1], -1)
-        return (xf * c + rot * s).to(x.dtype)
+        x1, x2 = xf[..., :h], xf[..., h:]
+        return torch.cat([x1 * c1 - x2 * s1, x2 * c2 + x1 * s2], -1).to(x.dtype)
 
     def linear(self, x, weight, bias):
         return F.linear(x, weight, bias)

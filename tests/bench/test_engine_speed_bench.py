@@ -8,7 +8,10 @@ import subprocess
 import sys
 from pathlib import Path
 
+from tensordiff.models import deepseek_faults as D
+
 BENCH = Path(__file__).resolve().parents[2] / "bench" / "engine_speed.py"
+STRUCTURAL = (D.ROPE_INTERLEAVED, D.PATCH_PAD_NONZERO)  # a wrong op in the route
 
 
 def test_the_attention_section_on_the_cpu(tmp_path):
@@ -23,3 +26,78 @@ def test_the_attention_section_on_the_cpu(tmp_path):
     assert "error" in a["kernels"]["sdpa_cudnn"]
     assert a["sdpa_order_by_measurement"][0] == "flash" and a["best_overall"] in ("sdpa_flash", "sdpa_math")
     assert rep["checks"] == {"attention: an SDPA kernel agrees": True}
+
+
+def _tiny_tower_outputs(tmp_path):
+    """The tiny DeepSeek tower + aligner on the CPU: fp32 eager, bf16 eager, bf16 through the
+    compiled block (Inductor's CPU code; the engine itself compiles on CUDA only) and bf16 with
+    two structural faults (a wrong op)."""
+    import torch
+
+    sys.path.insert(0, str(BENCH.parent))
+    from deepseek_vision import picture
+
+    from engine.deepseek_v41_flash import fused
+    from engine.deepseek_v41_flash.run import VisionEngine
+    from tensordiff.synthetic.deepseek_v41_flash import resolve
+
+    weights, path = resolve("synthetic:tiny"), picture(8, 9, 14, tmp_path)
+    out = {}
+
+    def encode(name, dtype, fault=None, compiled=False):
+        eng = VisionEngine(weights, device="cpu", dtype=dtype, fuse="off", graphs="off", fault=fault)
+        if compiled:
+            eng.tower._fused, eng.tower.fuse = fused.FusedBlock(eng.tower.block), "on"
+        plan, patches = eng.preprocess(path)
+        with torch.inference_mode():
+            out[name] = eng.encode(patches, plan)
+        assert eng.tower.ran == ("compiled" if compiled else "eager")
+
+    encode("fp32", "float32")
+    encode("eager", "bfloat16")
+    encode("compiled", "bfloat16", compiled=True)
+    for fault in STRUCTURAL:
+        encode(fault, "bfloat16", fault=fault)
+    return out
+
+
+def test_a_fast_route_is_judged_against_the_floor_not_a_fixed_cosine(tmp_path):
+    """The H200's compiled-vs-eager cosine of 0.99985 is bf16 rounding order: here, on the CPU,
+    the compiled bf16 route differs from the eager bf16 one by about as much as either differs
+    from fp32, and is no farther from fp32 than eager (measured 0.95 floors); a wrong op in the
+    route is tens of floors away."""
+    sys.path.insert(0, str(BENCH.parent))
+    from engine_speed import FLOOR_MULTIPLE, against_floor, relative_distance
+
+    o = _tiny_tower_outputs(tmp_path)
+    compiled = against_floor(o["compiled"], o["eager"], o["fp32"])
+    assert compiled["ok"] and compiled["floors"] <= 1.2, compiled
+    # the two bf16 routes really round differently (so a fixed cosine between them is the wrong test)
+    assert relative_distance(o["compiled"], o["eager"]) > 0.5 * compiled["eager_to_fp32"]
+    # an fp32 run has floor 0: identical routes pass, a different one does not
+    assert against_floor(o["fp32"], o["fp32"], o["fp32"])["ok"]
+    assert not against_floor(o["eager"], o["fp32"], o["fp32"])["ok"]
+    for fault in STRUCTURAL:
+        f = against_floor(o[fault], o["eager"], o["fp32"])
+        assert not f["ok"] and f["floors"] > 10 * FLOOR_MULTIPLE, (fault, f)
+
+
+def test_the_deepseek_section_breaks_its_time_down_on_the_cpu(tmp_path):
+    r = subprocess.run([sys.executable, str(BENCH), str(tmp_path), "--device", "cpu", "--small", "--iters", "1",
+                        "--only", "deepseek"], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stdout + r.stderr
+    d = json.loads((tmp_path / "engine_speed.json").read_text())["deepseek"]
+    b, t = d["breakdown"]["block"], d["breakdown"]["totals"]
+    assert {"gemm_qkv", "gemm_wo", "gemm_w1", "gemm_w2", "attention", "elementwise"} <= set(b)
+    layers = d["breakdown"]["layers"]
+    assert abs(t["sum_of_pieces_ms"] - (layers * t["per_block_ms"] + t["others_ms"])) < 1e-9
+    assert t["floor_attention_plus_gemm_roofline_ms"] == d["least_possible_at_this_attention_ms"]
+    assert "torch_default_minus_sum_of_pieces_ms" in t
+    # no hip here: said, not hidden; the fp32 floor check judged the fast route
+    assert "error" in d["hip_ops"] and "error" in d["routes"]["hip_default"]
+    assert d["routes"]["torch_default"]["vs_fp32_floor"]["ok"]
+    assert d["checks"] == {"torch_default within 2x the eager route's distance to fp32": True,
+                           "torch_heads_major within 2x the eager route's distance to fp32": True,
+                           "tensordiff check: -o fuse=on gives fuse=off's verdict": True}
+    assert "attention_heads_major" in b and d["best_route"] == "torch_default"  # bench-only variants not ranked
+    assert d["check_fuse_on"]["exit"] == d["check_fuse_off"]["exit"] == 0  # the tiny tower passes its check

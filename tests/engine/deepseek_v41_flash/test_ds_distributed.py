@@ -99,6 +99,12 @@ def oracle(tmp_path_factory, picture):
     return oracle_dump(tmp_path_factory.mktemp("oracle") / "o", picture, SEMANTIC)
 
 
+@pytest.fixture(scope="module")
+def official_oracle(tmp_path_factory, picture):
+    """The oracle in the official numerics, dumped once for every test that compares against it."""
+    return oracle_dump(tmp_path_factory.mktemp("official") / "o", picture, [])
+
+
 def torchrun(out: Path, world: int, picture, *extra, numerics=SEMANTIC) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node",
                            str(world), "-m", "engine.deepseek_v41_flash.distributed", "--image", picture,
@@ -143,14 +149,14 @@ def test_each_sharded_fault_is_named_at_its_boundary_with_its_rank(tmp_path, ora
 
 
 @pytest.mark.parametrize("fault, disagree", [("shard-order-reversed", [0, 1]), ("expert-bias-shift", [1])])
-def test_in_the_official_numerics_a_rank_finding_is_no_near_tie_cascade(tmp_path, picture, fault, disagree):
+def test_in_the_official_numerics_a_rank_finding_is_no_near_tie_cascade(tmp_path, official_oracle, picture, fault,
+                                                                        disagree):
     # bf16 + the kernels' rounding: the sharded reductions flip some router choices on near-ties
     # (benign), and everything after them is judged as that flip's cascade; a misplaced shard or
     # replicas that differ are still named, and the rank judged with the tie rule
-    ref = oracle_dump(tmp_path / "o", picture, [])
     p = torchrun(tmp_path / "run", 2, picture, "--fault", fault, numerics=[])
     assert p.returncode == 0, p.stderr[-3000:]
-    rep = compare_dumps(ref, tmp_path / "run")
+    rep = compare_dumps(official_oracle, tmp_path / "run")
     boundary = FAULTS[fault][0]
     assert rep.verdict == "diverged" and rep.earliest == [boundary], str(rep)
     bad = [t for t in rep.boundary(boundary).tensors if t.status == "diverged"]

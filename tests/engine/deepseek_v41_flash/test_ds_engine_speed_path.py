@@ -82,3 +82,70 @@ def test_the_request_option_wins_over_the_environment(tmp_path, monkeypatch):
     sp = _dump(tmp_path / "e", fuse="off", graphs=False).run["speed_path"]
     assert sp["vision"]["block"]["asked"] == "off" and sp["vision"]["cuda_graphs"]["asked"] == "off"
     assert sp["fallbacks"] == []
+
+
+class _SlowPatchGemm:
+    """A non-torch backend: torch's ops, its patch GEMM 50 ms slower per call (a slow own kernel;
+    far beyond what load on a shared machine does to the tiny reference GEMM)."""
+
+    def __init__(self, faults=()):
+        from engine.backend.torch_ops import TorchBackend
+
+        self.name, self.faults, self.ref = "slowpatch", frozenset(faults), TorchBackend()
+
+    def __getattr__(self, op):
+        return getattr(self.ref, op)
+
+    def patch_linear(self, x, weight, bias):
+        import time
+
+        time.sleep(0.05)
+        return self.ref.patch_linear(x, weight, bias)
+
+
+@pytest.mark.parametrize("faults", [(), ("a-planted-kernel-fault",)])
+def test_a_backends_slower_op_is_delegated_to_torch_from_the_first_compiled_pass(monkeypatch, tmp_path, faults):
+    """`VisionEngine._delegate`: not on the one-shot eager pass; then measured once, the slow op
+    delegated, the numbers unchanged, what was measured in the speed path. A backend with planted
+    kernel faults keeps every kernel."""
+    import torch
+
+    import engine.backend as backends
+    import engine.deepseek_v41_flash.fused as ds_fused
+    from engine.deepseek_v41_flash.run import VisionEngine
+    from tensordiff.capture import NullRecorder
+    from tensordiff.synthetic.deepseek_v41_flash import resolve
+
+    class Eager:  # the compiled block's place, run eagerly (compiling is not what is tested here)
+        def __init__(self, block):
+            self.block, self.ok, self.error = block, True, None
+
+        def __call__(self, *a):
+            return self.block(*a)
+
+    monkeypatch.setitem(backends._CACHE, "slowpatch", _SlowPatchGemm(faults))
+    monkeypatch.setattr(run_mod, "can_compile", lambda device: True)
+    monkeypatch.setattr(ds_fused, "FusedBlock", Eager)
+    w = resolve("synthetic:tiny")
+    eng = VisionEngine(w, device="cpu", backend="slowpatch", fuse="auto", graphs="off")
+    ref = VisionEngine(w, device="cpu", fuse="off", graphs="off")
+    from PIL import Image
+
+    Image.new("RGB", (70, 56), (90, 140, 200)).save(tmp_path / "p.png")
+    plan, patches = eng.preprocess(tmp_path / "p.png")
+    with torch.inference_mode():
+        want = ref.encode(patches, plan, NullRecorder())
+        assert torch.equal(eng.encode(patches, plan, NullRecorder()), want)
+        assert eng.delegation is None and "ops_to_torch" not in eng.speed_path()["vision"]  # the eager pass
+        assert torch.equal(eng.encode(patches, plan, NullRecorder()), want)
+    assert eng.tower.ran == "compiled"
+    if faults:
+        assert eng.delegation is None and eng.backend.name == "slowpatch" and not hasattr(eng.backend, "ops")
+        return
+    ops = eng.speed_path()["vision"]["ops_to_torch"]
+    assert set(ops) == {"rms_norm", "patch_linear", "aligner_gather", "rope_rotate_half"}
+    assert ops["patch_linear"]["delegated"] and ops["patch_linear"]["own_ms"] > 45
+    # the other ops are the same torch ops both ways: whatever the timing noise decided, the
+    # backend runs exactly what the record says
+    assert eng.backend.ops == {k for k, v in ops.items() if v["delegated"]} and eng.tower.block.backend is eng.backend
+
