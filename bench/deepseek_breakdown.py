@@ -25,25 +25,11 @@ H200_BF16_DENSE_TFLOPS = 989.0
 
 
 def timed_ms(fn, reps: int, device) -> float:
-    """Milliseconds per call of fn(), `reps` calls back to back (median of 3 such runs)."""
-    fn()
-    if torch.device(device).type != "cuda":
-        import time
+    """Milliseconds per call of fn(), `reps` calls back to back (median of 3 such runs): the
+    engine's own timer (the one its hip-vs-torch delegation measures with)."""
+    from engine.runtime.delegate import per_call_ms
 
-        t = time.perf_counter()
-        for _ in range(reps):
-            fn()
-        return (time.perf_counter() - t) * 1e3 / reps
-    runs = []
-    for _ in range(3):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        for _ in range(reps):
-            fn()
-        b.record()
-        b.synchronize()
-        runs.append(a.elapsed_time(b) / reps)
-    return sorted(runs)[1]
+    return per_call_ms(fn, torch.device(device), reps)
 
 
 def gemm_flop(m: int, w: torch.Tensor) -> int:

@@ -174,13 +174,6 @@ def _map_file(path: Path) -> mmap.mmap:
         if len(maps) > MAX_SHARED_MAPS:
             maps.popitem(last=False)
     return m
-    with open(path, "rb") as f:
-        m = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
-    if maps is not None:
-        maps[path] = m
-        if len(maps) > MAX_SHARED_MAPS:
-            maps.popitem(last=False)
-    return m
 
 
 class FlatReader:
