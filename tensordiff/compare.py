@@ -114,12 +114,11 @@ def compare_dumps(a: str | Path | Dump, b: str | Path | Dump,
             if stop:
                 results[bd.name] = BoundaryResult(bd.name, "skipped", meaning=bd.meaning, layout=bd.layout)
                 continue
-            ents_a, ents_b = by_b[bd.name]
-            br = results[bd.name] = judge.boundary(bd, {e.name: e for e in ents_a}, {e.name: e for e in ents_b},
-                                                   run, progress=progress, verify=verify, floor=floor_entries)
+            ents_a, ents_b = ({e.name: e for e in ents} for ents in by_b[bd.name])
+            br = results[bd.name] = judge.boundary(bd, ents_a, ents_b, run, progress=progress, verify=verify,
+                                                   floor=floor_entries)
             if da.world or db.world:  # a sharded side: replicas must agree, a diverged shard is placed
-                rank_check.check(br, judge, bd, {e.name: e for e in ents_a}, {e.name: e for e in ents_b}, run,
-                                 verify)
+                rank_check.check(br, judge, bd, ents_a, ents_b, run, verify)
             if fail_fast and br.status in FAILING:
                 stop = True
     _assign_roots(bounds, present, results)

@@ -173,7 +173,7 @@ def make_language_stages(req, run: dict, image_rows: torch.Tensor | None = None)
     def sequence():
         """The prompt's engine sequence as prefill leaves it, but for its caches (the caller's):
         position and Engram window past the prompt."""
-        seq = lm.sequence(ids, types, cells=tuple(cells) if has_image else None)
+        seq = lm.sequence(ids, types)  # no image rows: only decode positions past the spans run on it
         if seq.engram_state is not None:
             for lo, hi in chunks:
                 seq.engram_state.hash(ids[lo:hi], types[lo:hi] >= 0)
