@@ -38,12 +38,30 @@ GATE_IMAGES = ROOT / "gates" / "images"
 QUANTISED = {"fp8-scale-ignored", "fp8-scale-transposed", "fp4-nibbles-swapped", "engram-scale-ignored"}
 
 
-def blocks(device: str, vision_weights: str) -> dict[str, list[dict]]:
+def side_picture(out: Path) -> Path:
+    """The bundled picture at 1000x700: on the released Qwen3-VL processor (32-pixel cells, the
+    normal branch of smart_resize) 1000 rounds to 992 but ceils to 1024, which the example gate's
+    small PNGs reach only at the tiny config's cell size (their sizes fall in the min-pixels branch,
+    which ceils by design, at the full one)."""
+    from PIL import Image
+
+    from tensordiff.inputs import default_image_path
+
+    p = out / "images" / "qwen-1000x700.png"
+    if not p.exists():
+        p.parent.mkdir(parents=True, exist_ok=True)
+        Image.open(default_image_path()).convert("RGB").resize((1000, 700), Image.BICUBIC).save(p)
+    return p
+
+
+def blocks(device: str, vision_weights: str, out: Path | None = None) -> dict[str, list[dict]]:
     """The gate blocks per model: name, the [[model]] table, and what kind of fault it carries."""
     default = "tensordiff:default"
     ds_images = [default, str(GATE_IMAGES / "deepseek-small-300x200.png"),
                  str(GATE_IMAGES / "deepseek-wide-3000x1000.png")]
     qw_images = [default, str(GATE_IMAGES / "qwen-tiny-40x60.png"), str(GATE_IMAGES / "qwen-odd-150x230.png")]
+    if out is not None:
+        qw_images.append(str(side_picture(out)))
     base = {"dtype": "bfloat16", "device": device, "backend": "torch", "local_error": True}
     return {
         DEEPSEEK: [
@@ -205,7 +223,7 @@ def main(argv=None) -> int:
     (out / "gates").mkdir(parents=True, exist_ok=True)
     only = {x for x in a.only.split(",") if x}
     jobs = []
-    for model, bl in blocks(a.device, a.vision_weights).items():
+    for model, bl in blocks(a.device, a.vision_weights, out).items():
         if model not in a.models.split(","):
             continue
         adapter = registry.adapter(model)
