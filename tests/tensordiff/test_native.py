@@ -186,3 +186,27 @@ def test_status_names_the_path(path):
     assert native.status == "native (generic)"
     path(False)
     assert native.status == ("native (AVX-512)" if WIDE else "native (generic)")
+
+
+@needs_wide
+@pytest.mark.parametrize("kind", ["few ulp", "far", "shifting", "equal"])
+def test_large_calls_count_hot_bins_in_registers_and_the_rest_exactly(path, kind):
+    # a call of >= 16 * NBINS elements counts its first block's 4 commonest bins (below 127) in
+    # vector registers and the rest by scalar increments; the counts are the numpy path's whatever
+    # the distribution does after that first block
+    rng = np.random.default_rng(12)
+    n = 200_003
+    a = rng.standard_normal(n).astype(np.float32)
+    rel = {"few ulp": 2e-7, "far": 1e-3, "shifting": 2e-7, "equal": 0.0}[kind]
+    b = (a * (1 + rel * rng.standard_normal(n))).astype(np.float32)
+    if kind == "shifting":  # the first block's hot bins are rare later on
+        b[5000:] = (a[5000:] * (1 + 1e-5 * rng.standard_normal(n - 5000))).astype(np.float32)
+        b[150_000:] = a[150_000:]
+    want = streamed(a, b, "float32", "float32", (n,), n, native=False)
+    for generic in (False, True):
+        path(generic)
+        acc = streamed(a, b, "float32", "float32", (n,), n, native=True)
+        np.testing.assert_array_equal(acc.hist, want.hist)
+        r, w = acc.result(), want.result()
+        assert (r.ulp_p50, r.ulp_p99, r.ulp_max, r.max_rel, r.mismatches) == (w.ulp_p50, w.ulp_p99, w.ulp_max,
+                                                                               w.max_rel, w.mismatches)
