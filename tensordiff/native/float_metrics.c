@@ -38,6 +38,11 @@
 #else
 #define TD_AVX512 0
 #endif
+#if TD_AVX512 && defined(__AVX512VBMI__)
+#define TD_HOT 1 /* bins counted in registers (a byte shuffle: AVX512-VBMI) */
+#else
+#define TD_HOT 0
+#endif
 #include <float.h>
 #include <math.h>
 #include <stdint.h>
@@ -300,7 +305,9 @@ block_avx512(const void *a, int ka, const void *b, int kb, int64_t off, int64_t 
     int64_t nk = 0;
     /* a hot bin's lane gets 1 << (8 j) (byte j of a 32-bit lane counts bin hot[j], at most 64 a
        block); the others 0, and go to key[] */
+#if TD_HOT
     const __m512i s0 = _mm512_load_si512(P->slot), s1 = _mm512_load_si512(P->slot + 64);
+#endif
     __m512i hc = _mm512_setzero_si512();
     const __m512 atol = _mm512_set1_ps(P->atol), rtol = _mm512_set1_ps(P->rtol), fmin = _mm512_set1_ps(FLT_MIN);
     const __m512i fexp = _mm512_set1_epi32(P->fexp), kbase = _mm512_set1_epi32(127 - P->sexp);
@@ -339,7 +346,8 @@ block_avx512(const void *a, int ka, const void *b, int kb, int64_t off, int64_t 
 #else
             __m512i bin = bins16(u);
 #endif
-            if (hot) {
+            if (TD_HOT && hot) {
+#if TD_HOT
                 __m512i sh = _mm512_maskz_permutex2var_epi8(0x1111111111111111ULL, s0,
                                                             _mm512_min_epu32(bin, _mm512_set1_epi32(127)), s1);
                 __m512i one = _mm512_sllv_epi32(_mm512_set1_epi32(1), sh);
@@ -347,6 +355,7 @@ block_avx512(const void *a, int ka, const void *b, int kb, int64_t off, int64_t 
                 __mmask16 rest = _mm512_testn_epi32_mask(one, one);
                 _mm512_storeu_si512(key + nk, _mm512_maskz_compress_epi32(rest, bin));
                 nk += __builtin_popcount(rest);
+#endif
             } else {
                 _mm512_store_si512(key + i, bin);
             }
@@ -461,6 +470,7 @@ static int choose_hot(params *P, int64_t seen) {
 static inline __attribute__((always_inline)) void
 run(const void *a, int ka, const void *b, int kb, int64_t n, int64_t start, params *P, int64_t *I, double *D) {
     int wide = TD_AVX512 && !generic_only, hot = 0;
+    (void)hot; /* no TD_HOT: always 0 */
     for (int64_t off = 0; off < n; off += BLOCK) {
         int64_t m = n - off < BLOCK ? n - off : BLOCK;
         int64_t mv = wide ? m & ~(int64_t)15 : 0; /* the AVX-512 path takes whole vectors, block_fast the rest */
@@ -471,7 +481,7 @@ run(const void *a, int ka, const void *b, int kb, int64_t n, int64_t start, para
 #endif
         if (m > mv && block_fast(a, ka, b, kb, off + mv, m - mv, start, P, I, D))
             block_slow(a, ka, b, kb, off + mv, m - mv, start, P, I, D);
-        if (wide && off == 0 && P->nsub == NSUB) /* a large call: worth choosing (a small one is not) */
+        if (TD_HOT && wide && off == 0 && P->nsub == NSUB) /* a large call: worth choosing (a small one is not) */
             hot = choose_hot(P, m);
     }
 }

@@ -210,3 +210,46 @@ def test_large_calls_count_hot_bins_in_registers_and_the_rest_exactly(path, kind
         r, w = acc.result(), want.result()
         assert (r.ulp_p50, r.ulp_p99, r.ulp_max, r.max_rel, r.mismatches) == (w.ulp_p50, w.ulp_p99, w.ulp_max,
                                                                                w.max_rel, w.mismatches)
+
+
+def _cpu_runs(march: str) -> bool:
+    flags = open("/proc/cpuinfo").read() if __import__("os").path.exists("/proc/cpuinfo") else ""
+    need = {"skylake-avx512": ("avx512f", "avx512bw", "avx512dq", "avx512vl"), "haswell": ("avx2", "fma", "bmi2"),
+            "x86-64": ()}[march]
+    return all(f" {f}" in flags for f in need)
+
+
+@pytest.mark.skipif(not NATIVE, reason="no C compiler: the native kernel is not built here")
+@pytest.mark.parametrize("march", ["skylake-avx512", "haswell", "x86-64"])
+def test_the_kernel_built_for_other_cpus_gives_the_same_values(tmp_path, march):
+    # the kernel is built with -march=native where it runs; a CI machine without AVX-512 VBMI (no
+    # register-counted bins), without AVX-512 (the generic loop only) or without AVX2 must count the
+    # same: built here for those targets (where this CPU can run them), against the numpy path
+    import os
+    import platform
+    import shutil
+    import subprocess
+
+    if platform.machine() not in ("x86_64", "AMD64") or not _cpu_runs(march):
+        pytest.skip(f"this CPU cannot run -march={march}")
+    cc = shutil.which(os.environ.get("CC") or "cc")
+    so = tmp_path / f"k-{march}.so"
+    flags = [f"-march={march}" if f == "-march=native" else f for f in native.FLAGS]
+    subprocess.run([cc, *flags, "-o", str(so), str(native.SOURCE)], check=True, capture_output=True, timeout=120)
+    f = ctypes.CDLL(str(so)).td_float_update
+    p, i64, f32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_float
+    f.argtypes = [p, ctypes.c_int, p, ctypes.c_int, i64, i64, f32, f32, f32, f32, p, i64, p, i64, i64, p, p]
+    rng = np.random.default_rng(2)
+    x2 = rng.standard_normal(120_000).astype(np.float32)
+    for x, y in (edge_case(0, n=120_000), (x2, (x2 * (1 + 2e-7 * rng.standard_normal(x2.size))).astype(np.float32))):
+        ref = streamed(x, y, "float32", "float32", (x.size,), x.size, native=False)
+        acc = M.FloatMetrics(ref.da, ref.db, ref.unit, ref.tol, (x.size,))
+        base = acc._store.ctypes.data
+        assert f(x.ctypes.data, 0, y.ctypes.data, 0, x.size, 0, acc.tol.effective_atol, acc.tol.rtol, acc._floor_f32,
+                 float(acc._scale), base + 22 * 8, M._NBINS, None, 0, 0, base, base + 80) == 0
+        np.testing.assert_array_equal(acc.hist, ref.hist)
+        np.testing.assert_array_equal(acc.I, ref.I)
+        for j in (M._MAX_ABS, M._MAX_REL, M._MIN_A, M._MAX_A, M._MIN_B, M._MAX_B, M._ULP_MAX):
+            assert acc.D[j] == ref.D[j], j
+        for j in (M._SUM_ABS, M._SUM_SQ_ERR, M._SUM_SQ_A, M._SUM_SQ_B):
+            assert acc.D[j] == pytest.approx(ref.D[j], rel=2e-6), j
