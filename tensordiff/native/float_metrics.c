@@ -53,7 +53,7 @@
 #define LIN_BINS 64                     /* quarter-ULP bins below 16 ULP */
 #define NBINS (LIN_BINS + 16 * 128)     /* tensordiff/metrics.py _NBINS */
 #define E16 131                         /* biased exponent of 16.0f */
-#define HOT 4                           /* bins counted in vector registers (block_avx512) */
+#define HOT 8 /* bins counted in vector registers (block_avx512): two 32-bit lanes of 4 byte counters */
 #define HSTRIDE (NBINS + 16)            /* sub-histogram stride: the sub-histograms do not alias */
 #ifndef NSUB
 #define NSUB 4
@@ -308,7 +308,7 @@ block_avx512(const void *a, int ka, const void *b, int kb, int64_t off, int64_t 
 #if TD_HOT
     const __m512i s0 = _mm512_load_si512(P->slot), s1 = _mm512_load_si512(P->slot + 64);
 #endif
-    __m512i hc = _mm512_setzero_si512();
+    __m512i hc = _mm512_setzero_si512(), hc2 = hc; /* bins hot[0..3], hot[4..7] */
     const __m512 atol = _mm512_set1_ps(P->atol), rtol = _mm512_set1_ps(P->rtol), fmin = _mm512_set1_ps(FLT_MIN);
     const __m512i fexp = _mm512_set1_epi32(P->fexp), kbase = _mm512_set1_epi32(127 - P->sexp);
     const __m512 zero = _mm512_setzero_ps(), pinf = _mm512_set1_ps(INFINITY), ninf = _mm512_set1_ps(-INFINITY);
@@ -351,8 +351,10 @@ block_avx512(const void *a, int ka, const void *b, int kb, int64_t off, int64_t 
                 __m512i sh = _mm512_maskz_permutex2var_epi8(0x1111111111111111ULL, s0,
                                                             _mm512_min_epu32(bin, _mm512_set1_epi32(127)), s1);
                 __m512i one = _mm512_sllv_epi32(_mm512_set1_epi32(1), sh);
+                __m512i one2 = _mm512_sllv_epi32(_mm512_set1_epi32(1), _mm512_sub_epi32(sh, _mm512_set1_epi32(32)));
                 hc = _mm512_add_epi32(hc, one);
-                __mmask16 rest = _mm512_testn_epi32_mask(one, one);
+                hc2 = _mm512_add_epi32(hc2, one2);
+                __mmask16 rest = _mm512_testn_epi32_mask(_mm512_or_si512(one, one2), _mm512_set1_epi32(-1));
                 _mm512_storeu_si512(key + nk, _mm512_maskz_compress_epi32(rest, bin));
                 nk += __builtin_popcount(rest);
 #endif
@@ -371,7 +373,7 @@ block_avx512(const void *a, int ka, const void *b, int kb, int64_t off, int64_t 
         for (int j = 0; j < HOT; j++)
             if (P->hot[j] >= 0)
                 P->hist[P->hot[j]] += (uint32_t)_mm512_reduce_add_epi32(
-                    _mm512_and_si512(_mm512_srli_epi32(hc, 8 * j), _mm512_set1_epi32(0xff)));
+                    _mm512_and_si512(_mm512_srli_epi32(j < 4 ? hc : hc2, 8 * (j % 4)), _mm512_set1_epi32(0xff)));
     } else {
         nk = n;
     }
@@ -525,7 +527,7 @@ int td_float_update(const void *a, int ka, const void *b, int kb, int64_t n, int
     int32_t nsub = n >= 16 * NBINS ? NSUB : 1;
     memset(sub, 0, sizeof(uint32_t) * HSTRIDE * nsub);
     params P = {atol, rtol, floor_, scale, (int32_t)(u_of(floor_) >> 23), (int32_t)(u_of(scale) >> 23) - 127,
-                sub, nsub, rows, row, r0, {-1, -1, -1, -1}, {0}};
+                sub, nsub, rows, row, r0, {0}, {0}};
     I[0] += n;
     /* constant kinds: each call below is its own specialised, vectorised loop */
     if (ka == 0 && kb == 0) run(a, 0, b, 0, n, start, &P, I, D);

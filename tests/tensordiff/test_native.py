@@ -191,7 +191,7 @@ def test_status_names_the_path(path):
 @needs_wide
 @pytest.mark.parametrize("kind", ["few ulp", "far", "shifting", "equal"])
 def test_large_calls_count_hot_bins_in_registers_and_the_rest_exactly(path, kind):
-    # a call of >= 16 * NBINS elements counts its first block's 4 commonest bins (below 127) in
+    # a call of >= 16 * NBINS elements counts its first block's 8 commonest bins (below 127) in
     # vector registers and the rest by scalar increments; the counts are the numpy path's whatever
     # the distribution does after that first block
     rng = np.random.default_rng(12)
