@@ -9,6 +9,8 @@
  * Inputs are raw storage: kind 0 = float32, kind 1 = bfloat16 bits (widened by a 16-bit shift,
  * exact). Each block of BLOCK elements runs a vectorised pass; if that pass saw any NaN/Inf,
  * its results are dropped and the scalar path, which does the NaN/Inf bookkeeping, redoes it.
+ * The vectorised pass is block_avx512 (intrinsics) where the CPU has AVX-512, else block_fast
+ * (the compiler's vectorisation of a portable loop): the same values, sums within their bounds.
  *
  * The ULP histogram is counted in the bins tensordiff/metrics.py reports (quarter-ULP bins below 16
  * ULP, 16 per octave above), computed from the bits of u: below 16, floor(4u); above, the octave
@@ -126,9 +128,6 @@ record(const params *P, int64_t *I, double *D, const float *d, const uint32_t *k
     }
     uint32_t *h = P->hist;
     int64_t i = 0;
-#ifdef EXP_NOSCATTER
-    { uint32_t acc = 0; for (int64_t j = 0; j < nk; j++) acc ^= key[j]; D[6] += acc; i = nk; }
-#endif
     for (; P->nsub == NSUB && i + NSUB <= nk; i += NSUB)
         for (int k = 0; k < NSUB; k++) h[k * HSTRIDE + key[i + k]]++;
     for (; i < nk; i++) h[key[i]]++;
@@ -294,9 +293,11 @@ static inline __attribute__((always_inline)) __m512 ulps16(__m512 di, __m512 ax,
 }
 
 /* n: a multiple of 16, <= BLOCK. Returns as block_fast does. hot (a constant at each call): the
-   call's HOT most frequent bins are counted in the vector registers (compare, masked add: a few
-   ops for 16 elements), and only the other elements' bins go to the scalar increments (~1.3
-   cycles each, half the loop's time when every element took one). */
+   call's HOT commonest bins (choose_hot) are counted in vector registers, byte counters in two
+   accumulators (a byte shuffle gives each lane its bin's counter shift, a variable shift and an
+   add count it: ~6 ops for 16 elements), and only the other elements' bins go to the scalar
+   increments after the loop (~1.3 cycles each: half the loop's time when every element took one).
+   Nothing is counted before the block is known to be finite: a NaN/Inf block leaves no trace. */
 static inline __attribute__((always_inline)) int64_t
 block_avx512(const void *a, int ka, const void *b, int kb, int64_t off, int64_t n, int64_t start,
              const params *P, int64_t *I, double *D, int hot) {
@@ -328,11 +329,7 @@ block_avx512(const void *a, int ka, const void *b, int kb, int64_t off, int64_t 
             t_bb = _mm512_fmadd_ps(y, y, t_bb);
             mx = _mm512_max_ps(di, mx);
             __m512 ax = _mm512_abs_ps(x);
-#ifdef EXP_NODIV
-            mrel = _mm512_max_ps(_mm512_mul_ps(di, _mm512_max_ps(ax, fmin)), mrel);
-#else
             mrel = _mm512_max_ps(_mm512_div_ps(di, _mm512_max_ps(ax, fmin)), mrel);
-#endif
             __m512 tol = _mm512_add_ps(atol, _mm512_mul_ps(rtol, ax));
             viol = _mm512_mask_sub_epi32(viol, _mm512_cmp_ps_mask(di, tol, _CMP_GT_OQ), viol, _mm512_set1_epi32(-1));
             mina = _mm512_min_ps(x, mina);
@@ -341,11 +338,7 @@ block_avx512(const void *a, int ka, const void *b, int kb, int64_t off, int64_t 
             maxb = _mm512_max_ps(y, maxb);
             __m512 u = ulps16(di, ax, kbase, fexp);
             mu = _mm512_max_ps(u, mu);
-#ifdef EXP_NOBINS
-            __m512i bin = _mm512_castps_si512(u);
-#else
             __m512i bin = bins16(u);
-#endif
             if (TD_HOT && hot) {
 #if TD_HOT
                 __m512i sh = _mm512_maskz_permutex2var_epi8(0x1111111111111111ULL, s0,
