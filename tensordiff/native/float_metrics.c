@@ -70,7 +70,8 @@ typedef struct {
     double *rows; /* row maxima for rows r0.., or NULL */
     int64_t row, r0;
     int32_t hot[HOT]; /* the AVX-512 path's bins counted in vector registers (choose_hot), or -1 */
-    uint8_t slot[128] __attribute__((aligned(64))); /* bin < 127 -> 8 j when it is hot[j], else 0xff */
+    uint8_t slot[128] __attribute__((aligned(64))); /* bin - base < 127 -> 8 j when it is hot[j], else 0xff */
+    int32_t base; /* the window of bins slot[] covers */
 } params;
 
 static inline float f_of(uint32_t u) { float f; memcpy(&f, &u, 4); return f; }
@@ -307,7 +308,8 @@ block_avx512(const void *a, int ka, const void *b, int kb, int64_t off, int64_t 
     /* a hot bin's lane gets 1 << (8 j) (byte j of a 32-bit lane counts bin hot[j], at most 64 a
        block); the others 0, and go to key[] */
 #if TD_HOT
-    const __m512i s0 = _mm512_load_si512(P->slot), s1 = _mm512_load_si512(P->slot + 64);
+    const __m512i s0 = _mm512_load_si512(P->slot), s1 = _mm512_load_si512(P->slot + 64),
+                  base = _mm512_set1_epi32(P->base); /* below it, bin - base wraps to above 127 */
 #endif
     __m512i hc = _mm512_setzero_si512(), hc2 = hc; /* bins hot[0..3], hot[4..7] */
     const __m512 atol = _mm512_set1_ps(P->atol), rtol = _mm512_set1_ps(P->rtol), fmin = _mm512_set1_ps(FLT_MIN);
@@ -342,7 +344,7 @@ block_avx512(const void *a, int ka, const void *b, int kb, int64_t off, int64_t 
             if (TD_HOT && hot) {
 #if TD_HOT
                 __m512i sh = _mm512_maskz_permutex2var_epi8(0x1111111111111111ULL, s0,
-                                                            _mm512_min_epu32(bin, _mm512_set1_epi32(127)), s1);
+                                                            _mm512_min_epu32(_mm512_sub_epi32(bin, base), _mm512_set1_epi32(127)), s1);
                 __m512i one = _mm512_sllv_epi32(_mm512_set1_epi32(1), sh);
                 __m512i one2 = _mm512_sllv_epi32(_mm512_set1_epi32(1), _mm512_sub_epi32(sh, _mm512_set1_epi32(32)));
                 hc = _mm512_add_epi32(hc, one);
@@ -437,16 +439,27 @@ static void block_slow(const void *a, int ka, const void *b, int kb, int64_t off
 
 static int generic_only; /* td_set_generic(1): the AVX-512 path off (tests compare the two) */
 
-/* The HOT bins below 127 counted most so far (after a call's first block): a tensor's ULP
-   distances keep their distribution from block to block, so these take most of the rest of the
-   call's elements. Returns 0 (no bins counted in registers) when they took under a quarter of
-   the block: a tensor whose distances lie above 31 ULP keeps the scalar increments alone. */
+/* The HOT bins counted most so far (after a call's first block), among the 127 bins of a window
+   [base, base + 127) around the commonest one: a tensor's ULP distances keep their distribution
+   from block to block, so these take most of the rest of the call's elements. Returns 0 (no bins
+   counted in registers) when they took under a quarter of the block. */
+static uint32_t seen_bin(const params *P, int k) {
+    uint32_t c = 0;
+    for (int j = 0; j < P->nsub; j++) c += P->hist[j * HSTRIDE + k];
+    return c;
+}
+
 static int choose_hot(params *P, int64_t seen) {
-    uint32_t top[HOT] = {0}, sum = 0;
+    uint32_t top[HOT] = {0}, sum = 0, best = 0;
+    int mode = 0;
+    for (int k = 0; k < NBINS; k++) {
+        uint32_t c = seen_bin(P, k);
+        if (c > best) best = c, mode = k;
+    }
+    P->base = mode < 63 ? 0 : (mode + 64 > NBINS ? NBINS - 127 : mode - 63);
     for (int j = 0; j < HOT; j++) P->hot[j] = -1;
-    for (int k = 0; k < 127; k++) {
-        uint32_t c = 0;
-        for (int j = 0; j < P->nsub; j++) c += P->hist[j * HSTRIDE + k];
+    for (int k = P->base; k < P->base + 127; k++) {
+        uint32_t c = seen_bin(P, k);
         for (int j = 0; j < HOT; j++)
             if (c > top[j]) { /* insert, shifting the smaller ones down */
                 for (int i = HOT - 1; i > j; i--) top[i] = top[i - 1], P->hot[i] = P->hot[i - 1];
@@ -457,7 +470,7 @@ static int choose_hot(params *P, int64_t seen) {
     memset(P->slot, 0xff, sizeof P->slot);
     for (int j = 0; j < HOT; j++) {
         sum += top[j];
-        if (P->hot[j] >= 0) P->slot[P->hot[j]] = (uint8_t)(8 * j);
+        if (P->hot[j] >= 0) P->slot[P->hot[j] - P->base] = (uint8_t)(8 * j);
     }
     return 4 * (int64_t)sum >= seen;
 }
@@ -520,7 +533,7 @@ int td_float_update(const void *a, int ka, const void *b, int kb, int64_t n, int
     int32_t nsub = n >= 16 * NBINS ? NSUB : 1;
     memset(sub, 0, sizeof(uint32_t) * HSTRIDE * nsub);
     params P = {atol, rtol, floor_, scale, (int32_t)(u_of(floor_) >> 23), (int32_t)(u_of(scale) >> 23) - 127,
-                sub, nsub, rows, row, r0, {0}, {0}};
+                sub, nsub, rows, row, r0, {0}, {0}, 0};
     I[0] += n;
     /* constant kinds: each call below is its own specialised, vectorised loop */
     if (ka == 0 && kb == 0) run(a, 0, b, 0, n, start, &P, I, D);
