@@ -55,6 +55,7 @@
 #define LIN_BINS 64                     /* quarter-ULP bins below 16 ULP */
 #define NBINS (LIN_BINS + 16 * 128)     /* tensordiff/metrics.py _NBINS */
 #define E16 131                         /* biased exponent of 16.0f */
+#define PREFETCH 4096 /* bytes ahead of block_avx512's loads (a whole block's burst in run() slowed block_fast) */
 #define HOT 8 /* bins counted in vector registers (block_avx512): two 32-bit lanes of 4 byte counters */
 #define HSTRIDE (NBINS + 16)            /* sub-histogram stride: the sub-histograms do not alias */
 #ifndef NSUB
@@ -322,6 +323,11 @@ block_avx512(const void *a, int ka, const void *b, int kb, int64_t off, int64_t 
         int64_t ge = g + 16 * G1 < n ? g + 16 * G1 : n;
         __m512 t_abs = zero, t_err = zero, t_aa = zero, t_bb = zero;
         for (int64_t i = g; i < ge; i += 16) {
+            /* PREFETCH bytes ahead: the loop is compute-bound (~40 cycles a vector), too slow for
+               the hardware prefetchers to keep DRAM ahead of it; without this the thread stalls
+               on memory for about as long again (measured: 1.34 -> 0.66 ns of CPU an element) */
+            _mm_prefetch((const char *)a + (off + i) * (ka ? 2 : 4) + PREFETCH, _MM_HINT_T0);
+            _mm_prefetch((const char *)b + (off + i) * (kb ? 2 : 4) + PREFETCH, _MM_HINT_T0);
             __m512 x = ld16(a, ka, off + i), y = ld16(b, kb, off + i);
             __m512 di = _mm512_abs_ps(_mm512_sub_ps(x, y));
             _mm512_store_ps(d + i, di);
