@@ -55,13 +55,10 @@
 #define LIN_BINS 64                     /* quarter-ULP bins below 16 ULP */
 #define NBINS (LIN_BINS + 16 * 128)     /* tensordiff/metrics.py _NBINS */
 #define E16 131                         /* biased exponent of 16.0f */
-#define PREFETCH 4096 /* bytes ahead of block_avx512's loads (a whole block's burst in run() slowed block_fast) */
-#define HOT 8 /* bins counted in vector registers (block_avx512): two 32-bit lanes of 4 byte counters */
 #define HSTRIDE (NBINS + 16)            /* sub-histogram stride: the sub-histograms do not alias */
-#ifndef NSUB
-#define NSUB 4
-#endif
-                         /* interleaved sub-histograms: no store-forwarding chain on one bin */
+#define NSUB 4                          /* interleaved sub-histograms: no store-forwarding chain on one bin */
+#define HOT 8        /* bins counted in vector registers (block_avx512): two lanes of 4 byte counters */
+#define PREFETCH 4096 /* bytes ahead of block_avx512's loads (a block's burst in run() slowed block_fast) */
 
 typedef struct {
     float atol, rtol, floor, scale;
@@ -210,21 +207,22 @@ block_fast(const void *a, int ka, const void *b, int kb, int64_t off, int64_t n,
 
 #if TD_AVX512
 /* The same block with AVX-512 intrinsics, 16 lanes (the compiler's version of block_fast spills
-   its ~20 accumulators and constants, packs 16-bit keys with permutes and runs ~3x slower). Every
-   per-element value is block_fast's float32 operation, in the same order and rounding: d, the
-   quotient d / max(|a|, FLT_MIN), the bound atol + rtol*|a| (a multiply, then an add: no FMA),
-   min/max, and u = d * 2^(127 - s) as one correctly rounded vscalefps (ulps() gets the same value
-   from two exact power-of-two products, the second one rounded). The bins are bin_of's, from the
-   same bits (test: every key through td_ulp_bins_vec).
+   its ~20 accumulators and constants and packed 16-bit keys with permutes: ~1.5x slower in cache,
+   2x from DRAM). Every per-element value is block_fast's float32 operation, in the same order and
+   rounding: d, the quotient d / max(|a|, FLT_MIN), the bound atol + rtol*|a| (a multiply, then
+   an add: no FMA), min/max, and u = d * 2^(127 - s) as one correctly rounded vscalefps (ulps()
+   gets the same value from two exact power-of-two products, the second one rounded). The bins
+   are bin_of's, from the same bits (test: every key through td_ulp_bins_vec).
 
-   Sums: the four sums (|d|, d^2, a^2, b^2) add non-negative terms. Each lane adds its terms with
-   FMA (the product is not rounded) into a level-1 float accumulator of G1 terms, which is added
-   to a level-2 float accumulator after each group: every term of a block passes through at most
-   G1 - 1 + G2 float roundings (G1 = 8 terms a lane per group, G2 = BLOCK / (16 G1) = 8 groups),
-   so a block's float sum is within 15 u of the exact sum, u = 2^-24 (first order, relative to
-   the sum itself: all terms have one sign); the 16 lanes are widened to double (exact) and summed
-   there. Total relative error <= 15 * 2^-24 ~ 9e-7 of each sum; the generic path's bound, with
-   64-term lanes and a rounded product, is ~2x larger. Test: test_metrics_streaming's bound test. */
+   Sums: the four sums (|d|, d^2, a^2, b^2) add non-negative terms. Each lane adds G1 = 8 terms
+   with FMA (the product itself is not rounded, only each sum) into a level-1 float accumulator
+   started at 0, which is then added to a level-2 float accumulator (G2 = BLOCK / (16 G1) = 8 of
+   them a block, the first addition to 0 exact). A term is thus rounded at most G1 times in level
+   1 (its own FMA and the later ones) and G2 - 1 times in level 2: 15 roundings, so a block's
+   float sum is within (1 + 2^-24)^15 - 1 ~ 15 * 2^-24 ~ 9e-7 of the exact sum, relative (all
+   terms have one sign). The 16 lanes are widened to double (exact) and added there, one double
+   rounding per block and lane sum (~1e-9 over 10^10 elements). The generic path's bound, with
+   64-term lanes and rounded products, is ~2x larger. Test: test_native's bound test. */
 #define G1 8
 static inline __attribute__((always_inline)) __m512 ld16(const void *p, int kind, int64_t i) {
     if (kind == 1)

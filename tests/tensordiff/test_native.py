@@ -20,7 +20,7 @@ NATIVE = native.float_kernel() is not None
 WIDE = NATIVE and native.set_generic(False)
 needs_wide = pytest.mark.skipif(not WIDE, reason="no AVX-512 here: only the generic path is built")
 U = 2.0 ** -24  # float32 unit roundoff
-SUM_BOUND = 15 * U  # float_metrics.c, block_avx512: at most G1 - 1 + G2 = 15 roundings per term
+SUM_BOUND = 15 * U  # float_metrics.c, block_avx512: at most G1 + G2 - 1 = 15 float roundings per term
 
 
 @pytest.fixture
@@ -133,8 +133,9 @@ def adversarial(seed: int, n: int = 1 << 16) -> tuple[np.ndarray, np.ndarray]:
 @pytest.mark.parametrize("seed", [0, 1, 2, 3])
 def test_the_float_sums_stay_within_the_proven_bound(seed):
     a, b = adversarial(seed)
+    double = (a.size // 1024 + 16) * 2.0 ** -53  # the blocks' double additions
     for got, exact in zip(_kernel_sums(a, b), _sums(a, b)):
-        assert abs(got - exact) <= SUM_BOUND * exact + 1e-300, (got, exact, abs(got - exact) / exact)
+        assert abs(got - exact) <= (SUM_BOUND + double) * exact + 1e-300, (got, exact, abs(got - exact) / exact)
 
 
 def test_the_sum_bound_check_catches_a_worse_summation():
