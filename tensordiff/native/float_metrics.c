@@ -130,7 +130,9 @@ record(const params *P, int64_t *I, double *D, const float *d, const uint32_t *k
     for (; P->nsub == NSUB && i + NSUB <= nk; i += NSUB)
         for (int k = 0; k < NSUB; k++) h[k * HSTRIDE + key[i + k]]++;
     for (; i < nk; i++) h[key[i]]++;
-    if (P->rows) {
+    if (P->rows && g / P->row == (g + n - 1) / P->row) { /* inside one row (rows >= BLOCK): its max is mx */
+        row_max(P, g, g / P->row, mx);
+    } else if (P->rows) {
         for (int64_t j = 0; j < n;) {
             int64_t r = (g + j) / P->row;
             int64_t end = (r + 1) * P->row - g;

@@ -256,3 +256,18 @@ def test_the_kernel_built_for_other_cpus_gives_the_same_values(tmp_path, march):
             assert acc.D[j] == ref.D[j], j
         for j in (M._SUM_ABS, M._SUM_SQ_ERR, M._SUM_SQ_A, M._SUM_SQ_B):
             assert acc.D[j] == pytest.approx(ref.D[j], rel=2e-6), j
+
+
+@pytest.mark.skipif(not NATIVE, reason="no C compiler: the native kernel is not built here")
+@pytest.mark.parametrize("generic", [True, False])
+@pytest.mark.parametrize("cols,step", [(2048, 3 * 2048), (5120, 5120), (2048, 3001), (1500, 4500)])
+def test_row_maxima_whether_a_block_lies_in_one_row_or_straddles(path, generic, cols, step):
+    # a block inside one row takes the block's max as the row's; one that straddles rows scans them
+    path(generic)
+    rng = np.random.default_rng(cols + step)
+    a = rng.standard_normal(40 * cols).astype(np.float32)
+    b = (a * (1 + 1e-4 * rng.standard_normal(a.size))).astype(np.float32)
+    b[rng.integers(0, a.size, 30)] += 3.0  # row maxima that differ from row to row
+    ref = reference(a, b, "float32", "float32", (40, cols))
+    acc = streamed(a, b, "float32", "float32", (40, cols), step, native=True)
+    np.testing.assert_array_equal(acc.rows, ref["_rows"])
