@@ -16,6 +16,10 @@ subprocess, so that `ru_maxrss` is the peak of that route alone:
 - limit:   a plain C pass (bench/limit_maxabs.c) computing max|a-b| over `np.memmap`s of the same
            files on 2 threads: this machine's streaming limit, the big case's baseline (target:
            compare <= 1.5x limit)
+- kernel:  the native float kernel alone (tensordiff/native/float_metrics.c, every statistic and
+           the histogram) in the limit route's setting, 2 threads on memmapped halves: compare /
+           kernel is the comparator's overhead, kernel / limit the kernel's cost over reading;
+           `kernel_generic` the same on the kernel's portable path (no AVX-512 intrinsics)
 - verify:  `compare_dumps(A, B, verify=True)` (sha256 of every tensor checked too; target <= 3x compare)
 
 Further cases (`--cases`, default all; each measured against its own baseline in the same run):
@@ -277,17 +281,14 @@ def route_naive(a: Path, b: Path) -> dict:
     return {"wall_s": time.perf_counter() - t0, "bytes": da.nbytes + db.nbytes, "tensors": len(out)}
 
 
-def route_limit(a: Path, b: Path) -> dict:
-    """The streaming limit: max|a-b| in plain C (bench/limit_maxabs.c) over np.memmaps of the same
-    files, each tensor split in two halves run on two threads (ctypes releases the GIL)."""
-    import ctypes
+def _halves(a: Path, b: Path, pair) -> tuple[float, float]:
+    """Each tensor pair as np.memmaps of the same files, split in two halves run on two threads:
+    pair(x, y, kind_a, kind_b) -> float on each half (ctypes releases the GIL). Returns (wall s,
+    max of the results)."""
     import threading
 
     from tensordiff.dump import open_dump
 
-    f = ctypes.CDLL(os.environ[LIMIT_SO_ENV]).td_limit_maxabs
-    f.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_void_p, ctypes.c_int, ctypes.c_int64]
-    f.restype = ctypes.c_double
     kinds = {"float32": 0, "bfloat16": 1, "int32": 2}
     da, db = open_dump(a), open_dump(b)
     t0 = time.perf_counter()
@@ -302,14 +303,71 @@ def route_limit(a: Path, b: Path) -> dict:
         half = n // 2
 
         def part(i: int, x: np.ndarray, y: np.ndarray) -> None:
-            out[i] = f(x.ctypes.data, ka, y.ctypes.data, kb, x.size)
+            out[i] = pair(x, y, ka, kb)
 
         t = threading.Thread(target=part, args=(1, ma[half:], mb[half:]))
         t.start()
         part(0, ma[:half], mb[:half])
         t.join()
         worst = max(worst, *out)
-    return {"wall_s": time.perf_counter() - t0, "bytes": da.nbytes + db.nbytes, "max_abs": worst}
+    return time.perf_counter() - t0, worst
+
+
+def _limit_fn():
+    import ctypes
+
+    f = ctypes.CDLL(os.environ[LIMIT_SO_ENV]).td_limit_maxabs
+    f.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_void_p, ctypes.c_int, ctypes.c_int64]
+    f.restype = ctypes.c_double
+    return f
+
+
+def route_limit(a: Path, b: Path) -> dict:
+    """The streaming limit: max|a-b| in plain C (bench/limit_maxabs.c) over np.memmaps of the same
+    files, each tensor split in two halves run on two threads (ctypes releases the GIL)."""
+    from tensordiff.dump import open_dump
+
+    f = _limit_fn()
+    wall, worst = _halves(a, b, lambda x, y, ka, kb: f(x.ctypes.data, ka, y.ctypes.data, kb, x.size))
+    return {"wall_s": wall, "bytes": open_dump(a).nbytes + open_dump(b).nbytes, "max_abs": worst}
+
+
+def route_kernel(a: Path, b: Path, generic: bool = False) -> dict:
+    """The native float kernel alone (every FloatMetrics statistic, histogram included) in the
+    limit route's setting: np.memmaps, two threads on two halves, in the comparator's chunk size;
+    no readers, workers, page release or results. compare / kernel is the comparator's overhead,
+    kernel / limit the kernel's cost over reading. Integer tensors (router ids) take the limit's
+    pass. `kernel_generic`: the kernel's portable path (TENSORDIFF_NATIVE=generic)."""
+    from tensordiff import metrics as M
+    from tensordiff import native, stream
+    from tensordiff.dump import open_dump
+
+    k = native.float_kernel()
+    if k is None:
+        raise RuntimeError(f"no native kernel: {native.status}")
+    native.set_generic(generic)
+    lim = _limit_fn()
+
+    def pair(x: np.ndarray, y: np.ndarray, ka: int, kb: int) -> float:
+        if 2 in (ka, kb):
+            return lim(x.ctypes.data, ka, y.ctypes.data, kb, x.size)
+        store = M._STORE0.copy()
+        base = store.ctypes.data
+        for s in range(0, x.size, stream.CHUNK):
+            n = min(stream.CHUNK, x.size - s)
+            rc = k(x.ctypes.data + s * x.itemsize, ka, y.ctypes.data + s * y.itemsize, kb, n, s, 1e-5, 1.3e-6,
+                   2.0 ** -126, 2.0 ** -23, base + 22 * 8, M._NBINS, None, 0, 0, base, base + 10 * 8)
+            if rc:
+                raise RuntimeError(f"native float kernel failed ({rc})")
+        return float(store[10:22].view(np.float64)[0])
+
+    wall, worst = _halves(a, b, pair)
+    return {"wall_s": wall, "bytes": open_dump(a).nbytes + open_dump(b).nbytes, "max_abs": worst,
+            "path": native.status}
+
+
+def route_kernel_generic(a: Path, b: Path) -> dict:
+    return route_kernel(a, b, generic=True)
 
 
 def route_verify(a: Path, b: Path) -> dict:
@@ -365,7 +423,8 @@ def route_numpy(a: Path, b: Path) -> dict:
 
 
 ROUTES = {"read": route_read, "read1": route_read1, "compare": route_compare, "naive": route_naive,
-          "limit": route_limit, "verify": route_verify, "numpy": route_numpy}
+          "limit": route_limit, "verify": route_verify, "numpy": route_numpy, "kernel": route_kernel,
+          "kernel_generic": route_kernel_generic}
 
 
 def child(route: str, a: str, b: str, out: str) -> None:
@@ -426,8 +485,10 @@ def series(root: Path, routes: list[str], repeat: dict[str, int], cold: bool) ->
             res[route]["statuses"] = first["statuses"]
         if route == "verify":
             res[route]["verdict"] = first["verdict"]
-        if route == "limit":
+        if route in ("limit", "kernel", "kernel_generic"):
             res[route]["max_abs"] = first["max_abs"]
+        if route.startswith("kernel"):
+            res[route]["path"] = first["path"]
     if "read" in runs and "compare" in runs:
         pairs = [c["wall_s"] / r["wall_s"] for r, c in zip(runs["read"], runs["compare"])]
         res["ratio_run_by_run"] = {"min": min(pairs), "median": statistics.median(pairs), "all": pairs}
@@ -444,6 +505,10 @@ def series(root: Path, routes: list[str], repeat: dict[str, int], cold: bool) ->
         res["ratio_compare_to_limit"] = res["compare"]["wall_s"] / res["limit"]["wall_s"]
         pairs = [c["wall_s"] / r["wall_s"] for r, c in zip(runs["limit"], runs["compare"])]
         res["ratio_compare_to_limit_run_by_run"] = {"min": min(pairs), "median": statistics.median(pairs)}
+    for route in ("kernel", "kernel_generic"):
+        if route in res and "limit" in res:  # the kernel alone over reading, wall and CPU seconds
+            res[f"ratio_{route}_to_limit"] = res[route]["wall_s"] / res["limit"]["wall_s"]
+            res[f"cpu_ratio_{route}_to_limit"] = res[route]["cpu_s"] / max(res["limit"]["cpu_s"], 1e-9)
     if "verify" in res and "compare" in res:
         res["ratio_verify_to_compare"] = res["verify"]["wall_s"] / res["compare"]["wall_s"]
         res["cpu_ratio_verify_to_compare"] = res["verify"]["cpu_s"] / max(res["compare"]["cpu_s"], 1e-9)
@@ -459,11 +524,11 @@ def _kernel_status() -> str:
 
 
 def table(name: str, s: dict) -> str:
-    lines = [f"{name}:", f"  {'route':8} {'wall s':>8} {'median':>8} {'GB/s':>7} {'CPU s':>7} {'peak RSS MB':>12} {'(imports)':>10}"]
+    lines = [f"{name}:", f"  {'route':14} {'wall s':>8} {'median':>8} {'GB/s':>7} {'CPU s':>7} {'peak RSS MB':>12} {'(imports)':>10}"]
     for route in ROUTES:
         if route in s and isinstance(s[route], dict) and "gb_per_s" in s[route]:
             r = s[route]
-            lines.append(f"  {route:8} {r['wall_s']:8.3f} {r['wall_s_median']:8.3f} {r['gb_per_s']:7.2f} {r['cpu_s']:7.2f} "
+            lines.append(f"  {route:14} {r['wall_s']:8.3f} {r['wall_s_median']:8.3f} {r['gb_per_s']:7.2f} {r['cpu_s']:7.2f} "
                          f"{r['peak_rss_mb']:12.0f} {r['rss_after_import_mb']:10.0f}")
     if "ratio_compare_to_read" in s:
         ok = s["ratio_compare_to_read"] <= TARGET_RATIO
@@ -489,6 +554,10 @@ def table(name: str, s: dict) -> str:
         lines.append(f"  compare / limit (C max|a-b|, 2 threads) = {s['ratio_compare_to_limit']:.2f}x best / best, "
                      f"run by run min {rr['min']:.2f}x median {rr['median']:.2f}x "
                      f"(target <= {TARGET_RATIO}x: {'met' if ok else 'NOT met'})")
+    for route in ("kernel", "kernel_generic"):
+        if f"ratio_{route}_to_limit" in s:
+            lines.append(f"  {route} alone / limit = {s[f'ratio_{route}_to_limit']:.2f}x wall, "
+                         f"{s[f'cpu_ratio_{route}_to_limit']:.2f}x CPU seconds")
     if "ratio_verify_to_compare" in s:
         ok = s["ratio_verify_to_compare"] <= TARGET_VERIFY
         lines.append(f"  verify / compare = {s['ratio_verify_to_compare']:.2f}x (target <= {TARGET_VERIFY}x: "
@@ -625,6 +694,10 @@ def summary(report: dict) -> list[tuple[str, str, float, str]]:
     if "cpu_ratio_compare_to_limit" in w:
         rows.append(("big: compare / C limit, CPU seconds", f"<= {TARGET_RATIO}", w["cpu_ratio_compare_to_limit"],
                      w["cpu_ratio_compare_to_limit"] <= TARGET_RATIO))
+    for route in ("kernel", "kernel_generic"):  # sub-measurements: no target of their own
+        if f"ratio_{route}_to_limit" in w:
+            rows.append((f"big: {route} alone / C limit", "-", w[f"ratio_{route}_to_limit"], None))
+            rows.append((f"big: {route} alone / C limit, CPU seconds", "-", w[f"cpu_ratio_{route}_to_limit"], None))
     if "ratio_verify_to_compare" in w:
         rows.append(("big: verify / compare", f"<= {TARGET_VERIFY}", w["ratio_verify_to_compare"],
                      w["ratio_verify_to_compare"] <= TARGET_VERIFY))
@@ -647,7 +720,7 @@ def summary(report: dict) -> list[tuple[str, str, float, str]]:
     if "cli" in report:
         v = report["cli"]["compare"]["wall_s"]
         rows.append(("cli: tensordiff compare sample dumps, s", f"<= {TARGET_CLI_S}", v, v <= TARGET_CLI_S))
-    return [(a, b, c, "met" if d else "NOT met") for a, b, c, d in rows]
+    return [(a, b, c, "-" if d is None else ("met" if d else "NOT met")) for a, b, c, d in rows]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -664,7 +737,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--size-mb", type=float, default=2200, help="big case: total size of both dumps (default 2200)")
     ap.add_argument("--repeat", type=int, default=3, help="runs per route; the best wall time is reported")
     ap.add_argument("--naive-repeat", type=int, default=1)
-    ap.add_argument("--routes", default="limit,read,compare,verify,read1,naive", help="big case routes")
+    ap.add_argument("--routes", default="limit,kernel,read,compare,verify,read1,naive", help="big case routes")
     ap.add_argument("--cases", default="big,many,memory,cli", help="which cases (default all)")
     ap.add_argument("--many-counts", default=",".join(map(str, MANY_COUNTS)))
     ap.add_argument("--memory-numel", type=int, default=MEMORY_NUMEL)

@@ -5,7 +5,10 @@ vectorised, so comparing runs near the speed of reading. It is built on first us
 system C compiler (`$CC`, else `cc`) into the tensordiff cache, keyed by the source, the flags,
 the compiler and the CPU, and loaded with ctypes (calls release the GIL, so worker threads run
 in parallel). With no compiler, or `TENSORDIFF_NATIVE=0`, `float_kernel()` is None and the numpy
-path in `metrics.py` (the reference semantics) runs instead; both give the same numbers.
+path in `metrics.py` (the reference semantics) runs instead; both give the same numbers. On a CPU
+with AVX-512 F/BW/DQ the kernel's blocks run an intrinsics path (the build is -march=native on the
+machine that runs it, so the compiler's feature macros are that CPU's); elsewhere, or with
+`TENSORDIFF_NATIVE=generic`, the portable loop the compiler vectorises itself.
 """
 from __future__ import annotations
 
@@ -77,6 +80,26 @@ def _build() -> Path:
     return out
 
 
+_lib = None  # the loaded library (float_kernel() loads it)
+
+
+def set_generic(on: bool) -> bool:
+    """Run the kernel's generic path (on=True) or its AVX-512 path where the CPU has one; returns
+    whether the AVX-512 path now runs. Tests compare the two; `TENSORDIFF_NATIVE=generic` sets it
+    for a whole run. Process-wide: not for use while a comparison runs."""
+    global status
+    if float_kernel() is None:
+        return False
+    wide = bool(_lib.td_set_generic(int(on)))
+    status = "native" + (" (AVX-512)" if wide else " (generic)")
+    return wide
+
+
+def library():
+    """The loaded ctypes library, or None (for tests of its other entry points)."""
+    return _lib if float_kernel() is not None else None
+
+
 def float_kernel():
     """The ctypes function `td_float_update`, or None when it cannot be built here."""
     global _kernel, status
@@ -95,7 +118,10 @@ def float_kernel():
                         f.argtypes = [p, ctypes.c_int, p, ctypes.c_int, i64, i64, f32, f32, f32, f32,
                                       p, i64, p, i64, i64, p, p]
                         f.restype = ctypes.c_int
-                        _kernel, status = f, "native"
+                        global _lib
+                        _lib = lib
+                        wide = lib.td_set_generic(int(os.environ.get("TENSORDIFF_NATIVE") == "generic"))
+                        _kernel, status = f, "native" + (" (AVX-512)" if wide else " (generic)")
                     except (OSError, BadInput) as e:  # BadInput: an unusable cache
                         _kernel, status = False, f"numpy (native kernel unavailable: {e})"
     return _kernel or None

@@ -9,6 +9,8 @@
  * Inputs are raw storage: kind 0 = float32, kind 1 = bfloat16 bits (widened by a 16-bit shift,
  * exact). Each block of BLOCK elements runs a vectorised pass; if that pass saw any NaN/Inf,
  * its results are dropped and the scalar path, which does the NaN/Inf bookkeeping, redoes it.
+ * The vectorised pass is block_avx512 (intrinsics) where the CPU has AVX-512, else block_fast
+ * (the compiler's vectorisation of a portable loop): the same values, sums within their bounds.
  *
  * The ULP histogram is counted in the bins tensordiff/metrics.py reports (quarter-ULP bins below 16
  * ULP, 16 per octave above), computed from the bits of u: below 16, floor(4u); above, the octave
@@ -29,6 +31,20 @@
  * D[]: 0 max |a-b| over finite pairs (-1 none yet), 1 max rel, 2 sum |d|, 3 sum d^2,
  *      4 sum a^2, 5 sum b^2, 6 (unused), 7 min a, 8 max a, 9 min b, 10 max b, 11 max ULP
  */
+#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512DQ__)
+/* -march=native on the machine that runs the kernel (its build is keyed by the CPU's flags):
+   these macros are that CPU's. Elsewhere (AVX2, ARM, ...) the generic block_fast runs, which the
+   compiler vectorises for whatever the CPU has. */
+#define TD_AVX512 1
+#include <immintrin.h>
+#else
+#define TD_AVX512 0
+#endif
+#if TD_AVX512 && defined(__AVX512VBMI__)
+#define TD_HOT 1 /* bins counted in registers (a byte shuffle: AVX512-VBMI) */
+#else
+#define TD_HOT 0
+#endif
 #include <float.h>
 #include <math.h>
 #include <stdint.h>
@@ -41,6 +57,8 @@
 #define E16 131                         /* biased exponent of 16.0f */
 #define HSTRIDE (NBINS + 16)            /* sub-histogram stride: the sub-histograms do not alias */
 #define NSUB 4                          /* interleaved sub-histograms: no store-forwarding chain on one bin */
+#define HOT 8        /* bins counted in vector registers (block_avx512): two lanes of 4 byte counters */
+#define PREFETCH 4096 /* bytes ahead of block_avx512's loads (a block's burst in run() slowed block_fast) */
 
 typedef struct {
     float atol, rtol, floor, scale;
@@ -49,6 +67,9 @@ typedef struct {
     int32_t nsub;   /* NSUB, or 1 for a small call (less to clear and fold than to count) */
     double *rows; /* row maxima for rows r0.., or NULL */
     int64_t row, r0;
+    int32_t hot[HOT]; /* the AVX-512 path's bins counted in vector registers (choose_hot), or -1 */
+    uint8_t slot[128] __attribute__((aligned(64))); /* bin - base < 127 -> 8 j when it is hot[j], else 0xff */
+    int32_t base; /* the window of bins slot[] covers */
 } params;
 
 static inline float f_of(uint32_t u) { float f; memcpy(&f, &u, 4); return f; }
@@ -89,13 +110,49 @@ static inline void row_max(const params *P, int64_t g, int64_t r, double v) {
     if (v > *slot) *slot = v;
 }
 
+/* What every accepted block records from its per-element d = |a-b| and bins: the first
+   element at the block's max d when that beats the running max, the histogram counts (NSUB
+   interleaved sub-histograms: no store-forwarding chain on one bin) and the row maxima. */
+static inline __attribute__((always_inline)) void
+record(const params *P, int64_t *I, double *D, const float *d, const uint32_t *key, int64_t nk, int64_t n, int64_t g,
+       float mx) {
+    /* key: nk bins to count (the block's, or those the caller did not count itself) */
+    if (mx > D[0] || I[8] < 0) {
+        for (int64_t i = 0; i < n; i++)
+            if (d[i] == mx) {
+                D[0] = mx;
+                I[8] = g + i;
+                break;
+            }
+    }
+    uint32_t *h = P->hist;
+    int64_t i = 0;
+    for (; P->nsub == NSUB && i + NSUB <= nk; i += NSUB)
+        for (int k = 0; k < NSUB; k++) h[k * HSTRIDE + key[i + k]]++;
+    for (; i < nk; i++) h[key[i]]++;
+    if (P->rows && g / P->row == (g + n - 1) / P->row) { /* inside one row (rows >= BLOCK): its max is mx */
+        row_max(P, g, g / P->row, mx);
+    } else if (P->rows) {
+        for (int64_t j = 0; j < n;) {
+            int64_t r = (g + j) / P->row;
+            int64_t end = (r + 1) * P->row - g;
+            if (end > n) end = n;
+            float m = 0;
+#pragma omp simd reduction(max : m)
+            for (int64_t k = j; k < end; k++) m = d[k] > m ? d[k] : m;
+            row_max(P, g + j, r, m);
+            j = end;
+        }
+    }
+}
+
 /* Returns 0, or 1 when the block holds a NaN/Inf or a float sum overflowed, in which case nothing
    was recorded and the caller runs block_slow on the block instead. */
 static inline __attribute__((always_inline)) int64_t
 block_fast(const void *a, int ka, const void *b, int kb, int64_t off, int64_t n, int64_t start,
            const params *P, int64_t *I, double *D) {
     float d[BLOCK];
-    uint16_t key[BLOCK];
+    uint32_t key[BLOCK];
     /* float partial sums over one block (each SIMD lane adds at most BLOCK/16 terms, ~1e-7
        relative), added to the double totals per block */
     float s_abs = 0, s_err = 0, s_aa = 0, s_bb = 0;
@@ -129,9 +186,10 @@ block_fast(const void *a, int ka, const void *b, int kb, int64_t off, int64_t n,
         key[i] = bin_of(u);
     }
     /* A NaN or Inf on either side makes its sum of squares NaN or Inf (x*x is never -Inf), so the
-       sums detect it without a test per element; a finite |x| > ~1.8e19 overflows the float sum
-       too, and the slow path, which sums in double as numpy does, then takes the block. */
-    bad = !isfinite(s_aa + s_bb);
+       sums detect it without a test per element; a finite |x| > ~1.8e19 (or a difference above it)
+       overflows a float sum too, and the slow path, which sums in double as numpy does, then takes
+       the block. */
+    bad = !(isfinite(s_aa + s_bb) && isfinite(s_err)); /* |x|, |y| < 1.8e19 can still give d^2 > FLT_MAX */
     if (bad) return bad; /* the partial results above are garbage or overflowed: drop them */
     I[1] += n;
     I[7] += viol;
@@ -145,38 +203,199 @@ block_fast(const void *a, int ka, const void *b, int kb, int64_t off, int64_t n,
     if (minb < D[9]) D[9] = minb;
     if (maxb > D[10]) D[10] = maxb;
     if (mu > D[11]) D[11] = mu;
-    if (mx > D[0] || I[8] < 0) {
-        for (int64_t i = 0; i < n; i++)
-            if (d[i] == mx) {
-                D[0] = mx;
-                I[8] = start + off + i;
-                break;
-            }
-    }
-    uint32_t *h = P->hist;
-    int64_t i = 0;
-    for (; P->nsub == NSUB && i + NSUB <= n; i += NSUB) {
-        h[key[i]]++;
-        h[HSTRIDE + key[i + 1]]++;
-        h[2 * HSTRIDE + key[i + 2]]++;
-        h[3 * HSTRIDE + key[i + 3]]++;
-    }
-    for (; i < n; i++) h[key[i]]++;
-    if (P->rows) {
-        int64_t g = start + off;
-        for (int64_t j = 0; j < n;) {
-            int64_t r = (g + j) / P->row;
-            int64_t end = (r + 1) * P->row - g;
-            if (end > n) end = n;
-            float m = 0;
-#pragma omp simd reduction(max : m)
-            for (int64_t k = j; k < end; k++) m = d[k] > m ? d[k] : m;
-            row_max(P, g + j, r, m);
-            j = end;
-        }
-    }
+    record(P, I, D, d, key, n, n, start + off, mx);
     return 0;
 }
+
+#if TD_AVX512
+/* The same block with AVX-512 intrinsics, 16 lanes (the compiler's version of block_fast spills
+   its ~20 accumulators and constants and packed 16-bit keys with permutes: ~1.5x slower in cache,
+   2x from DRAM). Every per-element value is block_fast's float32 operation, in the same order and
+   rounding: d, the quotient d / max(|a|, FLT_MIN), the bound atol + rtol*|a| (a multiply, then
+   an add: no FMA), min/max, and u = d * 2^(127 - s) as one correctly rounded vscalefps (ulps()
+   gets the same value from two exact power-of-two products, the second one rounded). The bins
+   are bin_of's, from the same bits (test: every key through td_ulp_bins_vec).
+
+   Sums: the four sums (|d|, d^2, a^2, b^2) add non-negative terms. Each lane adds G1 = 8 terms
+   with FMA (the product itself is not rounded, only each sum) into a level-1 float accumulator
+   started at 0, which is then added to a level-2 float accumulator (G2 = BLOCK / (16 G1) = 8 of
+   them a block, the first addition to 0 exact). A term is thus rounded at most G1 times in level
+   1 (its own FMA and the later ones) and G2 - 1 times in level 2: 15 roundings, so a block's
+   float sum is within (1 + 2^-24)^15 - 1 ~ 15 * 2^-24 ~ 9e-7 of the exact sum, relative (all
+   terms have one sign). The 16 lanes are widened to double (exact) and added there, one double
+   rounding per block and lane sum (~1e-9 over 10^10 elements). The generic path's bound, with
+   64-term lanes and rounded products, is ~2x larger. Test: test_native's bound test. */
+#define G1 8
+static inline __attribute__((always_inline)) __m512 ld16(const void *p, int kind, int64_t i) {
+    if (kind == 1)
+        return _mm512_castsi512_ps(
+            _mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)((const uint16_t *)p + i))), 16));
+    return _mm512_loadu_ps((const float *)p + i);
+}
+
+static inline __attribute__((always_inline)) double sum_pd(__m512 s) {
+    __m512d lo = _mm512_cvtps_pd(_mm512_castps512_ps256(s));
+    __m512d hi = _mm512_cvtps_pd(_mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(s), 1)));
+    return _mm512_reduce_add_pd(_mm512_add_pd(lo, hi));
+}
+
+#ifdef __AVX512VBMI__
+/* floor(16 log2 v) for v = 1.m, m = u's top 7 mantissa bits: bin_of's value (the exponent of v^16
+   by four float squarings), tabulated once at load for a byte shuffle (vpermi2b) */
+static uint8_t log_tab[128] __attribute__((aligned(64)));
+__attribute__((constructor)) static void init_log_tab(void) {
+    for (uint32_t m = 0; m < 128; m++) {
+        float v = f_of(0x3f800000u | m << 16);
+        v *= v;
+        v *= v;
+        v *= v;
+        v *= v;
+        log_tab[m] = (uint8_t)((u_of(v) >> 23) - 127);
+    }
+}
+#endif
+
+/* bin_of for 16 u >= 0 at once, as min(lin, lg) (unsigned) with no compare: lin = floor(4u) is
+   the bin below 16 and lg = 64 + 16 (e - 131) + floor(16 log2 1.m) above, with e clamped to >= 128,
+   so that lg > lin for u < 16 (lg >= 16 > lin below 4; above, 16 log2 v + 16 k >= 2^k 4 (v - 1)
+   ...: checked for every key by the tests) and lg <= lin from 16 on (4u grows faster than its log;
+   cvtt of a u >= 2^29 gives 0x80000000, above every lg). u = Inf (or a NaN pattern, which the
+   kernel never makes) gives lg in [INF_BIN, INF_BIN + 16), which no finite u reaches (e <= 254
+   gives lg <= 2047); td_float_update moves those counts to bin_of's NBINS - 1 (inf_bin). */
+#define INF_BIN (LIN_BINS + (255 - E16) * 16)
+static inline int inf_bin(int b) { return b >= INF_BIN && b < INF_BIN + 16; }
+static inline __attribute__((always_inline)) __m512i bins16(__m512 u) {
+    __m512i ub = _mm512_castps_si512(u);
+    __m512i e = _mm512_max_epu32(_mm512_srli_epi32(ub, 23), _mm512_set1_epi32(128));
+    __m512i lin = _mm512_cvttps_epi32(_mm512_mul_ps(u, _mm512_set1_ps(4.0f)));
+#ifdef __AVX512VBMI__
+    /* byte 0 of each lane: bits 16..23 of u, of which the shuffle reads the low 7 (the mantissa's
+       top bits); the other bytes are zeroed */
+    __m512i t = _mm512_maskz_permutex2var_epi8(0x1111111111111111ULL, _mm512_load_si512(log_tab), _mm512_srli_epi32(ub, 16),
+                                               _mm512_load_si512(log_tab + 64));
+    __m512i lg = _mm512_add_epi32(_mm512_add_epi32(_mm512_slli_epi32(e, 4), t), _mm512_set1_epi32(LIN_BINS - E16 * 16));
+#else
+    __m512 v = _mm512_castsi512_ps(_mm512_ternarylogic_epi32(ub, _mm512_set1_epi32(0x007f0000),
+                                                             _mm512_set1_epi32(0x3f800000), 0xEA)); /* (ub & m) | one */
+    v = _mm512_mul_ps(v, v);
+    v = _mm512_mul_ps(v, v);
+    v = _mm512_mul_ps(v, v);
+    v = _mm512_mul_ps(v, v);
+    __m512i lg = _mm512_add_epi32(_mm512_add_epi32(_mm512_slli_epi32(e, 4), _mm512_srli_epi32(_mm512_castps_si512(v), 23)),
+                                  _mm512_set1_epi32(LIN_BINS - E16 * 16 - 127));
+#endif
+    return _mm512_min_epu32(lin, lg);
+}
+
+/* ulps() for 16 lanes: the spacing's biased exponent s = max(exponent(a), fexp) + sexp, and
+   u = d * 2^(127 - s) (kbase = 127 - sexp) */
+static inline __attribute__((always_inline)) __m512 ulps16(__m512 di, __m512 ax, __m512i kbase, __m512i fexp) {
+    __m512i k = _mm512_sub_epi32(kbase, _mm512_max_epi32(_mm512_srli_epi32(_mm512_castps_si512(ax), 23), fexp));
+    return _mm512_scalef_ps(di, _mm512_cvtepi32_ps(k));
+}
+
+/* n: a multiple of 16, <= BLOCK. Returns as block_fast does. hot (a constant at each call): the
+   call's HOT commonest bins (choose_hot) are counted in vector registers, byte counters in two
+   accumulators (a byte shuffle gives each lane its bin's counter shift, a variable shift and an
+   add count it: ~6 ops for 16 elements), and only the other elements' bins go to the scalar
+   increments after the loop (~1.3 cycles each: half the loop's time when every element took one).
+   Nothing is counted before the block is known to be finite: a NaN/Inf block leaves no trace. */
+static inline __attribute__((always_inline)) int64_t
+block_avx512(const void *a, int ka, const void *b, int kb, int64_t off, int64_t n, int64_t start,
+             const params *P, int64_t *I, double *D, int hot) {
+    float d[BLOCK] __attribute__((aligned(64)));
+    uint32_t key[BLOCK + 16] __attribute__((aligned(64))); /* the bins to increment, packed */
+    int64_t nk = 0;
+    /* a hot bin's lane gets 1 << (8 j) (byte j of a 32-bit lane counts bin hot[j], at most 64 a
+       block); the others 0, and go to key[] */
+#if TD_HOT
+    const __m512i s0 = _mm512_load_si512(P->slot), s1 = _mm512_load_si512(P->slot + 64),
+                  base = _mm512_set1_epi32(P->base); /* below it, bin - base wraps to above 127 */
+#endif
+    __m512i hc = _mm512_setzero_si512(), hc2 = hc; /* bins hot[0..3], hot[4..7] */
+    const __m512 atol = _mm512_set1_ps(P->atol), rtol = _mm512_set1_ps(P->rtol), fmin = _mm512_set1_ps(FLT_MIN);
+    const __m512i fexp = _mm512_set1_epi32(P->fexp), kbase = _mm512_set1_epi32(127 - P->sexp);
+    const __m512 zero = _mm512_setzero_ps(), pinf = _mm512_set1_ps(INFINITY), ninf = _mm512_set1_ps(-INFINITY);
+    __m512 s_abs = zero, s_err = zero, s_aa = zero, s_bb = zero;
+    __m512 mx = zero, mrel = zero, mu = zero, mina = pinf, maxa = ninf, minb = pinf, maxb = ninf;
+    __m512i viol = _mm512_setzero_si512();
+    for (int64_t g = 0; g < n; g += 16 * G1) {
+        int64_t ge = g + 16 * G1 < n ? g + 16 * G1 : n;
+        __m512 t_abs = zero, t_err = zero, t_aa = zero, t_bb = zero;
+        for (int64_t i = g; i < ge; i += 16) {
+            /* PREFETCH bytes ahead: the loop is compute-bound (~40 cycles a vector), too slow for
+               the hardware prefetchers to keep DRAM ahead of it; without this the thread stalls
+               on memory for about as long again (measured: 1.34 -> 0.66 ns of CPU an element) */
+            _mm_prefetch((const char *)a + (off + i) * (ka ? 2 : 4) + PREFETCH, _MM_HINT_T0);
+            _mm_prefetch((const char *)b + (off + i) * (kb ? 2 : 4) + PREFETCH, _MM_HINT_T0);
+            __m512 x = ld16(a, ka, off + i), y = ld16(b, kb, off + i);
+            __m512 di = _mm512_abs_ps(_mm512_sub_ps(x, y));
+            _mm512_store_ps(d + i, di);
+            t_abs = _mm512_add_ps(t_abs, di);
+            t_err = _mm512_fmadd_ps(di, di, t_err);
+            t_aa = _mm512_fmadd_ps(x, x, t_aa);
+            t_bb = _mm512_fmadd_ps(y, y, t_bb);
+            mx = _mm512_max_ps(di, mx);
+            __m512 ax = _mm512_abs_ps(x);
+            mrel = _mm512_max_ps(_mm512_div_ps(di, _mm512_max_ps(ax, fmin)), mrel);
+            __m512 tol = _mm512_add_ps(atol, _mm512_mul_ps(rtol, ax));
+            viol = _mm512_mask_sub_epi32(viol, _mm512_cmp_ps_mask(di, tol, _CMP_GT_OQ), viol, _mm512_set1_epi32(-1));
+            mina = _mm512_min_ps(x, mina);
+            maxa = _mm512_max_ps(x, maxa);
+            minb = _mm512_min_ps(y, minb);
+            maxb = _mm512_max_ps(y, maxb);
+            __m512 u = ulps16(di, ax, kbase, fexp);
+            mu = _mm512_max_ps(u, mu);
+            __m512i bin = bins16(u);
+            if (TD_HOT && hot) {
+#if TD_HOT
+                __m512i sh = _mm512_maskz_permutex2var_epi8(0x1111111111111111ULL, s0,
+                                                            _mm512_min_epu32(_mm512_sub_epi32(bin, base), _mm512_set1_epi32(127)), s1);
+                __m512i one = _mm512_sllv_epi32(_mm512_set1_epi32(1), sh);
+                __m512i one2 = _mm512_sllv_epi32(_mm512_set1_epi32(1), _mm512_sub_epi32(sh, _mm512_set1_epi32(32)));
+                hc = _mm512_add_epi32(hc, one);
+                hc2 = _mm512_add_epi32(hc2, one2);
+                __mmask16 rest = _mm512_testn_epi32_mask(_mm512_or_si512(one, one2), _mm512_set1_epi32(-1));
+                _mm512_storeu_si512(key + nk, _mm512_maskz_compress_epi32(rest, bin));
+                nk += __builtin_popcount(rest);
+#endif
+            } else {
+                _mm512_store_si512(key + i, bin);
+            }
+        }
+        s_abs = _mm512_add_ps(s_abs, t_abs);
+        s_err = _mm512_add_ps(s_err, t_err);
+        s_aa = _mm512_add_ps(s_aa, t_aa);
+        s_bb = _mm512_add_ps(s_bb, t_bb);
+    }
+    double e_aa = sum_pd(s_aa), e_bb = sum_pd(s_bb), e_err = sum_pd(s_err);
+    if (!(isfinite(e_aa + e_bb) && isfinite(e_err))) return 1; /* NaN/Inf or a float overflow: block_slow */
+    if (hot) {
+        for (int j = 0; j < HOT; j++)
+            if (P->hot[j] >= 0)
+                P->hist[P->hot[j]] += (uint32_t)_mm512_reduce_add_epi32(
+                    _mm512_and_si512(_mm512_srli_epi32(j < 4 ? hc : hc2, 8 * (j % 4)), _mm512_set1_epi32(0xff)));
+    } else {
+        nk = n;
+    }
+    I[1] += n;
+    I[7] += _mm512_reduce_add_epi32(viol);
+    D[2] += sum_pd(s_abs);
+    D[3] += e_err;
+    D[4] += e_aa;
+    D[5] += e_bb;
+    float m;
+    float dmax = _mm512_reduce_max_ps(mx);
+    if ((m = _mm512_reduce_max_ps(mrel)) > D[1]) D[1] = m;
+    if ((m = _mm512_reduce_min_ps(mina)) < D[7]) D[7] = m;
+    if ((m = _mm512_reduce_max_ps(maxa)) > D[8]) D[8] = m;
+    if ((m = _mm512_reduce_min_ps(minb)) < D[9]) D[9] = m;
+    if ((m = _mm512_reduce_max_ps(maxb)) > D[10]) D[10] = m;
+    if ((m = _mm512_reduce_max_ps(mu)) > D[11]) D[11] = m;
+    record(P, I, D, d, key, nk, n, start + off, dmax);
+    return 0;
+}
+#endif
 
 static void block_slow(const void *a, int ka, const void *b, int kb, int64_t off, int64_t n, int64_t start,
                        const params *P, int64_t *I, double *D) {
@@ -224,19 +443,87 @@ static void block_slow(const void *a, int ka, const void *b, int kb, int64_t off
     }
 }
 
+static int generic_only; /* td_set_generic(1): the AVX-512 path off (tests compare the two) */
+
+/* The HOT bins counted most so far (after a call's first block), among the 127 bins of a window
+   [base, base + 127) around the commonest one: a tensor's ULP distances keep their distribution
+   from block to block, so these take most of the rest of the call's elements. Returns 0 (no bins
+   counted in registers) when they took under a quarter of the block. */
+static uint32_t seen_bin(const params *P, int k) {
+    uint32_t c = 0;
+    for (int j = 0; j < P->nsub; j++) c += P->hist[j * HSTRIDE + k];
+    return c;
+}
+
+static int choose_hot(params *P, int64_t seen) {
+    uint32_t top[HOT] = {0}, sum = 0, best = 0;
+    int mode = 0;
+    for (int k = 0; k < NBINS; k++) {
+        uint32_t c = seen_bin(P, k);
+        if (c > best) best = c, mode = k;
+    }
+    P->base = mode < 63 ? 0 : (mode + 64 > NBINS ? NBINS - 127 : mode - 63);
+    for (int j = 0; j < HOT; j++) P->hot[j] = -1;
+    for (int k = P->base; k < P->base + 127; k++) {
+        uint32_t c = seen_bin(P, k);
+        for (int j = 0; j < HOT; j++)
+            if (c > top[j]) { /* insert, shifting the smaller ones down */
+                for (int i = HOT - 1; i > j; i--) top[i] = top[i - 1], P->hot[i] = P->hot[i - 1];
+                top[j] = c, P->hot[j] = k;
+                break;
+            }
+    }
+    memset(P->slot, 0xff, sizeof P->slot);
+    for (int j = 0; j < HOT; j++) {
+        sum += top[j];
+        if (P->hot[j] >= 0) P->slot[P->hot[j] - P->base] = (uint8_t)(8 * j);
+    }
+    return 4 * (int64_t)sum >= seen;
+}
+
 static inline __attribute__((always_inline)) void
-run(const void *a, int ka, const void *b, int kb, int64_t n, int64_t start, const params *P, int64_t *I,
-    double *D) {
+run(const void *a, int ka, const void *b, int kb, int64_t n, int64_t start, params *P, int64_t *I, double *D) {
+    int wide = TD_AVX512 && !generic_only, hot = 0;
+    (void)hot; /* no TD_HOT: always 0 */
     for (int64_t off = 0; off < n; off += BLOCK) {
         int64_t m = n - off < BLOCK ? n - off : BLOCK;
-        if (block_fast(a, ka, b, kb, off, m, start, P, I, D))
-            block_slow(a, ka, b, kb, off, m, start, P, I, D);
+        int64_t mv = wide ? m & ~(int64_t)15 : 0; /* the AVX-512 path takes whole vectors, block_fast the rest */
+#if TD_AVX512
+        if (mv && (hot ? block_avx512(a, ka, b, kb, off, mv, start, P, I, D, 1)
+                       : block_avx512(a, ka, b, kb, off, mv, start, P, I, D, 0)))
+            block_slow(a, ka, b, kb, off, mv, start, P, I, D);
+#endif
+        if (m > mv && block_fast(a, ka, b, kb, off + mv, m - mv, start, P, I, D))
+            block_slow(a, ka, b, kb, off + mv, m - mv, start, P, I, D);
+        if (TD_HOT && wide && off == 0 && P->nsub == NSUB) /* a large call: worth choosing (a small one is not) */
+            hot = choose_hot(P, m);
     }
+}
+
+/* 1: the generic path only; returns which path runs now (1 AVX-512, 0 generic) */
+int td_set_generic(int on) {
+    generic_only = on != 0;
+    return TD_AVX512 && !generic_only;
 }
 
 /* the bins of n ULP distances u >= 0 (tests check the bin formula for every key through this) */
 void td_ulp_bins(const float *u, int64_t n, uint16_t *out) {
     for (int64_t i = 0; i < n; i++) out[i] = bin_of(u[i]);
+}
+
+/* the same through the vector path (bins16); returns 0 where there is none (no AVX-512) */
+int td_ulp_bins_vec(const float *u, int64_t n, uint16_t *out) {
+#if TD_AVX512
+    int64_t i = 0;
+    for (; i + 16 <= n; i += 16) _mm256_storeu_si256((__m256i *)(out + i), _mm512_cvtepi32_epi16(bins16(_mm512_loadu_ps(u + i))));
+    for (; i < n; i++) out[i] = bin_of(u[i]);
+    for (i = 0; i < n; i++) /* as td_float_update folds it */
+        if (inf_bin(out[i])) out[i] = NBINS - 1;
+    return 1;
+#else
+    (void)u, (void)n, (void)out;
+    return 0;
+#endif
 }
 
 /* hist: the caller's NBINS int64 bin counts (tensordiff/metrics.py) */
@@ -252,17 +539,18 @@ int td_float_update(const void *a, int ka, const void *b, int kb, int64_t n, int
     int32_t nsub = n >= 16 * NBINS ? NSUB : 1;
     memset(sub, 0, sizeof(uint32_t) * HSTRIDE * nsub);
     params P = {atol, rtol, floor_, scale, (int32_t)(u_of(floor_) >> 23), (int32_t)(u_of(scale) >> 23) - 127,
-                sub, nsub, rows, row, r0};
+                sub, nsub, rows, row, r0, {0}, {0}, 0};
     I[0] += n;
     /* constant kinds: each call below is its own specialised, vectorised loop */
     if (ka == 0 && kb == 0) run(a, 0, b, 0, n, start, &P, I, D);
     else if (ka == 0 && kb == 1) run(a, 0, b, 1, n, start, &P, I, D);
     else if (ka == 1 && kb == 0) run(a, 1, b, 0, n, start, &P, I, D);
     else run(a, 1, b, 1, n, start, &P, I, D);
-    if (nsub == NSUB)
-        for (int k = 0; k < NBINS; k++)
-            hist[k] += (int64_t)sub[k] + sub[HSTRIDE + k] + sub[2 * HSTRIDE + k] + sub[3 * HSTRIDE + k];
-    else
-        for (int k = 0; k < NBINS; k++) hist[k] += sub[k];
+    for (int j = 1; j < nsub; j++) /* bins16 counts u = Inf in INF_BIN, bin_of in NBINS - 1 */
+        for (int k = 0; k < NBINS; k++) sub[k] += sub[j * HSTRIDE + k];
+#if TD_AVX512
+    for (int k = INF_BIN; k < INF_BIN + 16; k++) sub[NBINS - 1] += sub[k], sub[k] = 0;
+#endif
+    for (int k = 0; k < NBINS; k++) hist[k] += sub[k];
     return 0;
 }
