@@ -216,22 +216,45 @@ class _MemmapReader(FlatReader):
         # read faults them back in), so streaming a tensor larger than RAM keeps resident memory a
         # chunk or two deep instead of the whole mapping. Pages shared with a neighbouring tensor go
         # too: dropping a read-only file page loses nothing, a reader of it just faults it back.
-        if self.mm is None or not hasattr(mmap, "MADV_DONTNEED"):
+        if self.mm is None:
             return
         isz = self.t.dtype.itemsize
-        b0 = (self.t.offset + start * isz) // mmap.PAGESIZE * mmap.PAGESIZE
-        b1 = min(-(-(self.t.offset + stop * isz) // mmap.PAGESIZE) * mmap.PAGESIZE, len(self.mm))
-        if b1 <= b0:
-            return
-        scope = self.scope
-        if scope is not None and b1 - b0 < SMALL_RELEASE:
-            scope.release(self.mm, b0, b1)
-        else:
-            _madvise(self.mm, b0, b1)
+        release_bytes(self.mm, self.t.offset + start * isz, self.t.offset + stop * isz, self.scope)
 
     def close(self) -> None:
         self.arr = None
         self.mm = None
+
+
+def release_bytes(mm: mmap.mmap, lo: int, hi: int, scope: "_Scope | None") -> None:
+    """Release the pages holding bytes [lo, hi) of a mapping: a small range gathered into the
+    scope's extent of that mapping (released together), a large one at once."""
+    if not hasattr(mmap, "MADV_DONTNEED"):
+        return
+    b0 = lo // mmap.PAGESIZE * mmap.PAGESIZE
+    b1 = min(-(-hi // mmap.PAGESIZE) * mmap.PAGESIZE, len(mm))
+    if b1 <= b0:
+        return
+    if scope is not None and b1 - b0 < SMALL_RELEASE:
+        scope.release(mm, b0, b1)
+    else:
+        _madvise(mm, b0, b1)
+
+
+def mapped_address(path: Path) -> "tuple[mmap.mmap, np.ndarray, int] | None":
+    """A file's mapping (shared inside `shared_files()`), a byte view that keeps it exported while
+    held, and the address of its first byte; None when it cannot be mapped (missing, empty: a
+    reader then names the damage)."""
+    try:
+        mm = _map_file(path)
+        view = np.frombuffer(mm, dtype=np.uint8)
+    except (OSError, ValueError):
+        return None
+    return mm, view, view.__array_interface__["data"][0]
+
+
+def current_scope() -> "_Scope | None":
+    return _SCOPE.get()
 
 
 # What h5py raises for a damaged file or dataset (its own errors derive from these).

@@ -77,6 +77,14 @@ def _build() -> Path:
     return out
 
 
+_batch: list = [None]  # td_float_batch, loaded with the kernel
+
+
+def float_batch():
+    """The ctypes function `td_float_batch`, or None when the kernel cannot be built here."""
+    return _batch[0] if float_kernel() is not None else None
+
+
 def float_kernel():
     """The ctypes function `td_float_update`, or None when it cannot be built here."""
     global _kernel, status
@@ -95,6 +103,10 @@ def float_kernel():
                         f.argtypes = [p, ctypes.c_int, p, ctypes.c_int, i64, i64, f32, f32, f32, f32,
                                       p, i64, p, i64, i64, p, p]
                         f.restype = ctypes.c_int
+                        g = lib.td_float_batch  # many small tensors in one call (tensordiff/batch.py)
+                        g.argtypes = [i64, p, p, p, p, p, p, p, p, p, i64, p]
+                        g.restype = ctypes.c_int
+                        _batch[0] = g
                         _kernel, status = f, "native"
                     except (OSError, BadInput) as e:  # BadInput: an unusable cache
                         _kernel, status = False, f"numpy (native kernel unavailable: {e})"

@@ -266,3 +266,48 @@ int td_float_update(const void *a, int ka, const void *b, int kb, int64_t n, int
         for (int k = 0; k < NBINS; k++) hist[k] += sub[k];
     return 0;
 }
+
+/* Many small tensors in one call (a comparison of thousands of them pays the call, its argument
+ * conversion and the accumulator's setup once, not per tensor). Tensor k: elements a[k] and b[k]
+ * (raw storage, kinds[k] & 1 and kinds[k] >> 1 as in td_float_update), n[k] of them; its atol,
+ * rtol, floor and scale par[4k .. 4k+3]; its row maxima rows[k] (NULL: none) over row[k]-element
+ * rows. Each runs through td_float_update on its own counters and accumulators, store[22k ..]:
+ * I at 0, D at 10 (tensordiff/metrics.py's one-buffer layout, initialised by the caller); its
+ * histogram is reduced here to the bin of each of the nq percentiles qs[] (tensordiff/metrics.py
+ * FloatMetrics._percentile_bins: the first bin whose cumulative count reaches ceil(q * total)), pct[nq k + j],
+ * or -1 where that percentile is 0 (no finite pair, or every one in bin 0). Returns 0, or the
+ * first failing tensor's td_float_update code. */
+int td_float_batch(int64_t count, const void *const *a, const void *const *b, const int32_t *kinds, const int64_t *n,
+                   const float *par, double *const *rows, const int64_t *row, int64_t *store, const double *qs,
+                   int64_t nq, int64_t *pct) {
+    int64_t hist[NBINS];
+    for (int64_t k = 0; k < count; k++) {
+        memset(hist, 0, sizeof hist);
+        int64_t *I = store + 22 * k;
+        double *D = (double *)(I + 10);
+        const float *p = par + 4 * k;
+        int rc = td_float_update(a[k], kinds[k] & 1, b[k], kinds[k] >> 1, n[k], 0, p[0], p[1], p[2], p[3], hist, NBINS,
+                                 rows[k], row[k], 0, I, D);
+        if (rc) return rc;
+        int64_t total = 0;
+        for (int i = 0; i < NBINS; i++) total += hist[i];
+        for (int64_t j = 0; j < nq; j++) {
+            int64_t *out = pct + nq * k + j;
+            if (total == 0) {
+                *out = -1;
+                continue;
+            }
+            double target = ceil(qs[j] * (double)total);
+            int64_t c = 0, bin = NBINS - 1;
+            for (int i = 0; i < NBINS; i++) {
+                c += hist[i];
+                if ((double)c >= target) {
+                    bin = i;
+                    break;
+                }
+            }
+            *out = (bin == 0 && hist[0] == total) ? -1 : bin;
+        }
+    }
+    return 0;
+}
