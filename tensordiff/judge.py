@@ -149,15 +149,19 @@ class Judge:
         return self._settle(res, ea, eb, boundary, run, material, why, acc.worst, rows)
 
     def _settle(self, res: TensorResult, ea: Entry, eb: Entry, boundary: Boundary, run: dict, material: bool,
-                why: str, worst: int, rows: list | None) -> TensorResult:
-        """A measured tensor's status, its worst element (where, what it means, both values) and
-        its row maxima: the same for a streamed tensor and one of a native batch."""
+                why: str, worst: int, rows: list | None, values: list | None = None) -> TensorResult:
+        """A measured tensor's status, its worst element (where, what it means, both values: read
+        here, or `values` as the native batch read them) and its row maxima: the same for a
+        streamed tensor and one of a native batch."""
         if material:
             res.status, res.reason = "diverged", why
         if worst >= 0 and ea.stored.numel:
             idx = _unravel(worst, ea.shape)
             res.worst = {"index": list(idx), "meaning": describe(boundary.layout, idx, run)}
-            res.worst.update(_values_at(ea, eb, worst))
+            if values is not None:
+                res.worst["a"], res.worst["b"] = values
+            else:
+                res.worst.update(_values_at(ea, eb, worst))
         if rows is not None:
             res.row_error = rows
         return res
@@ -165,11 +169,11 @@ class Judge:
     def _batched(self, batch: SmallBatch, pending: list, boundary: Boundary, run: dict,
                  progress: Progress | None) -> None:
         """Measure the tensors waiting in `batch` (in one native call) and settle their results."""
-        for (res, ea, eb, tol), (I, D, bins, rows) in zip(pending, batch.run()):
+        for (res, ea, eb, tol), (I, D, bins, rows, values) in zip(pending, batch.run()):
             r = res.metrics = float_result(I, D, bins, res.dtype["unit"])
             material, why = float_verdict(r, tol, I)
             worst = I[_FIRST_BAD] if I[_MISMATCH] else I[_WORST]
-            self._settle(res, ea, eb, boundary, run, material, why, worst, rows)
+            self._settle(res, ea, eb, boundary, run, material, why, worst, rows, values)
             if progress:
                 progress(ea.stored.nbytes + eb.stored.nbytes)
         pending.clear()

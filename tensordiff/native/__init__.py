@@ -104,7 +104,7 @@ def float_kernel():
                                       p, i64, p, i64, i64, p, p]
                         f.restype = ctypes.c_int
                         g = lib.td_float_batch  # many small tensors in one call (tensordiff/batch.py)
-                        g.argtypes = [i64, p, p, p, p, p, p, p, p, p, i64, p]
+                        g.argtypes = [i64, p, p, p, p, p, i64]
                         g.restype = ctypes.c_int
                         _batch[0] = g
                         _kernel, status = f, "native"
