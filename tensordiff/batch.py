@@ -23,7 +23,9 @@ import math
 import numpy as np
 
 from .dtypes import DType
-from .metrics import _NBINS, _STORE0, PERCENTILES, _constants
+from .metrics import _STORE0, PERCENTILES, _constants
+from .native import float_batch  # the module only (the kernel is built or loaded on first use): every
+# comparison asks for it, so it is imported with the comparator, not inside the first one
 from .storage import HDF5_EXT, StoredTensor, current_scope, mapped_address, release_bytes
 from .tolerance import Tolerance
 
@@ -47,11 +49,8 @@ _QS_PTR = _data(_QS)
 
 class SmallBatch:
     def __init__(self):
-        from .native import float_batch
-
         self.fn = float_batch()  # None: no native kernel here, nothing is eligible
         self._clear()
-        self._maps: dict = {}  # file -> (HDF5?, mapping, byte view, address) while the batch lives
         self._par: dict = {}  # (id(tolerance), id(unit)) -> the kernel's four parameters
         self._keep: list = []
 
@@ -61,6 +60,9 @@ class SmallBatch:
         self.rows: list[int] = []  # rows per tensor (0: no row maxima)
         self.nbytes = 0  # bytes per side (the wider side)
         self.extents: dict[int, list] = {}  # id(mapping) -> [mapping, lo, hi] bytes read
+        # file -> (HDF5?, mapping, byte view, address) while tensors wait: held no longer, so a
+        # comparison of many files keeps no more mappings alive than the shared scope does
+        self._maps: dict = {}
 
     def __len__(self) -> int:
         return len(self.rows)
@@ -154,6 +156,6 @@ class SmallBatch:
         return res
 
     def close(self) -> None:
-        self._maps.clear()  # the byte views go: the mappings may be closed again
+        self._clear()  # the byte views go: the mappings may be closed again
         self._par.clear()
         self._keep.clear()

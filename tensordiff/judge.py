@@ -33,7 +33,8 @@ from .dtypes import BY_NAME, DType, narrower
 from .dump import Entry
 from .errors import BadInput
 from .layout import describe
-from .metrics import _FIRST_BAD, _MISMATCH, _WORST, ExactMetrics, FloatMetrics, TopKSetMetrics, float_result, float_verdict
+from .metrics import (_FIRST_BAD, _MISMATCH, _WORST, ExactMetrics, FloatMetrics, TopKSetMetrics, float_result,
+                      float_verdict)
 from .probes import PROBES
 from .result import BoundaryResult, TensorResult
 from .tolerance import Tolerance, Tolerances
@@ -166,17 +167,9 @@ class Judge:
             res.row_error = rows
         return res
 
-    def _batched(self, batch: SmallBatch, pending: list, boundary: Boundary, run: dict,
-                 progress: Progress | None) -> None:
-        """Measure the tensors waiting in `batch` (in one native call) and settle their results."""
-        for (res, ea, eb, tol), (I, D, bins, rows, values) in zip(pending, batch.run()):
-            r = res.metrics = float_result(I, D, bins, res.dtype["unit"])
-            material, why = float_verdict(r, tol, I)
-            worst = I[_FIRST_BAD] if I[_MISMATCH] else I[_WORST]
-            self._settle(res, ea, eb, boundary, run, material, why, worst, rows, values)
-            if progress:
-                progress(ea.stored.nbytes + eb.stored.nbytes)
-        pending.clear()
+    def waiting(self, progress: Progress | None = None) -> "Waiting":
+        """Somewhere for small float pairs to wait for one native call, across boundaries."""
+        return Waiting(self, progress)
 
     # ------------------------------------------------------------------ one boundary
 
@@ -188,35 +181,37 @@ class Judge:
         sets, then its status. `missing` is the reason given for a tensor that only B has, and
         for one that only A has. `floor`: the entries of the oracle's run in the candidate's
         precision, when there is one (the tie rule's floor is then its error, not B's)."""
+        with self.waiting(progress) as small:
+            br = self.measure(bd, ents_a, ents_b, run, progress=progress, verify=verify, missing=missing, small=small)
+        return self.conclude(bd, br, ents_a, ents_b, run, floor=floor)
+
+    def measure(self, bd: Boundary, ents_a: Mapping[str, Entry], ents_b: Mapping[str, Entry], run: dict, *,
+                progress: Progress | None = None, verify: bool = False,
+                missing: tuple[str, str] = ("not in A", "not in B"), small: "Waiting | None" = None) -> BoundaryResult:
+        """Every tensor of `bd` measured (streamed), or waiting in `small` for one native call
+        with others (its result is filled in place when `small` runs; the tensors keep their
+        order). `conclude` then settles the boundary, once `small` has run."""
         br = BoundaryResult(bd.name, "match", meaning=bd.meaning, layout=bd.layout)
         memo: dict = {}
-        # small float pairs wait for one native call (`batch`), the rest stream as they come; the
-        # tensors keep their order (a waiting result is filled in place)
-        batch = SmallBatch() if not verify else None
-        pending: list = []
-        try:
-            for name in list(ents_a) + [n for n in ents_b if n not in ents_a]:
-                if name not in ents_a or name not in ents_b:
-                    br.tensors.append(TensorResult(name, bd.name, "missing",
-                                                   reason=missing[1] if name in ents_a else missing[0]))
-                    continue
-                ea, eb = ents_a[name], ents_b[name]
-                res, mode, unit, tol = self._begin(ea, eb, bd, run, memo)
-                br.tensors.append(res)
-                if mode is None:
-                    continue
-                if mode == "values" and batch is not None and unit is not None and \
-                        batch.add(ea.stored, eb.stored, tol, unit, ea.shape):
-                    pending.append((res, ea, eb, tol))
-                    if batch.full:
-                        self._batched(batch, pending, bd, run, progress)
-                    continue
-                self._stream(res, ea, eb, bd, run, mode, unit, tol, progress, verify)
-            if pending:
-                self._batched(batch, pending, bd, run, progress)
-        finally:
-            if batch is not None:
-                batch.close()
+        small = small if not verify else None  # --verify hashes every tensor: streamed
+        for name in list(ents_a) + [n for n in ents_b if n not in ents_a]:
+            if name not in ents_a or name not in ents_b:
+                br.tensors.append(TensorResult(name, bd.name, "missing",
+                                               reason=missing[1] if name in ents_a else missing[0]))
+                continue
+            ea, eb = ents_a[name], ents_b[name]
+            res, mode, unit, tol = self._begin(ea, eb, bd, run, memo)
+            br.tensors.append(res)
+            if mode is None:
+                continue
+            if mode == "values" and small is not None and small.add(res, ea, eb, tol, unit, bd, run):
+                continue
+            self._stream(res, ea, eb, bd, run, mode, unit, tol, progress, verify)
+        return br
+
+    def conclude(self, bd: Boundary, br: BoundaryResult, ents_a: Mapping[str, Entry], ents_b: Mapping[str, Entry],
+                 run: dict, *, floor: Mapping[str, Entry] | None = None) -> BoundaryResult:
+        """A measured boundary's probes, tie rule and status."""
         self.probe(bd, br, ents_a, ents_b)
         ties.settle(br.tensors, ents_a, ents_b, bd.layout, run, lambda unit: self.tolerance(bd.name, unit), floor)
         br.status, br.reason = settle(br.tensors)
@@ -238,6 +233,53 @@ class Judge:
                 t.probes[name] = {"a": oka, "b": okb, "detail": detail}
                 if oka and not okb and t.status == "match":
                     t.status, t.reason = "diverged", f"probe {name} fails on B only ({detail})"
+
+
+class Waiting:
+    """Small float pairs waiting for one native call (`batch.SmallBatch`), and the results they
+    fill when it runs: when it holds BATCH_BYTES, at `run()`, or when the block ends.
+
+        with judge.waiting() as small:
+            br = judge.measure(bd, ents_a, ents_b, run, small=small)   # ... more boundaries
+        judge.conclude(bd, br, ents_a, ents_b, run)
+    """
+
+    def __init__(self, judge: Judge, progress: Progress | None = None):
+        self.judge, self.progress = judge, progress
+        self.batch = SmallBatch()
+        self.pending: list = []
+
+    def add(self, res: TensorResult, ea: Entry, eb: Entry, tol: Tolerance, unit: DType, bd: Boundary,
+            run: dict) -> bool:
+        if not self.batch.add(ea.stored, eb.stored, tol, unit, ea.shape):
+            return False
+        self.pending.append((res, ea, eb, tol, bd, run))
+        if self.batch.full:
+            self.run()
+        return True
+
+    def run(self) -> None:
+        """Measure every waiting pair (one native call) and settle its result."""
+        judge, progress = self.judge, self.progress
+        for (res, ea, eb, tol, bd, run), (I, D, bins, rows, values) in zip(self.pending, self.batch.run()):
+            r = res.metrics = float_result(I, D, bins, res.dtype["unit"])
+            material, why = float_verdict(r, tol, I)
+            worst = I[_FIRST_BAD] if I[_MISMATCH] else I[_WORST]
+            judge._settle(res, ea, eb, bd, run, material, why, worst, rows, values)
+            if progress:
+                progress(ea.stored.nbytes + eb.stored.nbytes)
+        self.pending.clear()
+
+    def __enter__(self) -> "Waiting":
+        return self
+
+    def __exit__(self, exc_type, *_) -> None:
+        try:
+            if exc_type is None and self.pending:
+                self.run()
+        finally:
+            self.pending.clear()
+            self.batch.close()
 
 
 def boundary_dtypes(boundary: str, run: dict | None) -> tuple[str, ...]:

@@ -4,7 +4,6 @@ planted fault is found the same way."""
 import json
 import math
 
-import numpy as np
 import pytest
 import torch
 
@@ -185,3 +184,22 @@ def test_a_batch_runs_when_it_holds_its_bytes(tmp_path, monkeypatch):
     r = compare_dumps(a, b)
     assert sizes == [10, 10, 10, 10] and len(r.boundaries[0].tensors) == 40
     assert all(t.metrics.numel == 3200 and not math.isnan(t.metrics.cosine) for t in r.boundaries[0].tensors)
+
+
+def test_small_tensors_of_many_boundaries_wait_together(tmp_path, monkeypatch):
+    """A comparison batches across boundaries (one call for 40 boundaries of 2-3 tensors each);
+    with --fail-fast it goes boundary by boundary, and stops at the first failing one."""
+    pairs = {f"layer{i % 40}.step{i // 40}": (torch.ones(5, 8) * i, torch.ones(5, 8) * i) for i in range(100)}
+    pairs["layer3.step1"] = (pairs["layer3.step1"][0], pairs["layer3.step1"][0] + 1)
+    a, b = _write(tmp_path, pairs)
+    sizes = []
+    real = batch.SmallBatch.run
+    monkeypatch.setattr(batch.SmallBatch, "run", lambda self: (sizes.append(len(self)), real(self))[1])
+    r = compare_dumps(a, b)
+    assert sizes == [100] and len(r.boundaries) == 40
+    assert r.earliest == ["layer3"] and r.boundary("layer3").tensors[1].status == "diverged"
+    assert all(b.status == "match" for b in r.boundaries if b.name != "layer3")
+    sizes.clear()
+    r = compare_dumps(a, b, fail_fast=True)
+    assert sizes == [3, 3, 3, 3]  # layer0..layer3, then the rest skipped
+    assert [b.status for b in r.boundaries[3:6]] == ["diverged", "skipped", "skipped"]
