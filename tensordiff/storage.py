@@ -434,9 +434,14 @@ def read_hdf5_entry(path: Path, key: str, dtype_name: str | None, handle=None) -
 def _hdf5_entry(f, path: Path, key: str, dtype_name: str | None) -> StoredTensor:
     import h5py
 
-    if key not in f or not isinstance(f[key], h5py.Dataset):
+    try:
+        ds = f[key]  # one lookup (`key in f`, then f[key], walked the links twice: ~40% of opening)
+    except H5_ERRORS:
+        if key in f:  # there, but unreadable: raised again, as a damaged file
+            raise
+        ds = None
+    if not isinstance(ds, h5py.Dataset):
         raise BadInput(f"{path}: no dataset {key!r}")
-    ds = f[key]
     # The manifest's dtype first: reading a variable-length string attribute of a damaged
     # file can loop forever inside libhdf5 (found by tests/fuzz), so the attribute is read
     # only when the manifest does not say, and only when it is a fixed-length string.
@@ -447,21 +452,22 @@ def _hdf5_entry(f, path: Path, key: str, dtype_name: str | None) -> StoredTensor
             raise BadInput(f"{path}:{key}: the dtype attribute is not a fixed-length string; "
                            "give the dtype in the manifest")
         name = np.asarray(ds.attrs["dtype"]).reshape(-1)[0].decode("ascii", "replace")
-    name = name or _np_to_name(ds.dtype)
+    stored = np.dtype(ds.dtype)  # once: each ds.dtype asks libhdf5 again
+    name = name or _np_to_name(stored)
     try:
         dt = by_name(str(name))
     except KeyError as e:
         raise BadInput(f"{path}:{key}: {e.args[0]}") from None
-    if np.dtype(ds.dtype).itemsize != dt.itemsize:
-        raise BadInput(f"{path}:{key}: stored as {ds.dtype}, which cannot hold {dt.name}")
+    if stored.itemsize != dt.itemsize:
+        raise BadInput(f"{path}:{key}: stored as {stored}, which cannot hold {dt.name}")
     shape = tuple(int(s) for s in ds.shape)
     st = StoredTensor(path, key, shape, dt)
     # Contiguous, unfiltered, little-endian, allocated and inside the file: its bytes are read
     # in place (mapped), with no h5py call (and no h5py lock) per chunk.
     offset = ds.id.get_offset() if ds.chunks is None and not ds.compression and st.numel else None
-    order = np.dtype(ds.dtype).byteorder
+    order = stored.byteorder
     little = order in "<|" or (order == "=" and sys.byteorder == "little")
-    if offset is not None and little and np.dtype(ds.dtype).kind in "fiub" \
+    if offset is not None and little and stored.kind in "fiub" \
             and ds.id.get_storage_size() == st.nbytes and offset + st.nbytes <= path.stat().st_size:
         st = StoredTensor(path, key, shape, dt, int(offset), raw=True)
     return st
