@@ -107,13 +107,13 @@ class Judge:
             tol = self.tolerance(boundary.name, "int")
             res.tolerance = tol.as_dict()
             return res, mode, None, tol
-        rule = memo.get((da, db)) if memo is not None else None
+        rule = memo.get((da.name, db.name)) if memo is not None else None
         if rule is None:
             unit = self.unit(da, db, boundary.name, run)
             tol = self.tolerance(boundary.name, unit.name)
             rule = (unit, tol, None if tol.atol_scale else tol.as_dict())
             if memo is not None:
-                memo[(da, db)] = rule
+                memo[(da.name, db.name)] = rule
         unit, tol, tol_dict = rule
         res.dtype["unit"] = unit.name
         if mode == "scores":
