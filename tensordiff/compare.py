@@ -109,8 +109,22 @@ def compare_dumps(a: str | Path | Dump, b: str | Path | Dump,
     present = [bd for bd in bounds if bd.name in by_b]
     results: dict[str, BoundaryResult] = {}
     stop = False
+    # Without --fail-fast or a sharded side, every boundary is measured first and concluded after:
+    # the small float tensors of all of them wait together for few native calls (a boundary of
+    # two or three tensors, times thousands, made as many calls). Boundary by boundary otherwise:
+    # --fail-fast stops at the first failing one, and a rank check reads a concluded boundary.
+    staged = not fail_fast and not (da.world or db.world)
     with shared_files(), _few_collections():  # each tensor file mapped once for the whole comparison
-        for bd in present:
+        if staged:
+            measured = []
+            with judge.waiting(progress) as small:
+                for bd in present:
+                    ents_a, ents_b = ({e.name: e for e in ents} for ents in by_b[bd.name])
+                    measured.append((bd, ents_a, ents_b, judge.measure(bd, ents_a, ents_b, run, progress=progress,
+                                                                       verify=verify, small=small)))
+            for bd, ents_a, ents_b, br in measured:
+                results[bd.name] = judge.conclude(bd, br, ents_a, ents_b, run, floor=floor_entries)
+        for bd in present if not staged else ():
             if stop:
                 results[bd.name] = BoundaryResult(bd.name, "skipped", meaning=bd.meaning, layout=bd.layout)
                 continue

@@ -26,15 +26,15 @@ import math
 from dataclasses import dataclass
 from typing import Callable, Iterable, Mapping
 
-import numpy as np
-
 from . import scale, stream, ties
+from .batch import SmallBatch
 from .contract import Boundary, Contract
 from .dtypes import BY_NAME, DType, narrower
 from .dump import Entry
 from .errors import BadInput
 from .layout import describe
-from .metrics import ExactMetrics, FloatMetrics, TopKSetMetrics
+from .metrics import (_FIRST_BAD, _MISMATCH, _WORST, ExactMetrics, FloatMetrics, TopKSetMetrics, float_result,
+                      float_verdict)
 from .probes import PROBES
 from .result import BoundaryResult, TensorResult
 from .tolerance import Tolerance, Tolerances
@@ -83,35 +83,60 @@ class Judge:
 
     def tensor(self, ea: Entry, eb: Entry, boundary: Boundary, run: dict, *, progress: Progress | None = None,
                verify: bool = False) -> TensorResult:
+        res, mode, unit, tol = self._begin(ea, eb, boundary, run)
+        if mode is None:
+            return res
+        return self._stream(res, ea, eb, boundary, run, mode, unit, tol, progress, verify)
+
+    def _begin(self, ea: Entry, eb: Entry, boundary: Boundary, run: dict, memo: dict | None = None) -> tuple:
+        """(result, mode, unit, tolerance): the result as far as the rules settle it (mode None:
+        nothing to measure), else what to measure it with. `memo`: a boundary's rules by dtype
+        pair, found once for its many tensors (a tolerance that depends on the tensor, a
+        magnitude-aware atol, is measured per tensor still)."""
         da, db = ea.dtype, eb.dtype
         res = TensorResult(ea.name, boundary.name, "match", dtype={"a": da.name, "b": db.name},
                            shape={"a": list(ea.shape), "b": list(eb.shape)})
         if ea.shape != eb.shape:
             res.status, res.reason = "incomparable", f"shape {list(ea.shape)} vs {list(eb.shape)}"
-            return res
+            return res, None, None, None
         if da.is_float != db.is_float:
             res.status, res.reason = "incomparable", f"{da.name} vs {db.name} (float vs integer)"
-            return res
+            return res, None, None, None
         mode = res.mode = self.mode(ea.name, da)
-        if da.is_float:
+        if not da.is_float:
+            tol = self.tolerance(boundary.name, "int")
+            res.tolerance = tol.as_dict()
+            return res, mode, None, tol
+        rule = memo.get((da.name, db.name)) if memo is not None else None
+        if rule is None:
             unit = self.unit(da, db, boundary.name, run)
-            res.dtype["unit"] = unit.name
             tol = self.tolerance(boundary.name, unit.name)
-            if mode == "scores":
-                # the ranking key behind a top-k choice: not judged as values (-inf marks candidates
-                # not eligible, and a near-tie makes no error material); the tie rule reads it
-                res.tolerance = tol.as_dict()
-                res.reason = "the scores behind this boundary's choice (read by the tie rule)"
-                return res
-            if mode == "values":
-                tol = scale.scaled(tol, ea.stored)  # a magnitude-aware atol: the reference's RMS first
+            rule = (unit, tol, None if tol.atol_scale else tol.as_dict())
+            if memo is not None:
+                memo[(da.name, db.name)] = rule
+        unit, tol, tol_dict = rule
+        res.dtype["unit"] = unit.name
+        if mode == "scores":
+            # the ranking key behind a top-k choice: not judged as values (-inf marks candidates
+            # not eligible, and a near-tie makes no error material); the tie rule reads it
+            res.tolerance = tol.as_dict() if tol_dict is None else dict(tol_dict)
+            res.reason = "the scores behind this boundary's choice (read by the tie rule)"
+            return res, None, None, None
+        if mode == "values" and tol.atol_scale:
+            tol = scale.scaled(tol, ea.stored)  # a magnitude-aware atol: the reference's RMS first
+            tol_dict = None
+        res.tolerance = tol.as_dict() if tol_dict is None else dict(tol_dict)
+        return res, mode, unit, tol
+
+    def _stream(self, res: TensorResult, ea: Entry, eb: Entry, boundary: Boundary, run: dict, mode: str,
+                unit: DType | None, tol: Tolerance, progress: Progress | None, verify: bool) -> TensorResult:
+        """Measure one tensor pair chunk by chunk (`stream`), then settle its result."""
+        da, db = ea.dtype, eb.dtype
+        if da.is_float:
             acc = FloatMetrics(da, db, unit, tol, ea.shape) if mode == "values" else ExactMetrics(da, db)
         else:
-            tol = self.tolerance(boundary.name, "int")
             k = ea.shape[-1] if ea.shape else 1
             acc = TopKSetMetrics(k, tol) if mode == "topk-sets" else ExactMetrics(da, db)
-        res.tolerance = tol.as_dict()
-        n = ea.stored.numel
         row = (ea.shape[-1] if mode == "topk-sets" and ea.shape
                else (math.prod(ea.shape[1:]) if len(ea.shape) >= 2 else 0))
         ha, hb = stream.sha256_pair(verify, ea.sha256, eb.sha256)
@@ -121,16 +146,30 @@ class Judge:
                 raise BadInput(f"{ent.stored.file}: tensor {ent.name!r} (side {side}) fails its sha256: the file is corrupt")
         res.metrics = acc.result()
         material, why = acc.verdict()
+        rows = acc.rows.tolist() if isinstance(acc, FloatMetrics) and acc.rows is not None else None
+        return self._settle(res, ea, eb, boundary, run, material, why, acc.worst, rows)
+
+    def _settle(self, res: TensorResult, ea: Entry, eb: Entry, boundary: Boundary, run: dict, material: bool,
+                why: str, worst: int, rows: list | None, values: list | None = None) -> TensorResult:
+        """A measured tensor's status, its worst element (where, what it means, both values: read
+        here, or `values` as the native batch read them) and its row maxima: the same for a
+        streamed tensor and one of a native batch."""
         if material:
             res.status, res.reason = "diverged", why
-        worst = acc.worst
-        if worst >= 0 and n:
-            idx = tuple(int(i) for i in np.unravel_index(worst, ea.shape)) if ea.shape else ()
+        if worst >= 0 and ea.stored.numel:
+            idx = _unravel(worst, ea.shape)
             res.worst = {"index": list(idx), "meaning": describe(boundary.layout, idx, run)}
-            res.worst.update(_values_at(ea, eb, worst))
-        if isinstance(acc, FloatMetrics) and acc.rows is not None:
-            res.row_error = acc.rows.tolist()
+            if values is not None:
+                res.worst["a"], res.worst["b"] = values
+            else:
+                res.worst.update(_values_at(ea, eb, worst))
+        if rows is not None:
+            res.row_error = rows
         return res
+
+    def waiting(self, progress: Progress | None = None) -> "Waiting":
+        """Somewhere for small float pairs to wait for one native call, across boundaries."""
+        return Waiting(self, progress)
 
     # ------------------------------------------------------------------ one boundary
 
@@ -142,13 +181,37 @@ class Judge:
         sets, then its status. `missing` is the reason given for a tensor that only B has, and
         for one that only A has. `floor`: the entries of the oracle's run in the candidate's
         precision, when there is one (the tie rule's floor is then its error, not B's)."""
+        with self.waiting(progress) as small:
+            br = self.measure(bd, ents_a, ents_b, run, progress=progress, verify=verify, missing=missing, small=small)
+        return self.conclude(bd, br, ents_a, ents_b, run, floor=floor)
+
+    def measure(self, bd: Boundary, ents_a: Mapping[str, Entry], ents_b: Mapping[str, Entry], run: dict, *,
+                progress: Progress | None = None, verify: bool = False,
+                missing: tuple[str, str] = ("not in A", "not in B"), small: "Waiting | None" = None) -> BoundaryResult:
+        """Every tensor of `bd` measured (streamed), or waiting in `small` for one native call
+        with others (its result is filled in place when `small` runs; the tensors keep their
+        order). `conclude` then settles the boundary, once `small` has run."""
         br = BoundaryResult(bd.name, "match", meaning=bd.meaning, layout=bd.layout)
+        memo: dict = {}
+        small = small if not verify else None  # --verify hashes every tensor: streamed
         for name in list(ents_a) + [n for n in ents_b if n not in ents_a]:
             if name not in ents_a or name not in ents_b:
                 br.tensors.append(TensorResult(name, bd.name, "missing",
                                                reason=missing[1] if name in ents_a else missing[0]))
                 continue
-            br.tensors.append(self.tensor(ents_a[name], ents_b[name], bd, run, progress=progress, verify=verify))
+            ea, eb = ents_a[name], ents_b[name]
+            res, mode, unit, tol = self._begin(ea, eb, bd, run, memo)
+            br.tensors.append(res)
+            if mode is None:
+                continue
+            if mode == "values" and small is not None and small.add(res, ea, eb, tol, unit, bd, run):
+                continue
+            self._stream(res, ea, eb, bd, run, mode, unit, tol, progress, verify)
+        return br
+
+    def conclude(self, bd: Boundary, br: BoundaryResult, ents_a: Mapping[str, Entry], ents_b: Mapping[str, Entry],
+                 run: dict, *, floor: Mapping[str, Entry] | None = None) -> BoundaryResult:
+        """A measured boundary's probes, tie rule and status."""
         self.probe(bd, br, ents_a, ents_b)
         ties.settle(br.tensors, ents_a, ents_b, bd.layout, run, lambda unit: self.tolerance(bd.name, unit), floor)
         br.status, br.reason = settle(br.tensors)
@@ -172,6 +235,53 @@ class Judge:
                     t.status, t.reason = "diverged", f"probe {name} fails on B only ({detail})"
 
 
+class Waiting:
+    """Small float pairs waiting for one native call (`batch.SmallBatch`), and the results they
+    fill when it runs: when it holds BATCH_BYTES, at `run()`, or when the block ends.
+
+        with judge.waiting() as small:
+            br = judge.measure(bd, ents_a, ents_b, run, small=small)   # ... more boundaries
+        judge.conclude(bd, br, ents_a, ents_b, run)
+    """
+
+    def __init__(self, judge: Judge, progress: Progress | None = None):
+        self.judge, self.progress = judge, progress
+        self.batch = SmallBatch()
+        self.pending: list = []
+
+    def add(self, res: TensorResult, ea: Entry, eb: Entry, tol: Tolerance, unit: DType, bd: Boundary,
+            run: dict) -> bool:
+        if not self.batch.add(ea.stored, eb.stored, tol, unit, ea.shape):
+            return False
+        self.pending.append((res, ea, eb, tol, bd, run))
+        if self.batch.full:
+            self.run()
+        return True
+
+    def run(self) -> None:
+        """Measure every waiting pair (one native call) and settle its result."""
+        judge, progress = self.judge, self.progress
+        for (res, ea, eb, tol, bd, run), (I, D, bins, rows, values) in zip(self.pending, self.batch.run()):
+            r = res.metrics = float_result(I, D, bins, res.dtype["unit"])
+            material, why = float_verdict(r, tol, I)
+            worst = I[_FIRST_BAD] if I[_MISMATCH] else I[_WORST]
+            judge._settle(res, ea, eb, bd, run, material, why, worst, rows, values)
+            if progress:
+                progress(ea.stored.nbytes + eb.stored.nbytes)
+        self.pending.clear()
+
+    def __enter__(self) -> "Waiting":
+        return self
+
+    def __exit__(self, exc_type, *_) -> None:
+        try:
+            if exc_type is None and self.pending:
+                self.run()
+        finally:
+            self.pending.clear()
+            self.batch.close()
+
+
 def boundary_dtypes(boundary: str, run: dict | None) -> tuple[str, ...]:
     """The float compute dtypes a run declares for `boundary` (`run.boundary_dtypes`)."""
     import fnmatch
@@ -190,6 +300,15 @@ def settle(tensors: list[TensorResult]) -> tuple[str, str]:
         if s in statuses:
             return s, "; ".join(f"{t.name}: {t.reason}" for t in tensors if t.status == s)
     return "match", ""
+
+
+def _unravel(flat: int, shape: tuple[int, ...]) -> tuple[int, ...]:
+    """np.unravel_index of a C-order flat index, in Python (~1 us, not ~5, for a small shape)."""
+    idx = []
+    for s in reversed(shape):
+        flat, i = divmod(flat, s)
+        idx.append(i)
+    return tuple(reversed(idx))
 
 
 def _values_at(ea: Entry, eb: Entry, flat: int) -> dict:

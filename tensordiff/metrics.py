@@ -164,6 +164,9 @@ def _bin_upper(b: int) -> float:
     return float(_UPPER[b])
 
 
+_UPPER_LIST = _UPPER.tolist()  # each bin's upper edge as a Python float (read once per tensor)
+
+
 def _widen(raw: np.ndarray, dt: DType, work: np.dtype, out: np.ndarray) -> np.ndarray:
     """Stored elements as `work` floats; `out` is used when a conversion is needed."""
     if dt.name == "bfloat16":
@@ -447,59 +450,72 @@ class FloatMetrics:
 
     # ------------------------------------------------------------------ results
 
-    def _percentiles(self, hist: np.ndarray, qs: tuple[float, ...]) -> list[float]:
+    def _percentile_bins(self, hist: np.ndarray, qs: tuple[float, ...]) -> list[int]:
+        """The bin of each percentile (the first whose cumulative count reaches ceil(q total)), -1
+        where it is 0; the native batch (td_float_batch) finds the same bins in C."""
         c = np.cumsum(hist)
         total = int(c[-1])
         if total == 0:
-            return [0.0] * len(qs)
+            return [-1] * len(qs)
         bs = np.searchsorted(c, [math.ceil(q * total) for q in qs]).tolist()
-        return [min(_bin_upper(b), float(self.D[_ULP_MAX])) if b > 0 or hist[0] < total else 0.0 for b in bs]
+        return [b if b > 0 or hist[0] < total else -1 for b in bs]
 
     def result(self) -> FloatResult:
         if self._result is None:
-            self._result = self._compute_result()
+            I, D = self.I.tolist(), self.D.tolist()  # Python numbers: ~30 reads, each cheap
+            self._result = float_result(I, D, self._percentile_bins(self.hist, PERCENTILES), self.unit.name)
         return self._result
 
-    def _compute_result(self) -> FloatResult:
-        I, D = self.I.tolist(), self.D.tolist()  # Python numbers: ~30 reads below, each cheap
-        sum_sq_a, sum_sq_b, sum_sq_err = float(D[_SUM_SQ_A]), float(D[_SUM_SQ_B]), float(D[_SUM_SQ_ERR])
-        na, nb = math.sqrt(sum_sq_a), math.sqrt(sum_sq_b)
-        if na == 0 and nb == 0:
-            cos = 1.0
-        elif na == 0 or nb == 0:
-            cos = 0.0
-        else:
-            # |a-b|^2 = |a|^2 + |b|^2 - 2 a.b, written so that 1 - cos comes from the small
-            # quantities: accurate near cos = 1 (where it matters) even from float partial sums
-            cos = max(-1.0, min(1.0, 1.0 - (sum_sq_err - (na - nb) ** 2) / (2 * na * nb)))
-        # a difference that overflows float32 makes sum_sq_err inf: the ratio is then 0 (-inf dB)
-        ratio = sum_sq_a / sum_sq_err if sum_sq_err else math.inf
-        sqnr = 10 * math.log10(ratio) if ratio > 0 else (-math.inf if ratio == 0 else math.nan)
-        f = max(int(I[_FINITE]), 1)
-        n = int(I[_N])
-        bad = int(I[_VIOL] + I[_MISMATCH])
-        p50, p99 = self._percentiles(self.hist, (0.5, 0.99))
-        return FloatResult(
-            numel=n, max_abs=self.max_abs, mean_abs=float(D[_SUM_ABS]) / f, max_rel=float(D[_MAX_REL]),
-            rmse=math.sqrt(sum_sq_err / f), cosine=cos, sqnr_db=sqnr, ulp_p50=p50,
-            ulp_p99=p99, ulp_max=float(D[_ULP_MAX]), ulp_unit=self.unit.name,
-            mismatch_fraction=bad / max(n, 1), mismatches=bad, nan=(int(I[_NAN_A]), int(I[_NAN_B])),
-            inf=(int(I[_INF_A]), int(I[_INF_B])), nonfinite_mismatch=int(I[_MISMATCH]),
-            range=((float(D[_MIN_A]), float(D[_MAX_A])), (float(D[_MIN_B]), float(D[_MAX_B]))))
-
     def verdict(self) -> tuple[bool, str]:
-        r = self.result()
-        t = self.tol
-        I = self.I
-        if I[_MISMATCH]:
-            return True, (f"NaN/Inf on one side only ({I[_MISMATCH]} elements; A nan={I[_NAN_A]} inf={I[_INF_A]}, "
-                          f"B nan={I[_NAN_B]} inf={I[_INF_B]})")
-        if r.mismatch_fraction > t.max_mismatch:
-            return True, (f"{r.mismatches} of {r.numel} elements ({100 * r.mismatch_fraction:.3g}%) outside "
-                          f"atol={t.atol_text()} rtol={t.rtol:g} (allowed {100 * t.max_mismatch:.3g}%); max abs {r.max_abs:.4g}")
-        if t.min_cosine is not None and r.cosine < t.min_cosine:
-            return True, f"cosine {r.cosine:.6f} < {t.min_cosine:g}"
-        return False, ""
+        return float_verdict(self.result(), self.tol, self.I.tolist())
+
+
+PERCENTILES = (0.5, 0.99)  # ulp_p50, ulp_p99
+
+
+def float_result(I: list, D: list, pct_bins: list[int], unit: str) -> FloatResult:
+    """A tensor's FloatResult from its counters I and accumulators D (FloatMetrics' layout, as
+    Python numbers) and the bins of its PERCENTILES (-1: 0). The streamed accumulator and the
+    native batch of small tensors (tensordiff/batch.py) both report through this."""
+    sum_sq_a, sum_sq_b, sum_sq_err = float(D[_SUM_SQ_A]), float(D[_SUM_SQ_B]), float(D[_SUM_SQ_ERR])
+    na, nb = math.sqrt(sum_sq_a), math.sqrt(sum_sq_b)
+    if na == 0 and nb == 0:
+        cos = 1.0
+    elif na == 0 or nb == 0:
+        cos = 0.0
+    else:
+        # |a-b|^2 = |a|^2 + |b|^2 - 2 a.b, written so that 1 - cos comes from the small
+        # quantities: accurate near cos = 1 (where it matters) even from float partial sums
+        cos = max(-1.0, min(1.0, 1.0 - (sum_sq_err - (na - nb) ** 2) / (2 * na * nb)))
+    # a difference that overflows float32 makes sum_sq_err inf: the ratio is then 0 (-inf dB)
+    ratio = sum_sq_a / sum_sq_err if sum_sq_err else math.inf
+    sqnr = 10 * math.log10(ratio) if ratio > 0 else (-math.inf if ratio == 0 else math.nan)
+    f = max(int(I[_FINITE]), 1)
+    n = int(I[_N])
+    bad = int(I[_VIOL] + I[_MISMATCH])
+    ulp_max = float(D[_ULP_MAX])
+    p50, p99 = (min(_UPPER_LIST[b], ulp_max) if b >= 0 else 0.0 for b in pct_bins)
+    max_abs = math.inf if I[_MISMATCH] else (float(D[_MAX_ABS]) if I[_WORST] >= 0 else 0.0)
+    return FloatResult(
+        numel=n, max_abs=max_abs, mean_abs=float(D[_SUM_ABS]) / f, max_rel=float(D[_MAX_REL]),
+        rmse=math.sqrt(sum_sq_err / f), cosine=cos, sqnr_db=sqnr, ulp_p50=p50,
+        ulp_p99=p99, ulp_max=ulp_max, ulp_unit=unit,
+        mismatch_fraction=bad / max(n, 1), mismatches=bad, nan=(int(I[_NAN_A]), int(I[_NAN_B])),
+        inf=(int(I[_INF_A]), int(I[_INF_B])), nonfinite_mismatch=int(I[_MISMATCH]),
+        range=((float(D[_MIN_A]), float(D[_MAX_A])), (float(D[_MIN_B]), float(D[_MAX_B]))))
+
+
+def float_verdict(r: FloatResult, t: Tolerance, I: list) -> tuple[bool, str]:
+    """Material or not, and why, from a FloatResult, its tolerance and its counters I."""
+    if I[_MISMATCH]:
+        return True, (f"NaN/Inf on one side only ({I[_MISMATCH]} elements; A nan={I[_NAN_A]} inf={I[_INF_A]}, "
+                      f"B nan={I[_NAN_B]} inf={I[_INF_B]})")
+    if r.mismatch_fraction > t.max_mismatch:
+        return True, (f"{r.mismatches} of {r.numel} elements ({100 * r.mismatch_fraction:.3g}%) outside "
+                      f"atol={t.atol_text()} rtol={t.rtol:g} (allowed {100 * t.max_mismatch:.3g}%); max abs {r.max_abs:.4g}")
+    if t.min_cosine is not None and r.cosine < t.min_cosine:
+        return True, f"cosine {r.cosine:.6f} < {t.min_cosine:g}"
+    return False, ""
 
 
 class ExactMetrics:

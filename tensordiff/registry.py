@@ -49,8 +49,45 @@ def adapter(name: str) -> ModelAdapter:
     return obj
 
 
+def _may_declare(name: str) -> bool:
+    """False only when no distribution on sys.path can declare `name` in GROUP: each
+    .dist-info/.egg-info directory's entry_points.txt is read as bytes, which is what
+    importlib.metadata reads, without importing it (~20 ms) or parsing every file (~20 ms more).
+    Only a negative answer is trusted: a file naming GROUP and `name` anywhere, a path entry this
+    scan cannot read (a zip) or a finder other than the path finder that can list distributions
+    means "maybe", and importlib.metadata decides."""
+    import os
+    import sys
+    from importlib.machinery import PathFinder
+
+    if any(getattr(f, "find_distributions", None) is not None and f is not PathFinder for f in sys.meta_path):
+        return True
+    group, key = GROUP.encode(), name.encode()
+    for entry in sys.path:
+        where = entry or "."  # "" is the working directory, as the path finder reads it
+        try:
+            children = os.scandir(where)
+        except OSError:  # not a directory: a zip on the path may hold distributions; else nothing
+            if os.path.isfile(where):
+                return True
+            continue
+        with children:
+            for c in children:
+                if not c.name.lower().endswith((".dist-info", ".egg-info")):
+                    continue
+                try:
+                    with open(os.path.join(c.path, "entry_points.txt"), "rb") as f:
+                        text = f.read()
+                except OSError:  # none (or an .egg-info file): declares nothing
+                    continue
+                if group in text and key in text:
+                    return True
+    return False
+
+
 def contract(model: str) -> Contract | None:
-    """The contract for a model, or None when no adapter for it is installed."""
-    if model not in _eps():
+    """The contract for a model, or None when no adapter for it is installed (a model no
+    distribution can declare is known absent without importlib.metadata: `_may_declare`)."""
+    if not _may_declare(model) or model not in _eps():
         return None
     return adapter(model).contract

@@ -216,22 +216,45 @@ class _MemmapReader(FlatReader):
         # read faults them back in), so streaming a tensor larger than RAM keeps resident memory a
         # chunk or two deep instead of the whole mapping. Pages shared with a neighbouring tensor go
         # too: dropping a read-only file page loses nothing, a reader of it just faults it back.
-        if self.mm is None or not hasattr(mmap, "MADV_DONTNEED"):
+        if self.mm is None:
             return
         isz = self.t.dtype.itemsize
-        b0 = (self.t.offset + start * isz) // mmap.PAGESIZE * mmap.PAGESIZE
-        b1 = min(-(-(self.t.offset + stop * isz) // mmap.PAGESIZE) * mmap.PAGESIZE, len(self.mm))
-        if b1 <= b0:
-            return
-        scope = self.scope
-        if scope is not None and b1 - b0 < SMALL_RELEASE:
-            scope.release(self.mm, b0, b1)
-        else:
-            _madvise(self.mm, b0, b1)
+        release_bytes(self.mm, self.t.offset + start * isz, self.t.offset + stop * isz, self.scope)
 
     def close(self) -> None:
         self.arr = None
         self.mm = None
+
+
+def release_bytes(mm: mmap.mmap, lo: int, hi: int, scope: "_Scope | None") -> None:
+    """Release the pages holding bytes [lo, hi) of a mapping: a small range gathered into the
+    scope's extent of that mapping (released together), a large one at once."""
+    if not hasattr(mmap, "MADV_DONTNEED"):
+        return
+    b0 = lo // mmap.PAGESIZE * mmap.PAGESIZE
+    b1 = min(-(-hi // mmap.PAGESIZE) * mmap.PAGESIZE, len(mm))
+    if b1 <= b0:
+        return
+    if scope is not None and b1 - b0 < SMALL_RELEASE:
+        scope.release(mm, b0, b1)
+    else:
+        _madvise(mm, b0, b1)
+
+
+def mapped_address(path: Path) -> "tuple[mmap.mmap, np.ndarray, int] | None":
+    """A file's mapping (shared inside `shared_files()`), a byte view that keeps it exported while
+    held, and the address of its first byte; None when it cannot be mapped (missing, empty: a
+    reader then names the damage)."""
+    try:
+        mm = _map_file(path)
+        view = np.frombuffer(mm, dtype=np.uint8)
+    except (OSError, ValueError):
+        return None
+    return mm, view, view.__array_interface__["data"][0]
+
+
+def current_scope() -> "_Scope | None":
+    return _SCOPE.get()
 
 
 # What h5py raises for a damaged file or dataset (its own errors derive from these).
@@ -411,35 +434,56 @@ def read_hdf5_entry(path: Path, key: str, dtype_name: str | None, handle=None) -
 def _hdf5_entry(f, path: Path, key: str, dtype_name: str | None) -> StoredTensor:
     import h5py
 
-    if key not in f or not isinstance(f[key], h5py.Dataset):
-        raise BadInput(f"{path}: no dataset {key!r}")
-    ds = f[key]
-    # The manifest's dtype first: reading a variable-length string attribute of a damaged
-    # file can loop forever inside libhdf5 (found by tests/fuzz), so the attribute is read
-    # only when the manifest does not say, and only when it is a fixed-length string.
+    # The dataset through h5py's low-level API when the manifest gives its dtype (~30 us, against
+    # ~95 for the high-level lookup, Dataset object and properties: opening a dump of thousands
+    # of datasets is mostly this); a name it cannot open (missing, a group, damaged) takes the
+    # high-level path, which names the fault as before.
+    dsid = None
+    if dtype_name is not None:
+        try:
+            dsid = h5py.h5d.open(f.id, key.encode("utf-8"))
+        except (*H5_ERRORS, UnicodeError):
+            dsid = None
     name = dtype_name
-    if name is None and "dtype" in ds.attrs:
-        aid = ds.attrs.get_id("dtype")
-        if aid.dtype.kind != "S" or aid.shape not in ((), (1,)):
-            raise BadInput(f"{path}:{key}: the dtype attribute is not a fixed-length string; "
-                           "give the dtype in the manifest")
-        name = np.asarray(ds.attrs["dtype"]).reshape(-1)[0].decode("ascii", "replace")
-    name = name or _np_to_name(ds.dtype)
+    if dsid is None:
+        try:
+            ds = f[key]  # one lookup (`key in f`, then f[key], walked the links twice)
+        except H5_ERRORS:
+            if key in f:  # there, but unreadable: raised again, as a damaged file
+                raise
+            ds = None
+        if not isinstance(ds, h5py.Dataset):
+            raise BadInput(f"{path}: no dataset {key!r}")
+        # The manifest's dtype first: reading a variable-length string attribute of a damaged
+        # file can loop forever inside libhdf5 (found by tests/fuzz), so the attribute is read
+        # only when the manifest does not say, and only when it is a fixed-length string.
+        if name is None and "dtype" in ds.attrs:
+            aid = ds.attrs.get_id("dtype")
+            if aid.dtype.kind != "S" or aid.shape not in ((), (1,)):
+                raise BadInput(f"{path}:{key}: the dtype attribute is not a fixed-length string; "
+                               "give the dtype in the manifest")
+            name = np.asarray(ds.attrs["dtype"]).reshape(-1)[0].decode("ascii", "replace")
+        dsid = ds.id
+    stored = np.dtype(dsid.dtype)  # once: each .dtype asks libhdf5 again
+    name = name or _np_to_name(stored)
     try:
         dt = by_name(str(name))
     except KeyError as e:
         raise BadInput(f"{path}:{key}: {e.args[0]}") from None
-    if np.dtype(ds.dtype).itemsize != dt.itemsize:
-        raise BadInput(f"{path}:{key}: stored as {ds.dtype}, which cannot hold {dt.name}")
-    shape = tuple(int(s) for s in ds.shape)
+    if stored.itemsize != dt.itemsize:
+        raise BadInput(f"{path}:{key}: stored as {stored}, which cannot hold {dt.name}")
+    shape = tuple(int(s) for s in dsid.shape)
     st = StoredTensor(path, key, shape, dt)
     # Contiguous, unfiltered, little-endian, allocated and inside the file: its bytes are read
-    # in place (mapped), with no h5py call (and no h5py lock) per chunk.
-    offset = ds.id.get_offset() if ds.chunks is None and not ds.compression and st.numel else None
-    order = np.dtype(ds.dtype).byteorder
+    # in place (mapped), with no h5py call (and no h5py lock) per chunk. (h5py's `chunks is None
+    # and not compression`, asked of the creation property list once.)
+    dcpl = dsid.get_create_plist()
+    plain = dcpl.get_layout() != h5py.h5d.CHUNKED and dcpl.get_nfilters() == 0
+    offset = dsid.get_offset() if plain and st.numel else None
+    order = stored.byteorder
     little = order in "<|" or (order == "=" and sys.byteorder == "little")
-    if offset is not None and little and np.dtype(ds.dtype).kind in "fiub" \
-            and ds.id.get_storage_size() == st.nbytes and offset + st.nbytes <= path.stat().st_size:
+    if offset is not None and little and stored.kind in "fiub" \
+            and dsid.get_storage_size() == st.nbytes and offset + st.nbytes <= path.stat().st_size:
         st = StoredTensor(path, key, shape, dt, int(offset), raw=True)
     return st
 

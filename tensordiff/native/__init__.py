@@ -100,6 +100,14 @@ def library():
     return _lib if float_kernel() is not None else None
 
 
+_batch: list = [None]  # td_float_batch, loaded with the kernel
+
+
+def float_batch():
+    """The ctypes function `td_float_batch`, or None when the kernel cannot be built here."""
+    return _batch[0] if float_kernel() is not None else None
+
+
 def float_kernel():
     """The ctypes function `td_float_update`, or None when it cannot be built here."""
     global _kernel, status
@@ -120,6 +128,10 @@ def float_kernel():
                         f.restype = ctypes.c_int
                         global _lib
                         _lib = lib
+                        g = lib.td_float_batch  # many small tensors in one call (tensordiff/batch.py)
+                        g.argtypes = [i64, p, p, p, p, p, i64]
+                        g.restype = ctypes.c_int
+                        _batch[0] = g
                         wide = lib.td_set_generic(int(os.environ.get("TENSORDIFF_NATIVE") == "generic"))
                         _kernel, status = f, "native" + (" (AVX-512)" if wide else " (generic)")
                     except (OSError, BadInput) as e:  # BadInput: an unusable cache

@@ -554,3 +554,61 @@ int td_float_update(const void *a, int ka, const void *b, int kb, int64_t n, int
     for (int k = 0; k < NBINS; k++) hist[k] += sub[k];
     return 0;
 }
+
+/* Many small tensors in one call (a comparison of thousands of them pays the call, its argument
+ * conversion and the accumulator's setup once, not per tensor). Tensor k is described by
+ * desc[6k ..]: the address of its A and B elements (raw storage), their kinds (A | B << 1, as in
+ * td_float_update), its element count, its row count and row length (row maxima kept per leading
+ * row, into rows[] one tensor after another; 0 rows: none); par[4k ..] are its atol, rtol, floor
+ * and scale. It runs through td_float_update on its own counters and accumulators out[26k ..]
+ * (I at 0, D at 10: tensordiff/metrics.py's one-buffer layout, initialised by the caller), then:
+ * at 22 and 23 (as doubles) the values of A and B at its worst element (the first one-sided
+ * NaN/Inf, else the first max |a-b|; widened exactly, as StoredTensor.value_at reads them; 0 when
+ * none); at 24.. the bin of each of the nq (<= 2) percentiles qs[] from its histogram
+ * (FloatMetrics._percentile_bins: the first bin whose cumulative count reaches ceil(q * total)),
+ * or -1 where that percentile is 0 (no finite pair, or every one in bin 0). Returns 0, or the first
+ * failing tensor's td_float_update code. */
+#define BATCH_OUT 26
+int td_float_batch(int64_t count, const int64_t *desc, const double *par, double *rows, int64_t *out,
+                   const double *qs, int64_t nq) {
+    int64_t hist[NBINS];
+    if (nq > 2) return -4;
+    double *r = rows;
+    for (int64_t k = 0; k < count; k++) {
+        const int64_t *t = desc + 6 * k;
+        const void *a = (const void *)(intptr_t)t[0], *b = (const void *)(intptr_t)t[1];
+        int ka = (int)(t[2] & 1), kb = (int)(t[2] >> 1);
+        int64_t *I = out + BATCH_OUT * k;
+        double *D = (double *)(I + 10);
+        const double *p = par + 4 * k;
+        memset(hist, 0, sizeof hist);
+        int rc = td_float_update(a, ka, b, kb, t[3], 0, (float)p[0], (float)p[1], (float)p[2], (float)p[3], hist,
+                                 NBINS, t[4] ? r : NULL, t[5], 0, I, D);
+        if (rc) return rc;
+        r += t[4];
+        int64_t worst = I[6] ? I[9] : I[8];
+        double *vals = (double *)(I + 22);
+        vals[0] = worst >= 0 ? (double)load(a, ka, worst) : 0.0;
+        vals[1] = worst >= 0 ? (double)load(b, kb, worst) : 0.0;
+        int64_t total = 0;
+        for (int i = 0; i < NBINS; i++) total += hist[i];
+        for (int64_t j = 0; j < nq; j++) {
+            int64_t *pct = I + 24 + j;
+            if (total == 0) {
+                *pct = -1;
+                continue;
+            }
+            double target = ceil(qs[j] * (double)total);
+            int64_t c = 0, bin = NBINS - 1;
+            for (int i = 0; i < NBINS; i++) {
+                c += hist[i];
+                if ((double)c >= target) {
+                    bin = i;
+                    break;
+                }
+            }
+            *pct = (bin == 0 && hist[0] == total) ? -1 : bin;
+        }
+    }
+    return 0;
+}

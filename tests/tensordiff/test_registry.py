@@ -46,3 +46,34 @@ def test_a_broken_entry_point_is_one_line_naming_the_package(tmp_path):
     assert p.returncode == 2 and "reinstall tdbad" in p.stderr and len(p.stderr.strip().splitlines()) == 1
     p = tensordiff("faults", "bad-type", tmp_path=tmp_path, extra_path=bad)
     assert p.returncode == 2 and "not a tensordiff.adapter.ModelAdapter" in p.stderr, p.stderr
+
+
+def test_a_model_no_distribution_declares_is_absent_without_importlib_metadata(tmp_path):
+    code = ("import sys; from tensordiff import registry; assert registry.contract('no-such-model') is None; "
+            "print('importlib.metadata' in sys.modules)")
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT), str(PKG)]), TENSORDIFF_CACHE=str(tmp_path))
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
+    assert p.returncode == 0 and p.stdout.strip() == "False", p.stderr
+
+
+def test_the_fast_negative_never_hides_an_installed_adapter(monkeypatch, tmp_path):
+    """Only a "no" is decided without importlib.metadata: a dist-info declaring the name, a zip
+    on the path, or another finder of distributions sends the lookup to importlib.metadata."""
+    from tensordiff import registry
+
+    monkeypatch.syspath_prepend(str(PKG))
+    assert registry._may_declare("toy-gray") and not registry._may_declare("no-such-model")
+    assert registry.contract("toy-gray") is not None  # the fixture package's adapter, found
+    zipped = tmp_path / "site.zip"
+    zipped.write_bytes(b"PK\x05\x06" + b"\0" * 18)  # an empty zip archive
+    monkeypatch.syspath_prepend(str(zipped))
+    assert registry._may_declare("no-such-model")
+
+    class Finder:
+        @staticmethod
+        def find_distributions(context=None):
+            return iter(())
+
+    monkeypatch.setattr(sys, "path", [p for p in sys.path if p != str(zipped)])
+    monkeypatch.setattr(sys, "meta_path", [*sys.meta_path, Finder])
+    assert registry._may_declare("no-such-model")

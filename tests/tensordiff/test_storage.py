@@ -190,3 +190,35 @@ def test_one_element_is_read_in_place_inside_and_outside_shared_files(tmp_path, 
         with scope:
             assert [x.value_at(i) for i in (0, 1, 4999)] == [0.0, 0.25, 1249.75]
             assert [y.value_at(i) for i in (0, 6)] == [-3, 3] and type(y.value_at(0)) is int
+
+
+def test_hdf5_entries_are_the_same_by_either_lookup(tmp_path):
+    """A dataset whose dtype the manifest gives is opened through h5py's low-level API (opening a
+    dump of thousands of them); one without, through the high-level one (its dtype attribute).
+    Both routes give the same entry for every layout, and the same one-line fault."""
+    import h5py
+    import numpy as np
+
+    from tensordiff.storage import read_hdf5_entry
+
+    p = tmp_path / "t.h5"
+    x = np.arange(12, dtype=np.float32).reshape(3, 4)
+    with h5py.File(p, "w") as f:
+        for name, kw in {"plain": {}, "chunked": {"chunks": (1, 4)}, "gzip": {"chunks": (1, 4), "compression": "gzip"},
+                         "shuffled": {"chunks": (1, 4), "shuffle": True}}.items():
+            f.create_dataset(name, data=x, **kw).attrs["dtype"] = np.bytes_("float32")
+        f.create_dataset("scalar", data=np.float32(3)).attrs["dtype"] = np.bytes_("float32")
+        f.create_dataset("empty", shape=(0, 4), dtype=np.float32).attrs["dtype"] = np.bytes_("float32")
+        f.create_dataset("late", shape=(3, 4), dtype=np.float32).attrs["dtype"] = np.bytes_("float32")  # unallocated
+        f.create_group("group")
+        f["soft"] = h5py.SoftLink("/plain")
+    raw = {}
+    for key in ("plain", "chunked", "gzip", "shuffled", "scalar", "empty", "late", "soft"):
+        low, high = read_hdf5_entry(p, key, "float32"), read_hdf5_entry(p, key, None)
+        assert low == high, key
+        raw[key] = low.raw
+    assert raw == {"plain": True, "chunked": False, "gzip": False, "shuffled": False, "scalar": True,
+                   "empty": False, "late": False, "soft": True}
+    for key in ("group", "missing", "a/b"):
+        with pytest.raises(BadInput, match=f"no dataset '{key}'"):
+            read_hdf5_entry(p, key, "float32")
