@@ -46,3 +46,21 @@ def test_a_broken_entry_point_is_one_line_naming_the_package(tmp_path):
     assert p.returncode == 2 and "reinstall tdbad" in p.stderr and len(p.stderr.strip().splitlines()) == 1
     p = tensordiff("faults", "bad-type", tmp_path=tmp_path, extra_path=bad)
     assert p.returncode == 2 and "not a tensordiff.adapter.ModelAdapter" in p.stderr, p.stderr
+
+
+def test_entry_points_are_scanned_once_per_sys_path(monkeypatch):
+    # in process: a second lookup reuses the scan; a folder added to sys.path (what installing
+    # a package into a fresh site dir does) is seen, as the fault of a scan kept too long
+    import importlib.metadata
+
+    from tensordiff import registry
+
+    scans = []
+    real = importlib.metadata.entry_points
+    monkeypatch.setattr(importlib.metadata, "entry_points", lambda **kw: scans.append(kw) or real(**kw))
+    monkeypatch.setattr(registry, "_FOUND", {})
+    first = registry.names()
+    assert registry.names() == first and len(scans) == 1
+    assert "toy-gray" not in first
+    monkeypatch.syspath_prepend(str(PKG))
+    assert "toy-gray" in registry.names() and len(scans) == 2
