@@ -17,6 +17,15 @@ Also recorded per command, from one `-X importtime` run: whether transformers, s
 torch were imported at all (DeepSeek must not import transformers; scipy and sympy only where a
 path uses them).
 
+Bytecode: every child runs with Python's bytecode cache on (PYTHONDONTWRITEBYTECODE dropped), as
+an installed or checked-out tensordiff runs for a user, in a folder of the tensordiff cache
+(PYTHONPYCACHEPREFIX = `cache_root()/pycache`), torch's baseline included: the warm-up fills it,
+so only a bench's first run compiles torch, and Python checks each file's stamp, so an edited
+module is compiled again. A shell that sets PYTHONDONTWRITEBYTECODE=1 (as this project's sandbox
+does) otherwise makes every command compile the ~120 tensordiff, engine and oracle modules it
+imports from source, each run (0.15-0.2 s of CPU on the 2-core machine). `--as-is` keeps the
+environment's setting; the JSON's `bytecode` says which ran.
+
 Writes OUTDIR/command_time.json: per command the wall times of every round, their median and
 minimum, the excess over the torch import's median (`over_torch_s`, from the medians;
 `over_torch_min_s`, from each one's fastest run; `over_torch_cpu_s`, from the child processes' CPU
@@ -30,6 +39,7 @@ import argparse
 import json
 import os
 import resource
+import shutil
 import statistics
 import subprocess
 import sys
@@ -38,6 +48,9 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+from tensordiff.synthetic import cache_root  # noqa: E402  (TENSORDIFF_CACHE, else the user's cache folder)
+
 WATCHED = ("torch", "transformers", "scipy", "sympy", "rich", "h5py", "numpy")
 
 ONE_IMAGE_GATE = """[gate]
@@ -69,9 +82,14 @@ def commands(work: Path) -> dict[str, tuple[list[str], tuple[str, float], int]]:
     }
 
 
-def _env(cache: Path) -> dict:
+def _env(cache: Path, pycache: Path | None) -> dict:
+    """The children's environment: this checkout first on the path, a private oracle cache, and
+    (`pycache`) Python's bytecode cache in a folder of its own."""
     env = dict(os.environ, TENSORDIFF_CACHE=str(cache))
     env["PYTHONPATH"] = os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
+    if pycache is not None:
+        env.pop("PYTHONDONTWRITEBYTECODE", None)
+        env["PYTHONPYCACHEPREFIX"] = str(pycache)
     return env
 
 
@@ -102,13 +120,23 @@ def main(argv=None) -> int:
     ap.add_argument("out", type=Path)
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--only", action="append", default=[], help="run only commands whose name contains this")
+    ap.add_argument("--as-is", action="store_true",
+                    help="keep the environment's bytecode setting (PYTHONDONTWRITEBYTECODE) instead of a private cache")
     args = ap.parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)
     work = Path(tempfile.mkdtemp(prefix="command-time-"))
-    env = _env(work / "cache")
+    try:
+        return _bench(args, work)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def _bench(args, work: Path) -> int:
+    env = _env(work / "cache", None if args.as_is else cache_root() / "pycache")
     py = sys.executable
     cmds = {k: v for k, v in commands(work).items() if not args.only or any(s in k for s in args.only)}
     baseline = [py, "-c", "import torch"]
+    subprocess.run(baseline, env=env, check=True)  # the baseline's own bytecode, cached like the commands'
 
     for name, (cli, _, rc) in cmds.items():  # fills the oracle cache; any failure is a broken bench
         _, r, _ = _wall([py, "-m", "tensordiff.cli", *cli], env)
@@ -129,6 +157,9 @@ def main(argv=None) -> int:
     torch_cpu = statistics.median(cpus["import torch"])
     res = {"python": sys.version.split()[0], "rounds": args.rounds, "cpus": os.cpu_count(),
            "load_average": list(os.getloadavg()),
+           "bytecode": ("the environment's (PYTHONDONTWRITEBYTECODE="
+                        f"{os.environ.get('PYTHONDONTWRITEBYTECODE', 'unset')})" if args.as_is
+                        else f"cached in {cache_root() / 'pycache'} (PYTHONPYCACHEPREFIX)"),
            "import torch": {"walls_s": walls["import torch"], "median_s": torch_med, "min_s": torch_min,
                             "cpu_s": cpus["import torch"], "cpu_median_s": torch_cpu},
            "commands": {}}
@@ -147,7 +178,8 @@ def main(argv=None) -> int:
             entry.update(target=f"<= {limit} s", met=med <= limit)
         res["commands"][name] = entry
     (args.out / "command_time.json").write_text(json.dumps(res, indent=1) + "\n")
-    print(f"import torch: median {torch_med:.3f} s, min {torch_min:.3f} s (load {res['load_average'][0]:.2f})")
+    print(f"import torch: median {torch_med:.3f} s, min {torch_min:.3f} s (load {res['load_average'][0]:.2f}; "
+          f"bytecode {res['bytecode']})")
     for name, e in res["commands"].items():
         extra = (f"  torch + {e['over_torch_s']:+.3f} s (min {e['over_torch_min_s']:+.3f}, "
                  f"CPU {e['over_torch_cpu_s']:+.3f})" if "over_torch_s" in e else "")

@@ -8,11 +8,15 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-import click
+from .openmp import passive_waits
 
-from . import __version__
-from .errors import BadInput
-from .outputs import gate_inputs, guard, guard_reports
+passive_waits()  # before anything imports torch: idle OpenMP workers sleep, not spin (see openmp.py)
+
+import click  # noqa: E402
+
+from . import __version__  # noqa: E402
+from .errors import BadInput  # noqa: E402
+from .outputs import gate_inputs, guard, guard_reports  # noqa: E402
 
 EPILOG_COMPARE = """\b
 Exit status: 0 every boundary within tolerance, 1 a material divergence, 2 bad input.

@@ -12,6 +12,13 @@ The hook an adapter provides (optional; a third-party adapter may omit it and th
     make_stages(req: RunRequest, run: dict) -> dict[str, Stage]
     Stage(inputs: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]
 
+A stage may say `stage.replays_run = True`: fed the engine's own recorded tensors bit for bit,
+it computes what the engine's end-to-end run recorded at its boundary, bit for bit (the same code
+on the same device, as the run took it). When every tensor such a stage would be fed is bit for
+bit the same in the oracle's dump and the engine's (`engine_dir`: dtype, shape, sha256), its local
+error IS the end-to-end error and it is not run again (the DeepSeek tower's block 0 on identical
+patches and RoPE tables: half the local error's compute on the CPU).
+
 `run` is the oracle dump's run record (`inputs.grid`, `inputs.cells`, ...). The dict is keyed by
 the boundary a stage PRODUCES; `inputs` holds every oracle tensor of the boundary's contract
 inputs AND of everything upstream of them (a tower's later blocks still consume the RoPE
@@ -155,15 +162,32 @@ def _identical_inputs(b, report: Report) -> bool:
     return True
 
 
+def _from_end_to_end(lr: LocalResult, report: Report, reason: str) -> None:
+    """`lr` takes its boundary's end-to-end result: the stage's own error is that one."""
+    br = report.boundary(lr.boundary)
+    lr.status = {"consequent": "diverged", "skipped": "match"}.get(br.status, br.status)
+    lr.reason = reason
+    lr.tensors = br.tensors
+
+
+def _as_the_engine_had(fed: list, engine: dict) -> bool:
+    """Every oracle tensor in `fed` is bit for bit the engine's tensor of that name (`engine`:
+    name -> (dtype, shape, sha256) of the engine's dump)."""
+    return bool(fed) and all(e.sha256 is not None and engine.get(e.name) == (e.dtype.name, tuple(e.shape), e.sha256)
+                             for e in fed)
+
+
 def local_error(adapter, req, oracle_dir: str | Path, report: Report, tolerances: Judge | Tolerances | None,
-                workdir: str | Path, make_stages=None) -> LocalReport:
+                workdir: str | Path, make_stages=None, engine_dir: str | Path | None = None) -> LocalReport:
     """Run each engine stage on the oracle's tensors and compare with the oracle's outputs.
 
     `report` is the end-to-end report of the same case (for the side-by-side and the boundaries
     present); `workdir` receives the local dump (`<workdir>/local`). `tolerances` is the
     end-to-end route's `Judge` (the pipeline passes it), or the user's tolerances, from which the
     same judge is built: the adapter's contract, and the compute dtypes of the oracle's run and
-    of the engine's request, exactly as `compare_dumps` builds it from the two dumps."""
+    of the engine's request, exactly as `compare_dumps` builds it from the two dumps.
+    `engine_dir`: the engine's end-to-end dump of `req`, for the stages that replay it (see the
+    module's docstring: `replays_run`); without it every stage runs."""
     if make_stages is None:
         if adapter.stages is None:
             return unavailable(adapter.name)
@@ -184,6 +208,8 @@ def local_error(adapter, req, oracle_dir: str | Path, report: Report, tolerances
     rec = Recorder(out_dir, model=od.model, producer={"name": "tensordiff-local", "side": "engine-stages"},
                    run=dict(od.run), overwrite=True)
     produced: dict[str, list[str]] = {}
+    engine = ({e.name: (e.dtype.name, tuple(e.shape), e.sha256) for e in open_dump(engine_dir).entries}
+              if engine_dir is not None else {})
     for b in bounds:
         if b.name not in present:
             continue
@@ -193,11 +219,9 @@ def local_error(adapter, req, oracle_dir: str | Path, report: Report, tolerances
         if not b.inputs or decided:
             # nothing upstream, or only discrete decisions (the `plan`) that are identical on both
             # sides: the stage from the raw input IS the end-to-end path
-            br = report.boundary(b.name)
-            lr.status = {"consequent": "diverged", "skipped": "match"}.get(br.status, br.status)
-            lr.reason = ("first boundary: local error = end-to-end error" if not b.inputs else
-                         f"its inputs ({', '.join(b.inputs)}) are identical on both sides: local error = end-to-end error")
-            lr.tensors = br.tensors
+            _from_end_to_end(lr, report, "first boundary: local error = end-to-end error" if not b.inputs else
+                             f"its inputs ({', '.join(b.inputs)}) are identical on both sides: local error = "
+                             "end-to-end error")
             continue
         stage = stages.get(b.name)
         if stage is None:
@@ -208,7 +232,12 @@ def local_error(adapter, req, oracle_dir: str | Path, report: Report, tolerances
             lr.status, lr.reason = "no-input", f"the oracle dump lacks input boundary {', '.join(lacking)}"
             continue
         upstream = [x.name for x in bounds if x.name in ancestors(bounds, b.name) and x.name in ents]
-        inputs = {e.name: _to_torch(od, e) for i in upstream for e in ents[i]}
+        fed = [e for i in upstream for e in ents[i]]
+        if getattr(stage, "replays_run", False) and _as_the_engine_had(fed, engine):
+            _from_end_to_end(lr, report, "its inputs are bit for bit the engine's own: the stage's output is the "
+                                         "engine's end-to-end one, local error = end-to-end error")
+            continue
+        inputs = {e.name: _to_torch(od, e) for e in fed}
         t0 = time.perf_counter()
         try:
             outs = stage(inputs)

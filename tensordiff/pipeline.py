@@ -371,7 +371,7 @@ def run_case(spec: CaseSpec, work: Path, *, kept: bool, tolerances=None, use_cac
         if cascade and not local:
             say("a near-tie flip's cascade: judging the stages after it by local error…")
         with timed(case.timings, "local_error", prog, label):
-            case.local = (local_error(adapter, req, odir, case.report, judge, work)
+            case.local = (local_error(adapter, req, odir, case.report, judge, work, engine_dir=edir)
                           if adapter.stages is not None else unavailable(adapter.name))
     elif prog:
         prog.done_step()

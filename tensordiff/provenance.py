@@ -37,16 +37,20 @@ BLOCK = 1 << 22
 CORE_SOURCES = ("tensordiff.capture", "tensordiff.storage", "tensordiff.dtypes")
 
 
+_VERSIONS: dict = {}  # read once per process: a package's metadata is a directory scan per name
+
+
 def versions() -> dict:
     import importlib.metadata as md
 
-    out = {"python": sys.version.split()[0]}
-    for pkg in PACKAGES:
-        try:
-            out[pkg] = md.version(pkg)
-        except md.PackageNotFoundError:
-            pass
-    return out
+    if not _VERSIONS:
+        _VERSIONS["python"] = sys.version.split()[0]
+        for pkg in PACKAGES:
+            try:
+                _VERSIONS[pkg] = md.version(pkg)
+            except md.PackageNotFoundError:
+                pass
+    return dict(_VERSIONS)
 
 
 def describe_image(path: str | Path | None) -> dict | None:

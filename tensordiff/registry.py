@@ -5,6 +5,7 @@ core (format, compare, report) works with no model installed.
 """
 from __future__ import annotations
 
+import sys
 from typing import TYPE_CHECKING
 
 from .errors import BadInput
@@ -16,10 +17,17 @@ if TYPE_CHECKING:  # the adapter machinery (faults, options) loads only when an 
 GROUP = "tensordiff.models"
 
 
+_FOUND: dict[tuple[str, ...], dict] = {}  # sys.path -> the group's entry points (a scan of every dist-info)
+
+
 def _eps():
     from importlib.metadata import entry_points
 
-    return {ep.name: ep for ep in entry_points(group=GROUP)}
+    path = tuple(sys.path)  # an entry point appears with its distribution's folder on sys.path
+    if path not in _FOUND:
+        _FOUND.clear()
+        _FOUND[path] = {ep.name: ep for ep in entry_points(group=GROUP)}
+    return dict(_FOUND[path])
 
 
 def names() -> list[str]:

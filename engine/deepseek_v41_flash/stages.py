@@ -25,7 +25,8 @@ def make_stages(req, run: dict) -> dict:
     stages = {}
     # one set of vision stages per image, under its names (`tensordiff.images`), on its own grid
     for k, facts in enumerate((run["inputs"].get("images") or [run["inputs"]])):
-        stages.update(_vision_stages(eng, tuple(int(v) for v in facts["grid"]), images.prefix(k)))
+        stages.update(_vision_stages(eng, tuple(int(v) for v in facts["grid"]), images.prefix(k),
+                                     replays_run=eng.tower.eager_at(k + 1)))
     if req.prompt is not None or req.decode > 0:  # the run went on into the language backbone
         from .language.stages import make_language_stages
 
@@ -33,7 +34,10 @@ def make_stages(req, run: dict) -> dict:
     return stages
 
 
-def _vision_stages(eng, grid: tuple[int, int], pre: str) -> dict:
+def _vision_stages(eng, grid: tuple[int, int], pre: str, replays_run: bool) -> dict:
+    """replays_run: the run encoded this image with the eager block these stages run (its k-th
+    forward of a fresh engine: `VisionTower.eager_at`), so on the run's own tensors they give the
+    run's own outputs, bit for bit (tensordiff.local_error skips them then)."""
     tower = eng.tower
 
     def act(t: torch.Tensor) -> torch.Tensor:  # the residual stream's dtype, on the device
@@ -55,4 +59,6 @@ def _vision_stages(eng, grid: tuple[int, int], pre: str) -> dict:
     def aligner(i):
         return {pre + "aligner": eng.align(act(i[pre + "final_norm"]), grid)}
 
+    for stage in (block0, final_norm, aligner):
+        stage.replays_run = replays_run
     return {pre + "block0": block0, pre + "final_norm": final_norm, pre + "aligner": aligner}

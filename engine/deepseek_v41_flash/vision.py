@@ -178,10 +178,14 @@ class VisionTower:
         self._fused = None
         self.ran = "eager"  # the block the last forward ran: 'eager' or 'compiled'
 
+    def eager_at(self, n: int) -> bool:
+        """Whether this tower's n-th forward (from 1) runs the eager `block`."""
+        return self.fuse == "off" or (self.fuse == "auto" and n < 2)
+
     def block_fn(self):
         """The block this forward runs: the eager `block`, or the compiled one once due."""
         self.passes += 1
-        if self.fuse == "off" or (self.fuse == "auto" and self.passes < 2):
+        if self.eager_at(self.passes):
             return self.block
         if self._fused is None:
             self._fused = fused.FusedBlock(self.block)

@@ -13,6 +13,14 @@ explanation" is a valid answer and is said as such.
 from __future__ import annotations
 
 from .finding import MIN_EXPLAINED, Finding
-from .run import diagnose_boundary, diagnose_report
+
+
+def __getattr__(name):  # lazy: the hypotheses (numpy work, a dozen modules) load when one is tested
+    if name in ("diagnose_boundary", "diagnose_report"):
+        from . import run
+
+        return getattr(run, name)
+    raise AttributeError(name)
+
 
 __all__ = ["Finding", "MIN_EXPLAINED", "diagnose_boundary", "diagnose_report"]

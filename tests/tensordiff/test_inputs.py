@@ -1,5 +1,6 @@
 """Image checks before any model runs, and what a dump records about the picture file."""
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -64,3 +65,32 @@ def test_the_orientation_note(rotated):
     facts = check_image(rotated)
     (n,) = notes({"inputs": {"image": {k: facts[k] for k in ("frames", "frame_used", "exif_orientation")}}})
     assert "EXIF orientation 6 (rotated 90° clockwise)" in n and "DeepSeek V4.1 Flash ignores it" in n
+
+
+def test_an_image_is_decoded_once_per_content(tmp_path, monkeypatch):
+    import PIL.Image
+
+    p = tmp_path / "a.png"
+    p.write_bytes(DEFAULT.read_bytes())
+    opened = []
+    real = PIL.Image.open
+    monkeypatch.setattr(PIL.Image, "open", lambda *a, **k: opened.append(a) or real(*a, **k))
+    first = check_image(p)
+    again = check_image(p)
+    assert again == first and len(opened) == 1
+    again["width"] = -1  # a caller's copy: the remembered facts stay as they were
+    assert check_image(p)["width"] == first["width"]
+
+
+def test_a_file_rewritten_in_place_is_checked_again(tmp_path):
+    # the fault that proves the memo is keyed by content: the same size and timestamps, other
+    # bytes (a rewrite inside one timestamp tick) must be decoded again, and this one is corrupt
+    p = tmp_path / "a.png"
+    data = DEFAULT.read_bytes()
+    p.write_bytes(data)
+    check_image(p)
+    st = p.stat()
+    p.write_bytes(data[: len(data) // 2] + bytes(len(data) - len(data) // 2))
+    os.utime(p, ns=(st.st_atime_ns, st.st_mtime_ns))
+    with pytest.raises(BadInput, match="corrupt or truncated"):
+        check_image(p)

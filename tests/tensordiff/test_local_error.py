@@ -156,3 +156,59 @@ def test_later_stages_also_get_everything_upstream(tmp_path):
 
     _case(tmp_path, make_stages=make)
     assert set(seen) == {"patches", "rope.cos", "rope.sin", "block0"}
+
+
+def _replaying(calls: list, replays: bool = True):
+    """The toy's stages, each declaring `replays_run` and logging its calls."""
+    def make(req, run):
+        out = {}
+        for name, stage in toy.engine_stages(req, run).items():
+            def call(i, name=name, stage=stage):
+                calls.append(name)
+                return stage(i)
+            call.replays_run = replays
+            out[name] = call
+        return out
+    return make
+
+
+def _with_engine(tmp_path, fault, make_stages):
+    _, req = make_request(toy.NAME, image=default_image_path(), fault=fault)
+    from dataclasses import replace
+
+    odir = run_side(toy.ADAPTER, "oracle", replace(req, fault=None), tmp_path / "oracle")
+    edir = run_side(toy.ADAPTER, "engine", req, tmp_path / "engine")
+    tols = Tolerances({}, {})
+    report = compare_dumps(odir, edir, tols)
+    ran = local_error(toy.ADAPTER, req, odir, report, tols, tmp_path / "ran")
+    return report, ran, local_error(toy.ADAPTER, req, odir, report, tols, tmp_path / "skip", make_stages=make_stages,
+                                    engine_dir=edir)
+
+
+def _verdicts(local):
+    return [(r.boundary, r.status, [t.metrics.get("max_abs") for t in r.tensors]) for r in local.boundaries]
+
+
+def test_a_stage_replaying_the_run_is_not_run_on_the_engines_own_inputs(tmp_path):
+    # block0's inputs (patches, rope) are bit for bit the engine's: its local error is its
+    # end-to-end one, taken without running it; final_norm's input (block0) drifted, so it runs
+    calls = []
+    report, ran, local = _with_engine(tmp_path, "drift-and-aligner-bias", _replaying(calls))
+    assert calls == ["final_norm", "aligner"]
+    assert "bit for bit the engine's own" in local.get("block0").reason
+    assert _verdicts(local) == _verdicts(ran) and local.origin == ran.origin == "aligner"
+
+
+def test_an_input_that_differs_runs_the_stage(tmp_path):
+    # the fault that proves the rule reads the tensors: rope-flip's engine rope differs from the
+    # oracle's, so block0's stage must run on the oracle's (and is clean there)
+    calls = []
+    report, ran, local = _with_engine(tmp_path, "rope-flip", _replaying(calls))
+    assert "block0" in calls and local.get("block0").status == "match"
+    assert _verdicts(local) == _verdicts(ran) and local.origin == "rope"
+
+
+def test_a_stage_that_does_not_replay_the_run_always_runs(tmp_path):
+    calls = []
+    _, ran, local = _with_engine(tmp_path, None, _replaying(calls, replays=False))
+    assert calls == ["block0", "final_norm", "aligner"] and _verdicts(local) == _verdicts(ran)

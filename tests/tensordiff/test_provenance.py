@@ -87,6 +87,8 @@ def test_a_second_fingerprint_costs_a_stat(tmp_path):
 def test_versions_and_the_image_description():
     v = provenance.versions()
     assert {"python", "torch", "numpy", "tensordiff"} <= set(v)
+    v["torch"] = "0"  # read once per process, handed out as copies: a caller's edit stays its own
+    assert provenance.versions()["torch"] != "0"
     d = provenance.describe_image(default_image_path())
     assert d["size"] == [d["width"], d["height"]] == [1024, 701]
     assert len(d["sha256"]) == 64 and d["bytes"] == default_image_path().stat().st_size

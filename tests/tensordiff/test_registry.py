@@ -77,3 +77,21 @@ def test_the_fast_negative_never_hides_an_installed_adapter(monkeypatch, tmp_pat
     monkeypatch.setattr(sys, "path", [p for p in sys.path if p != str(zipped)])
     monkeypatch.setattr(sys, "meta_path", [*sys.meta_path, Finder])
     assert registry._may_declare("no-such-model")
+
+
+def test_entry_points_are_scanned_once_per_sys_path(monkeypatch):
+    # in process: a second lookup reuses the scan; a folder added to sys.path (what installing
+    # a package into a fresh site dir does) is seen, as the fault of a scan kept too long
+    import importlib.metadata
+
+    from tensordiff import registry
+
+    scans = []
+    real = importlib.metadata.entry_points
+    monkeypatch.setattr(importlib.metadata, "entry_points", lambda **kw: scans.append(kw) or real(**kw))
+    monkeypatch.setattr(registry, "_FOUND", {})
+    first = registry.names()
+    assert registry.names() == first and len(scans) == 1
+    assert "toy-gray" not in first
+    monkeypatch.syspath_prepend(str(PKG))
+    assert "toy-gray" in registry.names() and len(scans) == 2
