@@ -102,6 +102,13 @@ def graph_us(call, n_sets: int, reps: int) -> float:
     return ms * 1e3 / calls
 
 
+def launch_floor_us(reps: int) -> float:
+    """Device time of the smallest kernel (a 1-element add), graph-replayed: no kernel that
+    depends on its own input can finish sooner, whatever bytes it moves."""
+    x = torch.zeros(1, device="cuda")
+    return graph_us(lambda i: x.add_(1.0), 1, reps)
+
+
 def loop_us(call, n_sets: int, reps: int) -> float:
     calls = max(n_sets, 32)
 
@@ -226,6 +233,7 @@ def main(argv=None) -> int:
         torch.cuda.synchronize()
         return 0
     bw = copy_bandwidth(args.reps)
+    floor_us = launch_floor_us(args.reps)
     rows = []
     for name, shape, nbytes, flops, make, call in cases(g):
         if args.only and args.only not in name:
@@ -245,6 +253,10 @@ def main(argv=None) -> int:
             "roofline_us": roof_us,
             "hip_pct_roofline": 100 * roof_us / t_hip, "torch_pct_roofline": 100 * roof_us / t_ref,
             "speedup_vs_eager": t_ref / t_hip,
+            # what the kernel is held to: the copy roofline, or one launch's latency where the
+            # roofline is below it (1,024 router rows: 0.4 us of bytes, no kernel ends that soon)
+            "bound": "launch latency" if roof_us < floor_us else "copy roofline",
+            "hip_pct_of_bound": 100 * max(roof_us, floor_us) / t_hip,
             "hip_loop_us": loop_us(hip_call, n_sets, args.reps), "torch_loop_us": loop_us(ref_call, n_sets, args.reps),
         }
         if flops:
@@ -254,9 +266,10 @@ def main(argv=None) -> int:
         del sets
         torch.cuda.empty_cache()
     result = {"device": torch.cuda.get_device_name(), "torch": torch.__version__,
-              "copy_GBps": bw, "reps": args.reps, "kernels": rows}
+              "copy_GBps": bw, "launch_floor_us": floor_us, "reps": args.reps, "kernels": rows}
     Path(args.out).write_text(json.dumps(result, indent=2))
-    print(f"{result['device']}  torch {result['torch']}  copy {bw:.0f} GB/s (read+write)")
+    print(f"{result['device']}  torch {result['torch']}  copy {bw:.0f} GB/s (read+write), "
+          f"one graph-replayed launch of a 1-element kernel {floor_us:.2f} us")
     print(f"{'kernel':28} {'hip us':>8} {'eager us':>9} {'hip GB/s':>9} {'%roof':>6} {'eager %roof':>11} "
           f"{'speedup':>8} {'hip loop':>9} {'eager loop':>10}")
     for r in rows:
@@ -264,6 +277,11 @@ def main(argv=None) -> int:
         print(f"{r['kernel']:28} {r['hip_us']:8.2f} {r['torch_us']:9.2f} {r['hip_GBps']:9.0f} "
               f"{r['hip_pct_roofline']:6.1f} {r['torch_pct_roofline']:11.1f} {r['speedup_vs_eager']:8.2f} "
               f"{r['hip_loop_us']:9.2f} {r['torch_loop_us']:10.2f}{extra}")
+    for r in rows:
+        if r["bound"] == "launch latency":
+            print(f"  {r['kernel']}: its copy roofline ({r['roofline_us']:.2f} us) is below one launch "
+                  f"({floor_us:.2f} us): latency-bound, it cannot reach 30% of the roofline; "
+                  f"{r['hip_pct_of_bound']:.0f}% of the launch floor")
     return 0
 
 
