@@ -316,9 +316,11 @@ void launch_group(int64_t rows, int64_t experts, hipStream_t st, const void* log
     if (chunks <= 1) TD_GROUP(16, 1, V);
     else if (chunks <= 2) TD_GROUP(16, 2, V);
     else if (chunks <= 3) TD_GROUP(16, 3, V);  // 384 experts in bf16: 3 x 8 per lane
-    else if (chunks <= 4) TD_GROUP(16, 4, V);
-    else if (chunks <= 6) TD_GROUP(16, 6, V);  // 384 experts in fp32: 6 x 4 per lane
-    else TD_GROUP(16, 32 / V, V);
+    else if (chunks <= 4) TD_GROUP(16, 4, V);  // bf16 ends here: 4 x 8 = 32 per lane, 512 experts
+    else if constexpr (V == 4) {  // fp32 only: no bf16 row needs more than 4 chunks
+      if (chunks <= 6) TD_GROUP(16, 6, V);  // 384 experts in fp32: 6 x 4 per lane
+      else TD_GROUP(16, 8, V);
+    }
   } else {
     if (per_lane <= 2) TD_GROUP(16, 2, 1);
     else if (per_lane <= 8) TD_GROUP(16, 8, 1);

@@ -238,8 +238,9 @@ def _launch(q, k, v, o, scale, config):
                  BLOCK_N=bn, num_warps=warps, num_stages=stages)
 
 
-def candidates(hd: int, configs=CONFIGS) -> tuple:
-    """The configs that can take head dim hd (v1 only at a power of 2)."""
+def candidates(hd: int, configs=None) -> tuple:
+    """The configs (default: CONFIGS as it is now) that can take head dim hd (v1 only at a power of 2)."""
+    configs = CONFIGS if configs is None else configs
     return tuple(c for c in configs if (c[4] if len(c) > 4 else "v1") != "v1" or not hd & (hd - 1))
 
 
