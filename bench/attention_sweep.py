@@ -5,7 +5,8 @@
 
 Writes OUTDIR/attention_sweep.json. Per shape: SDPA with cuDNN, flash and efficient alone (what
 the engine's kernel order can choose) and every config of `engine/runtime/triton_attention.py`'s
-kernels in `GRID` (v1, tuned, tuned_ws where this Triton has warp specialisation): ms per call
+kernels in `GRID` (v1, tuned, and where this Triton has them tuned_ws with warp specialisation,
+tuned_tma / tuned_tma_ws with tensor descriptors): ms per call
 (CUDA events, median of 3 runs of `--reps` calls after a compile-and-warm call), TFLOP/s at the
 real head dim (4 N^2 hd per head: Qwen's 72 counted as 72, so padding shows as lost speed), and
 max |o - ref| against SDPA's math kernel in fp32 on the same operands. A config is `ok` when that
@@ -37,8 +38,10 @@ GRID = (
     + [(128, bn, w, st, "tuned") for bn in (64, 128) for w in (4, 8) for st in (2, 3, 4)]
     + [(64, 64, 4, 3, "tuned"), (64, 64, 4, 4, "tuned"), (256, 64, 8, 2, "tuned"), (256, 64, 8, 3, "tuned")]
     + [(128, bn, w, st, "tuned_ws") for bn in (64, 128) for w in (4, 8) for st in (2, 3)]
+    + [(128, bn, w, 3, v) for v in ("tuned_tma", "tuned_tma_ws") for bn in (64, 128) for w in (4, 8)]
 )
-SMALL_GRID = [(32, 32, 4, 2, "v1"), (32, 32, 4, 2, "tuned"), (64, 32, 4, 2, "tuned"), (32, 32, 4, 2, "tuned_ws")]
+SMALL_GRID = [(32, 32, 4, 2, "v1"), (32, 32, 4, 2, "tuned"), (64, 32, 4, 2, "tuned"), (32, 32, 4, 2, "tuned_ws"),
+              (32, 32, 4, 2, "tuned_tma"), (32, 32, 4, 2, "tuned_tma_ws")]
 SHAPES = {"deepseek": (16, 8910, 64), "qwen": (16, 2728, 72)}
 SMALL_SHAPES = {"deepseek": (2, 150, 64), "qwen": (2, 90, 72)}
 

@@ -21,6 +21,10 @@ Two kernels, one config tuple `(BLOCK_M, BLOCK_N, num_warps, num_stages[, varian
   128 would be 78%), masked loads, zero columns that change no sum.
 - "tuned_ws": "tuned" with `tl.range(..., warp_specialize=True)` for the key loop, where the
   installed Triton has it (`WARP_SPECIALIZE`; Hopper / Blackwell producer-consumer warps).
+- "tuned_tma" / "tuned_tma_ws": K and V through in-kernel tensor descriptors (TMA loads on
+  Hopper; the descriptor's bounds zero the rows past N and the head dim's tail), where Triton has
+  them (`TENSOR_DESCRIPTORS`); only in the sweep's grid, not among the first-call CONFIGS (their
+  bases and strides must be 16-byte aligned, checked before launch).
 
 `TRITON_INTERPRET=1` runs them on the CPU (slowly): tests/engine/runtime/test_runtime_triton_attention.py
 holds them to SDPA there when Triton is installed. Importing this module needs Triton; the runtime
@@ -37,7 +41,11 @@ import triton.language as tl
 
 # whether this Triton's tl.range takes warp_specialize (3.4 and later, Hopper and Blackwell)
 WARP_SPECIALIZE = "warp_specialize" in inspect.signature(tl.range).parameters
-VARIANTS = ("v1", "tuned") + (("tuned_ws",) if WARP_SPECIALIZE else ())
+# whether this Triton builds tensor descriptors in a kernel (TMA loads on Hopper; 3.4 and later)
+TENSOR_DESCRIPTORS = hasattr(tl, "make_tensor_descriptor") and hasattr(triton, "set_allocator")
+VARIANTS = (("v1", "tuned") + (("tuned_ws",) if WARP_SPECIALIZE else ())
+            + (("tuned_tma",) if TENSOR_DESCRIPTORS else ())
+            + (("tuned_tma_ws",) if TENSOR_DESCRIPTORS and WARP_SPECIALIZE else ()))
 
 # (BLOCK_M, BLOCK_N, num_warps, num_stages, variant) tried on the GPU at a shape's first call, the
 # fastest kept per shape; bench/attention_sweep.py tries a wider grid
@@ -200,6 +208,82 @@ if WARP_SPECIALIZE:
                         D_TAIL, HEAD_DIM)
 
 
+@triton.jit
+def _tile_tma(acc, acc_t, m_i, l_i, q, q_t, dk, dk_t, dv, dv_t, start_n, N, qk_scale, offs_n,
+              D_MAIN: tl.constexpr, D_TAIL: tl.constexpr, MASKED: tl.constexpr):
+    """`_tile` with K and V through tensor descriptors (TMA on Hopper): rows past N and the head
+    dim's tail past HEAD_DIM come back as zeros from the descriptor's bounds, so only the scores
+    of the last block need the -inf mask."""
+    s = tl.dot(q, tl.trans(dk.load([start_n, 0])))
+    if D_TAIL > 0:
+        s += tl.dot(q_t, tl.trans(dk_t.load([start_n, D_MAIN])))
+    if MASKED:
+        s = tl.where((start_n + offs_n)[None, :] < N, s, float("-inf"))
+    m_new = tl.maximum(m_i, tl.max(s, 1) * qk_scale)
+    p = tl.math.exp2(s * qk_scale - m_new[:, None])
+    alpha = tl.math.exp2(m_i - m_new)
+    l_i = l_i * alpha + tl.sum(p, 1)
+    v = dv.load([start_n, 0])
+    p16 = p.to(v.dtype)
+    acc = acc * alpha[:, None] + tl.dot(p16, v)
+    if D_TAIL > 0:
+        acc_t = acc_t * alpha[:, None] + tl.dot(p16, dv_t.load([start_n, D_MAIN]))
+    return acc, acc_t, m_new, l_i
+
+
+if TENSOR_DESCRIPTORS:
+    @triton.jit
+    def _forward_tma(Q, K, V, O, qk_scale, N,
+                     stride_qb, stride_qh, stride_qn, stride_kb, stride_kh, stride_kn,
+                     stride_vb, stride_vh, stride_vn, stride_ob, stride_oh, stride_on,
+                     H: tl.constexpr, HEAD_DIM: tl.constexpr, D_MAIN: tl.constexpr, D_TAIL: tl.constexpr,
+                     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, WS: tl.constexpr):
+        b, h, offs_m, offs_n, offs_d, offs_t, q, q_t, k_base, v_base = _tuned_prologue(
+            Q, stride_qb, stride_qh, stride_qn, K, stride_kb, stride_kh, V, stride_vb, stride_vh, N,
+            H, D_MAIN, D_TAIL, HEAD_DIM, BLOCK_M, BLOCK_N)
+        dk = tl.make_tensor_descriptor(k_base, shape=[N, HEAD_DIM], strides=[stride_kn, 1],
+                                       block_shape=[BLOCK_N, D_MAIN])
+        dv = tl.make_tensor_descriptor(v_base, shape=[N, HEAD_DIM], strides=[stride_vn, 1],
+                                       block_shape=[BLOCK_N, D_MAIN])
+        if D_TAIL > 0:
+            dk_t = tl.make_tensor_descriptor(k_base, shape=[N, HEAD_DIM], strides=[stride_kn, 1],
+                                             block_shape=[BLOCK_N, D_TAIL])
+            dv_t = tl.make_tensor_descriptor(v_base, shape=[N, HEAD_DIM], strides=[stride_vn, 1],
+                                             block_shape=[BLOCK_N, D_TAIL])
+        else:  # never read
+            dk_t, dv_t = dk, dv
+        m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
+        l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
+        acc = tl.zeros([BLOCK_M, D_MAIN], dtype=tl.float32)
+        acc_t = tl.zeros([BLOCK_M, D_TAIL if D_TAIL > 0 else 16], dtype=tl.float32)
+        n_full = (N // BLOCK_N) * BLOCK_N
+        if WS:
+            for start_n in tl.range(0, n_full, BLOCK_N, warp_specialize=True):
+                acc, acc_t, m_i, l_i = _tile_tma(acc, acc_t, m_i, l_i, q, q_t, dk, dk_t, dv, dv_t, start_n, N,
+                                                 qk_scale, offs_n, D_MAIN, D_TAIL, False)
+        else:
+            for start_n in range(0, n_full, BLOCK_N):
+                acc, acc_t, m_i, l_i = _tile_tma(acc, acc_t, m_i, l_i, q, q_t, dk, dk_t, dv, dv_t, start_n, N,
+                                                 qk_scale, offs_n, D_MAIN, D_TAIL, False)
+        if n_full < N:
+            acc, acc_t, m_i, l_i = _tile_tma(acc, acc_t, m_i, l_i, q, q_t, dk, dk_t, dv, dv_t, n_full, N,
+                                             qk_scale, offs_n, D_MAIN, D_TAIL, True)
+        _tuned_epilogue(O, stride_ob, stride_oh, stride_on, b, h, offs_m, offs_d, offs_t, acc, acc_t, l_i, N,
+                        D_TAIL, HEAD_DIM)
+
+
+def _tma_ready(q, k, v) -> None:
+    """Tensor descriptors need 16-byte aligned bases and row strides: refuse (ValueError) before
+    launching rather than fault on the device; and give Triton its scratch allocator once."""
+    for t in (q, k, v):
+        es = t.element_size()
+        if t.data_ptr() % 16 or any(st * es % 16 for st in t.stride()[:3]):
+            raise ValueError(f"tensor descriptors need 16-byte aligned bases and strides: {tuple(t.stride())}")
+    if not getattr(_tma_ready, "allocator", False):
+        triton.set_allocator(lambda size, alignment, stream: torch.empty(size, dtype=torch.int8, device=q.device))
+        _tma_ready.allocator = True
+
+
 def head_split(hd: int) -> tuple[int, int]:
     """hd -> (main, tail): the largest power of 2 <= hd (at least 16) and the rest padded up to a
     power of 2 of at least 16 (0 when hd is a power of 2): 64 -> (64, 0), 72 -> (64, 16)."""
@@ -233,6 +317,11 @@ def _launch(q, k, v, o, scale, config):
     if variant not in VARIANTS:
         raise ValueError(f"unknown Triton attention variant {variant!r} (this Triton has {', '.join(VARIANTS)})")
     main, tail = head_split(hd)
+    if variant.startswith("tuned_tma"):
+        _tma_ready(q, k, v)
+        _forward_tma[grid](q, k, v, o, qk_scale, n, *strides, H=h, HEAD_DIM=hd, D_MAIN=main, D_TAIL=tail,
+                           BLOCK_M=bm, BLOCK_N=bn, WS=variant == "tuned_tma_ws", num_warps=warps, num_stages=stages)
+        return
     kernel = _forward_tuned if variant == "tuned" else _forward_tuned_ws
     kernel[grid](q, k, v, o, qk_scale, n, *strides, H=h, HEAD_DIM=hd, D_MAIN=main, D_TAIL=tail, BLOCK_M=bm,
                  BLOCK_N=bn, num_warps=warps, num_stages=stages)

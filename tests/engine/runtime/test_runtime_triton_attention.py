@@ -40,6 +40,15 @@ for variant in T.VARIANTS:
 q, k, v = (torch.randn(1, 2, 70, 72, generator=g) for _ in range(3))
 ref = torch.nn.functional.scaled_dot_product_attention(q, k, v)
 assert (T.flash_attention(q, k, v) - ref).abs().max().item() < 1e-5
+# tensor descriptors refuse a misaligned row stride before launching (a device fault would poison the process)
+if T.TENSOR_DESCRIPTORS:
+    q = torch.randn(1, 2, 70, 73, generator=g)[..., :72]
+    try:
+        T.flash_attention(q, q, q, config=(32, 32, 4, 2, "tuned_tma"))
+    except ValueError as e:
+        assert "16-byte" in str(e)
+    else:
+        raise AssertionError("a misaligned stride reached the TMA kernel")
 print("ok")
 """
 
