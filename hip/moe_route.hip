@@ -167,7 +167,7 @@ moe_route_group(const void* __restrict__ logits, const float* __restrict__ bias,
     const int e0 = (c * G + lane) * V;
     float l[V], bb[V];
     bool here[V];
-    if (V > 1) {  // experts % V == 0: a chunk is all in or all out
+    if constexpr (V > 1) {  // experts % V == 0: a chunk is all in or all out
       const bool in = valid && e0 < experts;
       if (in) {
         td::load16<DT>(lr + e0, l);
