@@ -28,6 +28,8 @@ Writes OUTDIR/engine_speed.json, one section per figure of issue 15 (each also i
   torch's, the speed path's `ops_to_torch`; hip_own_kernels: every hip kernel kept). Verdict: each route's distance to the same tower run
   eager in fp32, as a multiple of the bf16 eager route's (the floor, `against_floor`: <= 2x); the
   cosine to the eager route is kept as a figure (bf16 rounding order alone moves it to ~0.9998).
+`--attention-sweep OUTDIR/attention_sweep.json` (bench/attention_sweep.py) puts each shape's best
+Triton config among those the Triton kernel times at its first call (`bench/gpu_round3.sh` does).
 Exit status 0 when the run completed (a missed target is a figure, not a failure), 1 when a
 verdict check failed, 2 on bad arguments.
 """
