@@ -18,7 +18,10 @@ Two kernels, one config tuple `(BLOCK_M, BLOCK_N, num_warps, num_stages[, varian
   folded into one multiply-add per score (s * scale - max, in log2 units); K/V loads pipelined by
   the compiler over `num_stages`; a head dim that is not a power of 2 (Qwen3-VL's 72) runs as a
   power-of-2 main part plus a tail padded to 16 (64 + 16: 11% more MMA work, where padding 72 to
-  128 would be 78%), masked loads, zero columns that change no sum.
+  128 would be 78%), masked loads, zero columns that change no sum. That tail faulted on an H200
+  (illegal memory access, Triton 3.6) while it stays in bounds under the interpreter (a NaN guard
+  region around the operands stays unread): `unavailable` declines such head dims and the default
+  config is chosen only at a power of 2; only a named config runs the tail (the sweep, isolated).
 - "tuned_ws": "tuned" with `tl.range(..., warp_specialize=True)` for the key loop, where the
   installed Triton has it (`WARP_SPECIALIZE`; Hopper / Blackwell producer-consumer warps).
 - "tuned_tma" / "tuned_tma_ws": K and V through in-kernel tensor descriptors (TMA loads on
@@ -293,9 +296,13 @@ def head_split(hd: int) -> tuple[int, int]:
 
 
 def unavailable(q: torch.Tensor) -> str | None:
-    """Why this kernel cannot take the call [B, H, N, hd] q, or None."""
-    if not (16 <= q.shape[-1] <= 128 and q.shape[-1] % 8 == 0):
-        return f"triton declined the call (head size {q.shape[-1]}: a multiple of 8 in 16..128)"
+    """Why this kernel cannot take the call [B, H, N, hd] q, or None. A head dim that is not a
+    power of 2 is declined: its padded tail (64 + 16 for 72) faulted with an illegal memory access
+    on an H200 (Triton 3.6) though it reads in bounds under the interpreter, so it runs only where
+    a config names it (bench/attention_sweep.py, each shape in its own process)."""
+    hd = q.shape[-1]
+    if hd not in (16, 32, 64, 128):
+        return f"triton declined the call (head size {hd}: 16, 32, 64 or 128)"
     if q.dtype not in (torch.bfloat16, torch.float16):
         return f"triton declined the call (dtype {q.dtype}: bfloat16 or float16)"
     return None
@@ -369,6 +376,9 @@ def flash_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: fl
     o = torch.empty(b, n, h, hd, dtype=q.dtype, device=q.device).transpose(1, 2)
     scale = hd ** -0.5 if scale is None else scale
     if config is None:
+        if hd & (hd - 1):
+            raise ValueError(f"flash_attention chooses a config only for a power-of-2 head dim, not {hd} "
+                             f"(the padded tail is named explicitly, as the sweep does)")
         key = (q.device, q.dtype, b, h, n, hd)
         if key not in _chosen:
             _chosen[key] = _fastest(q, k, v, o, scale) if q.is_cuda else (64, 64, 4, 2, "tuned")
