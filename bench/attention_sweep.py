@@ -15,7 +15,10 @@ off by orders more. `best_triton` is the fastest ok config, with its ratio to cu
 (`triton_over_cudnn`, < 1 beats it). q, k, v are strided views of one [N, 3, H, hd] tensor, as the
 towers' qkv GEMM leaves them. A config that fails to compile or run is recorded with its error;
 `--budget-s` stops trying new configs (recorded as skipped; two thirds of it for DeepSeek's shape,
-configs in order of likelihood) so the sweep fits a GPU session.
+configs in order of likelihood) so the sweep fits a GPU session. Each shape's kernels run in a
+worker process: a config that faults the device (an illegal access poisons the CUDA context) or
+hangs past CONFIG_TIMEOUT_S is recorded as such and a fresh worker takes the configs left, so one
+bad config cannot fail the others; MAX_FAULTS_IN_A_ROW faults in a row skip the shape's rest.
 Exit 0 when the sweep ran (a slow kernel is a figure), 1 when no SDPA kernel ran, 2 on bad arguments.
 """
 from __future__ import annotations
@@ -78,7 +81,11 @@ def per_call_ms(fn, device, reps: int) -> float:
     return statistics.median(runs)
 
 
-def sweep_shape(name: str, shape, grid, args, device, dtype, deadline: float) -> dict:
+def run_worker(name: str, shape, configs, with_sdpa: bool, args, device, dtype) -> int:
+    """One shape in this process: SDPA's kernels (with_sdpa) then each Triton config, one JSON
+    line per kernel on stdout ("@@start LABEL" before each, so the parent knows what hung or
+    crashed). A device fault (an illegal access poisons the CUDA context for every later call)
+    ends the worker with exit 3 after its line; the parent starts a fresh one for the rest."""
     heads, n, hd = shape
     q, k, v = operands(heads, n, hd, dtype, device)
     flops = 4.0 * heads * n * n * hd
@@ -86,13 +93,20 @@ def sweep_shape(name: str, shape, grid, args, device, dtype, deadline: float) ->
 
     with sdpa_kernel([SDPBackend.MATH]):
         ref = torch.nn.functional.scaled_dot_product_attention(q.float(), k.float(), v.float())
-    out: dict = {"shape": {"heads": heads, "tokens": n, "head_dim": hd, "dtype": str(dtype).split(".")[-1]},
-                 "flops_per_call": flops, "kernels": {}}
-    errors = {}
 
-    def run(label, fn, kind):
-        entry = {"kind": kind}
+    plant = os.environ.get("ATTENTION_SWEEP_PLANT", "")  # "fault:LABEL" or "die:LABEL", for the sweep's tests
+
+    def emit(label, entry):
+        print("@@" + json.dumps({"label": label, "entry": entry}), flush=True)
+
+    def run(label, fn, kind, config=None) -> bool:
+        print(f"@@start {label}", flush=True)
+        entry = {"kind": kind} | ({"config": list(config)} if config else {})
+        if plant == f"die:{label}":  # the process dies on this config (tests/bench/test_attention_sweep.py)
+            os._exit(1)
         try:
+            if plant == f"fault:{label}":
+                raise RuntimeError("CUDA error: an illegal memory access was encountered (planted)")
             o = fn()
             entry["max_abs_vs_fp32"] = float((o.float() - ref).abs().max())
             entry["ms"] = per_call_ms(fn, device, args.reps)
@@ -100,49 +114,129 @@ def sweep_shape(name: str, shape, grid, args, device, dtype, deadline: float) ->
         except Exception as e:  # noqa: BLE001 - a config this GPU or Triton cannot run: a figure
             text = str(e).strip()
             entry["error"] = f"{type(e).__name__}: {text.splitlines()[0] if text else ''}"[:300]
-        out["kernels"][label] = entry
-        if "ms" in entry:
-            errors[label] = entry["max_abs_vs_fp32"]
-        status = (f"{entry['ms']:8.3f} ms {entry['tflops']:6.0f} TFLOP/s |o-ref| {entry['max_abs_vs_fp32']:.2e}"
-                  if "ms" in entry else entry["error"])
-        print(f"{name:9s} {label:34s} {status}", flush=True)
+        fault = "error" in entry and any(w in entry["error"] for w in ("illegal", "CUDA error", "AcceleratorError",
+                                                                        "unspecified launch failure"))
+        entry["device_fault"] = fault
+        emit(label, entry)
+        return not fault
 
-    if device.type == "cuda":
-        for kname, enum in (("cudnn", "CUDNN_ATTENTION"), ("flash", "FLASH_ATTENTION"),
-                            ("efficient", "EFFICIENT_ATTENTION")):
-            backend = getattr(SDPBackend, enum, None)
-            if backend is None:
-                continue
+    if with_sdpa:
+        if device.type == "cuda":
+            for kname, enum in (("cudnn", "CUDNN_ATTENTION"), ("flash", "FLASH_ATTENTION"),
+                                ("efficient", "EFFICIENT_ATTENTION")):
+                backend = getattr(SDPBackend, enum, None)
+                if backend is None:
+                    continue
 
-            def call(b=backend):
-                with sdpa_kernel([b]):
-                    return torch.nn.functional.scaled_dot_product_attention(q, k, v)
-            run(f"sdpa_{kname}", call, "sdpa")
-    else:  # the CPU's own SDPA, as the floor for the error criterion
-        run("sdpa_cpu", lambda: torch.nn.functional.scaled_dot_product_attention(q, k, v), "sdpa")
-    sdpa_errors = [errors[k] for k in errors if k.startswith("sdpa_")]
-    floor = max(sdpa_errors) if sdpa_errors else None
-    out["error_floor"] = floor
+                def call(b=backend):
+                    with sdpa_kernel([b]):
+                        return torch.nn.functional.scaled_dot_product_attention(q, k, v)
+                if not run(f"sdpa_{kname}", call, "sdpa"):
+                    return 3
+        else:  # the CPU's own SDPA, as the floor for the error criterion
+            run("sdpa_cpu", lambda: torch.nn.functional.scaled_dot_product_attention(q, k, v), "sdpa")
+    from engine.runtime import triton_attention as T
+    for config in configs:
+        if not run("triton " + ",".join(map(str, config)), lambda c=config: T.flash_attention(q, k, v, config=c),
+                   "triton", config):
+            return 3
+    return 0
 
+
+# a worker silent this long on one config is stopped (a hang, or a compile that will not end)
+CONFIG_TIMEOUT_S = 60.0
+# this many device faults in a row on one shape and its other configs are not tried (each fault
+# costs a fresh process; the same bug faults them all)
+MAX_FAULTS_IN_A_ROW = 3
+
+
+def _worker_cmd(name, configs, with_sdpa, args):
+    cmd = [sys.executable, str(Path(__file__).resolve()), "-", "--worker", name, "--configs", json.dumps(configs),
+           "--device", args.device, "--reps", str(args.reps)]
+    return cmd + (["--small"] if args.small else []) + ([] if with_sdpa else ["--no-sdpa"])
+
+
+def sweep_shape(name: str, shape, grid, args, device, dtype, deadline: float) -> dict:
+    """The shape's kernels, each Triton config in a worker process that a device fault or a hang
+    ends without ending the sweep: a fresh worker takes the configs left."""
+    import select
+    import subprocess
+
+    heads, n, hd = shape
+    out: dict = {"shape": {"heads": heads, "tokens": n, "head_dim": hd, "dtype": str(dtype).split(".")[-1]},
+                 "flops_per_call": 4.0 * heads * n * n * hd, "kernels": {}, "workers": 0}
     try:
         from engine.runtime import triton_attention as T
     except ImportError as e:
         out["triton"] = f"not importable: {e}"
-        return out
-    out["triton"] = {"version": __import__("triton").__version__, "warp_specialize": T.WARP_SPECIALIZE,
-                     "variants": list(T.VARIANTS)}
-    for config in T.candidates(hd, grid):
-        label = "triton " + ",".join(map(str, config))
-        if config[4] not in T.VARIANTS:
-            out["kernels"][label] = {"kind": "triton", "config": list(config),
-                                     "skipped": f"this Triton has no {config[4]} (variants {list(T.VARIANTS)})"}
-            continue
-        if time.monotonic() > deadline:
-            out["kernels"][label] = {"kind": "triton", "config": list(config), "skipped": "sweep time budget spent"}
-            continue
-        run(label, lambda c=config: T.flash_attention(q, k, v, config=c), "triton")
-        out["kernels"][label]["config"] = list(config)
+        T = None
+    todo = []
+    if T is not None:
+        out["triton"] = {"version": __import__("triton").__version__, "warp_specialize": T.WARP_SPECIALIZE,
+                         "variants": list(T.VARIANTS)}
+        for config in T.candidates(hd, grid):
+            if config[4] not in T.VARIANTS:
+                out["kernels"]["triton " + ",".join(map(str, config))] = {
+                    "kind": "triton", "config": list(config),
+                    "skipped": f"this Triton has no {config[4]} (variants {list(T.VARIANTS)})"}
+            else:
+                todo.append(list(config))
+    with_sdpa, faults_in_a_row = True, 0
+    while (with_sdpa or todo) and time.monotonic() < deadline and faults_in_a_row < MAX_FAULTS_IN_A_ROW:
+        out["workers"] += 1
+        proc = subprocess.Popen(_worker_cmd(name, todo if T is not None else [], with_sdpa, args),
+                                stdout=subprocess.PIPE, text=True, bufsize=1, env=os.environ.copy())
+        current, last = None, time.monotonic()
+        while True:
+            ready, _, _ = select.select([proc.stdout], [], [], 1.0)
+            if not ready:
+                if time.monotonic() - last > CONFIG_TIMEOUT_S or time.monotonic() > deadline:
+                    proc.kill()
+                    if current is not None:
+                        why = "timed out" if time.monotonic() - last > CONFIG_TIMEOUT_S else "sweep time budget spent"
+                        out["kernels"][current] = {"kind": "triton" if current.startswith("triton") else "sdpa",
+                                                   "error": f"{why} ({CONFIG_TIMEOUT_S:.0f} s a config)"}
+                        print(f"{name:9s} {current:34s} {why}", flush=True)
+                    break
+                continue
+            line = proc.stdout.readline()
+            if not line:
+                break
+            last = time.monotonic()
+            if line.startswith("@@start "):
+                current = line[len("@@start "):].strip()
+            elif line.startswith("@@"):
+                r = json.loads(line[2:])
+                label, entry = r["label"], r["entry"]
+                out["kernels"][label] = entry
+                current = None
+                faults_in_a_row = faults_in_a_row + 1 if entry.get("device_fault") else 0
+                status = (f"{entry['ms']:8.3f} ms {entry['tflops']:6.0f} TFLOP/s |o-ref| "
+                          f"{entry['max_abs_vs_fp32']:.2e}" if "ms" in entry else entry["error"])
+                print(f"{name:9s} {label:34s} {status}", flush=True)
+            else:
+                print(line, end="", flush=True)
+        rc = proc.wait()
+        if current is not None and current not in out["kernels"]:  # died on it with no line: a crash
+            out["kernels"][current] = {"kind": "triton" if current.startswith("triton") else "sdpa",
+                                       "error": f"the worker process died on it (exit {rc})", "device_fault": True}
+            faults_in_a_row += 1
+            print(f"{name:9s} {current:34s} worker died (exit {rc})", flush=True)
+        with_sdpa = False
+        done = set(out["kernels"])
+        todo = [c for c in todo if "triton " + ",".join(map(str, c)) not in done]
+        if rc == 0 and not todo:
+            break
+    for c in todo:
+        out["kernels"]["triton " + ",".join(map(str, c))] = {
+            "kind": "triton", "config": c,
+            "skipped": ("sweep time budget spent" if faults_in_a_row < MAX_FAULTS_IN_A_ROW
+                        else f"{MAX_FAULTS_IN_A_ROW} configs in a row faulted the device")}
 
+    errors = {k: e["max_abs_vs_fp32"] for k, e in out["kernels"].items() if "ms" in e}
+    sdpa_errors = [errors[k] for k in errors if k.startswith("sdpa_")]
+    floor = max(sdpa_errors) if sdpa_errors else None
+    out["error_floor"] = floor
     for label, e in out["kernels"].items():
         if "max_abs_vs_fp32" in e:
             e["ok"] = floor is not None and e["max_abs_vs_fp32"] <= 2 * floor + 1e-5
@@ -158,6 +252,7 @@ def sweep_shape(name: str, shape, grid, args, device, dtype, deadline: float) ->
     if tri and cudnn:
         out["triton_over_cudnn"] = tri[out["best_triton"]["label"]] / cudnn
     out["failed_configs"] = sorted(k for k, e in out["kernels"].items() if "error" in e)
+    out["faulted_configs"] = sorted(k for k, e in out["kernels"].items() if e.get("device_fault"))
     out["wrong_configs"] = sorted(k for k, e in out["kernels"].items() if e.get("ok") is False)
     return out
 
@@ -170,6 +265,9 @@ def main(argv=None) -> int:
     ap.add_argument("--reps", type=int, default=10)
     ap.add_argument("--budget-s", type=float, default=150.0, help="stop trying new Triton configs after this")
     ap.add_argument("--only", choices=sorted(SHAPES), action="append", default=[])
+    ap.add_argument("--worker", choices=sorted(SHAPES), help=argparse.SUPPRESS)  # one shape, in a child process
+    ap.add_argument("--configs", default="[]", help=argparse.SUPPRESS)
+    ap.add_argument("--no-sdpa", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     device = torch.device(args.device)
     if device.type == "cuda" and not torch.cuda.is_available():
@@ -180,11 +278,15 @@ def main(argv=None) -> int:
         return 2
     if device.type == "cpu" and os.environ.get("TRITON_INTERPRET") != "1":
         os.environ["TRITON_INTERPRET"] = "1"  # read when Triton is imported: before the first import below
-    args.out.mkdir(parents=True, exist_ok=True)
+    if not args.worker:
+        args.out.mkdir(parents=True, exist_ok=True)
     if device.type == "cuda":
         torch.backends.cuda.matmul.allow_tf32 = False
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
     shapes = SMALL_SHAPES if args.small else SHAPES
+    if args.worker:
+        return run_worker(args.worker, shapes[args.worker], [tuple(c) for c in json.loads(args.configs)],
+                          not args.no_sdpa, args, device, dtype)
     grid = SMALL_GRID if args.small else GRID
     res: dict = {"device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
                  "torch": torch.__version__, "small": args.small, "reps": args.reps, "budget_s": args.budget_s,
