@@ -143,8 +143,8 @@ __device__ inline uint32_t order_key(float key) {
 // Every loop bound is uniform over the wave (J included) and no lane leaves early: the shuffles
 // (full-mask on NVIDIA) always see whole waves, warp32 and wave64 alike. Rows past the end run
 // with no experts and write nothing.
-template <int DT, int G, int CH, int V>
-__global__ void __launch_bounds__(128)
+template <int DT, int G, int CH, int V, int MINB>
+__global__ void __launch_bounds__(128, MINB)
 moe_route_group(const void* __restrict__ logits, const float* __restrict__ bias, const float* __restrict__ bias_vl,
                 const uint8_t* __restrict__ image_rows, float* __restrict__ weights, int64_t* __restrict__ ids,
                 int64_t rows, int64_t experts, int topk, float route_scale, int fault_text_bias_for_images) {
@@ -291,43 +291,141 @@ moe_route_group(const void* __restrict__ logits, const float* __restrict__ bias,
   }
 }
 
+// One row per wave, `blockDim.x / warpSize` rows per block. PT slots per lane are sized for the
+// narrowest wave (32 lanes); on a wave64 the upper slots of a lane stay empty. MINB > 1 asks the
+// compiler for that many resident blocks (fewer registers a thread, spilling if it must).
+template <int DT, int PT, int MINB>
+__global__ void __launch_bounds__(256, MINB)
+moe_route_wave(const void* __restrict__ logits, const float* __restrict__ bias, const float* __restrict__ bias_vl,
+               const uint8_t* __restrict__ image_rows, float* __restrict__ weights, int64_t* __restrict__ ids,
+               int64_t rows, int64_t experts, int topk, float route_scale, int fault_text_bias_for_images) {
+  typedef td::Elem<DT> E;
+  const int ws = warpSize;
+  const int lane = threadIdx.x % ws;
+  const int64_t row = (int64_t)blockIdx.x * (blockDim.x / ws) + threadIdx.x / ws;
+  if (row >= rows) return;  // the whole wave leaves together: every shuffle below sees full waves
+  const bool image = image_rows != nullptr && bias_vl != nullptr && image_rows[row] != 0;
+  const float* b = (image && !fault_text_bias_for_images) ? bias_vl : bias;
+  const typename E::raw* lr = static_cast<const typename E::raw*>(logits) + row * experts;
+
+  float s[PT];
+  unsigned long long packed[PT];  // 0: no such expert, or already chosen
+  unsigned long long mine = 0;    // this lane's best remaining
+#pragma unroll
+  for (int p = 0; p < PT; ++p) {
+    const int64_t e = lane + (int64_t)p * ws;
+    s[p] = 0.f;
+    packed[p] = 0;
+    if (e < experts) {  // consecutive lanes read consecutive experts: coalesced
+      const float l = E::get(lr[e]);
+      s[p] = sqrtf(l > 20.f ? l : log1pf(expf(l)));  // torch's softplus (beta 1, threshold 20)
+      packed[p] = pack(s[p] + b[e], (int)e);
+    }
+    mine = packed[p] > mine ? packed[p] : mine;
+  }
+
+  float chosen[kMaxTopK];
+  int id_sel[kMaxTopK];
+  float sum = 0.f;
+#pragma unroll
+  for (int r = 0; r < kMaxTopK; ++r) {
+    chosen[r] = 0.f;
+    id_sel[r] = 0;
+    if (r < topk) {  // uniform over the wave
+      unsigned long long best = mine;
+      for (int o = ws / 2; o > 0; o >>= 1) {
+        const unsigned long long other = port_shfl_xor(best, o, ws);
+        best = other > best ? other : best;
+      }
+      float won = 0.f;
+      if (mine == best) {  // packed values are unique (ids are): exactly one owner rescans its few slots
+        unsigned long long next = 0;
+#pragma unroll
+        for (int p = 0; p < PT; ++p) {
+          if (packed[p] == best) {
+            won = s[p];
+            packed[p] = 0;
+          }
+          next = packed[p] > next ? packed[p] : next;
+        }
+        mine = next;
+      }
+      const int id = unpack_id(best);
+      chosen[r] = port_shfl(won, id % ws, ws);  // the owner's unbiased score, to every lane
+      id_sel[r] = id;
+      sum += chosen[r];  // in rank order, as the block route and the reference
+    }
+  }
+#pragma unroll
+  for (int r = 0; r < kMaxTopK; ++r) {
+    if (r < topk && lane == r) {
+      weights[row * topk + r] = chosen[r] / (sum + 1e-20f) * route_scale;
+      ids[row * topk + r] = id_sel[r];
+    }
+  }
+}
+
 constexpr int kGroupBlock = 128;  // threads per block of the group route: 8 rows (G 16), 4 (G 32)
 
 // Slots per lane tiers: 16-byte loads where every row starts 16-byte aligned (experts a multiple
-// of the elements per 16 bytes, aligned pointers), one element per load otherwise.
-template <int DT>
+// of the elements per 16 bytes, aligned pointers), one element per load otherwise. G lanes a row
+// (32 past 512 experts whatever was asked), MINB resident blocks asked of the compiler.
+template <int DT, int G, int MINB>
 void launch_group(int64_t rows, int64_t experts, hipStream_t st, const void* logits, const float* bias,
                   const float* bias_vl, const uint8_t* image_rows, float* weights, int64_t* ids, int topk,
                   float route_scale, int fault) {
+  if constexpr (G == 16) {
+    if (experts > 512) {
+      launch_group<DT, 32, MINB>(rows, experts, st, logits, bias, bias_vl, image_rows, weights, ids, topk,
+                                 route_scale, fault);
+      return;
+    }
+  }
   constexpr int V = td::Elem<DT>::kPer16;
   const bool vec = experts % V == 0 && td::aligned16(logits) && td::aligned16(bias) &&
                    (bias_vl == nullptr || td::aligned16(bias_vl));
-  const int g = experts <= 512 ? 16 : 32;
-  const dim3 grid((unsigned int)((rows + kGroupBlock / g - 1) / (kGroupBlock / g))), block(kGroupBlock);
-  const int64_t per_lane = (experts + g - 1) / g;
+  const dim3 grid((unsigned int)((rows + kGroupBlock / G - 1) / (kGroupBlock / G))), block(kGroupBlock);
+  const int64_t per_lane = (experts + G - 1) / G;
   const int64_t chunks = (per_lane + V - 1) / V;
-#define TD_GROUP(GG, CC, VV) hipLaunchKernelGGL(HIP_KERNEL_NAME(moe_route_group<DT, GG, CC, VV>), grid, block, 0, st, \
-                                                logits, bias, bias_vl, image_rows, weights, ids, rows, experts, topk, \
-                                                route_scale, fault)
-  if (g == 32) {
-    if (vec) TD_GROUP(32, 32 / V, V);
-    else TD_GROUP(32, 32, 1);
-  } else if (vec) {
-    if (chunks <= 1) TD_GROUP(16, 1, V);
-    else if (chunks <= 2) TD_GROUP(16, 2, V);
-    else if (chunks <= 3) TD_GROUP(16, 3, V);  // 384 experts in bf16: 3 x 8 per lane
-    else if (chunks <= 4) TD_GROUP(16, 4, V);  // bf16 ends here: 4 x 8 = 32 per lane, 512 experts
+#define TD_GROUP(CC, VV) hipLaunchKernelGGL(HIP_KERNEL_NAME(moe_route_group<DT, G, CC, VV, MINB>), grid, block, 0, st, \
+                                            logits, bias, bias_vl, image_rows, weights, ids, rows, experts, topk, \
+                                            route_scale, fault)
+  if (vec) {
+    if (chunks <= 1) TD_GROUP(1, V);
+    else if (chunks <= 2) TD_GROUP(2, V);  // 384 experts in bf16 at G 32: 2 x 8 per lane
+    else if (chunks <= 3) TD_GROUP(3, V);  // 384 experts: bf16 at G 16 (3 x 8), fp32 at G 32 (3 x 4)
+    else if (chunks <= 4) TD_GROUP(4, V);  // bf16 ends here: 4 x 8 = 32 per lane (512 at G 16, 1,024 at 32)
     else if constexpr (V == 4) {  // fp32 only: no bf16 row needs more than 4 chunks
-      if (chunks <= 6) TD_GROUP(16, 6, V);  // 384 experts in fp32: 6 x 4 per lane
-      else TD_GROUP(16, 8, V);
+      if (chunks <= 6) TD_GROUP(6, V);  // 384 experts in fp32 at G 16: 6 x 4 per lane
+      else TD_GROUP(8, V);
     }
   } else {
-    if (per_lane <= 2) TD_GROUP(16, 2, 1);
-    else if (per_lane <= 8) TD_GROUP(16, 8, 1);
-    else if (per_lane <= 16) TD_GROUP(16, 16, 1);
-    else TD_GROUP(16, 32, 1);
+    if (per_lane <= 2) TD_GROUP(2, 1);
+    else if (per_lane <= 8) TD_GROUP(8, 1);
+    else if (per_lane <= 16) TD_GROUP(16, 1);
+    else TD_GROUP(32, 1);
   }
 #undef TD_GROUP
+}
+
+constexpr int kWaveBlock = 256;  // threads per block of the wave route: 4 rows (wave64) or 8 (warp32)
+
+template <int DT, int MINB>
+void launch_wave(int64_t rows, int64_t experts, hipStream_t s, const void* logits, const float* bias,
+                 const float* bias_vl, const uint8_t* image_rows, float* weights, int64_t* ids, int topk,
+                 float route_scale, int fault) {
+  const int per_block = kWaveBlock / port_device_warp_size();
+  const dim3 grid((unsigned int)((rows + per_block - 1) / per_block)), block(kWaveBlock);
+  const int64_t pt = (experts + kNarrowestWave - 1) / kNarrowestWave;  // slots per lane on a 32-lane wave
+#define TD_WAVE(PT) hipLaunchKernelGGL(HIP_KERNEL_NAME(moe_route_wave<DT, PT, MINB>), grid, block, 0, s, logits, bias, \
+                                       bias_vl, image_rows, weights, ids, rows, experts, topk, route_scale, fault)
+  if (pt <= 2) TD_WAVE(2);
+  else if (pt <= 4) TD_WAVE(4);
+  else if (pt <= 8) TD_WAVE(8);
+  else if (pt <= 12) TD_WAVE(12);  // 384 experts: 12 per lane on NVIDIA, 6 on CDNA
+  else if (pt <= 16) TD_WAVE(16);
+  else TD_WAVE(32);  // up to 1,024 experts
+#undef TD_WAVE
 }
 
 template <int DT, int TPR>
@@ -351,12 +449,34 @@ void launch_tpr(int64_t pt, dim3 grid, hipStream_t s, const void* logits, const 
 // measured 13.6 us there, and 266 us at 65,536 rows (9.5% of the roofline): the group route
 // replaces those k dependent rounds with two rounds of independent shuffles.
 
+// Routes by `threads_per_row`: 64 / 128 / 256 the block route; 0 the default; a negative code a
+// named route (engine/backend/hip_ops.py ROUTER_ROUTES spells the same codes):
+constexpr int kRouteWave = -1;       // one row per wave, k rounds of wave maxima (main's, round 2)
+constexpr int kRouteWaveLb = -2;     // the same, 4 blocks of 256 resident asked (<= 64 registers a thread)
+constexpr int kRouteGroup16 = -3;    // one row per 16 lanes, ranks counted (round 3; 106-121 registers)
+constexpr int kRouteGroup16Lb = -4;  // the same, 8 blocks of 128 resident asked (<= 64 registers)
+constexpr int kRouteGroup32 = -5;    // one row per 32 lanes: half the slots a lane (12 of 384 experts)
+// THE DEFAULT ROUTE (threads_per_row 0): the fastest measured on the H200. Round 3's run measured
+// the wave route 265.9 us at 65,536 rows x 384 (f32) and 13.6 us at 1,024 against the group route's
+// 387.9 and 17.6: flip this one line to what bench/kernels.py's moe_route/*/<route> rows show best.
+constexpr int kDefaultRoute = kRouteWave;
+
 template <int DT>
 int launch(const void* logits, const float* bias, const float* bias_vl, const uint8_t* image_rows, float* weights,
            int64_t* ids, int64_t rows, int64_t experts, int topk, float route_scale, int fault, int tpr,
            hipStream_t s) {
-  if (tpr <= 0) {
-    launch_group<DT>(rows, experts, s, logits, bias, bias_vl, image_rows, weights, ids, topk, route_scale, fault);
+  if (tpr == 0) tpr = kDefaultRoute;
+  if (tpr < 0) {
+#define TD_ARGS rows, experts, s, logits, bias, bias_vl, image_rows, weights, ids, topk, route_scale, fault
+    switch (tpr) {
+      case kRouteWave: launch_wave<DT, 1>(TD_ARGS); break;
+      case kRouteWaveLb: launch_wave<DT, 4>(TD_ARGS); break;
+      case kRouteGroup16: launch_group<DT, 16, 1>(TD_ARGS); break;
+      case kRouteGroup16Lb: launch_group<DT, 16, 8>(TD_ARGS); break;
+      case kRouteGroup32: launch_group<DT, 32, 1>(TD_ARGS); break;
+      default: return TD_BAD_SHAPE;
+    }
+#undef TD_ARGS
     return td::launch_status();
   }
   const dim3 grid((unsigned int)rows);

@@ -93,20 +93,33 @@ def same(got, want):
 CASES = [(1, 8, 1), (5, 64, 2), (9, 100, 6), (19, 384, 6), (11, 384, 8), (6, 1000, 8), (3, 65, 7), (4, 1024, 8)]
 
 
+# the named routes' codes (threads_per_row < 0, hip/moe_route.hip kRoute*; 0 is the default among them)
+ROUTES = {"default": 0, "wave": -1, "wave_lb": -2, "group16": -3, "group16_lb": -4, "group32": -5}
+
+
+@pytest.mark.parametrize("route_name", list(ROUTES))
 @pytest.mark.parametrize("ws", [32, 64])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["f32", "bf16"])
 @pytest.mark.parametrize("rows,experts,k", CASES, ids=str)
-def test_group_route_matches_the_reference(lib, ws, dtype, rows, experts, k):
+def test_every_route_matches_the_reference(lib, ws, dtype, rows, experts, k, route_name):
     logits, bias, bias_vl, image = inputs(rows, experts, dtype, seed=rows * 1000 + experts)
-    same(route(lib, logits, bias, bias_vl, image, k, 1.5, ws=ws), REF.moe_route(logits, bias, bias_vl, image, k, 1.5))
+    same(route(lib, logits, bias, bias_vl, image, k, 1.5, ws=ws, threads=ROUTES[route_name]),
+         REF.moe_route(logits, bias, bias_vl, image, k, 1.5))
 
 
+@pytest.mark.parametrize("route_name", list(ROUTES))
 @pytest.mark.parametrize("ws", [32, 64])
 @pytest.mark.parametrize("mode", ["text-only", "no-bias-vl"])
-def test_group_route_without_image_rows(lib, ws, mode):
+def test_every_route_without_image_rows(lib, ws, mode, route_name):
     logits, bias, bias_vl, image = inputs(21, 384, torch.float32, seed=7)
     args = (logits, bias, None if mode == "no-bias-vl" else bias_vl, None if mode == "text-only" else image, 6, 2.5)
-    same(route(lib, *args, ws=ws), REF.moe_route(*args))
+    same(route(lib, *args, ws=ws, threads=ROUTES[route_name]), REF.moe_route(*args))
+
+
+def test_an_unknown_route_code_is_refused(lib):
+    logits, bias, bias_vl, image = inputs(3, 64, torch.float32)
+    with pytest.raises(AssertionError, match=r"\[\d+\]"):  # a nonzero status, nothing launched
+        route(lib, logits, bias, bias_vl, image, 2, 1.0, threads=-9)
 
 
 def ranked_by_key_then_id(keys: np.ndarray, s: np.ndarray, k: int, scale: float):
@@ -118,20 +131,22 @@ def ranked_by_key_then_id(keys: np.ndarray, s: np.ndarray, k: int, scale: float)
 
 
 @pytest.mark.parametrize("ws", [32, 64])
-def test_exact_ties_go_to_the_lower_expert_id(lib, ws):
+@pytest.mark.parametrize("route_name", list(ROUTES))
+def test_exact_ties_go_to_the_lower_expert_id(lib, route_name, ws):
     """Saturated logits of a few integer values and a zero bias: dozens of experts per row share
     each key; the kernel must pick the lowest ids among equal keys, in id order."""
     g = torch.Generator().manual_seed(3)
     logits = torch.randint(21, 25, (13, 384), generator=g).float()
     bias = torch.zeros(384)
-    got = route(lib, logits, bias, None, None, 8, 1.0, ws=ws)
+    got = route(lib, logits, bias, None, None, 8, 1.0, ws=ws, threads=ROUTES[route_name])
     s = np.sqrt(logits.numpy())
     same(got, ranked_by_key_then_id(s, s, 8, 1.0))
 
 
 @pytest.mark.parametrize("ws", [32, 64])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["f32", "bf16"])
-def test_every_winner_in_one_lane_and_rows_of_one_wave_disagreeing(lib, ws, dtype):
+@pytest.mark.parametrize("route_name", list(ROUTES))
+def test_every_winner_in_one_lane_and_rows_of_one_wave_disagreeing(lib, route_name, ws, dtype):
     """The bias lifts experts 0, 16, 32, ... (one lane of a 16-lane group holds all the winners:
     8 candidate layers) on even rows only; odd rows are plain random. Rows of one wave then need
     different numbers of layers, and every shuffle must still see the whole wave."""
@@ -139,17 +154,20 @@ def test_every_winner_in_one_lane_and_rows_of_one_wave_disagreeing(lib, ws, dtyp
     bias_vl = torch.zeros(384)
     bias_vl[::16] = 50.0 + torch.arange(24, dtype=torch.float32)  # image rows: all winners in lane 0
     image = torch.arange(17) % 2 == 0
-    same(route(lib, logits, bias, bias_vl, image, 8, 1.5, ws=ws), REF.moe_route(logits, bias, bias_vl, image, 8, 1.5))
-    _, ids = route(lib, logits, bias, bias_vl, image, 8, 1.5, ws=ws)
+    t = ROUTES[route_name]
+    same(route(lib, logits, bias, bias_vl, image, 8, 1.5, ws=ws, threads=t),
+         REF.moe_route(logits, bias, bias_vl, image, 8, 1.5))
+    _, ids = route(lib, logits, bias, bias_vl, image, 8, 1.5, ws=ws, threads=t)
     assert (ids[image] % 16 == 0).all()  # the case is the one it says
 
 
 @pytest.mark.parametrize("ws", [32, 64])
-def test_the_planted_fault_ranks_image_rows_with_the_text_bias(lib, ws):
+@pytest.mark.parametrize("route_name", list(ROUTES))
+def test_the_planted_fault_ranks_image_rows_with_the_text_bias(lib, route_name, ws):
     logits, bias, _, _ = inputs(24, 384, torch.float32, seed=5)
     bias_vl = -bias + torch.randn(384, generator=torch.Generator().manual_seed(6))
     image = torch.arange(24) % 3 == 0
-    _, ids = route(lib, logits, bias, bias_vl, image, 6, 1.5, ws=ws, fault=True)
+    _, ids = route(lib, logits, bias, bias_vl, image, 6, 1.5, ws=ws, fault=True, threads=ROUTES[route_name])
     _, ids_ok = REF.moe_route(logits, bias, bias_vl, image, 6, 1.5)
     _, ids_text = REF.moe_route(logits, bias, None, None, 6, 1.5)
     assert torch.equal(ids, ids_text)
