@@ -8,11 +8,15 @@
 #      (the group route against torch.topk, ties, image/text bias rows, bf16/f32, the planted fault)
 #      -> router_tests.txt
 #   2. the router kernel against the copy roofline and one launch's latency (bench/kernels.py
-#      --only moe_route: 1,024 rows is latency-bound and says so; 65,536 rows is the >= 30% target)
+#      --only moe_route: 1,024 rows is latency-bound and says so; 65,536 rows is the >= 30% target),
+#      every named route (wave, wave_lb, group16, group16_lb, group32) at both sizes and dtypes;
+#      the summary's "router best route" lines say what hip/moe_route.hip kDefaultRoute should be
 #      -> kernels_router.json
 #   3. the attention sweep: every Triton config of engine/runtime/triton_attention.py beside cuDNN,
 #      flash and efficient SDPA at DeepSeek's (16 x 8,910 x 64) and Qwen3-VL's (16 x 2,728 x 72)
-#      shapes, each checked against SDPA math in fp32 (bench/attention_sweep.py) -> attention_sweep.json
+#      shapes, each checked against SDPA math in fp32 (bench/attention_sweep.py; each shape in
+#      worker processes: a config that faults the device is recorded, a fresh worker goes on)
+#      -> attention_sweep.json
 #   4. the DeepSeek tower + aligner: every route (torch / hip, default / measured best first, hip
 #      with its own kernels only), hip over torch, the verdict checks and the breakdown
 #      (bench/engine_speed.py --only attention --only deepseek), with the sweep's best Triton
@@ -56,14 +60,14 @@ echo "router tests: exit $rc, $(tail -1 "$out/router_tests.txt")" | tee -a "$log
 
 stage "2. router kernel vs copy roofline and launch floor (bench/kernels.py --only moe_route)"
 if [ $gpu -eq 1 ]; then
-  timeout 90 "$py" bench/kernels.py --only moe_route --out "$out/kernels_router.json" 2>&1 | tee -a "$log"
+  timeout 150 "$py" bench/kernels.py --only moe_route --out "$out/kernels_router.json" 2>&1 | tee -a "$log"
   [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
 else
   echo "  skipped: bench/kernels.py needs a GPU" | tee -a "$log"
 fi
 
 stage "3. attention sweep (bench/attention_sweep.py)"
-sweep_args=(--budget-s 90)
+sweep_args=(--budget-s 80)
 [ $small -eq 1 ] && sweep_args=(--small --reps 1 --device cpu)
 timeout 170 "$py" bench/attention_sweep.py "$out" "${sweep_args[@]}" 2>&1 | tee -a "$log"
 [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
@@ -91,6 +95,9 @@ def load(name):
         return None
 k = load("kernels_router.json")
 if k:
+    for size, b in k.get("router_best", {}).items():
+        print(f"router best route {size:14s} {b['route']:11s} {b['hip_us']:8.2f} us   ("
+              + ", ".join(f"{n} {us:.1f}" for n, us in sorted(b["all_us"].items(), key=lambda x: x[1])) + ")")
     for r in k["kernels"]:
         print(f"router {r['kernel']:28s} hip {r['hip_us']:8.2f} us  roofline {r['roofline_us']:6.2f} us  "
               f"{r['hip_pct_roofline']:5.1f}% of roofline  bound: {r['bound']} ({r['hip_pct_of_bound']:.0f}%)  "
