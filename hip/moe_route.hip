@@ -3,12 +3,19 @@
 // ids are ranked by s + bias; their weights come from the UNBIASED s, normalised
 // (sum + 1e-20) and multiplied by route_scale.
 //
-// Default route (`threads_per_row` 0): one row per group of 16 lanes (32 past 512 experts), in
-// one pass: each lane keeps its experts in registers (16-byte loads where rows are aligned), the
-// k-th largest of the lane bests bounds the candidates, and each candidate's rank is counted over
-// shuffles (`moe_route_group`): no dependent rounds of maxima, no shared memory, no barrier. The
-// older route, one row per block of 64, 128 or 256 threads with k block-wide maxima, stays selectable
-// (`threads_per_row` 64/128/256) to measure against. Planted fault `router-text-bias-for-images`: image rows are
+// Routes (`threads_per_row`; 0 is kDefaultRoute below, the one line to flip after a measurement):
+//  - wave (-1): one row per wave, k rounds of wave maxima over packed (key, id) values (main's);
+//  - group16 (-3): one row per group of 16 lanes (32 past 512 experts), in one pass: each lane
+//    keeps its experts in registers (16-byte loads where rows are aligned), the k-th largest of
+//    the lane bests bounds the candidates, and each candidate's rank is counted over shuffles: no
+//    dependent rounds of maxima; it measured 1.45x slower than wave at 65,536 rows (106-121
+//    registers a thread: low occupancy);
+//  - wave_lb (-2) / group16_lb (-4): the same kernels with more resident blocks asked of the
+//    compiler (__launch_bounds__'s second argument: at most 64 registers a thread);
+//  - group32 (-5): the group kernel with 32 lanes a row, half the slots a lane;
+//  - 64 / 128 / 256: one row per block of that many threads, k block-wide maxima (the oldest).
+// All shuffle-only but the block route; no lane leaves a shuffle early (tests/hip/simt runs every
+// route on warp32 and wave64). Planted fault `router-text-bias-for-images`: image rows are
 // ranked with the text bias, the kind of one-character kernel bug the comparator must catch.
 #include "common.h"
 
