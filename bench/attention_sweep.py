@@ -185,23 +185,34 @@ def sweep_shape(name: str, shape, grid, args, device, dtype, deadline: float) ->
     while (with_sdpa or todo) and time.monotonic() < deadline and faults_in_a_row < MAX_FAULTS_IN_A_ROW:
         out["workers"] += 1
         proc = subprocess.Popen(_worker_cmd(name, todo if T is not None else [], with_sdpa, args),
-                                stdout=subprocess.PIPE, text=True, bufsize=1, env=os.environ.copy())
-        current, last = None, time.monotonic()
+                                stdout=subprocess.PIPE, bufsize=0, env=os.environ.copy())
+        current, last, pending, lines, ended = None, time.monotonic(), b"", [], False
         while True:
-            ready, _, _ = select.select([proc.stdout], [], [], 1.0)
-            if not ready:
-                if time.monotonic() - last > CONFIG_TIMEOUT_S or time.monotonic() > deadline:
-                    proc.kill()
-                    if current is not None:
-                        why = "timed out" if time.monotonic() - last > CONFIG_TIMEOUT_S else "sweep time budget spent"
-                        out["kernels"][current] = {"kind": "triton" if current.startswith("triton") else "sdpa",
-                                                   "error": f"{why} ({CONFIG_TIMEOUT_S:.0f} s a config)"}
-                        print(f"{name:9s} {current:34s} {why}", flush=True)
+            if not lines:  # unbuffered reads: select then sees every byte the worker has written
+                if ended:
                     break
+                ready, _, _ = select.select([proc.stdout], [], [], 1.0)
+                if not ready:
+                    hung = time.monotonic() - last > CONFIG_TIMEOUT_S
+                    if hung or time.monotonic() > deadline:
+                        proc.kill()
+                        if current is not None:
+                            kind = "triton" if current.startswith("triton") else "sdpa"
+                            out["kernels"][current] = (
+                                {"kind": kind, "error": f"timed out ({CONFIG_TIMEOUT_S:.0f} s a config)"} if hung
+                                else {"kind": kind, "skipped": "sweep time budget spent (stopped mid-config)"})
+                            print(f"{name:9s} {current:34s} {'timed out' if hung else 'budget spent'}", flush=True)
+                        break
+                    continue
+                chunk = os.read(proc.stdout.fileno(), 1 << 16)
+                ended = not chunk
+                pending += chunk
+                *done_lines, pending = pending.split(b"\n")
+                lines += [x.decode(errors="replace") + "\n" for x in done_lines]
+                if ended and pending:
+                    lines.append(pending.decode(errors="replace"))
                 continue
-            line = proc.stdout.readline()
-            if not line:
-                break
+            line = lines.pop(0)
             last = time.monotonic()
             if line.startswith("@@start "):
                 current = line[len("@@start "):].strip()
@@ -214,6 +225,9 @@ def sweep_shape(name: str, shape, grid, args, device, dtype, deadline: float) ->
                 status = (f"{entry['ms']:8.3f} ms {entry['tflops']:6.0f} TFLOP/s |o-ref| "
                           f"{entry['max_abs_vs_fp32']:.2e}" if "ms" in entry else entry["error"])
                 print(f"{name:9s} {label:34s} {status}", flush=True)
+                if time.monotonic() > deadline and not label.startswith("sdpa_"):  # the rest: skipped below
+                    proc.kill()
+                    break
             else:
                 print(line, end="", flush=True)
         rc = proc.wait()
