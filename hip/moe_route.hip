@@ -134,7 +134,7 @@ __device__ inline uint32_t order_key(float key) {
   return (u & 0x80000000u) ? ~u : (u | 0x80000000u);  // nonzero for every key sqrt can give
 }
 
-// The default route: one row per group of G lanes (16, or 32 past 512 experts), ws / G rows per
+// The group route: one row per group of G lanes (16 or 32; 32 past 512 experts), ws / G rows per
 // wave, in one pass and with no dependent rounds of maxima:
 //   1. each lane loads its S experts (V consecutive ones per 16-byte load), keeps s and the
 //      ordered biased key in registers, and its own best m;
