@@ -28,6 +28,8 @@ Writes OUTDIR/engine_speed.json, one section per figure of issue 15 (each also i
   torch's, the speed path's `ops_to_torch`; hip_own_kernels: every hip kernel kept). Verdict: each route's distance to the same tower run
   eager in fp32, as a multiple of the bf16 eager route's (the floor, `against_floor`: <= 2x); the
   cosine to the eager route is kept as a figure (bf16 rounding order alone moves it to ~0.9998).
+`--attention-sweep OUTDIR/attention_sweep.json` (bench/attention_sweep.py) puts each shape's best
+Triton config among those the Triton kernel times at its first call (`bench/gpu_round3.sh` does).
 Exit status 0 when the run completed (a missed target is a figure, not a failure), 1 when a
 verdict check failed, 2 on bad arguments.
 """
@@ -469,6 +471,9 @@ def main(argv=None) -> int:
     ap.add_argument("--small", action="store_true", help="tiny weights and small shapes (a CPU smoke run)")
     ap.add_argument("--iters", type=int, default=20)
     ap.add_argument("--only", action="append", choices=["qwen", "attention", "deepseek"], default=[])
+    ap.add_argument("--attention-sweep", type=Path, default=None,
+                    help="bench/attention_sweep.py's JSON: its best Triton config per shape joins the configs "
+                         "the Triton kernel chooses from at its first call (triton_attention.CONFIGS)")
     args = ap.parse_args(argv)
     args.dtype = "float32" if args.small else "bfloat16"
     args.qwen_weights = "synthetic:tiny" if args.small else "synthetic:full"
@@ -484,6 +489,8 @@ def main(argv=None) -> int:
     except ImportError:
         res["transformers"] = None
     want = set(args.only) or {"qwen", "attention", "deepseek"}
+    if args.attention_sweep is not None:
+        res["triton_configs_from_sweep"] = adopt_sweep(args.attention_sweep)
     if cuda:
         torch.backends.cuda.matmul.allow_tf32 = False
 
@@ -509,6 +516,20 @@ def main(argv=None) -> int:
     summary(res)
     errors = [s for s in want if "error" in res.get(s, {})]
     return 1 if errors or not all(res["checks"].values()) else 0
+
+
+def adopt_sweep(path: Path) -> list | str:
+    """Put each shape's best Triton config from an attention sweep first among the configs the
+    kernel times at its first call, so the engine's `triton` runs what the sweep found fastest."""
+    try:
+        sweep = json.loads(path.read_text())
+        from engine.runtime import triton_attention as T
+    except (OSError, ValueError, ImportError) as e:
+        return f"not used: {type(e).__name__}: {e}"
+    best = [tuple(r["best_triton"]["config"]) for r in sweep.get("shapes", {}).values() if r.get("best_triton")]
+    best = [c for c in dict.fromkeys(best) if c[4] in T.VARIANTS]
+    T.CONFIGS = tuple(best) + tuple(c for c in T.CONFIGS if c not in best)
+    return [list(c) for c in best]
 
 
 def summary(res: dict) -> None:

@@ -26,7 +26,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from engine.backend import pad_columns  # noqa: E402
-from engine.backend.hip_ops import HipBackend  # noqa: E402
+from engine.backend.hip_ops import ROUTER_ROUTES, HipBackend  # noqa: E402
 from engine.backend.torch_ops import TorchBackend  # noqa: E402
 
 L2_ROTATE_BYTES = 256 << 20  # rotate inputs over at least this much memory (H200 L2: 60 MB)
@@ -100,6 +100,13 @@ def graph_us(call, n_sets: int, reps: int) -> float:
             break
     ms = statistics.median(events_ms(g.replay, reps))
     return ms * 1e3 / calls
+
+
+def launch_floor_us(reps: int) -> float:
+    """Device time of the smallest kernel (a 1-element add), graph-replayed: no kernel that
+    depends on its own input can finish sooner, whatever bytes it moves."""
+    x = torch.zeros(1, device="cuda")
+    return graph_us(lambda i: x.add_(1.0), 1, reps)
 
 
 def loop_us(call, n_sets: int, reps: int) -> float:
@@ -188,6 +195,21 @@ def cases(g: torch.Generator):
                     lambda be, a, t=tpr: (be if be.name != "hip" else variant(router_threads=t)).moe_route(
                         a[0], a[1], a[2], a[3], 6, 1.5)))
 
+    # every named route of the router (hip/moe_route.hip kRoute*, HipBackend router_threads) at both
+    # sizes and both dtypes, in this one run: `router_best` names the fastest per size and dtype,
+    # what kDefaultRoute should be
+    for route in ROUTER_ROUTES:
+        for rows in (1024, 65536):
+            for dt, tag in ((torch.float32, "f32"), (torch.bfloat16, "bf16")):
+                es = torch.finfo(dt).bits // 8
+                out.append((f"moe_route/{tag}/{rows}rows@{route}", f"{rows}x384 top-6, image rows interleaved",
+                            rows * 384 * es + 2 * 384 * 4 + rows + rows * 6 * (4 + 8), 0,
+                            lambda dt=dt, rows=rows: (rn(rows, 384, dtype=dt, scale=2.0), rn(384, dtype=torch.float32),
+                                                      rn(384, dtype=torch.float32),
+                                                      torch.arange(rows, device="cuda") % 2 == 1),
+                            lambda be, a, r=route: (be if be.name != "hip" else variant(router_threads=r)).moe_route(
+                                a[0], a[1], a[2], a[3], 6, 1.5)))
+
     def scatter_inputs():
         rows = torch.arange(1022, device="cuda") + 500
         return rn(2048, 5120), rows, rn(1022, 5120)
@@ -199,6 +221,17 @@ def cases(g: torch.Generator):
                 lambda be, a: be.embed_scatter(a[0], a[1], a[2]) if be.name == "hip"
                 else a[0].index_copy_(0, a[1], a[2])))
     return out
+
+
+def router_best(rows: list) -> dict:
+    """Per router size and dtype ("f32/65536rows"): the fastest named route and every route's us."""
+    by: dict = {}
+    for r in rows:
+        name = r["kernel"]
+        if name.startswith("moe_route/") and "@" in name and name.count("/") == 2:
+            size, route = name[len("moe_route/"):].split("@")
+            by.setdefault(size, {})[route] = r["hip_us"]
+    return {size: {"route": min(us, key=us.get), "hip_us": min(us.values()), "all_us": us} for size, us in by.items()}
 
 
 def main(argv=None) -> int:
@@ -226,6 +259,7 @@ def main(argv=None) -> int:
         torch.cuda.synchronize()
         return 0
     bw = copy_bandwidth(args.reps)
+    floor_us = launch_floor_us(args.reps)
     rows = []
     for name, shape, nbytes, flops, make, call in cases(g):
         if args.only and args.only not in name:
@@ -245,6 +279,10 @@ def main(argv=None) -> int:
             "roofline_us": roof_us,
             "hip_pct_roofline": 100 * roof_us / t_hip, "torch_pct_roofline": 100 * roof_us / t_ref,
             "speedup_vs_eager": t_ref / t_hip,
+            # what the kernel is held to: the copy roofline, or one launch's latency where the
+            # roofline is below it (1,024 router rows: 0.4 us of bytes, no kernel ends that soon)
+            "bound": "launch latency" if roof_us < floor_us else "copy roofline",
+            "hip_pct_of_bound": 100 * max(roof_us, floor_us) / t_hip,
             "hip_loop_us": loop_us(hip_call, n_sets, args.reps), "torch_loop_us": loop_us(ref_call, n_sets, args.reps),
         }
         if flops:
@@ -254,9 +292,11 @@ def main(argv=None) -> int:
         del sets
         torch.cuda.empty_cache()
     result = {"device": torch.cuda.get_device_name(), "torch": torch.__version__,
-              "copy_GBps": bw, "reps": args.reps, "kernels": rows}
+              "copy_GBps": bw, "launch_floor_us": floor_us, "reps": args.reps, "kernels": rows,
+              "router_best": router_best(rows)}
     Path(args.out).write_text(json.dumps(result, indent=2))
-    print(f"{result['device']}  torch {result['torch']}  copy {bw:.0f} GB/s (read+write)")
+    print(f"{result['device']}  torch {result['torch']}  copy {bw:.0f} GB/s (read+write), "
+          f"one graph-replayed launch of a 1-element kernel {floor_us:.2f} us")
     print(f"{'kernel':28} {'hip us':>8} {'eager us':>9} {'hip GB/s':>9} {'%roof':>6} {'eager %roof':>11} "
           f"{'speedup':>8} {'hip loop':>9} {'eager loop':>10}")
     for r in rows:
@@ -264,6 +304,14 @@ def main(argv=None) -> int:
         print(f"{r['kernel']:28} {r['hip_us']:8.2f} {r['torch_us']:9.2f} {r['hip_GBps']:9.0f} "
               f"{r['hip_pct_roofline']:6.1f} {r['torch_pct_roofline']:11.1f} {r['speedup_vs_eager']:8.2f} "
               f"{r['hip_loop_us']:9.2f} {r['torch_loop_us']:10.2f}{extra}")
+    for size, b in result["router_best"].items():
+        print(f"router {size}: fastest route {b['route']} {b['hip_us']:.2f} us; "
+              + ", ".join(f"{k} {v:.2f}" for k, v in b["all_us"].items()))
+    for r in rows:
+        if r["bound"] == "launch latency":
+            print(f"  {r['kernel']}: its copy roofline ({r['roofline_us']:.2f} us) is below one launch "
+                  f"({floor_us:.2f} us): latency-bound, it cannot reach 30% of the roofline; "
+                  f"{r['hip_pct_of_bound']:.0f}% of the launch floor")
     return 0
 
 

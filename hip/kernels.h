@@ -48,13 +48,15 @@ int td_patch_gemm(const void* x, const void* w, const float* bias, void* y, int6
 int td_aligner_gather(const void* x, const int32_t* index, void* y, int64_t t, int64_t c,
                       int64_t n_src, int elem_bytes, void* stream);
 
-// Dual-bias MoE routing, one row per block: s = sqrt(softplus(logit)); rank by s + bias_vl on
+// Dual-bias MoE routing: s = sqrt(softplus(logit)); rank by s + bias_vl on
 // rows with image_rows[r] != 0 (when both are given), else s + bias; weights = s of the chosen
 // ids / (sum + 1e-20) * route_scale. logits: [rows, experts] of `dtype`; bias, bias_vl: fp32
 // [experts]; image_rows: uint8 [rows] or NULL; weights: fp32 [rows, topk]; ids: int64
 // [rows, topk] in descending biased score (ties to the lower id). topk <= 8, experts <= 1024.
 // fault_text_bias_for_images != 0 plants the fault `router-text-bias-for-images`;
-// threads_per_row is 64, 128, 256 or 0 (chosen from the number of experts).
+// threads_per_row is 64, 128, 256 (one row per block of that many threads), a named route's
+// negative code (-1 wave, -2 wave_lb, -3 group16, -4 group16_lb, -5 group32) or 0 (the default
+// route, moe_route.hip kDefaultRoute).
 int td_moe_route(const void* logits, const float* bias, const float* bias_vl,
                  const uint8_t* image_rows, float* weights, int64_t* ids, int64_t rows,
                  int64_t experts, int topk, float route_scale, int dtype,

@@ -35,6 +35,9 @@ KERNEL_FAULTS = {
 _FLOATS = (torch.float32, torch.bfloat16)
 _MAX_TOPK = 8
 _MAX_EXPERTS = 1024
+# the router kernel's named routes, as hip/moe_route.hip codes them (threads_per_row < 0); 0 is its
+# kDefaultRoute, 64 / 128 / 256 one row per block of that many threads
+ROUTER_ROUTES = {"wave": -1, "wave_lb": -2, "group16": -3, "group16_lb": -4, "group32": -5}
 
 _lock = threading.Lock()
 _module = None
@@ -121,7 +124,8 @@ def _float(t: torch.Tensor, what: str) -> None:
 class HipBackend:
     name = "hip"
 
-    def __init__(self, faults=(), patch_gemm: str = "tiled", rope_access_bytes: int = 0, router_threads: int = 0):
+    def __init__(self, faults=(), patch_gemm: str = "tiled", rope_access_bytes: int = 0,
+                 router_threads: int | str = 0):
         unknown = set(faults) - set(KERNEL_FAULTS)
         if unknown:
             raise EngineInputError(f"unknown kernel fault(s) {sorted(unknown)} (known: {sorted(KERNEL_FAULTS)})")
@@ -129,10 +133,12 @@ class HipBackend:
             raise EngineInputError(f"patch_gemm must be 'tiled' or 'vendor', not {patch_gemm!r}")
         if rope_access_bytes not in (0, 4, 8, 16):
             raise EngineInputError(f"rope_access_bytes must be 0 (widest), 4, 8 or 16, not {rope_access_bytes}")
-        if router_threads not in (0, 64, 128, 256):
-            raise EngineInputError(f"router_threads must be 0 (one row per wave, the default), 64, 128 or 256 "
-                                   f"(one row per block of that many threads), not {router_threads}")
+        if router_threads not in (0, 64, 128, 256, *ROUTER_ROUTES):
+            raise EngineInputError(f"router_threads must be 0 (the kernel's default route), 64, 128 or 256 "
+                                   f"(one row per block of that many threads) or a route "
+                                   f"({', '.join(ROUTER_ROUTES)}), not {router_threads!r}")
         self.router_threads = router_threads
+        self._router_code = ROUTER_ROUTES.get(router_threads, router_threads)
         self.faults = frozenset(faults)
         self.patch_gemm = patch_gemm
         self.rope_access_bytes = rope_access_bytes
@@ -212,7 +218,7 @@ class HipBackend:
         fault = ROUTER_TEXT_BIAS_FOR_IMAGES in self.faults
         with _on_device(logits):
             w, ids = self._k.moe_route(logits.contiguous(), b, bvl, img, int(topk), float(route_scale), fault,
-                                       self.router_threads, _stream(logits))
+                                       self._router_code, _stream(logits))
         return w, ids
 
     def embed_scatter(self, emb, rows, src):

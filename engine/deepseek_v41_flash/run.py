@@ -12,6 +12,7 @@ each is planned and encoded on its own, image K >= 1 tapped under `image.K.` (`t
 """
 from __future__ import annotations
 
+import copy
 import dataclasses
 import time
 from pathlib import Path
@@ -27,6 +28,7 @@ from ..runtime import delegate
 from ..runtime import image as rimage
 from ..runtime.speed_path import SpeedPath
 from . import faults as F
+from . import fused as ds_fused
 from . import weights as W
 from .aligner import AlignerWeights, align, cell_index
 from .config import Config
@@ -36,6 +38,9 @@ from .span import image_span
 from .vision import NORM_EPS, VisionTower, pad_patch_rows, prepare_tower, tower_shapes
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+# the backend ops a vision block calls (its GEMMs are torch's on every backend): on the compiled
+# route they are chosen for the block as a whole (`VisionEngine._delegate`)
+BLOCK_OPS = ("rms_norm", "rope_rotate_half")
 ALIGNER = ["aligner.w1.weight", "aligner.w1.bias", "aligner.w2.weight", "aligner.w2.bias"]
 MARKERS = ["image_start", "image_end", "image_newline"]
 
@@ -147,25 +152,42 @@ class VisionEngine:
         return t.fuse == "on" or (t.fuse == "auto" and t.passes >= 1)
 
     def _delegate(self, patches: torch.Tensor, plan: ImagePlan) -> None:
-        """Once, before the first compiled pass of a non-torch backend: each of its own kernels
-        timed against torch's op on this pass's tensors; the clearly slower ones run torch's from
-        now on (`runtime.delegate`; what was measured goes to the speed path). The eager one-shot
-        route never gets here, so `check` keeps running every kernel of the backend."""
+        """Once, before the first compiled pass of a non-torch backend, what runs where is
+        measured where it runs (`runtime.delegate`; what was measured goes to the speed path):
+
+        - outside the block (patch projection, final norm, aligner gather: eager ops, replayed in
+          the pass's graph), each of the backend's kernels against torch's op on this pass's
+          tensors; the clearly slower ones run torch's from now on;
+        - the block, whole: compiled around the backend's norm and rope kernels (only the glue
+          compiled), against compiled whole on torch's ops (which Inductor fuses into their
+          neighbours), each as a replayed graph; the faster block is the one the passes run.
+
+        The eager one-shot route never gets here, so `check` keeps running every kernel of the backend."""
         ref, t = backends.get("torch"), self.tower
         blk = t.w.blocks[0]
         with torch.inference_mode():
             x = t.embed(patches)
             cos, sin = t.rope(plan.grid, x.device)
-            n, nh, hd = x.shape[0], t.block.nh, t.block.hd
-            qk = ref.linear(x, blk.wqkv, blk.bqkv).view(n, 3, nh, hd)[:, :2].reshape(n, 2 * nh, hd)  # as attn_in
             rows = pad_patch_rows(patches.to(t.w.patch_w.dtype), t.w.patch_w.shape[1])
             index = cell_index(*plan.grid, self.cfg.vision_downsample_ratio, x.device)
-            calls = {"rms_norm": lambda be: be.rms_norm(x, blk.norm1, NORM_EPS),
+            calls = {"rms_norm": lambda be: be.rms_norm(x, t.w.norm, NORM_EPS),
                      "patch_linear": lambda be: be.patch_linear(rows, t.w.patch_w, t.w.patch_b),
-                     "aligner_gather": lambda be: be.aligner_gather(x, index),
-                     "rope_rotate_half": lambda be: be.rope_rotate_half(qk, cos, sin)}
+                     "aligner_gather": lambda be: be.aligner_gather(x, index)}
             self.delegation = delegate.measure(calls, self.backend, ref, self.device)
-        self.backend = t.backend = t.block.backend = delegate.delegating(self.backend, ref, self.delegation)
+            self.backend = t.backend = t.block.backend = delegate.delegating(self.backend, ref, self.delegation)
+            own = ds_fused.FusedBlock(t.block)
+            on_torch = copy.copy(t.block)
+            on_torch.backend = ref
+            reference = ds_fused.FusedBlock(on_torch)
+            block = delegate.measure_block(lambda: own(x, blk, cos, sin), lambda: reference(x, blk, cos, sin),
+                                           self.device)
+        block["ops"] = list(BLOCK_OPS)
+        block["where"] = "the compiled block, whole (CUDA-graph replayed on a GPU)"
+        for name, fz in (("own_error", own), ("reference_error", reference)):
+            if fz.error:  # a block that did not compile ran eagerly while timed: said, not hidden
+                block[name] = fz.error
+        self.delegation["block"] = block
+        t._fused = reference if block["delegated"] else own  # the compiled block every later pass runs
 
     def _encode(self, patches: torch.Tensor, plan: ImagePlan, rec=None) -> torch.Tensor:
         taps = rec is not None and rec.enabled

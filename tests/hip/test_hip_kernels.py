@@ -266,6 +266,37 @@ def test_moe_route_threads_per_row(ref, gen, threads, experts):
     torch.testing.assert_close(w, w_ref)
 
 
+@pytest.mark.parametrize("route", ["wave", "wave_lb", "group16", "group16_lb", "group32"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["f32", "bf16"])
+@pytest.mark.parametrize("experts", [8, 100, 384, 1000, 1024])
+def test_moe_route_every_named_route(ref, gen, route, dtype, experts):
+    # each route the kernels bench measures (and kDefaultRoute may name), held to the reference;
+    # 1,027 rows: partial blocks for every rows-per-block, text and image rows interleaved
+    from engine.backend.hip_ops import HipBackend
+
+    logits = randn(1027, experts, gen=gen, dtype=dtype, scale=2.0)
+    bias, bias_vl = randn(experts, gen=gen, scale=0.3), randn(experts, gen=gen, scale=0.3)
+    image = torch.arange(1027, device="cuda") % 2 == 1
+    k = min(6, experts)
+    be = HipBackend(router_threads=route)
+    w, ids = be.moe_route(logits, bias, bias_vl, image, k, 1.5)
+    w_ref, ids_ref = ref.moe_route(logits, bias, bias_vl, image, k, 1.5)
+    assert torch.equal(ids, ids_ref)
+    torch.testing.assert_close(w, w_ref)
+    # the planted fault trips on every route: image rows ranked with the text bias
+    _, ids_f = be.with_faults({D.ROUTER_TEXT_BIAS_FOR_IMAGES}).moe_route(logits, bias, -bias_vl * 10, image, k, 1.5)
+    _, ids_text = ref.moe_route(logits, bias, None, None, k, 1.5)
+    assert torch.equal(ids_f, ids_text)
+
+
+def test_moe_route_unknown_route_is_refused():
+    from engine.backend.hip_ops import HipBackend
+    from engine.errors import EngineInputError
+
+    with pytest.raises(EngineInputError, match="group16"):
+        HipBackend(router_threads="group8")
+
+
 def test_moe_route_saturated_softplus(hip, ref, gen):
     # logits past the softplus threshold (20) take the identity branch, as in torch
     logits = randn(9, 384, gen=gen, scale=30.0)

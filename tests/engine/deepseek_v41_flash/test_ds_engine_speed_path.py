@@ -143,9 +143,117 @@ def test_a_backends_slower_op_is_delegated_to_torch_from_the_first_compiled_pass
         assert eng.delegation is None and eng.backend.name == "slowpatch" and not hasattr(eng.backend, "ops")
         return
     ops = eng.speed_path()["vision"]["ops_to_torch"]
-    assert set(ops) == {"rms_norm", "patch_linear", "aligner_gather", "rope_rotate_half"}
+    assert set(ops) == {"rms_norm", "patch_linear", "aligner_gather", "block"}
     assert ops["patch_linear"]["delegated"] and ops["patch_linear"]["own_ms"] > 45
+    assert ops["block"]["ops"] == ["rms_norm", "rope_rotate_half"]
     # the other ops are the same torch ops both ways: whatever the timing noise decided, the
     # backend runs exactly what the record says
-    assert eng.backend.ops == {k for k, v in ops.items() if v["delegated"]} and eng.tower.block.backend is eng.backend
+    assert eng.backend.ops == {k for k, v in ops.items() if v["delegated"] and k != "block"}
+    assert eng.tower.block.backend is eng.backend
+    block_backend = eng.tower._fused.block.backend  # the stand-in's block: the one the passes run
+    assert block_backend is (backends.get("torch") if ops["block"]["delegated"] else eng.backend)
 
+
+class _SlowRope(_SlowPatchGemm):
+    """A backend whose rope kernel (an op of the block only) is the slow one: its calls are
+    counted, and the timer below charges 5 ms for each (a shared 2-core machine's timing noise is
+    larger than any sleep a test can afford)."""
+
+    rope_calls = 0
+
+    def patch_linear(self, x, weight, bias):
+        return self.ref.patch_linear(x, weight, bias)
+
+    def rope_rotate_half(self, x, cos, sin):
+        self.rope_calls += 1
+        return self.ref.rope_rotate_half(x, cos, sin)
+
+
+def test_the_block_runs_torchs_ops_when_they_make_the_whole_block_faster(monkeypatch, tmp_path):
+    """`VisionEngine._delegate` times the block whole, on the backend's ops and on torch's; the
+    slower block is not run again, the numbers are torch's, the record says which block ran."""
+    import torch
+
+    import engine.backend as backends
+    import engine.deepseek_v41_flash.fused as ds_fused
+    from engine.deepseek_v41_flash.run import VisionEngine
+    from tensordiff.capture import NullRecorder
+    from tensordiff.synthetic.deepseek_v41_flash import resolve
+
+    class Eager:
+        def __init__(self, block):
+            self.block, self.ok, self.error = block, True, None
+
+        def __call__(self, *a):
+            return self.block(*a)
+
+    slow = _SlowRope()
+
+    def charged_ms(fn, device, reps):  # 1 ms a call, plus 5 for each call of the slow rope
+        before = slow.rope_calls
+        fn()
+        return 1.0 + 5.0 * (slow.rope_calls - before)
+
+    real = run_mod.delegate.measure_block
+    monkeypatch.setattr(run_mod.delegate, "measure_block",
+                        lambda own, ref, device: real(own, ref, device, timer=charged_ms))
+    monkeypatch.setitem(backends._CACHE, "sloworope", slow)
+    monkeypatch.setattr(run_mod, "can_compile", lambda device: True)
+    monkeypatch.setattr(ds_fused, "FusedBlock", Eager)
+    w = resolve("synthetic:tiny")
+    eng = VisionEngine(w, device="cpu", backend="sloworope", fuse="auto", graphs="off")
+    ref = VisionEngine(w, device="cpu", fuse="off", graphs="off")
+    from PIL import Image
+
+    Image.new("RGB", (70, 56), (90, 140, 200)).save(tmp_path / "p.png")
+    plan, patches = eng.preprocess(tmp_path / "p.png")
+    with torch.inference_mode():
+        want = ref.encode(patches, plan, NullRecorder())
+        eng.encode(patches, plan, NullRecorder())  # the eager pass: every kernel of the backend
+        assert slow.rope_calls == len(eng.tower.w.blocks)
+        assert torch.equal(eng.encode(patches, plan, NullRecorder()), want)
+    block = eng.speed_path()["vision"]["ops_to_torch"]["block"]
+    assert block["delegated"] and block["own_ms"] == 6.0 and block["reference_ms"] == 1.0  # one rope a block
+    assert eng.tower._fused.block.backend is backends.get("torch")
+    before = slow.rope_calls
+    with torch.inference_mode():
+        assert torch.equal(eng.encode(patches, plan, NullRecorder()), want)
+    assert slow.rope_calls == before  # the passes run the torch block: the slow rope is not called again
+
+
+def test_the_backends_block_stays_when_it_is_not_slower(monkeypatch, tmp_path):
+    """The clean case: the backend's block timed no slower than torch's keeps the backend's kernels."""
+    import torch
+
+    import engine.backend as backends
+    import engine.deepseek_v41_flash.fused as ds_fused
+    from engine.deepseek_v41_flash.run import VisionEngine
+    from tensordiff.capture import NullRecorder
+    from tensordiff.synthetic.deepseek_v41_flash import resolve
+
+    class Eager:
+        def __init__(self, block):
+            self.block, self.ok, self.error = block, True, None
+
+        def __call__(self, *a):
+            return self.block(*a)
+
+    slow = _SlowRope()
+    real = run_mod.delegate.measure_block
+    monkeypatch.setattr(run_mod.delegate, "measure_block",
+                        lambda own, ref, device: real(own, ref, device, timer=lambda fn, d, r: (fn(), 1.0)[1]))
+    monkeypatch.setitem(backends._CACHE, "sloworope", slow)
+    monkeypatch.setattr(run_mod, "can_compile", lambda device: True)
+    monkeypatch.setattr(ds_fused, "FusedBlock", Eager)
+    eng = VisionEngine(resolve("synthetic:tiny"), device="cpu", backend="sloworope", fuse="auto", graphs="off")
+    from PIL import Image
+
+    Image.new("RGB", (70, 56), (90, 140, 200)).save(tmp_path / "p.png")
+    plan, patches = eng.preprocess(tmp_path / "p.png")
+    with torch.inference_mode():
+        eng.encode(patches, plan, NullRecorder())
+        eng.encode(patches, plan, NullRecorder())
+        before = slow.rope_calls
+        eng.encode(patches, plan, NullRecorder())
+    assert eng.speed_path()["vision"]["ops_to_torch"]["block"]["delegated"] is False  # a tie keeps the backend's
+    assert eng.tower._fused.block.backend is eng.backend and slow.rope_calls == before + len(eng.tower.w.blocks)

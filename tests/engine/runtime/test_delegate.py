@@ -54,3 +54,20 @@ def test_the_rule_a_clear_win_delegates_a_near_tie_keeps_the_backends_own():
     calls = {name: (lambda be: None) for name in ("a", "b", "c", "d")}
     t = delegate.measure(calls, object(), object(), torch.device("cpu"), timer=lambda fn, dev, reps: next(times))
     assert {k: v["delegated"] for k, v in t.items()} == {"a": True, "b": True, "c": False, "d": False}
+
+
+def test_the_block_rule_keeps_the_faster_whole_block_and_the_backends_on_a_tie():
+    """measure_block at fixed timings: each side timed twice, alternating, its best kept; the
+    reference block delegates only when strictly faster."""
+    for own, ref, want in (((1.0, 1.2), (0.9, 1.5), True), ((1.0, 1.0), (1.0, 1.0), False),
+                           ((2.0, 1.0), (1.5, 1.1), False), ((3.0, 3.0), (2.0, 2.5), True)):
+        times = iter([own[0], ref[0], own[1], ref[1]])
+        t = delegate.measure_block(lambda: None, lambda: None, torch.device("cpu"),
+                                   timer=lambda fn, dev, reps: next(times))
+        assert (t["own_ms"], t["reference_ms"], t["delegated"]) == (min(own), min(ref), want)
+
+
+def test_graphed_ms_on_the_cpu_times_plain_calls():
+    calls = []
+    ms = delegate.graphed_ms(lambda: calls.append(time.sleep(0.002)), torch.device("cpu"), reps=3)
+    assert ms >= 1.5 and len(calls) == 1 + 3 * 3  # one warm-up, 3 runs of 3 (per_call_ms)

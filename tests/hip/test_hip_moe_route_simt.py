@@ -1,0 +1,183 @@
+"""hip/moe_route.hip itself, run on the CPU: the kernel source compiled by the host compiler
+against tests/hip/simt/portable.h (one std::thread per GPU thread, one barrier per wave, a
+shuffle that not every lane of a wave reaches deadlocks instead of passing), on warp32 and wave64,
+held to the torch reference op. It proves the router's logic and its wave-uniformity on a machine
+without a GPU; tests/hip/test_hip_kernels.py holds the GPU build to the same op on the GPU.
+
+The host maths library rounds expf/log1pf like the GPU's to an ulp or so: the ids must match
+exactly (random keys are far apart), the weights to fp32 tolerance; exact ties are built from
+saturated logits (> 20: softplus is the identity, sqrt is exact), where every library agrees.
+"""
+from __future__ import annotations
+
+import ctypes
+import shutil
+import subprocess
+import threading
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from engine.backend.torch_ops import TorchBackend
+
+HIP = Path(__file__).resolve().parents[2] / "hip"
+SIMT = Path(__file__).resolve().parent / "simt" / "portable.h"
+CXX = shutil.which("g++") or shutil.which("clang++")
+TD_F32, TD_BF16 = 0, 1
+REF = TorchBackend()
+
+pytestmark = pytest.mark.skipif(CXX is None, reason="needs a C++20 host compiler (g++ or clang++)")
+
+
+@pytest.fixture(scope="module")
+def lib(tmp_path_factory):
+    d = tmp_path_factory.mktemp("simt")
+    for name in ("moe_route.hip", "common.h", "kernels.h"):
+        shutil.copy(HIP / name, d / name)
+    shutil.copy(SIMT, d / "portable.h")  # found first: common.h includes "portable.h" from its own folder
+    (d / "harness.cpp").write_text('#include "moe_route.hip"\n'
+                                   'extern "C" void simt_set_warp_size(int ws) { simt::warp_size = ws; }\n')
+    r = subprocess.run([CXX, "-std=c++20", "-O1", "-pthread", "-shared", "-fPIC", "-Wall", "-Werror",
+                        "-Wno-unknown-pragmas", f"-I{d}", str(d / "harness.cpp"), "-o", str(d / "libroute.so")],
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-3000:]
+    so = ctypes.CDLL(str(d / "libroute.so"))
+    so.td_moe_route.restype = ctypes.c_int
+    so.td_moe_route.argtypes = [ctypes.c_void_p] * 6 + [ctypes.c_int64, ctypes.c_int64, ctypes.c_int, ctypes.c_float,
+                                                         ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_void_p]
+    return so
+
+
+def route(lib, logits, bias, bias_vl, image, k, scale, *, ws=32, fault=False, threads=0):
+    """td_moe_route on the CPU stand-in, with a wave of `ws` lanes; (weights, ids) as torch."""
+    rows, experts = logits.shape
+    dtype = TD_BF16 if logits.dtype == torch.bfloat16 else TD_F32
+    raw = np.ascontiguousarray((logits.view(torch.int16) if dtype == TD_BF16 else logits).numpy())
+    b = np.ascontiguousarray(bias.numpy(), dtype=np.float32)
+    bvl = None if bias_vl is None else np.ascontiguousarray(bias_vl.numpy(), dtype=np.float32)
+    img = None if image is None else np.ascontiguousarray(image.numpy().astype(np.uint8))
+    w = np.full((rows, k), np.nan, np.float32)  # unwritten slots stay NaN, never a plausible weight
+    ids = np.full((rows, k), -1, np.int64)
+    ptr = lambda a: None if a is None else a.ctypes.data  # noqa: E731
+    lib.simt_set_warp_size(ws)
+    status = []
+    t = threading.Thread(target=lambda: status.append(lib.td_moe_route(
+        ptr(raw), ptr(b), ptr(bvl), ptr(img), ptr(w), ptr(ids), rows, experts, k, scale, dtype, int(fault), threads,
+        None)), daemon=True)
+    t.start()
+    t.join(120)
+    assert not t.is_alive(), "the kernel deadlocked: a shuffle or barrier not reached by every lane"
+    assert status == [0], status
+    return torch.from_numpy(w), torch.from_numpy(ids)
+
+
+def inputs(rows, experts, dtype, seed=0, scale=2.0):
+    g = torch.Generator().manual_seed(seed)
+    logits = (torch.randn(rows, experts, generator=g) * scale).to(dtype)
+    bias, bias_vl = torch.randn(experts, generator=g) * 0.3, torch.randn(experts, generator=g) * 0.3
+    image = torch.rand(rows, generator=g) < 0.5
+    return logits, bias, bias_vl, image
+
+
+def same(got, want):
+    w, ids = got
+    w_ref, ids_ref = want
+    assert torch.equal(ids, ids_ref)
+    torch.testing.assert_close(w, w_ref)
+
+
+# rows x experts x k: one row, partial blocks, experts not a multiple of 16 lanes or of a 16-byte
+# vector, fewer experts than lanes, 384 (DeepSeek's), past 512 (32 lanes per row), 1,024 (the most)
+CASES = [(1, 8, 1), (5, 64, 2), (9, 100, 6), (19, 384, 6), (11, 384, 8), (6, 1000, 8), (3, 65, 7), (4, 1024, 8)]
+
+
+# the named routes' codes (threads_per_row < 0, hip/moe_route.hip kRoute*; 0 is the default among them)
+ROUTES = {"default": 0, "wave": -1, "wave_lb": -2, "group16": -3, "group16_lb": -4, "group32": -5}
+
+
+@pytest.mark.parametrize("route_name", list(ROUTES))
+@pytest.mark.parametrize("ws", [32, 64])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["f32", "bf16"])
+@pytest.mark.parametrize("rows,experts,k", CASES, ids=str)
+def test_every_route_matches_the_reference(lib, ws, dtype, rows, experts, k, route_name):
+    logits, bias, bias_vl, image = inputs(rows, experts, dtype, seed=rows * 1000 + experts)
+    same(route(lib, logits, bias, bias_vl, image, k, 1.5, ws=ws, threads=ROUTES[route_name]),
+         REF.moe_route(logits, bias, bias_vl, image, k, 1.5))
+
+
+@pytest.mark.parametrize("route_name", list(ROUTES))
+@pytest.mark.parametrize("ws", [32, 64])
+@pytest.mark.parametrize("mode", ["text-only", "no-bias-vl"])
+def test_every_route_without_image_rows(lib, ws, mode, route_name):
+    logits, bias, bias_vl, image = inputs(21, 384, torch.float32, seed=7)
+    args = (logits, bias, None if mode == "no-bias-vl" else bias_vl, None if mode == "text-only" else image, 6, 2.5)
+    same(route(lib, *args, ws=ws, threads=ROUTES[route_name]), REF.moe_route(*args))
+
+
+def test_an_unknown_route_code_is_refused(lib):
+    logits, bias, bias_vl, image = inputs(3, 64, torch.float32)
+    with pytest.raises(AssertionError, match=r"\[\d+\]"):  # a nonzero status, nothing launched
+        route(lib, logits, bias, bias_vl, image, 2, 1.0, threads=-9)
+
+
+def ranked_by_key_then_id(keys: np.ndarray, s: np.ndarray, k: int, scale: float):
+    """Top-k by descending key, ties to the lower id; weights from s (the kernel's contract)."""
+    ids = np.stack([np.lexsort((np.arange(keys.shape[1]), -row))[:k] for row in keys])
+    w = np.take_along_axis(s, ids, 1)
+    w = w / (w.sum(1, keepdims=True, dtype=np.float32) + np.float32(1e-20)) * np.float32(scale)
+    return torch.from_numpy(w.astype(np.float32)), torch.from_numpy(ids)
+
+
+@pytest.mark.parametrize("ws", [32, 64])
+@pytest.mark.parametrize("route_name", list(ROUTES))
+def test_exact_ties_go_to_the_lower_expert_id(lib, route_name, ws):
+    """Saturated logits of a few integer values and a zero bias: dozens of experts per row share
+    each key; the kernel must pick the lowest ids among equal keys, in id order."""
+    g = torch.Generator().manual_seed(3)
+    logits = torch.randint(21, 25, (13, 384), generator=g).float()
+    bias = torch.zeros(384)
+    got = route(lib, logits, bias, None, None, 8, 1.0, ws=ws, threads=ROUTES[route_name])
+    s = np.sqrt(logits.numpy())
+    same(got, ranked_by_key_then_id(s, s, 8, 1.0))
+
+
+@pytest.mark.parametrize("ws", [32, 64])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["f32", "bf16"])
+@pytest.mark.parametrize("route_name", list(ROUTES))
+def test_every_winner_in_one_lane_and_rows_of_one_wave_disagreeing(lib, route_name, ws, dtype):
+    """The bias lifts experts 0, 16, 32, ... (one lane of a 16-lane group holds all the winners:
+    8 candidate layers) on even rows only; odd rows are plain random. Rows of one wave then need
+    different numbers of layers, and every shuffle must still see the whole wave."""
+    logits, bias, _, _ = inputs(17, 384, dtype, seed=11)  # a random text bias: bf16 logits tie without one
+    bias_vl = torch.zeros(384)
+    bias_vl[::16] = 50.0 + torch.arange(24, dtype=torch.float32)  # image rows: all winners in lane 0
+    image = torch.arange(17) % 2 == 0
+    t = ROUTES[route_name]
+    same(route(lib, logits, bias, bias_vl, image, 8, 1.5, ws=ws, threads=t),
+         REF.moe_route(logits, bias, bias_vl, image, 8, 1.5))
+    _, ids = route(lib, logits, bias, bias_vl, image, 8, 1.5, ws=ws, threads=t)
+    assert (ids[image] % 16 == 0).all()  # the case is the one it says
+
+
+@pytest.mark.parametrize("ws", [32, 64])
+@pytest.mark.parametrize("route_name", list(ROUTES))
+def test_the_planted_fault_ranks_image_rows_with_the_text_bias(lib, route_name, ws):
+    logits, bias, _, _ = inputs(24, 384, torch.float32, seed=5)
+    bias_vl = -bias + torch.randn(384, generator=torch.Generator().manual_seed(6))
+    image = torch.arange(24) % 3 == 0
+    _, ids = route(lib, logits, bias, bias_vl, image, 6, 1.5, ws=ws, fault=True, threads=ROUTES[route_name])
+    _, ids_ok = REF.moe_route(logits, bias, bias_vl, image, 6, 1.5)
+    _, ids_text = REF.moe_route(logits, bias, None, None, 6, 1.5)
+    assert torch.equal(ids, ids_text)
+    assert torch.equal(ids[~image], ids_ok[~image]) and not torch.equal(ids[image], ids_ok[image])
+
+
+@pytest.mark.parametrize("threads", [64, 128])
+def test_the_block_route_under_the_same_stand_in(lib, threads):
+    """The older one-row-per-block route (barriers, shared memory) through the same harness: the
+    stand-in runs both routes, so a disagreement is the kernel's, not the harness's."""
+    logits, bias, bias_vl, image = inputs(7, 384, torch.float32, seed=9)
+    same(route(lib, logits, bias, bias_vl, image, 6, 1.5, ws=64, threads=threads),
+         REF.moe_route(logits, bias, bias_vl, image, 6, 1.5))
