@@ -17,6 +17,10 @@ on four statistics (`RATIOS`):
               hair trigger); more than `max_outliers` is a divergence even when the rest of the
               tensor is perfect: one wrong patch among 800 is caught here and nowhere else.
 
+Rows shorter than `rows.MIN_ROW_ELEMS` elements (router weights [S, top-k]) are pooled into
+blocks of consecutive rows for `row` and `outliers`: a 2-element row's RMSE is too noisy a
+sample for a 2x multiplier (`rows.MIN_ROW_ELEMS` says how noisy).
+
 Where F equals R bit for bit (preprocessing, position tables, anything precision does not touch)
 the engine must equal R bit for bit too: the floor is zero and so is the allowance.
 
@@ -44,7 +48,7 @@ from .dtypes import to_float64
 from .dump import Dump, Entry, open_dump
 from .errors import BadInput, IncomparableDumps
 from .layout import describe
-from .rows import RowErrors, shape_rows
+from .rows import RowErrors, block_sizes, rows_per_block, shape_rows
 
 RATIOS = ("rmse", "row", "cosine")  # the continuous statistics a profile records
 CHUNK_ROWS_ELEMS = 1 << 20
@@ -166,7 +170,10 @@ def measure(er: Entry, ef: Entry, ec: Entry) -> dict:
            "floor": {"rmse": fl.rmse, "cosine_deficit": fl.cosine_deficit},
            "engine": {"rmse": ca.rmse, "cosine_deficit": ca.cosine_deficit},
            "range": {"a": fl.range_ref, "b": ca.range_oth}}
-    frow, crow, ref_row = fl.row_rmse, ca.row_rmse, fl.row_ref_rms
+    # rows of few elements are pooled into blocks (`rows.MIN_ROW_ELEMS`): a 2-sample row RMSE is noise
+    per = out["rows_per_block"] = rows_per_block(row_len) if n_rows > 1 else 1
+    frow, ref_row = fl.block_rmse(per)
+    crow = ca.block_rmse(per)[0]
     med = float(np.median(frow))
     out["floor"]["row_max"] = float(frow.max())
     out["floor"]["row_median"] = med
@@ -233,7 +240,10 @@ def verdict(st: dict, rule: FloorRule, band: dict[str, tuple[float, float]] | No
             return True, f"{what} {r[stat]:.3g}× floor (limit {lim:g}×){at}"
     if st["outliers"] > rule.max_outliers:
         w = st["worst_rows"][0]
-        return True, (f"{st['outliers']} of {st['rows']} rows above {rule.outlier:g}× their floor; worst row "
+        per = st.get("rows_per_block", 1)
+        unit = f"blocks of {per} rows" if per > 1 else "rows"
+        n = max(1, st["rows"] // per)
+        return True, (f"{st['outliers']} of {n} {unit} above {rule.outlier:g}× their floor; worst row "
                       f"{w['row']} ({w['meaning']}) at {w['x_floor']:.3g}× floor")
     for stat, (lo, hi) in (band or {}).items():
         if stat in r and not lo <= r[stat] <= hi:
@@ -248,8 +258,9 @@ def judge_tensor(er: Entry, ef: Entry, ec: Entry, rule: FloorRule, layout: str, 
     local = st.pop("row_ratio")
     st["outliers"] = int((local > rule.outlier).sum())
     order = np.argsort(-local, kind="stable")[:WORST_ROWS]
-    st["worst_rows"] = [{"row": int(i), "meaning": describe(layout, (int(i),), run), "x_floor": float(local[i])}
-                        for i in order]
+    per = st["rows_per_block"]
+    st["worst_rows"] = [{"row": int(i) * per, "meaning": _block_meaning(layout, int(i), per, st["rows"], run),
+                         "x_floor": float(local[i])} for i in order]
     band = profile_band(profile)
     st["profile"] = {k: list(v) for k, v in band.items()}
     st["must_equal_floor_run"] = bool((profile or {}).get("equals_floor_run", {}).get("all"))
@@ -257,6 +268,16 @@ def judge_tensor(er: Entry, ef: Entry, ec: Entry, rule: FloorRule, layout: str, 
     st["material"], st["reason"] = verdict(st, rule, band)
     st["_local"] = local
     return st
+
+
+def _block_meaning(layout: str, block: int, per: int, n_rows: int, run: dict) -> str:
+    """What a row statistic's unit is: one row, or a block of `per` rows named by its first."""
+    lo = block * per
+    what = describe(layout, (lo,), run)
+    if per == 1:
+        return what
+    hi = n_rows - 1 if block == max(1, n_rows // per) - 1 else lo + per - 1  # the last block takes the rest
+    return f"rows {lo}-{hi}, from {what}" if what else f"rows {lo}-{hi}"
 
 
 def _floor_result(er: Entry, ef: Entry, ec: Entry, bd, rule: FloorRule, run: dict, profile: dict | None):
@@ -268,8 +289,10 @@ def _floor_result(er: Entry, ef: Entry, ec: Entry, bd, rule: FloorRule, run: dic
                      mode="floor", dtype={"a": er.dtype.name, "floor": ef.dtype.name, "b": ec.dtype.name},
                      shape={"a": list(er.shape), "b": list(ec.shape)}, metrics=st,
                      tolerance={"rule": rule.as_dict(), "source": "floor-relative"})
-    if len(er.shape) >= 2:  # per-row × floor: the heatmap's values
-        t.row_error = [float(x) if math.isfinite(x) else 1e30 for x in local]
+    if len(er.shape) >= 2:  # per-row × floor: the heatmap's values (a block's on each of its rows)
+        per = st["rows_per_block"]
+        sizes = block_sizes(st["rows"], per)
+        t.row_error = [float(x) if math.isfinite(x) else 1e30 for x in np.repeat(local, sizes)]
     if st["worst_rows"] and not st["exact_floor"]:
         w = st["worst_rows"][0]
         t.worst = {"index": [w["row"]], "meaning": w["meaning"], "x_floor": w["x_floor"]}
