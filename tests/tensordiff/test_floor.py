@@ -300,3 +300,41 @@ def test_short_rows_are_judged_in_blocks(tmp_path, monkeypatch):
     assert bad.metrics["ratios"]["rmse"] < DEFAULT_RULE.rmse, bad.metrics["ratios"]
     assert bad.status == "diverged" and bad.metrics["outliers"] == 1, bad.metrics["worst_rows"]
     assert bad.metrics["worst_rows"][0]["row"] == 992 and "rows 992-1023" in bad.reason, bad.reason
+
+
+def _steps(tmp_path, floor_scale: float, cand_scale: float, prompt=True):
+    """Prompt logits [64, 512] and one decode step [1, 512], floor and candidate each with its own
+    bf16-sized error; the step's floor row `floor_scale` times the prompt rows' typical error and
+    the candidate's `cand_scale` times it (a decode row's error scatters as a row's does)."""
+    g = torch.Generator().manual_seed(11)
+
+    def noisy(x, s):
+        return (x * (1 + s * 2.0 ** -8 * torch.randn(x.shape, generator=g))).to(torch.bfloat16).float()
+
+    lg, st = torch.randn(64, 512, generator=g), torch.randn(1, 512, generator=g)
+    ref = {"logits": lg, "logits.step.1": st}
+    floor = {"logits": noisy(lg, 1.0), "logits.step.1": noisy(st, floor_scale)}
+    cand = {"logits": noisy(lg, 1.0), "logits.step.1": noisy(st, cand_scale)}
+    if not prompt:
+        for d in (ref, floor, cand):
+            del d["logits"]
+    return three_way(*(write(tmp_path / n, d, run={"dtype": dt})
+                       for n, d, dt in (("ref", ref, "float32"), ("floor", floor, "bfloat16"), ("cand", cand, "bfloat16"))))
+
+
+def test_a_decode_step_is_judged_as_one_more_row_of_the_prompt_logits(tmp_path):
+    """The floor run's own step row happened to be 0.2x as wrong as the prompt's rows typically
+    are: against that one row the clean candidate is over 2x its floor (the old one-row rule trips);
+    as a row of the logits (never below their median floor row) it is ~1x. A candidate 3x the
+    typical row error is still caught, at the step, the reason naming its row floor."""
+    alone = _t(_steps(tmp_path / "alone", 0.2, 1.0, prompt=False), "logits.step.1")
+    assert alone.status == "diverged" and alone.metrics["ratios"]["rmse"] > DEFAULT_RULE.row, alone.metrics["ratios"]
+    ok = _steps(tmp_path / "ok", 0.2, 1.0)
+    t = _t(ok, "logits.step.1")
+    assert ok.verdict == "match", str(ok)
+    assert t.metrics["family"]["of"] == "logits" and 0.8 < t.metrics["family"]["x_floor"] < 1.25, t.metrics["family"]
+    assert t.metrics["ratios"]["rmse"] > DEFAULT_RULE.row  # the ratio to its own floor is still shown
+    bad = _steps(tmp_path / "bad", 1.0, 3.0)
+    b = _t(bad, "logits.step.1")
+    assert b.status == "diverged" and _t(bad, "logits").status == "match", str(bad)
+    assert b.metrics["family"]["x_floor"] > DEFAULT_RULE.outlier and "median row of `logits`" in b.reason, b.reason
