@@ -414,7 +414,8 @@ def three_way(ref: str | Path | Dump, floor: str | Path | Dump, cand: str | Path
         # a top-k set that differs is judged by the tie rule as in the direct comparison, its
         # near-tie margin measured against the floor run's own error of the scores
         floor_ents = {n: df.entry(n) for n in by_b[bd.name] if n in df.names}
-        ties.settle(br.tensors, *ents, bd.layout, run, lambda unit, b=bd.name: judge.tolerance(b, unit), floor_ents)
+        ties.settle(br.tensors, *ents, bd.layout, run, lambda unit, b=bd.name: judge.tolerance(b, unit), floor_ents,
+                    _sourced_verdicts(contract, br.tensors, results))
         br.status, br.reason = settle(br.tensors)
     if not compared:
         raise BadInput(f"the three dumps ({dr.path}, {df.path}, {dc.path}) share no tensor: nothing was compared")
@@ -425,6 +426,24 @@ def three_way(ref: str | Path | Dump, floor: str | Path | Dump, cand: str | Path
                  {"a": dr.producer, "floor": df.producer, "b": dc.producer},
                  {"a": dr.run, "floor": df.run, "b": dc.run}, f"floor-relative {rule.as_dict()}")
     return rep
+
+
+def _sourced_verdicts(contract, tensors, results: dict) -> dict[str, tuple[bool, str]]:
+    """scores name -> (right?, why) for scores that are a row of a tensor this pass judged already
+    (`Contract.scores_source`: a generated token's logits, judged against their floor)."""
+    from .result import PASSING
+
+    source = getattr(contract, "scores_source", None)
+    out: dict[str, tuple[bool, str]] = {}
+    if source is None:
+        return out
+    judged = {t.name: t for r in results.values() for t in r.tensors}
+    for t in tensors:
+        src = source(t.name) if t.mode == "scores" else None
+        if src in judged:
+            s = judged[src]
+            out[t.name] = (s.status in PASSING, f"`{src}` {s.status}: {s.reason}" if s.reason else f"`{src}` {s.status}")
+    return out
 
 
 def ratio_table(report) -> dict[str, dict[str, float]]:

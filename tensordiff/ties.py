@@ -132,11 +132,14 @@ def classify_row(row: int, ia: np.ndarray, ib: np.ndarray, sa: np.ndarray, sb: n
 
 
 def settle(tensors: list[TensorResult], ents_a: dict[str, Entry], ents_b: dict[str, Entry], layout: str, run: dict,
-           tolerance_for, floor: dict[str, Entry] | None = None) -> None:
+           tolerance_for, floor: dict[str, Entry] | None = None,
+           scores_ok: dict[str, tuple[bool, str]] | None = None) -> None:
     """Re-judge every diverged top-k set tensor of one boundary that has its scores on both sides:
     all of its differing rows near-ties -> status `benign` (the flips listed with their margins);
     any other -> it stays `diverged`, the reason naming the first row the scores do not explain.
-    `tolerance_for(unit) -> Tolerance` gives the scores' tolerance in the compared dtype."""
+    `tolerance_for(unit) -> Tolerance` gives the scores' tolerance in the compared dtype;
+    `scores_ok`: the scores' verdict where the pass has it already (scores that are a row of a
+    tensor it judged: a generated token's logits, `Contract.scores_source`)."""
     by = {t.name: t for t in tensors}
     for t in tensors:
         if t.mode != "topk-sets" or t.status != "diverged" or not t.name.endswith(".ids"):
@@ -153,7 +156,7 @@ def settle(tensors: list[TensorResult], ents_a: dict[str, Entry], ents_b: dict[s
         rows = differing_rows(ia, ib)
         st = by.get(sname)
         unit = (st.dtype.get("unit") if st is not None else None) or sa_e.dtype.name
-        ok = scores_verdict(sa_e, sb_e, unit, tolerance_for(unit))
+        ok = (scores_ok or {}).get(sname) or scores_verdict(sa_e, sb_e, unit, tolerance_for(unit))
         sa, sb = _read(sa_e, rows), _read(sb_e, rows)
         fe = floor.get(sname) if floor else None
         fa = _read(fe, rows) if fe is not None and fe.shape == sa_e.shape else None
