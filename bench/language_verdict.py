@@ -238,12 +238,14 @@ def summarise(summary: dict, out: Path, quiet: bool = False) -> None:
     for r in clean:
         for b, m in r.get("numeric_boundaries", {}).items():
             t = table.setdefault(b, {"floor_relative": [], "x_rmse": [], "x_row": [], "x_cosine": [],
-                                     "cascade_x_rmse": []})
+                                     "worst_row_x": [], "cascade_x_rmse": []})
             t["floor_relative"].append(m.get("floor_relative"))  # the oracle's own: whatever the engine did
             if m["status"] == "cascade":
                 t["cascade_x_rmse"].append(m.get("x_rmse"))
                 continue
-            for k in ("x_rmse", "x_row", "x_cosine"):
+            # worst_row_x: the worst row (block) against its floor; a decode step's is the one it is
+            # judged by, against its row floor (`floor.row_family`)
+            for k in ("x_rmse", "x_row", "x_cosine", "worst_row_x"):
                 t[k].append(m.get(k))
     summary["clean_numeric_table"] = {b: {k: spread(v) for k, v in t.items()} for b, t in table.items()}
     from tensordiff.models.deepseek_faults import FAULTS as TABLE
@@ -273,13 +275,16 @@ def summarise(summary: dict, out: Path, quiet: bool = False) -> None:
                   f"{len((r.get('cascade') or {}).get('numeric', []))} | {r.get('seconds')} |")
     md += ["", "clean cases, boundaries the floor judged (a near-tie flip's cascade apart: its count and max):", "",
            "| boundary | floor rel. RMSE (median) | x RMSE min / med / max | x row min / med / max | "
-           "x cos min / med / max | cascade: n, max x RMSE |", "|---|---|---|---|---|---|"]
+           "x cos min / med / max | worst row x its floor, max | cascade: n, max x RMSE |",
+           "|---|---|---|---|---|---|---|"]
     for b, t in summary["clean_numeric_table"].items():
         f = lambda s: f"{s['min']:.3f} / {s['median']:.3f} / {s['max']:.3f}" if s else "-"  # noqa: E731
         fl, cas = t["floor_relative"], t["cascade_x_rmse"]
         floor = f"{fl['median']:.3g}" if fl else "-"
         cascade = f"{cas['n']}, {cas['max']:.3g}" if cas else "-"
-        md.append(f"| {b} | {floor} | {f(t['x_rmse'])} | {f(t['x_row'])} | {f(t['x_cosine'])} | {cascade} |")
+        wr = t.get("worst_row_x") or {}
+        worst = f"{wr['max']:.3f}" if wr else "-"
+        md.append(f"| {b} | {floor} | {f(t['x_rmse'])} | {f(t['x_row'])} | {f(t['x_cosine'])} | {worst} | {cascade} |")
     md += ["", "| fault | boundary | exit | earliest (per pass) | local origin (first pass / numeric) | "
            "caught at its boundary |", "|---|---|---|---|---|---|"]
     for f in summary["faults"]:
