@@ -258,8 +258,8 @@ def decode_three_way(adapter, req, ref_dir: str | Path, floor_dir: str | Path, l
     floor run's to 1e-7). So the engine's step in the run's precision (`req`) is fed the
     REFERENCE's tensors and tokens, and its error against the reference is judged as the
     numeric pass judges a decode step end to end (`floor.row_family`): a multiple of the floor
-    run's error there, never below the median row of the prompt's logits."""
-    from .floor import _floor_result, family_median, row_family
+    run's error there, never below its largest row of the prompt's logits."""
+    from .floor import _floor_result, family_floor, row_family
 
     steps = [r for r in local.boundaries if row_family(r.boundary) and r.status not in ("no-stage", "no-input")]
     if not steps:
@@ -297,7 +297,7 @@ def decode_three_way(adapter, req, ref_dir: str | Path, floor_dir: str | Path, l
             ran[lr.boundary].append(name)
     rec.close()
     ld = open_dump(out_dir)
-    medians: dict[str, float] = {}
+    floors: dict[str, float] = {}  # family -> the floor run's largest row there
     for lr in steps:
         if lr.boundary not in ran:
             continue
@@ -308,10 +308,10 @@ def decode_three_way(adapter, req, ref_dir: str | Path, floor_dir: str | Path, l
                 lr.tensors.append(TensorResult(name, lr.boundary, "missing", reason="not in the reference or floor run"))
                 bad.append(lr.tensors[-1])
                 continue
-            if fam in rd.names and fam in fd.names and fam not in medians:
-                medians[fam] = family_median(rd.entry(fam), fd.entry(fam))
+            if fam in rd.names and fam in fd.names and fam not in floors:
+                floors[fam] = family_floor(rd.entry(fam), fd.entry(fam))
             t = _floor_result(rd.entry(name), fd.entry(name), ld.entry(name), by[lr.boundary], rule, rd.run, None,
-                              (fam, medians[fam]) if fam in medians else None)
+                              (fam, floors[fam]) if fam in floors else None)
             lr.tensors.append(t)
             if t.status != "match":
                 bad.append(t)

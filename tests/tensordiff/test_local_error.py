@@ -220,7 +220,7 @@ def test_a_decode_step_of_the_numeric_pass_is_judged_three_way(tmp_path):
     decode_three_way(_decode_adapter(ref, 1.0), req, r, f, clean, tmp_path / "clean", DEFAULT_RULE)
     assert clean.origin is None, clean.summary()
     t = clean.get("logits.step.1").tensors[0]
-    assert t.metrics["family"]["of"] == "logits" and t.metrics["family"]["x_floor"] < 1.3, t.metrics["family"]
+    assert t.metrics["family"]["of"] == "logits" and t.metrics["family"]["x_floor"] < 1.1, t.metrics["family"]
     # the old judgement of the same step: bf16 against the floor run's bf16, the direct tolerance
     from tensordiff.compare import compare_dumps
 
@@ -233,5 +233,5 @@ def test_a_decode_step_of_the_numeric_pass_is_judged_three_way(tmp_path):
     bad = local_report()
     decode_three_way(_decode_adapter(ref, 3.0), req, r, f, bad, tmp_path / "bad", DEFAULT_RULE)
     assert bad.origin == "logits.step.1", bad.summary()
-    assert "three-way" in bad.get("logits.step.1").reason and "median row of `logits`" in bad.summary()
+    assert "three-way" in bad.get("logits.step.1").reason and "largest row of `logits`" in bad.summary()
     assert bad.get("logits").status == "match"  # a prompt stage keeps its own verdict
