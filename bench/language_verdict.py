@@ -31,7 +31,19 @@ from pathlib import Path
 MODEL = "deepseek-v4.1-flash"
 PROMPT = "Describe <image>."
 PHOTOS = ("astronaut", "camera", "chelsea", "coffee", "rocket", "hubble_deep_field", "immunohistochemistry", "retina")
-FAULTS = ("router-text-bias-for-images", "router-biased-weights", "decode-engram-window-reset")
+from tensordiff.models import deepseek_faults as D  # noqa: E402  (the fault names, by constant)
+
+# every language fault of the table, each on a case whose geometry and weights exercise it
+# (chunk, weights, prompt, further images); the decode one last (the smoke run's fault)
+FAULT_CASES = {
+    D.ROUTER_TEXT_BIAS_FOR_IMAGES: {}, D.ROUTER_BIASED_WEIGHTS: {}, D.ENGRAM_NGRAM_ACROSS_IMAGE: {},
+    D.OVERLAY_CHUNK_SHIFT: {"chunk": 5},
+    D.IMAGE_SPAN_UNEXPANDED: {"prompt": "Compare <image> with <image>.", "second_image": True},
+    D.FP8_SCALE_IGNORED: {"weights": "synthetic:tiny-fp8"}, D.FP8_SCALE_TRANSPOSED: {"weights": "synthetic:tiny-fp8"},
+    D.FP4_NIBBLES_SWAPPED: {"weights": "synthetic:tiny-fp8"}, D.ENGRAM_SCALE_IGNORED: {"weights": "synthetic:tiny-fp8"},
+    D.DECODE_ENGRAM_WINDOW_RESET: {},
+}
+FAULTS = tuple(FAULT_CASES)
 
 
 def pictures(out: Path, quick: bool) -> list[Path]:
@@ -137,15 +149,22 @@ def plan_cases(a, images: list[Path], spec) -> list[tuple[str, object]]:
     the workers fill the oracle cache in parallel), the faults, the direct route, then the other
     chunk sizes (their oracle dumps cached by then); `smoke` is one picture and one fault."""
     readme = images[0]
+
+    def fault_case(f):
+        kw = dict(FAULT_CASES[f])
+        more = (images[-1],) if kw.pop("second_image", False) else ()
+        return f"fault-{f}", spec(readme, kw.pop("chunk", 64), f, more_images=more, **kw)
+
     if a.cases == "smoke":
-        return [(f"clean-{readme.stem}-c64", spec(readme, 64)),
-                (f"fault-{FAULTS[-1]}", spec(readme, 64, FAULTS[-1]))]
+        return [(f"clean-{readme.stem}-c64", spec(readme, 64)), fault_case(FAULTS[-1])]
     plan: list[tuple[str, object]] = []
     images = images[:1] if a.only_ckpt else images
     if not a.only_ckpt:
         chunks = (64, None) if a.cases == "quick" else (64, None, 5, 1)
         plan += [(f"clean-{p.stem}-c64", spec(p, 64)) for p in images]
-        plan += [(f"fault-{f}", spec(readme, 64, f)) for f in FAULTS]
+        plan += [fault_case(f) for f in FAULTS]
+        # the quantised checkpoint's own clean case (its faults' reference run)
+        plan.append((f"clean-{readme.stem}-c64-fp8", spec(readme, 64, weights="synthetic:tiny-fp8")))
         # the old route for comparison (`check --passes direct --oracle-dtype float32`, tensor-wide
         # bf16 defaults): on the H200 it exited 1 on coffee and a very wide crop at hidden.0
         plan += [(f"direct-{p.stem}-c64", spec(p, 64, passes=("direct",), oracle_dtype="float32"))
@@ -188,7 +207,8 @@ def main() -> int:
 
     def spec(image, chunk, fault=None, **kw):
         return CaseSpec(MODEL, image=image, weights=kw.pop("weights", a.weights), device=a.device, dtype="bfloat16",
-                        prompt=PROMPT, chunk=chunk, decode=4, fault=fault, passes=kw.pop("passes", passes), **kw)
+                        prompt=kw.pop("prompt", PROMPT), chunk=chunk, decode=4, fault=fault,
+                        passes=kw.pop("passes", passes), **kw)
 
     plan = plan_cases(a, images, spec)
     summary = {"device": a.device, "weights": a.weights, "passes": list(passes), "workers": a.workers,
