@@ -41,7 +41,7 @@ LOCAL_FAILING = ("diverged", "missing", "incomparable", "error")
 @dataclass
 class LocalResult:
     boundary: str
-    status: str  # match | diverged | missing | incomparable | error | no-stage | no-input
+    status: str  # match | diverged | missing | incomparable | error | no-stage | no-input | derived
     reason: str = ""
     tensors: list[TensorResult] = field(default_factory=list)
     seconds: float = 0.0
@@ -55,7 +55,7 @@ class LocalResult:
     @property
     def summary(self) -> str:
         ms = [t.metrics.get("max_abs") for t in self.tensors if isinstance(t.metrics.get("max_abs"), float)]
-        if self.status in ("no-stage", "no-input", "error", "same"):
+        if self.status in ("no-stage", "no-input", "error", "same", "derived"):
             return self.reason
         return f"max|Δ| {max(ms):.3g}" if ms else self.reason
 
@@ -201,7 +201,11 @@ def local_error(adapter, req, oracle_dir: str | Path, report: Report, tolerances
             continue
         stage = stages.get(b.name)
         if stage is None:
-            lr.status, lr.reason = "no-stage", "the engine exposes no stage for this boundary"
+            src = next((contract.scores_source(e.name) for e in ents.get(b.name, [])
+                        if contract.scores_source is not None and contract.scores_source(e.name)), None)
+            # a generated token is its logits' argmax: that stage (fed the reference's tokens) is judged
+            lr.status, lr.reason = (("derived", f"chosen from `{src}` (its argmax), whose stage is judged") if src
+                                    else ("no-stage", "the engine exposes no stage for this boundary"))
             continue
         lacking = [i for i in b.inputs if i not in ents]
         if lacking:
@@ -261,7 +265,7 @@ def decode_three_way(adapter, req, ref_dir: str | Path, floor_dir: str | Path, l
     run's error there, never below its largest row of the prompt's logits."""
     from .floor import _floor_result, family_floor, row_family
 
-    steps = [r for r in local.boundaries if row_family(r.boundary) and r.status not in ("no-stage", "no-input")]
+    steps = [r for r in local.boundaries if row_family(r.boundary) and r.status not in ("no-stage", "no-input", "derived")]
     if not steps:
         return
     if make_stages is None:

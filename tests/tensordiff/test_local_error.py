@@ -235,3 +235,29 @@ def test_a_decode_step_of_the_numeric_pass_is_judged_three_way(tmp_path):
     assert bad.origin == "logits.step.1", bad.summary()
     assert "three-way" in bad.get("logits.step.1").reason and "largest row of `logits`" in bad.summary()
     assert bad.get("logits").status == "match"  # a prompt stage keeps its own verdict
+
+
+def test_a_choice_taken_from_another_boundarys_output_has_no_stage_of_its_own(tmp_path):
+    """A generated token (`Contract.scores_source`: its scores are the logits it is the argmax
+    of) is derived, not a stage that is missing: the summary does not list it as one."""
+    from types import SimpleNamespace
+
+    import torch
+
+    from helpers_dumps import write
+    from tensordiff.contract import Boundary, Contract
+    from tensordiff.local_error import local_error
+
+    names = {"logits": "logits", "token.step.1.ids": "token.step.1", "token.step.1.scores": "token.step.1"}
+    t = {"logits": torch.randn(2, 8), "token.step.1.ids": torch.tensor([[3]]), "token.step.1.scores": torch.randn(1, 8)}
+    odir = write(tmp_path / "o", t, model="toy-tok", boundaries=names)
+    contract = Contract("toy-tok", (Boundary("logits"), Boundary("token.step.1", ("logits",))),
+                        boundary_of=lambda n: names[n],
+                        scores_source=lambda n: "logits" if n == "token.step.1.scores" else None)
+    adapter = SimpleNamespace(name="toy-tok", contract=contract, stages=lambda: None)
+    report = compare_dumps(odir, write(tmp_path / "e", t, model="toy-tok", boundaries=names), contract=contract)
+    loc = local_error(adapter, SimpleNamespace(dtype="float32"), odir, report, Tolerances({}, {}), tmp_path,
+                      make_stages=lambda req, run: {})
+    r = loc.get("token.step.1")
+    assert r.status == "derived" and "chosen from `logits`" in r.reason and not r.failing
+    assert "no stage for" not in loc.summary(), loc.summary()
