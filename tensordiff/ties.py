@@ -24,6 +24,11 @@ a divergence of the choice itself.
 When a floor run exists (the oracle in the run precision), the caller may pass its scores as
 `floor`: the row's error is then the floor run's error against the reference, not the
 candidate's, so how close a tie must be is set by the oracle's own rounding.
+
+A generated token is a top-1 choice of this kind (`token.step.K.ids` beside the logits row it is
+the argmax of, `token.step.K.scores`); there "the scores are right" is the verdict the pass gave
+the logits themselves (`scores_ok`, from `Contract.scores_source`), floor-relative in the numeric
+pass.
 """
 from __future__ import annotations
 
