@@ -376,6 +376,7 @@ def three_way(ref: str | Path | Dump, floor: str | Path | Dump, cand: str | Path
     results = {}
     compared = 0
     families: dict[str, float] = {}  # tensor -> its floor's largest row (`row_family`), in DAG order
+    tie_errs: dict[str, float] = {}  # family -> max |F - R| on the floor run's largest row there
     for bd in present:
         br = results[bd.name] = BoundaryResult(bd.name, "match", meaning=bd.meaning, layout=bd.layout)
         for name in by_b[bd.name]:
@@ -422,7 +423,8 @@ def three_way(ref: str | Path | Dump, floor: str | Path | Dump, cand: str | Path
         # near-tie margin measured against the floor run's own error of the scores
         floor_ents = {n: df.entry(n) for n in by_b[bd.name] if n in df.names}
         ties.settle(br.tensors, *ents, bd.layout, run, lambda unit, b=bd.name: judge.tolerance(b, unit), floor_ents,
-                    _sourced_verdicts(contract, br.tensors, results))
+                    _sourced_verdicts(contract, br.tensors, results),
+                    _sourced_tie_errors(contract, br.tensors, dr, df, tie_errs))
         br.status, br.reason = settle(br.tensors)
     if not compared:
         raise BadInput(f"the three dumps ({dr.path}, {df.path}, {dc.path}) share no tensor: nothing was compared")
@@ -451,6 +453,45 @@ def _sourced_verdicts(contract, tensors, results: dict) -> dict[str, tuple[bool,
             s = judged[src]
             out[t.name] = (s.status in PASSING, f"`{src}` {s.status}: {s.reason}" if s.reason else f"`{src}` {s.status}")
     return out
+
+
+def _sourced_tie_errors(contract, tensors, dr: Dump, df: Dump, cache: dict) -> dict[str, float]:
+    """scores name -> the least error its tie floor takes: for scores that are a row of a decode
+    step's logits (or of the prompt's), the floor run's largest element error on its largest
+    prompt row, the row a step is judged against (`row_family`): a step within that floor may
+    pick another token wherever the margin is within that row's error."""
+    source = getattr(contract, "scores_source", None)
+    out: dict[str, float] = {}
+    for t in tensors if source is not None else ():
+        src = source(t.name) if t.mode == "scores" else None
+        fam = (row_family(src) or src) if src else None
+        if fam is None or fam not in dr.names or fam not in df.names:
+            continue
+        if fam not in cache:
+            cache[fam] = worst_row_max_abs(dr.entry(fam), df.entry(fam))
+        out[t.name] = cache[fam]
+    return out
+
+
+def worst_row_max_abs(er: Entry, ef: Entry) -> float:
+    """max |F - R| on the row of the largest RMSE of F - R (streamed in whole rows)."""
+    n_rows, row_len = shape_rows(er.shape)
+    step = max(row_len, (CHUNK_ROWS_ELEMS // row_len) * row_len)
+    best, at = -1.0, 0.0
+    readers = [e.stored.reader() for e in (er, ef)]
+    try:
+        for s in range(0, er.stored.numel, step):
+            e = min(er.stored.numel, s + step)
+            r, f = (to_float64(rd.read(s, e), ent.dtype).reshape(-1, row_len) for rd, ent in zip(readers, (er, ef)))
+            d = np.where(np.isfinite(r) & np.isfinite(f), f - r, 0.0)
+            sq = np.einsum("ij,ij->i", d, d)
+            i = int(np.argmax(sq))
+            if sq[i] > best:
+                best, at = float(sq[i]), float(np.max(np.abs(d[i])))
+    finally:
+        for rd in readers:
+            rd.close()
+    return at
 
 
 def ratio_table(report) -> dict[str, dict[str, float]]:

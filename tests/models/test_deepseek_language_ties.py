@@ -246,11 +246,13 @@ def test_both_sides_record_the_token_fed_to_each_step_and_the_row_it_ranked(orac
 CONTRACT_TOKENS = dataclasses.replace(CONTRACT, scores_source=C.scores_source)
 
 
-def _token_dumps(tmp_path, cand_margin: float, floor_err: float = 0.05, cand_token=None, lead=0.02, width=4096):
+def _token_dumps(tmp_path, cand_margin: float, floor_err: float = 0.05, cand_token=None, lead=0.02, width=4096,
+                 worst_row_err: float = 0.0):
     """Three dumps (reference fp32, floor run and candidate bf16) of prompt logits [4, width], the
     token fed to step 1 and step 1's logits. The reference leads token 5 over token 9 by `lead`;
     the floor run errs by `floor_err` (max |F - R| over the row); the candidate's row leads 9
     over 5 by `cand_margin` and feeds `cand_token` (its argmax by default), its step 1 therefore
+    another token's logits entirely; the floor run's prompt row 0 errs by `worst_row_err` more;
     another token's logits entirely. (Wide rows: two elements off are within the logits' own rule
     there, as they are in a real vocabulary of 129k.)"""
     g = torch.Generator().manual_seed(0)
@@ -259,6 +261,7 @@ def _token_dumps(tmp_path, cand_margin: float, floor_err: float = 0.05, cand_tok
     step = torch.randn(1, width, generator=g)
     noise = lambda x, s: x + s * torch.randn(x.shape, generator=g).clamp(-1, 1)  # noqa: E731
     fl = noise(lg, floor_err)
+    fl[0] = noise(fl[0], worst_row_err) if worst_row_err else fl[0]
     fl[-1, 5], fl[-1, 9] = 6.0 + floor_err, 6.0 - lead - floor_err
     cl = noise(lg, floor_err)
     cl[-1, 5], cl[-1, 9] = 6.0, 6.0 + cand_margin
@@ -327,3 +330,20 @@ def test_a_token_flip_is_not_benign_when_the_logits_fail_their_own_rule(tmp_path
     rep = three_way(r, f, rec.close(), contract=CONTRACT_TOKENS)
     assert rep.earliest == ["logits"], str(rep)
     assert "`logits` diverged" in _tok(rep).reason, _tok(rep).reason
+
+
+def test_a_token_tie_is_judged_within_the_row_floor_its_logits_were_judged_by(tmp_path):
+    """Logits are judged as rows of the prompt's logits (a decode step against the floor run's
+    largest row): a lead of 0.15 is beyond twice this row's own floor error (0.1 with the
+    roundoff term) but within the largest floor row's (0.49): a right route may pick the other
+    token there, so the flip is benign; with no such row in the floor it is not."""
+    from tensordiff.floor import three_way
+
+    kw = dict(floor_err=0.0025, lead=0.15, width=4096)
+    rep = three_way(*_token_dumps(tmp_path / "a", 0.01, worst_row_err=0.2, **kw), contract=CONTRACT_TOKENS)
+    assert rep.boundary("logits").status == "match" and rep.boundary("token.step.1").status == "benign", str(rep)
+    assert rep.verdict == "match"
+    flip = _tok(rep).metrics.ties["flips"][0]
+    assert flip["margin"] < flip["floor"] and flip["floor"] > 0.4, flip
+    strict = three_way(*_token_dumps(tmp_path / "b", 0.01, **{**kw, "width": 65536}), contract=CONTRACT_TOKENS)
+    assert strict.earliest == ["token.step.1"], str(strict)
