@@ -1,14 +1,18 @@
 """The DeepSeek language verdict in bf16 through `check`'s default route (semantic + numeric pass),
 measured: clean checks over photographs x chunk sizes with `--decode 4`, the language faults each
-at its boundary, and optionally a `--layers` subset at the released dimensions. One process (the
-oracle cache is shared, so the fp32 reference and the bf16 floor run once per image); each case is
+at its boundary, and optionally a `--layers` subset at the released dimensions. The cases run in
+`--workers` processes at once (sharing the GPU: the tiny config is launch-bound, the language
+oracle runs on the CPU), the oracle dumps shared through TENSORDIFF_CACHE (the fp32 reference and
+the bf16 floor run once per picture: every chunk size of a picture reuses them); each case is
 exactly what `tensordiff check` runs (`pipeline.check`), its exit code `CaseResult.exit_code`.
 
-    python bench/language_verdict.py OUTDIR [--device cuda] [--quick] [--budget-s 420] [--ckpt DIR]
+    python bench/language_verdict.py OUTDIR [--device cuda] [--cases all|quick|smoke] [--workers 8]
+                                            [--budget-s 420] [--ckpt DIR]
 
 Writes OUTDIR/images/ (the pictures), OUTDIR/cases/<name>.json (each case as `check --json` plus
-the numeric report), OUTDIR/summary.json: per case the exit code, each pass's verdict, the local
-error's origin, benign flips and cascade boundaries; per boundary of the clean cases the floor
+the numeric report), OUTDIR/summary.json (rewritten after every case, so a run cut short keeps
+what it finished): per case the exit code, its seconds, each pass's verdict, the local error's
+origin, benign flips and cascade boundaries; per boundary of the clean cases the floor
 (relative RMSE) and the clean engine's RMSE / row / cosine ratios (min / median / max over cases);
 per fault its named boundary, where each pass and local error put it, and its ratios there.
 OUTDIR/summary.md is the same as tables.
@@ -17,15 +21,29 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import sys
 import time
+from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 from pathlib import Path
 
 MODEL = "deepseek-v4.1-flash"
 PROMPT = "Describe <image>."
 PHOTOS = ("astronaut", "camera", "chelsea", "coffee", "rocket", "hubble_deep_field", "immunohistochemistry", "retina")
-FAULTS = ("router-text-bias-for-images", "router-biased-weights", "decode-engram-window-reset")
+from tensordiff.models import deepseek_faults as D  # noqa: E402  (the fault names, by constant)
+
+# every language fault of the table, each on a case whose geometry and weights exercise it
+# (chunk, weights, prompt, further images); the decode one last (the smoke run's fault)
+FAULT_CASES = {
+    D.ROUTER_TEXT_BIAS_FOR_IMAGES: {}, D.ROUTER_BIASED_WEIGHTS: {}, D.ENGRAM_NGRAM_ACROSS_IMAGE: {},
+    D.OVERLAY_CHUNK_SHIFT: {"chunk": 5},
+    D.IMAGE_SPAN_UNEXPANDED: {"prompt": "Compare <image> with <image>.", "second_image": True},
+    D.FP8_SCALE_IGNORED: {"weights": "synthetic:tiny-fp8"}, D.FP8_SCALE_TRANSPOSED: {"weights": "synthetic:tiny-fp8"},
+    D.FP4_NIBBLES_SWAPPED: {"weights": "synthetic:tiny-fp8"}, D.ENGRAM_SCALE_IGNORED: {"weights": "synthetic:tiny-fp8"},
+    D.DECODE_ENGRAM_WINDOW_RESET: {},
+}
+FAULTS = tuple(FAULT_CASES)
 
 
 def pictures(out: Path, quick: bool) -> list[Path]:
@@ -119,39 +137,34 @@ def spread(values: list[float]) -> dict:
     return {"min": v[0], "median": statistics.median(v), "max": v[-1], "n": len(v)} if v else {}
 
 
-def main() -> int:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("out", type=Path)
-    ap.add_argument("--device", default="cuda")
-    ap.add_argument("--weights", default="synthetic:tiny")
-    ap.add_argument("--quick", action="store_true", help="two pictures, two chunk sizes, the faults: a CPU smoke")
-    ap.add_argument("--budget-s", type=float, default=420.0, help="start no new case after this many seconds")
-    ap.add_argument("--ckpt", default=None, help="a real-dims checkpoint (bench/real_dims_layers.py --work): "
-                                                 "also run --layers LAYERS on it, clean and with a router fault")
-    ap.add_argument("--layers", default="2")
-    ap.add_argument("--only-ckpt", action="store_true", help="only the --ckpt cases (REAL_DIMS=1)")
-    a = ap.parse_args()
-    from tensordiff.pipeline import CaseSpec, default_passes
+def _worker_init(threads: int) -> None:
+    """A worker's torch threads: the host's cores shared among the workers (no oversubscription)."""
+    import torch
 
-    start = time.perf_counter()
-    cases_dir = a.out / "cases"
-    cases_dir.mkdir(parents=True, exist_ok=True)
-    images = pictures(a.out / "images", a.quick)
-    chunks = (64, None) if a.quick else (64, None, 5, 1)
-    passes = default_passes("bfloat16")  # what `check --dtype bfloat16` runs: semantic + numeric
+    torch.set_num_threads(max(1, threads))
 
-    def spec(image, chunk, fault=None, **kw):
-        return CaseSpec(MODEL, image=image, weights=kw.pop("weights", a.weights), device=a.device, dtype="bfloat16",
-                        prompt=PROMPT, chunk=chunk, decode=4, fault=fault, passes=kw.pop("passes", passes), **kw)
 
+def plan_cases(a, images: list[Path], spec) -> list[tuple[str, object]]:
+    """The cases in the order they start: every picture at chunk 64 (distinct pictures first, so
+    the workers fill the oracle cache in parallel), the faults, the direct route, then the other
+    chunk sizes (their oracle dumps cached by then); `smoke` is one picture and one fault."""
+    readme = images[0]
+
+    def fault_case(f):
+        kw = dict(FAULT_CASES[f])
+        more = (images[-1],) if kw.pop("second_image", False) else ()
+        return f"fault-{f}", spec(readme, kw.pop("chunk", 64), f, more_images=more, **kw)
+
+    if a.cases == "smoke":
+        return [(f"clean-{readme.stem}-c64", spec(readme, 64)), fault_case(FAULTS[-1])]
     plan: list[tuple[str, object]] = []
     images = images[:1] if a.only_ckpt else images
-    # the first sweep (chunk 64 on every picture), then the faults, then the other chunk sizes: a
-    # run cut short by the budget still has every picture and every fault
-    readme = images[0]
     if not a.only_ckpt:
+        chunks = (64, None) if a.cases == "quick" else (64, None, 5, 1)
         plan += [(f"clean-{p.stem}-c64", spec(p, 64)) for p in images]
-        plan += [(f"fault-{f}", spec(readme, 64, f)) for f in FAULTS]
+        plan += [fault_case(f) for f in FAULTS]
+        # the quantised checkpoint's own clean case (its faults' reference run)
+        plan.append((f"clean-{readme.stem}-c64-fp8", spec(readme, 64, weights="synthetic:tiny-fp8")))
         # the old route for comparison (`check --passes direct --oracle-dtype float32`, tensor-wide
         # bf16 defaults): on the H200 it exited 1 on coffee and a very wide crop at hidden.0
         plan += [(f"direct-{p.stem}-c64", spec(p, 64, passes=("direct",), oracle_dtype="float32"))
@@ -162,21 +175,82 @@ def main() -> int:
             plan.append((f"real-dims-layers{a.layers}-{f or 'clean'}",
                          spec(readme, 64, f, weights=a.ckpt, layers=a.layers, passes=("direct",),
                               oracle_dtype="float32")))
-    rows = []
-    for name, s in plan:
-        if time.perf_counter() - start > a.budget_s:
-            rows.append({"case": name, "exit": None, "skipped": "time budget"})
-            print(f"{name}: skipped (time budget)", flush=True)
-            continue
-        rows.append(run_case(name, s, cases_dir))
-    summary = {"device": a.device, "weights": a.weights, "passes": list(passes), "cases": rows,
-               "seconds": round(time.perf_counter() - start, 1)}
+    return plan
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("out", type=Path)
+    ap.add_argument("--device", default="cuda")
+    ap.add_argument("--weights", default="synthetic:tiny")
+    ap.add_argument("--cases", choices=("all", "quick", "smoke"), default="all",
+                    help="all: 10 pictures x chunks 64, none, 5, 1 + the faults; quick: two pictures, two chunk "
+                         "sizes, the faults; smoke: one picture and one fault (a CPU check of the script)")
+    ap.add_argument("--quick", action="store_true", help="the same as --cases quick")
+    ap.add_argument("--workers", type=int, default=min(8, max(1, (os.cpu_count() or 2) // 2)),
+                    help="cases running at once, each in its own process")
+    ap.add_argument("--budget-s", type=float, default=420.0, help="start no new case after this many seconds")
+    ap.add_argument("--ckpt", default=None, help="a real-dims checkpoint (bench/real_dims_layers.py --work): "
+                                                 "also run --layers LAYERS on it, clean and with a router fault")
+    ap.add_argument("--layers", default="2")
+    ap.add_argument("--only-ckpt", action="store_true", help="only the --ckpt cases (REAL_DIMS=1)")
+    a = ap.parse_args()
+    if a.quick:
+        a.cases = "quick"
+    from tensordiff.pipeline import CaseSpec, default_passes
+
+    start = time.perf_counter()
+    cases_dir = a.out / "cases"
+    cases_dir.mkdir(parents=True, exist_ok=True)
+    images = pictures(a.out / "images", a.cases != "all")
+    passes = default_passes("bfloat16")  # what `check --dtype bfloat16` runs: semantic + numeric
+
+    def spec(image, chunk, fault=None, **kw):
+        return CaseSpec(MODEL, image=image, weights=kw.pop("weights", a.weights), device=a.device, dtype="bfloat16",
+                        prompt=kw.pop("prompt", PROMPT), chunk=chunk, decode=4, fault=fault,
+                        passes=kw.pop("passes", passes), **kw)
+
+    plan = plan_cases(a, images, spec)
+    summary = {"device": a.device, "weights": a.weights, "passes": list(passes), "workers": a.workers,
+               "cases": [], "seconds": 0.0}
+    rows: dict[str, dict] = {}
+    threads = max(1, (os.cpu_count() or 2) // max(1, a.workers))
+    import multiprocessing
+
+    with ProcessPoolExecutor(max_workers=max(1, a.workers), mp_context=multiprocessing.get_context("spawn"),
+                             initializer=_worker_init, initargs=(threads,)) as pool:
+        todo, running = list(plan), {}
+        while todo or running:
+            while todo and len(running) < max(1, a.workers):
+                name, s = todo.pop(0)
+                if time.perf_counter() - start > a.budget_s:
+                    rows[name] = {"case": name, "exit": None, "skipped": "time budget"}
+                    print(f"{name}: skipped (time budget)", flush=True)
+                    continue
+                running[pool.submit(run_case, name, s, cases_dir)] = name
+            if not running:
+                break
+            done, _ = wait(running, return_when=FIRST_COMPLETED)
+            for fut in done:
+                name = running.pop(fut)
+                try:
+                    rows[name] = fut.result()
+                except Exception as e:  # noqa: BLE001  (one broken case must not lose the others)
+                    rows[name] = {"case": name, "exit": None, "error": f"{type(e).__name__}: {e}"}
+                    print(f"{name}: ERROR {type(e).__name__}: {e}", flush=True)
+            # the summary after every case, in plan order: a run cut short keeps what it finished
+            summary["cases"] = [rows[n] for n, _ in plan if n in rows]
+            summary["seconds"] = round(time.perf_counter() - start, 1)
+            summarise(summary, a.out, quiet=True)
+    summary["cases"] = [rows.get(n, {"case": n, "exit": None, "skipped": "not run"}) for n, _ in plan]
+    summary["seconds"] = round(time.perf_counter() - start, 1)
     summarise(summary, a.out)
     return 0
 
 
-def summarise(summary: dict, out: Path) -> None:
-    """summary.json and summary.md from the cases' rows (`summary["cases"]`)."""
+def summarise(summary: dict, out: Path, quiet: bool = False) -> None:
+    """summary.json and summary.md from the cases' rows (`summary["cases"]`); `quiet`: written
+    only (the interim summaries of a running bench)."""
     rows = summary["cases"]
     clean = [r for r in rows if r["case"].startswith("clean-") and r.get("exit") is not None]
     # the ratios of boundaries the floor judged; a flip's cascade (judged by local error) apart
@@ -184,12 +258,14 @@ def summarise(summary: dict, out: Path) -> None:
     for r in clean:
         for b, m in r.get("numeric_boundaries", {}).items():
             t = table.setdefault(b, {"floor_relative": [], "x_rmse": [], "x_row": [], "x_cosine": [],
-                                     "cascade_x_rmse": []})
+                                     "worst_row_x": [], "cascade_x_rmse": []})
             t["floor_relative"].append(m.get("floor_relative"))  # the oracle's own: whatever the engine did
             if m["status"] == "cascade":
                 t["cascade_x_rmse"].append(m.get("x_rmse"))
                 continue
-            for k in ("x_rmse", "x_row", "x_cosine"):
+            # worst_row_x: the worst row (block) against its floor; a decode step's is the one it is
+            # judged by, against its row floor (`floor.row_family`)
+            for k in ("x_rmse", "x_row", "x_cosine", "worst_row_x"):
                 t[k].append(m.get(k))
     summary["clean_numeric_table"] = {b: {k: spread(v) for k, v in t.items()} for b, t in table.items()}
     from tensordiff.models.deepseek_faults import FAULTS as TABLE
@@ -219,19 +295,24 @@ def summarise(summary: dict, out: Path) -> None:
                   f"{len((r.get('cascade') or {}).get('numeric', []))} | {r.get('seconds')} |")
     md += ["", "clean cases, boundaries the floor judged (a near-tie flip's cascade apart: its count and max):", "",
            "| boundary | floor rel. RMSE (median) | x RMSE min / med / max | x row min / med / max | "
-           "x cos min / med / max | cascade: n, max x RMSE |", "|---|---|---|---|---|---|"]
+           "x cos min / med / max | worst row x its floor, max | cascade: n, max x RMSE |",
+           "|---|---|---|---|---|---|---|"]
     for b, t in summary["clean_numeric_table"].items():
         f = lambda s: f"{s['min']:.3f} / {s['median']:.3f} / {s['max']:.3f}" if s else "-"  # noqa: E731
         fl, cas = t["floor_relative"], t["cascade_x_rmse"]
         floor = f"{fl['median']:.3g}" if fl else "-"
         cascade = f"{cas['n']}, {cas['max']:.3g}" if cas else "-"
-        md.append(f"| {b} | {floor} | {f(t['x_rmse'])} | {f(t['x_row'])} | {f(t['x_cosine'])} | {cascade} |")
+        wr = t.get("worst_row_x") or {}
+        worst = f"{wr['max']:.3f}" if wr else "-"
+        md.append(f"| {b} | {floor} | {f(t['x_rmse'])} | {f(t['x_row'])} | {f(t['x_cosine'])} | {worst} | {cascade} |")
     md += ["", "| fault | boundary | exit | earliest (per pass) | local origin (first pass / numeric) | "
            "caught at its boundary |", "|---|---|---|---|---|---|"]
     for f in summary["faults"]:
         md.append(f"| {f['fault']} | {f['boundary']} | {f['exit']} | {f['earliest']} | {f['local_origin']} / "
                   f"{f['numeric_local_origin']} | {f['caught_at_boundary']} |")
     (out / "summary.md").write_text("\n".join(md) + "\n")
+    if quiet:
+        return
     print("\n".join(md))
     print(f"clean cases exiting 0: {summary['clean_exit_0']}; faults caught at their boundary: "
           f"{sum(f['caught_at_boundary'] for f in summary['faults'])} of {len(summary['faults'])}; "

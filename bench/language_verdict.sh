@@ -3,14 +3,17 @@
 # the exact numerics + numeric three-way against the oracle's own bf16 floor), on synthetic:tiny:
 # clean checks on scikit-image's astronaut, camera, chelsea, coffee, rocket, hubble_deep_field,
 # immunohistochemistry, retina (JPEG and PNG alternately) and a very wide and a very tall crop,
-# chunk 64 first, then none, 5 and 1, all with --decode 4; the faults router-text-bias-for-images,
-# router-biased-weights and decode-engram-window-reset, each against its named boundary. Writes
-# OUTDIR/summary.json and summary.md (exit codes, each pass's verdict, local origin, the clean
-# per-boundary floor / ratio table, the faults), OUTDIR/cases/*.json and OUTDIR/log.txt.
+# at chunk 64, none, 5 and 1, all with --decode 4; the faults router-text-bias-for-images,
+# router-biased-weights and decode-engram-window-reset, each against its named boundary. The cases
+# run WORKERS at a time (default 8), each in its own process sharing the GPU; the oracle dumps are
+# cached under TENSORDIFF_CACHE. Writes OUTDIR/summary.json and summary.md after every case (exit
+# codes, per-case seconds, each pass's verdict, local origin, the clean per-boundary floor / ratio
+# table, the faults), OUTDIR/cases/*.json and OUTDIR/log.txt.
 #
-#   bash bench/language_verdict.sh OUTDIR                     # on the H200 (cuda), < 8 minutes
-#   DEVICE=cpu QUICK=1 bash bench/language_verdict.sh OUTDIR  # a smoke run on a CPU
-#   REAL_DIMS=1 bash bench/language_verdict.sh OUTDIR2        # optional, its own call: --layers 2
+#   bash bench/language_verdict.sh OUTDIR                           # on the H200 (cuda), < 8 minutes
+#   DEVICE=cpu CASES=smoke WORKERS=2 bash bench/language_verdict.sh OUTDIR   # a smoke run on a CPU
+#   CASES=quick ...                                                  # two pictures, two chunk sizes
+#   REAL_DIMS=1 bash bench/language_verdict.sh OUTDIR2              # optional, its own call: --layers 2
 #
 # REAL_DIMS=1 runs only the released-dimensions case: it writes the checkpoint with
 # bench/real_dims_layers.py (~32 GB, about 2 minutes, under $WORK, default
@@ -25,7 +28,7 @@ export PYTHONUNBUFFERED=1 TENSORDIFF_CACHE="${TENSORDIFF_CACHE:-/tmp/tensordiff-
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 py="${PYTHON:-python3}"
 device="${DEVICE:-cuda}"
-args=(--device "$device")
+args=(--device "$device" --cases "${CASES:-all}" --workers "${WORKERS:-8}")
 [ "${QUICK:-0}" = 1 ] && args+=(--quick)
 budget="${BUDGET_S:-420}"
 if [ "${REAL_DIMS:-0}" = 1 ]; then

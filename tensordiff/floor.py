@@ -17,6 +17,10 @@ on four statistics (`RATIOS`):
               hair trigger); more than `max_outliers` is a divergence even when the rest of the
               tensor is perfect: one wrong patch among 800 is caught here and nowhere else.
 
+Rows shorter than `rows.MIN_ROW_ELEMS` elements (router weights [S, top-k]) are pooled into
+blocks of consecutive rows for `row` and `outliers`: a 2-element row's RMSE is too noisy a
+sample for a 2x multiplier (`rows.MIN_ROW_ELEMS` says how noisy).
+
 Where F equals R bit for bit (preprocessing, position tables, anything precision does not touch)
 the engine must equal R bit for bit too: the floor is zero and so is the allowance.
 
@@ -35,6 +39,7 @@ times sqrt(outlier² - 1).
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -44,7 +49,7 @@ from .dtypes import to_float64
 from .dump import Dump, Entry, open_dump
 from .errors import BadInput, IncomparableDumps
 from .layout import describe
-from .rows import RowErrors, shape_rows
+from .rows import RowErrors, block_sizes, rows_per_block, shape_rows
 
 RATIOS = ("rmse", "row", "cosine")  # the continuous statistics a profile records
 CHUNK_ROWS_ELEMS = 1 << 20
@@ -166,7 +171,10 @@ def measure(er: Entry, ef: Entry, ec: Entry) -> dict:
            "floor": {"rmse": fl.rmse, "cosine_deficit": fl.cosine_deficit},
            "engine": {"rmse": ca.rmse, "cosine_deficit": ca.cosine_deficit},
            "range": {"a": fl.range_ref, "b": ca.range_oth}}
-    frow, crow, ref_row = fl.row_rmse, ca.row_rmse, fl.row_ref_rms
+    # rows of few elements are pooled into blocks (`rows.MIN_ROW_ELEMS`): a 2-sample row RMSE is noise
+    per = out["rows_per_block"] = rows_per_block(row_len) if n_rows > 1 else 1
+    frow, ref_row = fl.block_rmse(per)
+    crow = ca.block_rmse(per)[0]
     med = float(np.median(frow))
     out["floor"]["row_max"] = float(frow.max())
     out["floor"]["row_median"] = med
@@ -219,6 +227,12 @@ def verdict(st: dict, rule: FloorRule, band: dict[str, tuple[float, float]] | No
             return True, ("the oracle is bit-exact across precisions here, so the engine must be too; "
                           f"RMSE {st['engine']['rmse']:.3g}")
         return False, ""
+    if "family" in st:  # one more row of a tensor: its row statistic, against that tensor's floor rows
+        f = st["family"]
+        if f["x_floor"] > rule.row:
+            return True, (f"RMSE {f['x_floor']:.3g}× its row floor (limit {rule.row:g}×; the floor: its own "
+                          f"{f['own_floor']:.3g}, never below the largest row of `{f['of']}`'s, {f['max_row']:.3g})")
+        return False, ""
     for stat in RATIOS:
         lim = getattr(rule, stat)
         if st.get("rows") == 1 and stat != "row":
@@ -233,7 +247,10 @@ def verdict(st: dict, rule: FloorRule, band: dict[str, tuple[float, float]] | No
             return True, f"{what} {r[stat]:.3g}× floor (limit {lim:g}×){at}"
     if st["outliers"] > rule.max_outliers:
         w = st["worst_rows"][0]
-        return True, (f"{st['outliers']} of {st['rows']} rows above {rule.outlier:g}× their floor; worst row "
+        per = st.get("rows_per_block", 1)
+        unit = f"blocks of {per} rows" if per > 1 else "rows"
+        n = max(1, st["rows"] // per)
+        return True, (f"{st['outliers']} of {n} {unit} above {rule.outlier:g}× their floor; worst row "
                       f"{w['row']} ({w['meaning']}) at {w['x_floor']:.3g}× floor")
     for stat, (lo, hi) in (band or {}).items():
         if stat in r and not lo <= r[stat] <= hi:
@@ -243,13 +260,24 @@ def verdict(st: dict, rule: FloorRule, band: dict[str, tuple[float, float]] | No
 
 
 def judge_tensor(er: Entry, ef: Entry, ec: Entry, rule: FloorRule, layout: str, run: dict,
-                 profile: dict | None = None) -> dict:
+                 profile: dict | None = None, family: tuple[str, float] | None = None) -> dict:
+    """`family` = (tensor, its floor's largest row RMSE): a one-row tensor that is one more row of
+    that tensor (a decode step `logits.step.N` of the prompt's `logits`, `row_family`) is judged
+    as the `row` statistic judges that tensor: against max(its own floor, that largest row), with
+    the row multiplier."""
     st = measure(er, ef, ec)
     local = st.pop("row_ratio")
+    if family is not None and st["rows"] == 1 and not st["exact_floor"]:
+        own = st["floor"]["rmse"]
+        denom = max(own, family[1])
+        x = st["engine"]["rmse"] / denom if denom > 0 else (0.0 if st["engine"]["rmse"] == 0 else math.inf)
+        st["family"] = {"of": family[0], "max_row": family[1], "own_floor": own, "x_floor": x}
+        local = np.array([x])
     st["outliers"] = int((local > rule.outlier).sum())
     order = np.argsort(-local, kind="stable")[:WORST_ROWS]
-    st["worst_rows"] = [{"row": int(i), "meaning": describe(layout, (int(i),), run), "x_floor": float(local[i])}
-                        for i in order]
+    per = st["rows_per_block"]
+    st["worst_rows"] = [{"row": int(i) * per, "meaning": _block_meaning(layout, int(i), per, st["rows"], run),
+                         "x_floor": float(local[i])} for i in order]
     band = profile_band(profile)
     st["profile"] = {k: list(v) for k, v in band.items()}
     st["must_equal_floor_run"] = bool((profile or {}).get("equals_floor_run", {}).get("all"))
@@ -259,17 +287,52 @@ def judge_tensor(er: Entry, ef: Entry, ec: Entry, rule: FloorRule, layout: str, 
     return st
 
 
-def _floor_result(er: Entry, ef: Entry, ec: Entry, bd, rule: FloorRule, run: dict, profile: dict | None):
+def _block_meaning(layout: str, block: int, per: int, n_rows: int, run: dict) -> str:
+    """What a row statistic's unit is: one row, or a block of `per` rows named by its first."""
+    lo = block * per
+    what = describe(layout, (lo,), run)
+    if per == 1:
+        return what
+    hi = n_rows - 1 if block == max(1, n_rows // per) - 1 else lo + per - 1  # the last block takes the rest
+    return f"rows {lo}-{hi}, from {what}" if what else f"rows {lo}-{hi}"
+
+
+_STEP = re.compile(r"^(.+)\.step\.\d+$")
+
+
+def row_family(name: str) -> str | None:
+    """The tensor whose rows a one-row tensor continues: a decode step `X.step.N` is the next row
+    of the prompt's `X` (both models name their decode steps so: `logits.step.N` after `logits`).
+    Its floor is one row's, as noisy as any row's (H200: clean decode steps at 0.10x to 1.33x
+    their own floor); and a decode step is the whole network for one token, whose own router and
+    indexer choices flip on near-ties unseen (no boundary records them): CPU, chelsea, the bf16
+    engine's step 2 on the reference's inputs 8x its own floor, 4x the median prompt row, while
+    the prompt's rows that flipped reach 7x their median. So a step is judged as the `row`
+    statistic judges that tensor: against the floor run's largest row there (or its own floor
+    when larger), with the row multiplier."""
+    m = _STEP.match(name)
+    return m.group(1) if m else None
+
+
+def family_floor(er: Entry, ef: Entry) -> float:
+    """The floor run's largest row RMSE of a tensor (what a row of its family is never judged below)."""
+    return float(measure(er, ef, ef)["floor"]["row_max"])
+
+
+def _floor_result(er: Entry, ef: Entry, ec: Entry, bd, rule: FloorRule, run: dict, profile: dict | None,
+                  family: tuple[str, float] | None = None):
     from .result import TensorResult
 
-    st = judge_tensor(er, ef, ec, rule, bd.layout, run, profile)
+    st = judge_tensor(er, ef, ec, rule, bd.layout, run, profile, family)
     local = st.pop("_local")
     t = TensorResult(er.name, bd.name, "diverged" if st.pop("material") else "match", reason=st.pop("reason"),
                      mode="floor", dtype={"a": er.dtype.name, "floor": ef.dtype.name, "b": ec.dtype.name},
                      shape={"a": list(er.shape), "b": list(ec.shape)}, metrics=st,
                      tolerance={"rule": rule.as_dict(), "source": "floor-relative"})
-    if len(er.shape) >= 2:  # per-row × floor: the heatmap's values
-        t.row_error = [float(x) if math.isfinite(x) else 1e30 for x in local]
+    if len(er.shape) >= 2:  # per-row × floor: the heatmap's values (a block's on each of its rows)
+        per = st["rows_per_block"]
+        sizes = block_sizes(st["rows"], per)
+        t.row_error = [float(x) if math.isfinite(x) else 1e30 for x in np.repeat(local, sizes)]
     if st["worst_rows"] and not st["exact_floor"]:
         w = st["worst_rows"][0]
         t.worst = {"index": [w["row"]], "meaning": w["meaning"], "x_floor": w["x_floor"]}
@@ -312,6 +375,8 @@ def three_way(ref: str | Path | Dump, floor: str | Path | Dump, cand: str | Path
     present = [b for b in bounds if b.name in by_b]
     results = {}
     compared = 0
+    families: dict[str, float] = {}  # tensor -> its floor's largest row (`row_family`), in DAG order
+    tie_errs: dict[str, float] = {}  # family -> max |F - R| on the floor run's largest row there
     for bd in present:
         br = results[bd.name] = BoundaryResult(bd.name, "match", meaning=bd.meaning, layout=bd.layout)
         for name in by_b[bd.name]:
@@ -330,7 +395,11 @@ def three_way(ref: str | Path | Dump, floor: str | Path | Dump, cand: str | Path
                 # ids and exact tensors: judged against the reference as the direct comparison does
                 br.tensors.append(judge.tensor(er, ec, bd, run))
                 continue
-            t = _floor_result(er, ef, ec, bd, rule, run, (profile or {}).get(name))
+            fam = row_family(name)
+            fam = (fam, families[fam]) if fam in families else None
+            t = _floor_result(er, ef, ec, bd, rule, run, (profile or {}).get(name), fam)
+            if t.metrics.get("rows", 0) > 1 and not t.metrics.get("exact_floor"):
+                families[name] = t.metrics["floor"]["row_max"]
             if t.status == "diverged" and t.metrics["exact_floor"] and not t.metrics.get("must_equal_floor_run"):
                 # Precision does not touch this tensor (a position table kept in fp32), so its floor
                 # is zero; but another device's kernels (a GPU's sin/cos) may still differ from the
@@ -353,7 +422,9 @@ def three_way(ref: str | Path | Dump, floor: str | Path | Dump, cand: str | Path
         # a top-k set that differs is judged by the tie rule as in the direct comparison, its
         # near-tie margin measured against the floor run's own error of the scores
         floor_ents = {n: df.entry(n) for n in by_b[bd.name] if n in df.names}
-        ties.settle(br.tensors, *ents, bd.layout, run, lambda unit, b=bd.name: judge.tolerance(b, unit), floor_ents)
+        ties.settle(br.tensors, *ents, bd.layout, run, lambda unit, b=bd.name: judge.tolerance(b, unit), floor_ents,
+                    _sourced_verdicts(contract, br.tensors, results),
+                    _sourced_tie_errors(contract, br.tensors, dr, df, tie_errs))
         br.status, br.reason = settle(br.tensors)
     if not compared:
         raise BadInput(f"the three dumps ({dr.path}, {df.path}, {dc.path}) share no tensor: nothing was compared")
@@ -364,6 +435,63 @@ def three_way(ref: str | Path | Dump, floor: str | Path | Dump, cand: str | Path
                  {"a": dr.producer, "floor": df.producer, "b": dc.producer},
                  {"a": dr.run, "floor": df.run, "b": dc.run}, f"floor-relative {rule.as_dict()}")
     return rep
+
+
+def _sourced_verdicts(contract, tensors, results: dict) -> dict[str, tuple[bool, str]]:
+    """scores name -> (right?, why) for scores that are a row of a tensor this pass judged already
+    (`Contract.scores_source`: a generated token's logits, judged against their floor)."""
+    from .result import PASSING
+
+    source = getattr(contract, "scores_source", None)
+    out: dict[str, tuple[bool, str]] = {}
+    if source is None:
+        return out
+    judged = {t.name: t for r in results.values() for t in r.tensors}
+    for t in tensors:
+        src = source(t.name) if t.mode == "scores" else None
+        if src in judged:
+            s = judged[src]
+            out[t.name] = (s.status in PASSING, f"`{src}` {s.status}: {s.reason}" if s.reason else f"`{src}` {s.status}")
+    return out
+
+
+def _sourced_tie_errors(contract, tensors, dr: Dump, df: Dump, cache: dict) -> dict[str, float]:
+    """scores name -> the least error its tie floor takes: for scores that are a row of a decode
+    step's logits (or of the prompt's), the floor run's largest element error on its largest
+    prompt row, the row a step is judged against (`row_family`): a step within that floor may
+    pick another token wherever the margin is within that row's error."""
+    source = getattr(contract, "scores_source", None)
+    out: dict[str, float] = {}
+    for t in tensors if source is not None else ():
+        src = source(t.name) if t.mode == "scores" else None
+        fam = (row_family(src) or src) if src else None
+        if fam is None or fam not in dr.names or fam not in df.names:
+            continue
+        if fam not in cache:
+            cache[fam] = worst_row_max_abs(dr.entry(fam), df.entry(fam))
+        out[t.name] = cache[fam]
+    return out
+
+
+def worst_row_max_abs(er: Entry, ef: Entry) -> float:
+    """max |F - R| on the row of the largest RMSE of F - R (streamed in whole rows)."""
+    n_rows, row_len = shape_rows(er.shape)
+    step = max(row_len, (CHUNK_ROWS_ELEMS // row_len) * row_len)
+    best, at = -1.0, 0.0
+    readers = [e.stored.reader() for e in (er, ef)]
+    try:
+        for s in range(0, er.stored.numel, step):
+            e = min(er.stored.numel, s + step)
+            r, f = (to_float64(rd.read(s, e), ent.dtype).reshape(-1, row_len) for rd, ent in zip(readers, (er, ef)))
+            d = np.where(np.isfinite(r) & np.isfinite(f), f - r, 0.0)
+            sq = np.einsum("ij,ij->i", d, d)
+            i = int(np.argmax(sq))
+            if sq[i] > best:
+                best, at = float(sq[i]), float(np.max(np.abs(d[i])))
+    finally:
+        for rd in readers:
+            rd.close()
+    return at
 
 
 def ratio_table(report) -> dict[str, dict[str, float]]:

@@ -48,7 +48,7 @@ LOCAL_FAILING = ("diverged", "missing", "incomparable", "error")
 @dataclass
 class LocalResult:
     boundary: str
-    status: str  # match | diverged | missing | incomparable | error | no-stage | no-input
+    status: str  # match | diverged | missing | incomparable | error | no-stage | no-input | derived
     reason: str = ""
     tensors: list[TensorResult] = field(default_factory=list)
     seconds: float = 0.0
@@ -62,7 +62,7 @@ class LocalResult:
     @property
     def summary(self) -> str:
         ms = [t.metrics.get("max_abs") for t in self.tensors if isinstance(t.metrics.get("max_abs"), float)]
-        if self.status in ("no-stage", "no-input", "error", "same"):
+        if self.status in ("no-stage", "no-input", "error", "same", "derived"):
             return self.reason
         return f"max|Δ| {max(ms):.3g}" if ms else self.reason
 
@@ -225,7 +225,11 @@ def local_error(adapter, req, oracle_dir: str | Path, report: Report, tolerances
             continue
         stage = stages.get(b.name)
         if stage is None:
-            lr.status, lr.reason = "no-stage", "the engine exposes no stage for this boundary"
+            src = next((contract.scores_source(e.name) for e in ents.get(b.name, [])
+                        if contract.scores_source is not None and contract.scores_source(e.name)), None)
+            # a generated token is its logits' argmax: that stage (fed the reference's tokens) is judged
+            lr.status, lr.reason = (("derived", f"chosen from `{src}` (its argmax), whose stage is judged") if src
+                                    else ("no-stage", "the engine exposes no stage for this boundary"))
             continue
         lacking = [i for i in b.inputs if i not in ents]
         if lacking:
@@ -272,3 +276,78 @@ def local_error(adapter, req, oracle_dir: str | Path, report: Report, tolerances
         if br.status != "match":
             lr.status, lr.reason = br.status, br.reason
     return LocalReport(True, results, earliest_end_to_end=report.earliest)
+
+
+def decode_three_way(adapter, req, ref_dir: str | Path, floor_dir: str | Path, local: LocalReport,
+                     workdir: str | Path, rule, make_stages=None) -> None:
+    """The numeric pass's local error of its decode steps, judged three-way; replaces their
+    verdicts in `local` (the run's engine stages on the floor run's tensors, judged by the direct
+    tolerance of its dtype).
+
+    A decode step's stage is the whole network for one token: two right bf16 routes of it differ
+    by the whole network's rounding, including the step's own router and indexer choices, which
+    flip on near-ties and are no boundary of their own (H200: the clean engine's step on the
+    floor run's inputs left the bf16 tolerance on 3 of 10 pictures; on the CPU it equals the
+    floor run's to 1e-7). So the engine's step in the run's precision (`req`) is fed the
+    REFERENCE's tensors and tokens, and its error against the reference is judged as the
+    numeric pass judges a decode step end to end (`floor.row_family`): a multiple of the floor
+    run's error there, never below its largest row of the prompt's logits."""
+    from .floor import _floor_result, family_floor, row_family
+
+    steps = [r for r in local.boundaries if row_family(r.boundary) and r.status not in ("no-stage", "no-input", "derived")]
+    if not steps:
+        return
+    if make_stages is None:
+        make_stages = adapter.stages()
+    rd, fd = open_dump(ref_dir), open_dump(floor_dir)
+    contract = adapter.contract
+    bounds = topological(contract.resolve(list(_by_boundary(rd, contract))))
+    by = {b.name: b for b in bounds}
+    ents = _by_boundary(rd, contract)
+    stages = make_stages(req, rd.run)
+    out_dir = Path(workdir) / "local-steps"
+    rec = Recorder(out_dir, model=rd.model, producer={"name": "tensordiff-local", "side": "engine-stages"},
+                   run=dict(rd.run), overwrite=True)
+    ran: dict[str, list[str]] = {}
+    for lr in steps:
+        stage = stages.get(lr.boundary)
+        if stage is None or lr.boundary not in by:
+            continue
+        upstream = [x.name for x in bounds if x.name in ancestors(bounds, lr.boundary) and x.name in ents]
+        t0 = time.perf_counter()
+        try:
+            outs = stage({e.name: _to_torch(rd, e) for i in upstream for e in ents[i]})
+        except BadInput:
+            raise
+        except Exception as e:  # noqa: BLE001  (an engine bug in one stage must not hide the others)
+            lr.status, lr.reason, lr.tensors = "error", f"the stage raised {type(e).__name__}: {e}", []
+            lr.detail = traceback.format_exc(limit=4)
+            continue
+        lr.seconds = time.perf_counter() - t0
+        ran[lr.boundary] = []
+        for name, t in outs.items():
+            rec.record(name, t, boundary=lr.boundary)
+            ran[lr.boundary].append(name)
+    rec.close()
+    ld = open_dump(out_dir)
+    floors: dict[str, float] = {}  # family -> the floor run's largest row there
+    for lr in steps:
+        if lr.boundary not in ran:
+            continue
+        lr.tensors, bad = [], []
+        for name in ran[lr.boundary]:
+            fam = row_family(name)
+            if name not in rd.names or name not in fd.names:
+                lr.tensors.append(TensorResult(name, lr.boundary, "missing", reason="not in the reference or floor run"))
+                bad.append(lr.tensors[-1])
+                continue
+            if fam in rd.names and fam in fd.names and fam not in floors:
+                floors[fam] = family_floor(rd.entry(fam), fd.entry(fam))
+            t = _floor_result(rd.entry(name), fd.entry(name), ld.entry(name), by[lr.boundary], rule, rd.run, None,
+                              (fam, floors[fam]) if fam in floors else None)
+            lr.tensors.append(t)
+            if t.status != "match":
+                bad.append(t)
+        lr.status = bad[0].status if bad else "match"
+        lr.reason = ("three-way: the engine's step in " + str(req.dtype) + " on the reference's inputs, "
+                     "as a multiple of the floor run's error" + (f": {bad[0].reason}" if bad else ""))

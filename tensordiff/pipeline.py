@@ -383,6 +383,12 @@ def run_case(spec: CaseSpec, work: Path, *, kept: bool, tolerances=None, use_cac
             floor_dir = Path(case.dumps["floor"])
             njudge = Judge.build(adapter.contract, tols, run_dtypes=(ereq.dtype, ereq.dtype))
             case.local_numeric = local_error(adapter, ereq, floor_dir, case.numeric, njudge, work / "numeric")
+            # its decode steps: the whole network for one token, judged three-way (floor-relative)
+            from .floor import DEFAULT_RULE
+            from .local_error import decode_three_way
+
+            decode_three_way(adapter, ereq, Path(case.dumps["reference"]), floor_dir, case.local_numeric,
+                             work / "numeric", (floor or (DEFAULT_RULE, {}))[0])
     if views:
         from .report_html import heat_views
 

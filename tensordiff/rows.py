@@ -15,6 +15,40 @@ import math
 
 import numpy as np
 
+# The fewest elements a row statistic is taken over. A row's RMSE from n elements scatters as a
+# chi distribution with n degrees of freedom: the ratio of two independent clean rows' RMSEs (the
+# engine's and the floor run's) exceeds 2 with probability 1/5 at n = 2 (the F(2, 2) tail
+# 1/(1 + 4)), 2e-3 at n = 16 and ~1e-7 at n = 64. Shorter rows (router weights [S, top-k],
+# Engram gates [S, hc]) are therefore judged in blocks of consecutive rows of at least this many
+# elements: a clean engine's 2-element rows did pass 2x their floor (H200, rocket,
+# router.0.weights, worst row 2.54x) while a wrong row's error, far above the noise, still
+# stands out of its block.
+MIN_ROW_ELEMS = 64
+
+
+def rows_per_block(row_len: int) -> int:
+    """How many consecutive rows one row statistic pools (1 for rows of MIN_ROW_ELEMS or more)."""
+    return max(1, -(-MIN_ROW_ELEMS // max(row_len, 1)))
+
+
+def block_starts(n_rows: int, per: int) -> np.ndarray:
+    """The first row of each block of `per` rows; a remainder joins the last block (a short tail
+    block would be as noisy a sample as the short rows themselves)."""
+    return np.arange(max(1, n_rows // per)) * per
+
+
+def pooled(per_row: np.ndarray, per: int) -> np.ndarray:
+    """Per-row sums pooled over the blocks of `block_starts`."""
+    if per <= 1:
+        return per_row
+    return np.add.reduceat(per_row, block_starts(per_row.shape[0], per))
+
+
+def block_sizes(n_rows: int, per: int) -> np.ndarray:
+    """The number of rows in each block of `block_starts`."""
+    starts = block_starts(max(n_rows, 1), per)
+    return np.diff(np.append(starts, max(n_rows, 1)))
+
 
 class RowErrors:
     """Sums of squares per row and in total, in float64 (exact for float32/bfloat16 inputs)."""
@@ -80,6 +114,11 @@ class RowErrors:
     @property
     def row_ref_rms(self) -> np.ndarray:
         return np.sqrt(self.sq_ref / self.row_len)
+
+    def block_rmse(self, per: int) -> tuple[np.ndarray, np.ndarray]:
+        """(error RMSE, reference RMS) per block of `per` consecutive rows (`rows_per_block`)."""
+        n = block_sizes(self.n_rows, per) * self.row_len
+        return np.sqrt(pooled(self.sq_err, per) / n), np.sqrt(pooled(self.sq_ref, per) / n)
 
     @property
     def exact(self) -> bool:

@@ -24,6 +24,11 @@ a divergence of the choice itself.
 When a floor run exists (the oracle in the run precision), the caller may pass its scores as
 `floor`: the row's error is then the floor run's error against the reference, not the
 candidate's, so how close a tie must be is set by the oracle's own rounding.
+
+A generated token is a top-1 choice of this kind (`token.step.K.ids` beside the logits row it is
+the argmax of, `token.step.K.scores`); there "the scores are right" is the verdict the pass gave
+the logits themselves (`scores_ok`, from `Contract.scores_source`), floor-relative in the numeric
+pass.
 """
 from __future__ import annotations
 
@@ -91,7 +96,8 @@ def scores_verdict(sa_e: Entry, sb_e: Entry, unit: str, tol) -> tuple[bool, str]
 
 
 def classify_row(row: int, ia: np.ndarray, ib: np.ndarray, sa: np.ndarray, sb: np.ndarray, unit: str,
-                 scores_ok: tuple[bool, str] = (True, ""), fa: np.ndarray | None = None) -> Flip:
+                 scores_ok: tuple[bool, str] = (True, ""), fa: np.ndarray | None = None,
+                 min_err: float = 0.0) -> Flip:
     """One differing row: ia/ib the two choices [k], sa/sb the two sides' scores [W], fa the floor
     run's scores [W] or None; `scores_ok` the scores tensor's own verdict (`scores_verdict`).
     See the module docstring for the rule."""
@@ -115,6 +121,7 @@ def classify_row(row: int, ia: np.ndarray, ib: np.ndarray, sa: np.ndarray, sb: n
         err_floor = float(np.max(np.abs(fa[ok] - sa[ok]))) if ok.any() else 0.0
     else:
         err_floor = err
+    err_floor = max(err_floor, min_err)  # the row floor its scores were judged by (`settle`'s `min_err`)
     u = BY_NAME[unit].unit_roundoff if unit in BY_NAME else 0.0
     involved = float(np.max(np.abs(sa[members])))
     floor = 2 * err_floor + 4 * u * involved
@@ -132,11 +139,16 @@ def classify_row(row: int, ia: np.ndarray, ib: np.ndarray, sa: np.ndarray, sb: n
 
 
 def settle(tensors: list[TensorResult], ents_a: dict[str, Entry], ents_b: dict[str, Entry], layout: str, run: dict,
-           tolerance_for, floor: dict[str, Entry] | None = None) -> None:
+           tolerance_for, floor: dict[str, Entry] | None = None,
+           scores_ok: dict[str, tuple[bool, str]] | None = None, min_err: dict[str, float] | None = None) -> None:
     """Re-judge every diverged top-k set tensor of one boundary that has its scores on both sides:
     all of its differing rows near-ties -> status `benign` (the flips listed with their margins);
     any other -> it stays `diverged`, the reason naming the first row the scores do not explain.
-    `tolerance_for(unit) -> Tolerance` gives the scores' tolerance in the compared dtype."""
+    `tolerance_for(unit) -> Tolerance` gives the scores' tolerance in the compared dtype;
+    `scores_ok`: the scores' verdict where the pass has it already (scores that are a row of a
+    tensor it judged: a generated token's logits, `Contract.scores_source`); `min_err`: the
+    least error a row's tie floor takes for those scores (a decode step's logits are judged
+    against the floor run's largest prompt row, `floor.row_family`: its error sets the tie)."""
     by = {t.name: t for t in tensors}
     for t in tensors:
         if t.mode != "topk-sets" or t.status != "diverged" or not t.name.endswith(".ids"):
@@ -153,13 +165,14 @@ def settle(tensors: list[TensorResult], ents_a: dict[str, Entry], ents_b: dict[s
         rows = differing_rows(ia, ib)
         st = by.get(sname)
         unit = (st.dtype.get("unit") if st is not None else None) or sa_e.dtype.name
-        ok = scores_verdict(sa_e, sb_e, unit, tolerance_for(unit))
+        ok = (scores_ok or {}).get(sname) or scores_verdict(sa_e, sb_e, unit, tolerance_for(unit))
         sa, sb = _read(sa_e, rows), _read(sb_e, rows)
         fe = floor.get(sname) if floor else None
         fa = _read(fe, rows) if fe is not None and fe.shape == sa_e.shape else None
         flips = []
         for j, r in enumerate(rows):
-            f = classify_row(int(r), ia[r], ib[r], sa[j], sb[j], unit, ok, None if fa is None else fa[j])
+            f = classify_row(int(r), ia[r], ib[r], sa[j], sb[j], unit, ok, None if fa is None else fa[j],
+                             (min_err or {}).get(sname, 0.0))
             flips.append(Flip(**{**asdict(f), "meaning": describe(layout, (int(r),), run)}))
         bad = [f for f in flips if not f.benign]
         t.metrics = replace(t.metrics, ties={

@@ -705,6 +705,9 @@ def generate(model: LanguageModel, input_ids: torch.Tensor, token_types: torch.T
         if tokens[-1] == image_id:
             stop = "image-token"
             break
+        # the token fed to step k, and the logits row it is the argmax of (what a tie is judged on)
+        rec.record(f"token.step.{k}.ids", torch.tensor([[tokens[-1]]]), boundary=f"token.step.{k}")
+        rec.record(f"token.step.{k}.scores", logits[0, -1:].float(), boundary=f"token.step.{k}")
         ids = torch.cat([ids, torch.tensor([tokens[-1]])])
         types = torch.cat([types, torch.tensor([TEXT])])
         keys = DecodeKeys(input_ids.numel(), owners, previous=keys.current) if official else None

@@ -1,7 +1,7 @@
 """DeepSeek V4.1 Flash language boundaries: a per-layer DAG, built from the names a run dumped.
 
     aligner ─> embeddings ─> [engram.L] ─> [index.L.ids] ─> attn.L ─> router.L.ids ─> router.L.weights ─> hidden.L ─> ...
-                                                                           ... hidden.(n-1) ─> logits ─> logits.step.1 ─> ...
+                                                                           ... hidden.(n-1) ─> logits ─> token.step.1 ─> logits.step.1 ─> ...
 
 Every tensor is its own boundary except `engram.L.gate` (boundary `engram.L`), so the report
 names the earliest divergent layer AND stage: a wrong bias choice roots at `router.L.ids`, wrong
@@ -23,8 +23,15 @@ from ..contract import Boundary, TensorRule
 # repeated image content makes near-ties (seen: 0.23574823 vs 0.23574818, 2e-7 relative) that
 # summation order decides, and those flips are benign; every other difference is a divergence of
 # the choice. No fraction of rows is allowed to differ blindly.
+# A generated token is a top-1 choice too: `token.step.K.ids` [1, 1] is the token fed to decode
+# step K, `token.step.K.scores` [1, vocab] the logits row it is the argmax of (the prompt's last
+# row for K = 1, else `logits.step.(K-1)`), recorded by both sides. A near-tie there (two tokens'
+# logits within the floor run's error) picks another token on a right route, and every later
+# step is fed something else: that flip is benign and its cascade is judged by local error.
 RULES = (TensorRule("router.*.ids", "topk-sets"), TensorRule("index.*.ids", "topk-sets"),
-         TensorRule("router.*.scores", "scores"), TensorRule("index.*.scores", "scores"))
+         TensorRule("token.step.*.ids", "topk-sets"),
+         TensorRule("router.*.scores", "scores"), TensorRule("index.*.scores", "scores"),
+         TensorRule("token.step.*.scores", "scores"))
 # The fp32 logits are a 4096-term reduction (final norm . head): their absolute error is in units
 # of the logits' RMS, as for Qwen3-VL (`tensordiff.tolerance`, `atol_scale`). With the synthetic
 # head (std 1/sqrt(dim)) that RMS is ~1 (H200, tiny: 1.007, error 2.0e-6 of it, max|d| 2.6e-5),
@@ -33,6 +40,18 @@ TOLERANCES: dict = {"logits": {"float32": {"atol_scale": "rms"}}, "logits.step.*
 
 _LAYERED = re.compile(r"^(engram|index|attn|router|hidden)\.(\d+)(?:\.(ids|weights|gate|scores))?$")
 _STEP = re.compile(r"^logits\.step\.(\d+)$")
+_TOKEN = re.compile(r"^token\.step\.(\d+)(?:\.(ids|scores))?$")
+
+
+def scores_source(name: str) -> str | None:
+    """The tensor a choice's scores are a row of: `token.step.K.scores` is the last row of the
+    logits that chose the token. Its verdict in a pass is that tensor's ("the logits pass their
+    own rule"), not the scores' own (a floor-relative pass judges logits against their floor)."""
+    m = _TOKEN.match(name)
+    if not m or m.group(2) != "scores":
+        return None
+    k = int(m.group(1))
+    return "logits" if k == 1 else f"logits.step.{k - 1}"
 
 
 def boundary_of(name: str) -> str:
@@ -42,6 +61,9 @@ def boundary_of(name: str) -> str:
         return f"engram.{m.group(2)}"
     if m and m.group(3) == "scores":  # the key behind a choice belongs to the choice
         return f"{m.group(1)}.{m.group(2)}.ids"
+    t = _TOKEN.match(name)
+    if t:
+        return f"token.step.{t.group(1)}"
     if "." not in name:
         return name
     if m or _STEP.match(name):
@@ -59,7 +81,7 @@ def language_boundaries(present: Sequence[str], upstream: str | Sequence[str] | 
         m = _LAYERED.match(n)
         if m:
             layers.add(int(m.group(2)))
-        s = _STEP.match(n)
+        s = _STEP.match(n) or _TOKEN.match(n)
         if s:
             steps.add(int(s.group(1)))
     out: list[Boundary] = []
@@ -110,9 +132,16 @@ def language_boundaries(present: Sequence[str], upstream: str | Sequence[str] | 
                             layout="tokens"))
         prev = "logits"
     for k in sorted(steps):
-        out.append(Boundary(f"logits.step.{k}", (prev,), f"logits after feeding generated token {k} [1, vocab] "
-                            "(engine: KV cache; oracle: full recomputation)", layout="tokens"))
-        prev = f"logits.step.{k}"
+        token = f"token.step.{k}"
+        if token in names:
+            out.append(Boundary(token, (prev,), f"the token fed to decode step {k} [1, 1]: the argmax of the "
+                                f"{'prompt logits’ last row' if k == 1 else f'logits of step {k - 1}'} "
+                                "(token.step.K.scores, the row it ranked)", layout="plain"))
+        if f"logits.step.{k}" in names:
+            out.append(Boundary(f"logits.step.{k}", ((token,) if token in names else ()) + (prev,),
+                                f"logits after feeding generated token {k} [1, vocab] "
+                                "(engine: KV cache; oracle: full recomputation)", layout="tokens"))
+            prev = f"logits.step.{k}"
     return tuple(out)
 
 

@@ -108,7 +108,7 @@ def _boundary_of(name: str) -> str:
 
 
 CONTRACT = Contract(NAME, CONTRACT.boundaries, rules=language.RULES, resolver=_resolve, boundary_of=_boundary_of,
-                    tolerances=language.TOLERANCES)
+                    tolerances=language.TOLERANCES, scores_source=language.scores_source)
 
 ADAPTER = ModelAdapter(
     name=NAME,

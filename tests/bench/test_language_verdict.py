@@ -51,3 +51,28 @@ def test_the_summary_keeps_cascades_apart_and_faults_at_their_boundary(tmp_path)
 
 def test_the_wrapper_parses():
     assert subprocess.run(["bash", "-n", str(BENCH / "language_verdict.sh")]).returncode == 0
+
+
+def test_the_plan_covers_every_chunk_on_every_picture_distinct_pictures_first():
+    from types import SimpleNamespace
+
+    mod = _module()
+    images = [Path(f"/p/{n}.{'jpg' if i % 2 == 0 else 'png'}") for i, n in enumerate(mod.PHOTOS + ("wide", "tall"))]
+
+    def spec(image, chunk, fault=None, **kw):
+        return (image.stem, chunk, fault) + ((kw["weights"],) if "weights" in kw else ())
+
+    a = SimpleNamespace(cases="all", only_ckpt=False, ckpt=None, layers="2")
+    plan = mod.plan_cases(a, images, spec)
+    names = [n for n, _ in plan]
+    assert len(names) == len(set(names))
+    clean = [s for n, s in plan if n.startswith("clean-") and not n.endswith("-fp8")]
+    assert ("astronaut", 64, None, "synthetic:tiny-fp8") in [s for _, s in plan]  # the quantised clean case
+    assert {(p, c) for p, c, _ in clean} == {(p.stem, c) for p in images for c in (64, None, 5, 1)}
+    assert [s[0] for s in clean[:len(images)]] == [p.stem for p in images]  # one of each picture first
+    faults = {s[2]: s for n, s in plan if n.startswith("fault-")}
+    assert set(faults) == {f.name for f in D.LANGUAGE_FAULTS}  # every language fault of the table
+    assert faults[D.OVERLAY_CHUNK_SHIFT][1] == 5 and faults[D.FP8_SCALE_IGNORED][3] == "synthetic:tiny-fp8"
+    smoke = mod.plan_cases(SimpleNamespace(**{**vars(a), "cases": "smoke"}),
+                           images, spec)
+    assert [s for _, s in smoke] == [("astronaut", 64, None), ("astronaut", 64, mod.FAULTS[-1])]

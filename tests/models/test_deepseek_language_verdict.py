@@ -60,19 +60,26 @@ def test_bf16_check_runs_both_passes_against_the_exact_reference(tmp_path, capsy
         assert facts[d]["language_numerics"] == {"mode": "official", "dtype": "bfloat16", "kernel_quant": True}
 
 
-def test_a_decode_bug_behind_a_numeric_flip_is_named_by_that_passs_local_error(tmp_path, capsys):
+def test_a_decode_bug_is_named_by_the_semantic_pass_the_numeric_one_cannot_tell_it_from_a_tie(tmp_path, capsys):
     """The default bf16 route: the semantic pass (fp32, no flip) names the decode-only bug end to
-    end; in the numeric pass it hides in a near-tie flip's cascade, and that pass's own local
-    error (the bf16 engine's decode step on the floor run's cache and tokens) names it."""
+    end and by its local error. In bf16 its effect on a step is of the size a clean decode step's
+    own near-tie flips leave (CPU: the window reset's step 2 at 1.07x the floor run's largest
+    prompt row, a clean step up to 0.56x, a clean H200 engine's step past the bf16 tolerance on
+    3 of 10 pictures): the numeric pass judges its steps against that floor and passes them,
+    its own local error of the steps three-way (the bf16 step on the reference's inputs)."""
     code, stdout, _ = cli(["check", MODEL, "--dtype", "bfloat16", "--prompt", PROMPT, "--chunk", "5",
                            "--decode", "2", *SUBSET, "--fault", D.DECODE_ENGRAM_WINDOW_RESET,
                            "--json", tmp_path / "r.json"], capsys)
     rep = json.loads((tmp_path / "r.json").read_text())
     assert code == 1 and rep["earliest"] == ["logits.step.2"], rep["earliest"]
-    num = {b["name"]: b["status"] for b in rep["numeric"]["boundaries"]}
-    assert num["logits.step.2"] == "cascade", num
-    assert rep["local_error_numeric"]["origin"] == "logits.step.2", rep["local_error_numeric"]["summary"]
-    assert "numeric local error: origin logits.step.2" in stdout
+    num = {b["name"]: b for b in rep["numeric"]["boundaries"]}
+    assert num["logits.step.2"]["status"] in ("match", "cascade"), num["logits.step.2"]
+    step = next(t for t in num["logits.step.2"]["tensors"] if t["name"] == "logits.step.2")
+    assert step["metrics"]["family"]["of"] == "logits", step["metrics"]
+    local = rep.get("local_error_numeric")
+    if local is not None:  # a prefill flip's cascade: its decode stages judged three-way
+        steps = {b["boundary"]: b for b in local["boundaries"] if b["boundary"].startswith("logits.step.")}
+        assert steps and all("three-way" in b["reason"] for b in steps.values()), steps
 
 
 def test_direct_keeps_the_one_comparison(tmp_path, capsys):

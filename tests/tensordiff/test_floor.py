@@ -259,3 +259,82 @@ def test_a_one_row_tensor_is_judged_as_a_row(tmp_path):
     bad = _one_row(tmp_path / "b", 2.0)
     t = _t(bad, "logits.step.1")
     assert t.metrics["ratios"]["rmse"] > DEFAULT_RULE.row and t.status == "diverged", t.metrics["ratios"]
+
+
+def _short_rows(tmp_path, edit=None, rows=195, k=2):
+    """Router-weights-like rows [rows, k] (k positive weights summing to 1.5, as route_scale
+    makes them), the floor run and the candidate each with its own bf16 rounding of them."""
+    g = torch.Generator().manual_seed(7)
+    w = torch.softmax(torch.randn(rows, k, generator=g), -1) * 1.5
+    ref = {"router.0.weights": w}
+    floor = {"router.0.weights": _low(w, 1).float()}
+    cand = {"router.0.weights": _low(w, 2).float()}
+    if edit:
+        edit(cand["router.0.weights"])
+    return (write(tmp_path / "ref", ref, run={"dtype": "float32"}),
+            write(tmp_path / "floor", floor, run={"dtype": "bfloat16"}),
+            write(tmp_path / "cand", cand, run={"dtype": "bfloat16"}))
+
+
+def test_short_rows_are_judged_in_blocks(tmp_path, monkeypatch):
+    """Two independent clean bf16 roundings of 2-element rows: row by row, some of the 195 rows
+    exceed 2x their own floor by chance alone (the H200's rocket false alarm at router.0.weights,
+    worst row 2.54x); pooled into blocks of >= MIN_ROW_ELEMS elements they do not, and a row
+    whose weights are 2% off is still caught, named by its block."""
+    from tensordiff import rows
+
+    dumps = _short_rows(tmp_path / "clean")
+    monkeypatch.setattr(rows, "MIN_ROW_ELEMS", 1)  # the old rule: every 2-element row alone
+    per_row = _t(three_way(*dumps), "router.0.weights")
+    assert per_row.status == "diverged" and per_row.metrics["outliers"] > 0, per_row.metrics["worst_rows"]
+    monkeypatch.undo()
+    rep = three_way(*dumps)
+    t = _t(rep, "router.0.weights")
+    assert rep.verdict == "match", str(rep)
+    assert t.metrics["rows_per_block"] == 32 and t.metrics["outliers"] == 0, t.metrics["worst_rows"]
+    assert t.metrics["ratios"]["row"] < DEFAULT_RULE.row and len(t.row_error) == 195
+
+    def one_row(w):  # in 1950 rows: tensor-wide (1.06x RMSE) it is invisible, in its block it is not
+        w[1000] *= 1.05
+    bad = _t(three_way(*_short_rows(tmp_path / "bad", one_row, rows=1950)), "router.0.weights")
+    assert bad.metrics["ratios"]["rmse"] < DEFAULT_RULE.rmse, bad.metrics["ratios"]
+    assert bad.status == "diverged" and bad.metrics["outliers"] == 1, bad.metrics["worst_rows"]
+    assert bad.metrics["worst_rows"][0]["row"] == 992 and "rows 992-1023" in bad.reason, bad.reason
+
+
+def _steps(tmp_path, floor_scale: float, cand_scale: float, prompt=True):
+    """Prompt logits [64, 512] and one decode step [1, 512], floor and candidate each with its own
+    bf16-sized error; the step's floor row `floor_scale` times the prompt rows' typical error and
+    the candidate's `cand_scale` times it (a decode row's error scatters as a row's does)."""
+    g = torch.Generator().manual_seed(11)
+
+    def noisy(x, s):
+        return (x * (1 + s * 2.0 ** -8 * torch.randn(x.shape, generator=g))).to(torch.bfloat16).float()
+
+    lg, st = torch.randn(64, 512, generator=g), torch.randn(1, 512, generator=g)
+    ref = {"logits": lg, "logits.step.1": st}
+    floor = {"logits": noisy(lg, 1.0), "logits.step.1": noisy(st, floor_scale)}
+    cand = {"logits": noisy(lg, 1.0), "logits.step.1": noisy(st, cand_scale)}
+    if not prompt:
+        for d in (ref, floor, cand):
+            del d["logits"]
+    return three_way(*(write(tmp_path / n, d, run={"dtype": dt})
+                       for n, d, dt in (("ref", ref, "float32"), ("floor", floor, "bfloat16"), ("cand", cand, "bfloat16"))))
+
+
+def test_a_decode_step_is_judged_as_one_more_row_of_the_prompt_logits(tmp_path):
+    """The floor run's own step row happened to be 0.2x as wrong as the prompt's rows typically
+    are: against that one row the clean candidate is over 2x its floor (the old one-row rule
+    trips); as a row of the logits (never below their largest floor row) it is ~1x. A candidate
+    3x the typical row error is still caught, at the step, the reason naming its row floor."""
+    alone = _t(_steps(tmp_path / "alone", 0.2, 1.0, prompt=False), "logits.step.1")
+    assert alone.status == "diverged" and alone.metrics["ratios"]["rmse"] > DEFAULT_RULE.row, alone.metrics["ratios"]
+    ok = _steps(tmp_path / "ok", 0.2, 1.0)
+    t = _t(ok, "logits.step.1")
+    assert ok.verdict == "match", str(ok)
+    assert t.metrics["family"]["of"] == "logits" and 0.8 < t.metrics["family"]["x_floor"] < 1.1, t.metrics["family"]
+    assert t.metrics["ratios"]["rmse"] > DEFAULT_RULE.row  # the ratio to its own floor is still shown
+    bad = _steps(tmp_path / "bad", 1.0, 3.0)
+    b = _t(bad, "logits.step.1")
+    assert b.status == "diverged" and _t(bad, "logits").status == "match", str(bad)
+    assert b.metrics["family"]["x_floor"] > DEFAULT_RULE.row and "largest row of `logits`" in b.reason, b.reason

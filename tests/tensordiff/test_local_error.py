@@ -212,3 +212,108 @@ def test_a_stage_that_does_not_replay_the_run_always_runs(tmp_path):
     calls = []
     _, ran, local = _with_engine(tmp_path, None, _replaying(calls, replays=False))
     assert calls == ["block0", "final_norm", "aligner"] and _verdicts(local) == _verdicts(ran)
+
+
+def _decode_dumps(tmp_path):
+    """Reference (fp32) and floor run (bf16) dumps of a toy model with prompt logits [32, 256]
+    and two decode steps [1, 256]; the floor run's error 0.15 of the logits' RMS, the size a
+    whole bf16 network leaves (tiny config: 0.08-0.35 on the H200 and the CPU)."""
+    import torch
+
+    from helpers_dumps import write
+
+    g = torch.Generator().manual_seed(3)
+    ref = {"hidden": torch.randn(32, 64, generator=g), "logits": torch.randn(32, 256, generator=g),
+           "logits.step.1": torch.randn(1, 256, generator=g), "logits.step.2": torch.randn(1, 256, generator=g)}
+    floor = {k: (v + 0.15 * torch.randn(v.shape, generator=g)).to(torch.bfloat16).float() for k, v in ref.items()}
+    names = {k: k for k in ref}
+    return (write(tmp_path / "ref", ref, model="toy-decode", run={"dtype": "float32"}, boundaries=names),
+            write(tmp_path / "floor", floor, model="toy-decode", run={"dtype": "bfloat16"}, boundaries=names), ref)
+
+
+def _decode_adapter(ref, scale: float):
+    """An adapter whose decode stage is a bf16 route of the reference's step: its own rounding
+    `scale` times the floor run's typical row error (1: another right bf16 route, a GPU's)."""
+    from types import SimpleNamespace
+
+    import torch
+
+    from tensordiff.contract import Boundary, Contract
+
+    contract = Contract("toy-decode", (Boundary("hidden"), Boundary("logits", ("hidden",)),
+                                       Boundary("logits.step.1", ("logits",)),
+                                       Boundary("logits.step.2", ("logits.step.1",))), boundary_of=lambda n: n)
+
+    def stage(name, s):
+        def run(inputs):
+            g = torch.Generator().manual_seed(hash(name) % 1000)
+            v = ref[name]
+            return {name: (v + s * 0.15 * torch.randn(v.shape, generator=g)).to(torch.bfloat16).float()}
+        return run
+
+    def make_stages(req, run):
+        return {"logits.step.1": stage("logits.step.1", scale), "logits.step.2": stage("logits.step.2", 1.0)}
+
+    return SimpleNamespace(name="toy-decode", contract=contract, stages=lambda: make_stages)
+
+
+def test_a_decode_step_of_the_numeric_pass_is_judged_three_way(tmp_path):
+    """The numeric pass's decode stages: a right bf16 route of a decode step differs from the
+    floor run's by about the floor itself, far past the bf16 direct tolerance (the H200's false
+    alarms at logits.step.2 / .4); judged three-way (its error against the reference as a row of
+    the logits' floor) it passes, and a step 3x as wrong is the origin."""
+    from tensordiff.floor import DEFAULT_RULE
+    from tensordiff.local_error import LocalReport, LocalResult, decode_three_way
+
+    r, f, ref = _decode_dumps(tmp_path)
+    req = type("Req", (), {"dtype": "bfloat16"})()
+
+    def local_report():
+        return LocalReport(True, [LocalResult("logits", "match"), LocalResult("logits.step.1", "diverged", "direct"),
+                                  LocalResult("logits.step.2", "diverged", "direct")])
+
+    clean = local_report()
+    decode_three_way(_decode_adapter(ref, 1.0), req, r, f, clean, tmp_path / "clean", DEFAULT_RULE)
+    assert clean.origin is None, clean.summary()
+    t = clean.get("logits.step.1").tensors[0]
+    assert t.metrics["family"]["of"] == "logits" and t.metrics["family"]["x_floor"] < 1.1, t.metrics["family"]
+    # the old judgement of the same step: bf16 against the floor run's bf16, the direct tolerance
+    from tensordiff.compare import compare_dumps
+
+    from helpers_dumps import write
+
+    stage_out = _decode_adapter(ref, 1.0).stages()(req, {})["logits.step.1"]({})
+    direct = compare_dumps(f, write(tmp_path / "direct", stage_out, model="toy-decode", run={"dtype": "bfloat16"},
+                                    boundaries={"logits.step.1": "logits.step.1"}))
+    assert direct.boundary("logits.step.1").tensors[0].status == "diverged"
+    bad = local_report()
+    decode_three_way(_decode_adapter(ref, 3.0), req, r, f, bad, tmp_path / "bad", DEFAULT_RULE)
+    assert bad.origin == "logits.step.1", bad.summary()
+    assert "three-way" in bad.get("logits.step.1").reason and "largest row of `logits`" in bad.summary()
+    assert bad.get("logits").status == "match"  # a prompt stage keeps its own verdict
+
+
+def test_a_choice_taken_from_another_boundarys_output_has_no_stage_of_its_own(tmp_path):
+    """A generated token (`Contract.scores_source`: its scores are the logits it is the argmax
+    of) is derived, not a stage that is missing: the summary does not list it as one."""
+    from types import SimpleNamespace
+
+    import torch
+
+    from helpers_dumps import write
+    from tensordiff.contract import Boundary, Contract
+    from tensordiff.local_error import local_error
+
+    names = {"logits": "logits", "token.step.1.ids": "token.step.1", "token.step.1.scores": "token.step.1"}
+    t = {"logits": torch.randn(2, 8), "token.step.1.ids": torch.tensor([[3]]), "token.step.1.scores": torch.randn(1, 8)}
+    odir = write(tmp_path / "o", t, model="toy-tok", boundaries=names)
+    contract = Contract("toy-tok", (Boundary("logits"), Boundary("token.step.1", ("logits",))),
+                        boundary_of=lambda n: names[n],
+                        scores_source=lambda n: "logits" if n == "token.step.1.scores" else None)
+    adapter = SimpleNamespace(name="toy-tok", contract=contract, stages=lambda: None)
+    report = compare_dumps(odir, write(tmp_path / "e", t, model="toy-tok", boundaries=names), contract=contract)
+    loc = local_error(adapter, SimpleNamespace(dtype="float32"), odir, report, Tolerances({}, {}), tmp_path,
+                      make_stages=lambda req, run: {})
+    r = loc.get("token.step.1")
+    assert r.status == "derived" and "chosen from `logits`" in r.reason and not r.failing
+    assert "no stage for" not in loc.summary(), loc.summary()
