@@ -463,10 +463,11 @@ constexpr int kRouteWaveLb = -2;     // the same, 4 blocks of 256 resident asked
 constexpr int kRouteGroup16 = -3;    // one row per 16 lanes, ranks counted (round 3; 106-121 registers)
 constexpr int kRouteGroup16Lb = -4;  // the same, 8 blocks of 128 resident asked (<= 64 registers)
 constexpr int kRouteGroup32 = -5;    // one row per 32 lanes: half the slots a lane (12 of 384 experts)
-// THE DEFAULT ROUTE (threads_per_row 0): the fastest measured on the H200. Round 3's run measured
-// the wave route 265.9 us at 65,536 rows x 384 (f32) and 13.6 us at 1,024 against the group route's
-// 387.9 and 17.6: flip this one line to what bench/kernels.py's moe_route/*/<route> rows show best.
-constexpr int kDefaultRoute = kRouteWave;
+// THE DEFAULT ROUTE (threads_per_row 0): the fastest measured on the H200. Round 4's run (every
+// route, one process) at 65,536 rows x 384: wave_lb 229.2 us f32 / 229.1 bf16, wave 269.0 / 268.1,
+// group16_lb 291.8 / 337.7, group32 319.1 / 439.8, group16 362.0 / 392.1; at 1,024 rows (launch
+// bound) wave 14.0, wave_lb 14.2: the launch bound caps the wave route's occupancy gain there.
+constexpr int kDefaultRoute = kRouteWaveLb;
 
 template <int DT>
 int launch(const void* logits, const float* bias, const float* bias_vl, const uint8_t* image_rows, float* weights,
