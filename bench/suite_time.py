@@ -5,8 +5,9 @@
 
 The baseline (a fresh interpreter importing torch, the fixed cost every CLI test pays) runs
 --rounds times (5) before and as many after the suite, so load that changes during the run hits
-both ends; the suite runs once, on a fresh TENSORDIFF_CACHE as on CI, with `bench/suite_cpu.py` recording each test's wall and CPU seconds (its
-own process and the children it waited for, so xdist workers and CLI subprocesses count).
+both ends; the suite runs once, on a fresh TENSORDIFF_CACHE as on CI, with `bench/suite_cpu.py`
+recording each test's wall and CPU seconds (its own process and the children it waited for, so
+xdist workers and CLI subprocesses count).
 
 Issue 15's target is 6 minutes of wall on a quiet 2-core machine. The ratio is what carries from
 machine to machine; on this one torch's import takes 1.5-1.9 s, so 6 minutes is about 190-240
