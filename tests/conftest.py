@@ -6,7 +6,15 @@ import pytest
 @pytest.fixture(autouse=True, scope="session")
 def _tensordiff_cache(tmp_path_factory):
     if "TENSORDIFF_CACHE" not in os.environ:
-        os.environ["TENSORDIFF_CACHE"] = str(tmp_path_factory.mktemp("tensordiff-cache"))
+        if os.environ.get("PYTEST_XDIST_WORKER"):
+            # one cache for every worker of the run (beside their own basetemps), so synthetic
+            # weights and oracle dumps are made once per run; every writer into it stages under
+            # a unique name and renames, so workers never see each other's half-written entries
+            shared = tmp_path_factory.getbasetemp().parent / "tensordiff-cache"
+            shared.mkdir(exist_ok=True)
+            os.environ["TENSORDIFF_CACHE"] = str(shared)
+        else:
+            os.environ["TENSORDIFF_CACHE"] = str(tmp_path_factory.mktemp("tensordiff-cache"))
     yield
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+from pathlib import Path
 
 import pytest
 import torch
@@ -125,13 +126,23 @@ def tied_checkpoint():
     if not (dst / "model.safetensors.index.json").is_file():
         import shutil
 
-        tmp = dst.with_name(dst.name + f".tmp-{id(dst)}")
+        import tempfile
+
+        # staged under a name unique to this process, then renamed: parallel test processes share
+        # the cache, and the first rename wins (the loser's copy, the same bytes, is dropped)
+        stage = Path(tempfile.mkdtemp(prefix=f".{dst.name}.tmp-", dir=dst.parent))
+        tmp = stage / "ckpt"
         shutil.copytree(src, tmp)
         shard = next(tmp.glob("*.safetensors"))
         t = load_file(str(shard))
         t["layers.2.attn.indexer.weights_proj.weight"].zero_()
         save_file(t, str(shard))
-        tmp.rename(dst)
+        try:
+            tmp.rename(dst)
+        except OSError:
+            if not (dst / "model.safetensors.index.json").is_file():
+                raise
+        shutil.rmtree(stage, ignore_errors=True)
     return dst
 
 

@@ -150,7 +150,17 @@ def weights_dir(spec: str) -> Path:
         raise BadInput(f"the toy model only has synthetic:tiny weights, not {spec!r}")
     d = cache_root() / "toy-weights"
     d.mkdir(parents=True, exist_ok=True)
-    (d / "config.json").write_text(json.dumps({"seed": 7}))
+    cfg, text = d / "config.json", json.dumps({"seed": 7})
+    if not cfg.is_file() or cfg.read_text() != text:
+        # written whole under a unique name, then renamed: tests in parallel processes share the
+        # cache, and one must never read another's half-written file
+        import os
+        import tempfile
+
+        fd, tmp = tempfile.mkstemp(prefix=".config.json.", dir=d)
+        with os.fdopen(fd, "w") as f:
+            f.write(text)
+        os.replace(tmp, cfg)
     return d
 
 
