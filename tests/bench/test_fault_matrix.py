@@ -37,7 +37,7 @@ def test_every_fault_has_a_carrier(model):
 
 def test_two_image_fault_goes_to_the_two_image_block():
     adapter = registry.adapter(fm.DEEPSEEK)
-    f = next(f for f in adapter.faults if f.name == "image-span-unexpanded")
+    f = next(f for f in adapter.faults if f.name == deepseek_faults.IMAGE_SPAN_UNEXPANDED)
     assert [b["block"] for b in fm.carriers(adapter, f, fm.blocks("cpu", "synthetic:tiny")[fm.DEEPSEEK])] == ["two-images"]
 
 

@@ -16,7 +16,9 @@ from tensordiff.synthetic.deepseek_v41_flash_language import tiny_language_check
 from tensordiff.tolerance import load
 from tensordiff.models import deepseek_faults as D
 
-CONTRACT = Contract("deepseek-v4.1-flash", (), C.RULES, resolver=C.make_resolver(()), boundary_of=C.boundary_of)
+# as the adapter builds it (tensordiff/models/deepseek_v41_flash.py): a generated token is derived from its logits
+CONTRACT = Contract("deepseek-v4.1-flash", (), C.RULES, resolver=C.make_resolver(()), boundary_of=C.boundary_of,
+                    scores_source=C.scores_source)
 
 
 def _runners():
@@ -59,3 +61,5 @@ def test_local_origin(base, oracle_dump, tmp_path, fault, chunk):
     assert local.origin == want, local.summary()
     stageless = {r.boundary for r in local.boundaries if r.status == "no-stage"}
     assert stageless == set()  # decode steps too: the engine's step on the teacher-forced cache
+    # the generated token has no stage of its own: it is its logits' argmax, judged through them
+    assert {r.boundary for r in local.boundaries if r.status == "derived"} == {"token.step.1"}
