@@ -26,7 +26,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import statistics
 import sys
 import time
 from pathlib import Path
@@ -35,6 +34,8 @@ import torch
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+
+from engine.runtime.delegate import per_call_ms  # noqa: E402  (the engine's own timer: one way to time a call)
 
 # (BLOCK_M, BLOCK_N, num_warps, num_stages, variant), the likeliest first (a spent time budget
 # skips the tail): the shapes Hopper flash kernels use at head dim 64, then the rest of the grid
@@ -58,27 +59,6 @@ def operands(heads: int, n: int, hd: int, dtype, device, seed: int = 0):
     g = torch.Generator(device=device).manual_seed(seed)
     qkv = torch.randn(n, 3, heads, hd, generator=g, device=device).to(dtype)
     return tuple(qkv[:, i].transpose(0, 1).unsqueeze(0) for i in range(3))
-
-
-def per_call_ms(fn, device, reps: int) -> float:
-    """Median of 3 runs of `reps` calls, after one untimed call (compile, warm-up)."""
-    fn()
-    runs = []
-    for _ in range(3):
-        if device.type == "cuda":
-            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            a.record()
-            for _ in range(reps):
-                fn()
-            b.record()
-            b.synchronize()
-            runs.append(a.elapsed_time(b) / reps)
-        else:
-            t = time.perf_counter()
-            for _ in range(reps):
-                fn()
-            runs.append((time.perf_counter() - t) * 1e3 / reps)
-    return statistics.median(runs)
 
 
 def run_worker(name: str, shape, configs, with_sdpa: bool, args, device, dtype) -> int:
