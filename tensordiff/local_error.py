@@ -177,6 +177,29 @@ def _as_the_engine_had(fed: list, engine: dict) -> bool:
                              for e in fed)
 
 
+def _run_stage(stage, inputs: dict, lr: LocalResult, rec: Recorder) -> list[str] | None:
+    """Run one engine stage on `inputs` and record what it returns under `lr`'s boundary: the
+    names recorded, or None with `lr` marked `error` (an engine bug in one stage must not hide
+    the others; a BadInput is the user's and propagates)."""
+    t0 = time.perf_counter()
+    try:
+        outs = stage(inputs)
+    except BadInput:
+        raise
+    except Exception as e:  # noqa: BLE001
+        lr.status, lr.reason = "error", f"the stage raised {type(e).__name__}: {e}"
+        lr.seconds = time.perf_counter() - t0
+        lr.detail = traceback.format_exc(limit=4)
+        return None
+    lr.seconds = time.perf_counter() - t0
+    if not isinstance(outs, dict):
+        lr.status, lr.reason = "error", f"the stage returned {type(outs).__name__}, not a dict of tensors"
+        return None
+    for name, t in outs.items():
+        rec.record(name, t, boundary=lr.boundary)
+    return list(outs)
+
+
 def local_error(adapter, req, oracle_dir: str | Path, report: Report, tolerances: Judge | Tolerances | None,
                 workdir: str | Path, make_stages=None, engine_dir: str | Path | None = None) -> LocalReport:
     """Run each engine stage on the oracle's tensors and compare with the oracle's outputs.
@@ -241,26 +264,9 @@ def local_error(adapter, req, oracle_dir: str | Path, report: Report, tolerances
             _from_end_to_end(lr, report, "its inputs are bit for bit the engine's own: the stage's output is the "
                                          "engine's end-to-end one, local error = end-to-end error")
             continue
-        inputs = {e.name: _to_torch(od, e) for e in fed}
-        t0 = time.perf_counter()
-        try:
-            outs = stage(inputs)
-        except BadInput:
-            raise
-        except Exception as e:  # an engine bug in one stage must not hide the others
-            lr.status = "error"
-            lr.reason = f"the stage raised {type(e).__name__}: {e}"
-            lr.seconds = time.perf_counter() - t0
-            lr.detail = traceback.format_exc(limit=4)
-            continue
-        lr.seconds = time.perf_counter() - t0
-        if not isinstance(outs, dict):
-            lr.status, lr.reason = "error", f"the stage returned {type(outs).__name__}, not a dict of tensors"
-            continue
-        produced[b.name] = []
-        for name, t in outs.items():
-            rec.record(name, t, boundary=b.name)
-            produced[b.name].append(name)
+        names = _run_stage(stage, {e.name: _to_torch(od, e) for e in fed}, lr, rec)
+        if names is not None:
+            produced[b.name] = names
     rec.close()
     ld = open_dump(out_dir)
     run = od.run
@@ -314,20 +320,10 @@ def decode_three_way(adapter, req, ref_dir: str | Path, floor_dir: str | Path, l
         if stage is None or lr.boundary not in by:
             continue
         upstream = [x.name for x in bounds if x.name in ancestors(bounds, lr.boundary) and x.name in ents]
-        t0 = time.perf_counter()
-        try:
-            outs = stage({e.name: _to_torch(rd, e) for i in upstream for e in ents[i]})
-        except BadInput:
-            raise
-        except Exception as e:  # noqa: BLE001  (an engine bug in one stage must not hide the others)
-            lr.status, lr.reason, lr.tensors = "error", f"the stage raised {type(e).__name__}: {e}", []
-            lr.detail = traceback.format_exc(limit=4)
-            continue
-        lr.seconds = time.perf_counter() - t0
-        ran[lr.boundary] = []
-        for name, t in outs.items():
-            rec.record(name, t, boundary=lr.boundary)
-            ran[lr.boundary].append(name)
+        lr.tensors = []
+        names = _run_stage(stage, {e.name: _to_torch(rd, e) for i in upstream for e in ents[i]}, lr, rec)
+        if names is not None:
+            ran[lr.boundary] = names
     rec.close()
     ld = open_dump(out_dir)
     floors: dict[str, float] = {}  # family -> the floor run's largest row there
