@@ -21,6 +21,9 @@ NVCC_ARCH="${NVCC_ARCH:-sm_90}"
 JOBS="${JOBS:-$(nproc 2>/dev/null || echo 2)}"
 out="$(mktemp -d)"
 trap 'rm -rf "$out"' EXIT
+# hipcc's offload bundler leaves one empty /tmp/<kernel>-XXXXXX directory per compile: keep its
+# scratch inside ours, which goes on exit.
+export TMPDIR="$out"
 
 hip_cmd() {  # $1 source, $2 object, $3 the one offload arch of this job
   HIP_PLATFORM=amd "$HIPCC" -x hip --offload-arch="$3" -std=c++17 -O3 -fPIC -Wall -Werror -I"$here" -c "$1" -o "$2"

@@ -5,7 +5,6 @@ Property: any bytes give a result or BadInput (one line), never another exceptio
 reader writes nothing. `python tests/fuzz/run_long.py` runs the same targets for 1e5 inputs each.
 """
 import sys
-import tempfile
 from pathlib import Path
 
 import pytest
@@ -34,8 +33,8 @@ def inputs(draw, target):
 
 
 @pytest.mark.parametrize("target", TARGETS)
-def test_fuzz_target(target):
-    work = Path(tempfile.mkdtemp(prefix=f"fuzz-{target}-"))
+def test_fuzz_target(target, tmp_path):
+    work = tmp_path  # the examples share work / "w": each runner writes its input over the last
 
     @settings(max_examples=150, deadline=None, database=None, derandomize=True,
               suppress_health_check=list(HealthCheck))

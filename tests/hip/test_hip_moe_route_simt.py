@@ -32,8 +32,8 @@ pytestmark = pytest.mark.skipif(CXX is None, reason="needs a C++20 host compiler
 
 
 @pytest.fixture(scope="module")
-def lib(tmp_path_factory):
-    d = tmp_path_factory.mktemp("simt")
+def lib(module_tmp):
+    d = module_tmp("simt")
     for name in ("moe_route.hip", "common.h", "kernels.h"):
         shutil.copy(HIP / name, d / name)
     shutil.copy(SIMT, d / "portable.h")  # found first: common.h includes "portable.h" from its own folder

@@ -52,8 +52,8 @@ def dump(side, req, path):
 
 
 @pytest.fixture(scope="module")
-def oracle_dump(checkpoint, rows, tmp_path_factory):
-    return dump("oracle", request(checkpoint, rows), tmp_path_factory.mktemp("lang") / "oracle")
+def oracle_dump(checkpoint, rows, module_tmp):
+    return dump("oracle", request(checkpoint, rows), module_tmp("lang") / "oracle")
 
 
 @pytest.mark.parametrize("chunk", [None, 7])

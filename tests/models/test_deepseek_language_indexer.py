@@ -79,9 +79,9 @@ def test_engine_keeps_the_visible_non_candidate_picks(tmp_path):
 # ---------------------------------------------------------------- decode index keys
 
 @pytest.fixture(scope="module")
-def decoded(tmp_path_factory):
+def decoded(module_tmp):
     """Six decode steps on the tiny config, both sides, both index-key rules."""
-    root, ckpt = tmp_path_factory.mktemp("keys"), checkpoint()
+    root, ckpt = module_tmp("keys"), checkpoint()
     return {(side, mode): dump(side, ckpt, root / f"{side}-{mode}", decode=6, index_keys=mode)
             for side in ("oracle", "engine") for mode in ("official", "own")}
 

@@ -37,8 +37,8 @@ def base():
 
 
 @pytest.fixture(scope="module")
-def oracle_dump(base, tmp_path_factory):
-    path = tmp_path_factory.mktemp("lang-local") / "oracle"
+def oracle_dump(base, module_tmp):
+    path = module_tmp("lang-local") / "oracle"
     rec = Recorder(path, model="deepseek-v4.1-flash")
     _runners()[0](base, rec)
     return rec.close()

@@ -63,8 +63,8 @@ def dump(side, req, path):
 
 
 @pytest.fixture(scope="module")
-def oracles(rows, tmp_path_factory):
-    base = tmp_path_factory.mktemp("quant")
+def oracles(rows, module_tmp):
+    base = module_tmp("quant")
     return {m: dump("oracle", request(rows, m), base / m) for m in ("official", "semantic")}
 
 

@@ -23,10 +23,10 @@ SEMANTIC = "language_numerics=semantic"
 
 
 @pytest.fixture(scope="module")
-def without_layers_0_1(tmp_path_factory):
+def without_layers_0_1(module_tmp):
     """synthetic:tiny whose layers 0 and 1 point to a shard that does not exist: a run that
     touched any of their tensors would fail."""
-    src, dst = resolve("synthetic:tiny"), tmp_path_factory.mktemp("subset") / "ckpt"
+    src, dst = resolve("synthetic:tiny"), module_tmp("subset") / "ckpt"
     shutil.copytree(src, dst)
     index = json.loads((dst / "model.safetensors.index.json").read_text())
     for name in index["weight_map"]:

@@ -43,8 +43,8 @@ def dump(side, req, path):
 
 
 @pytest.fixture(scope="module")
-def oracle32(base, tmp_path_factory):
-    return dump("oracle", base, tmp_path_factory.mktemp("ties") / "oracle")
+def oracle32(base, module_tmp):
+    return dump("oracle", base, module_tmp("ties") / "oracle")
 
 
 def local(req, oracle_dir, report, tmp_path):

@@ -20,13 +20,13 @@ SUBSET = ("--layers", "0-2")
 
 
 @pytest.fixture(scope="module")
-def jpeg(tmp_path_factory):
+def jpeg(module_tmp):
     """The bundled picture as a JPEG (quality 90): its router.0.ids flips on near-ties in bf16."""
     from PIL import Image
 
     from tensordiff.inputs import default_image_path
 
-    path = tmp_path_factory.mktemp("verdict") / "picture.jpg"
+    path = module_tmp("verdict") / "picture.jpg"
     Image.open(default_image_path()).convert("RGB").save(path, quality=90)
     return path
 

@@ -24,8 +24,8 @@ MODEL = "deepseek-v4.1-flash"
 
 
 @pytest.fixture(scope="module")
-def pics(tmp_path_factory):
-    d = tmp_path_factory.mktemp("multi")
+def pics(module_tmp):
+    d = module_tmp("multi")
     # a photograph (451x300, upscaled), a small portrait PNG (24x40, a large upscale), a wide one
     out = {n: image_path(n, d) for n in ("chelsea", "wide")}
     out["tiny"] = d / "small.png"

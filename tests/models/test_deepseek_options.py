@@ -22,9 +22,9 @@ def digests(path) -> dict[str, str]:
 
 
 @pytest.fixture(scope="module", params=["engine", "oracle"])
-def dumps(request, tmp_path_factory):
+def dumps(request, module_tmp):
     side = request.param
-    tmp = tmp_path_factory.mktemp(f"ds-options-{side}")
+    tmp = module_tmp(f"ds-options-{side}")
     out = {}
     sem = "language_numerics=semantic"
     for label, extra in (("official", ()), ("official-true", ("kernel_quant=true",)), ("default", (sem,)),

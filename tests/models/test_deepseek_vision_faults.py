@@ -21,9 +21,9 @@ FAULTS = [(f.name, f.boundary) for f in adapter(MODEL).faults if f.name not in L
 
 
 @pytest.fixture(scope="module")
-def oracle_dump(tmp_path_factory):
+def oracle_dump(module_tmp):
     ad, req = make_request(MODEL, weights="synthetic:tiny")
-    return run_side(ad, "oracle", req, tmp_path_factory.mktemp("ds-oracle") / "oracle")
+    return run_side(ad, "oracle", req, module_tmp("ds-oracle") / "oracle")
 
 
 def test_adapter_lists_the_engine_faults():

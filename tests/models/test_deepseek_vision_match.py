@@ -18,8 +18,8 @@ MODEL = "deepseek-v4.1-flash"
 
 
 @pytest.fixture(scope="module")
-def pictures(tmp_path_factory):
-    return tmp_path_factory.mktemp("ds-pictures")
+def pictures(module_tmp):
+    return module_tmp("ds-pictures")
 
 
 def dumps(tmp_path, image, dtype="float32", fault=None):

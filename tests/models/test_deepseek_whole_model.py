@@ -13,11 +13,11 @@ PROMPT = "Look: <image> What is in the picture?"
 
 
 @pytest.fixture(scope="module")
-def picture(tmp_path_factory):
+def picture(module_tmp):
     # 600x386: upscaled to a 32x49 patch grid (49 is not a multiple of 3: the aligner pad matters)
     y, x = np.mgrid[0:386, 0:600]
     img = np.stack([x * 255 // 600, y * 255 // 386, (x ^ y) & 255], -1).astype(np.uint8)
-    p = tmp_path_factory.mktemp("pic") / "p.png"
+    p = module_tmp("pic") / "p.png"
     Image.fromarray(img).save(p)
     return p
 

@@ -13,8 +13,8 @@ VICTIM = "model.visual.blocks.1.attn.qkv.weight"
 
 
 @pytest.fixture(scope="module")
-def setup(tmp_path_factory):
-    root = tmp_path_factory.mktemp("qwen-ckpt")
+def setup(module_tmp):
+    root = module_tmp("qwen-ckpt")
     img = root / "pic.png"
     Image.fromarray(np.random.default_rng(0).integers(0, 256, (96, 128, 3), dtype=np.uint8)).save(img)
     return root, img, ADAPTER.weights("synthetic:tiny")

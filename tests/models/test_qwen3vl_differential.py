@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import importlib.util
 import fnmatch
+import shutil
 
 import pytest
 
@@ -20,8 +21,8 @@ PROMPT = "Look at <image> and then at <image>, please."
 
 
 @pytest.fixture(scope="module")
-def setup(tmp_path_factory):
-    root = tmp_path_factory.mktemp("qwen3vl")
+def setup(module_tmp):
+    root = module_tmp("qwen3vl")
     return root, make_images(root / "images"), ADAPTER.weights("synthetic:tiny")
 
 
@@ -84,6 +85,7 @@ def test_fault_is_named_at_its_boundary(setup, fault):
     assert any(fnmatch.fnmatchcase(e, expected) for e in report.earliest), (fault, report.earliest, str(report))
     # the fault is localised: no other root than its own boundary
     assert all(fnmatch.fnmatchcase(e, expected) for e in report.earliest), (fault, report.earliest)
+    shutil.rmtree(b)  # read by no other test: 86 MB of prompt logits (a 151,936-token vocabulary)
 
 
 def test_clean_engine_matches_oracle_in_bfloat16(setup):

@@ -24,8 +24,8 @@ PROMPT = "Here is a photo: <image> What does it show?"
 
 
 @pytest.fixture(scope="module")
-def setup(tmp_path_factory):
-    root = tmp_path_factory.mktemp("qwen3vl-full2b")
+def setup(module_tmp):
+    root = module_tmp("qwen3vl-full2b")
     return root, make_images(root / "images"), ADAPTER.weights("synthetic:full-2b")
 
 

@@ -30,8 +30,8 @@ LANGUAGE = {"embeddings", "text_rope", "hidden.0", "deepstack_add.0", "hidden.1"
 
 
 @pytest.fixture(scope="module")
-def setup(tmp_path_factory):
-    root = tmp_path_factory.mktemp("qwen3vl-language")
+def setup(module_tmp):
+    root = module_tmp("qwen3vl-language")
     return root, make_images(root / "images"), ADAPTER.weights("synthetic:tiny")
 
 

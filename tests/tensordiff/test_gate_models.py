@@ -45,7 +45,7 @@ def test_example_gate_passes_on_the_clean_engine(model, tmp_path):
 
 
 @pytest.fixture(scope="module")
-def small_picture(tmp_path_factory) -> Path:
+def small_picture(module_tmp) -> Path:
     """600x386: a 32x49 patch grid (not a multiple of 3 wide: the aligner pad matters) whose
     contain/pad rounding differs between round and ceil, at 40% of the default's patches."""
     import numpy as np
@@ -55,7 +55,7 @@ def small_picture(tmp_path_factory) -> Path:
     y, x = np.mgrid[0:h, 0:w].astype(np.float32)
     rng = np.random.default_rng(3)
     img = np.stack([x / w, y / h, (x + y) / (w + h)], -1) * 220 + rng.normal(0, 20, (h, w, 3))
-    path = tmp_path_factory.mktemp("pictures") / "small.png"
+    path = module_tmp("pictures") / "small.png"
     Image.fromarray(np.clip(img, 0, 255).astype(np.uint8)).save(path)
     return path
 

@@ -73,10 +73,10 @@ def test_a_model_that_does_not_split_is_refused():
 # ------------------------------------------------------------------ torchrun
 
 @pytest.fixture(scope="module")
-def picture(tmp_path_factory):
+def picture(module_tmp):
     from PIL import Image
 
-    p = tmp_path_factory.mktemp("img") / "small.png"
+    p = module_tmp("img") / "small.png"
     g = torch.Generator().manual_seed(3)
     Image.fromarray((torch.rand(96, 130, 3, generator=g) * 255).byte().numpy()).save(p)
     return p
@@ -95,14 +95,14 @@ def oracle_dump(out: Path, picture, numerics) -> Path:
 
 
 @pytest.fixture(scope="module")
-def oracle(tmp_path_factory, picture):
-    return oracle_dump(tmp_path_factory.mktemp("oracle") / "o", picture, SEMANTIC)
+def oracle(module_tmp, picture):
+    return oracle_dump(module_tmp("oracle") / "o", picture, SEMANTIC)
 
 
 @pytest.fixture(scope="module")
-def official_oracle(tmp_path_factory, picture):
+def official_oracle(module_tmp, picture):
     """The oracle in the official numerics, dumped once for every test that compares against it."""
-    return oracle_dump(tmp_path_factory.mktemp("official") / "o", picture, [])
+    return oracle_dump(module_tmp("official") / "o", picture, [])
 
 
 def torchrun(out: Path, world: int, picture, *extra, numerics=SEMANTIC) -> subprocess.CompletedProcess:

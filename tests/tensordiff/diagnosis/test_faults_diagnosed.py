@@ -79,7 +79,7 @@ PROMPT = "A picture: <image> What does it show?"  # the span starts at 12, 10 ro
 
 
 @pytest.fixture(scope="module")
-def language(tmp_path_factory):
+def language(module_tmp):
     from tensordiff.synthetic.deepseek_v41_flash_language import tiny_language_checkpoint
 
     return tiny_language_checkpoint(), torch.randn(CELLS[0] * CELLS[1], 64, generator=torch.Generator().manual_seed(7))
@@ -131,7 +131,7 @@ TWO_IMAGES = "First <image> then <image> end."
 
 
 @pytest.fixture(scope="module")
-def photos(tmp_path_factory):
+def photos(module_tmp):
     import sys
     from pathlib import Path
 
@@ -139,7 +139,7 @@ def photos(tmp_path_factory):
     from deepseek_images import _smooth, image_path
     from qwen3vl_images import make_images
 
-    d = tmp_path_factory.mktemp("language-photos")
+    d = module_tmp("language-photos")
     tiny = d / "small.png"
     Image.fromarray(_smooth(40, 24, 12)).save(tiny)
     return {"qwen": make_images(d / "qwen")["chelsea"], "chelsea": image_path("chelsea", d), "tiny": tiny}

@@ -1,0 +1,48 @@
+"""The suite's own temp-directory rules (tests/conftest.py, pyproject's pytest options): a module's
+shared dumps go when its tests pass and stay when one fails; a passing test's tmp_path goes."""
+from __future__ import annotations
+
+from pathlib import Path
+
+CONFTEST = (Path(__file__).parent / "conftest.py").read_text()
+PYPROJECT = (Path(__file__).parents[1] / "pyproject.toml").read_text()
+OPTIONS = PYPROJECT.split("[tool.pytest.ini_options]", 1)[1].split("\n[", 1)[0]
+
+MODULE = '''
+import pytest
+
+@pytest.fixture(scope="module")
+def shared(module_tmp):
+    d = module_tmp("dumps")
+    (d / "big.bin").write_bytes(b"x" * 1000)
+    return d
+
+def test_uses_it(shared, tmp_path):
+    (tmp_path / "own.bin").write_bytes(b"y")
+    assert (shared / "big.bin").exists()
+
+def test_again(shared):
+    assert OUTCOME
+'''
+
+
+def run(pytester, outcome: bool) -> list[str]:
+    """The files the inner run left in its temp tree (pytester gives it --basetemp=runpytest-0,
+    which pytest itself never removes: only the rules under test remove anything there)."""
+    pytester.makeconftest(CONFTEST)
+    pytester.makepyprojecttoml("[tool.pytest.ini_options]" + OPTIONS.replace('addopts = "-p pytester"', ""))
+    pytester.makepyfile(test_m=MODULE.replace("OUTCOME", str(outcome)))
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider")
+    result.assert_outcomes(passed=2) if outcome else result.assert_outcomes(passed=1, failed=1)
+    base = pytester.path / "runpytest-0"
+    assert base.is_dir()
+    return sorted(p.name for p in base.rglob("*.bin"))
+
+
+def test_a_passing_module_leaves_no_dumps(pytester):
+    assert run(pytester, True) == []
+
+
+def test_a_failing_module_keeps_its_dumps(pytester):
+    # the module's shared dumps stay for the post-mortem; the passing test's own tmp_path does not
+    assert run(pytester, False) == ["big.bin"]
