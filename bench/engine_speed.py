@@ -40,6 +40,7 @@ import json
 import statistics
 import subprocess
 import sys
+import shutil
 import tempfile
 import time
 import traceback
@@ -513,6 +514,7 @@ def main(argv=None) -> int:
     if "deepseek" in want:
         section(res, "deepseek", lambda: deepseek(args, work, order))
         write()
+    shutil.rmtree(work, ignore_errors=True)  # the sections' pictures and dumps; the results are in args.out
     summary(res)
     errors = [s for s in want if "error" in res.get(s, {})]
     return 1 if errors or not all(res["checks"].values()) else 0

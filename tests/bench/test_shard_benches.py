@@ -26,7 +26,8 @@ def test_shard_merge_small_writes_its_report(tmp_path):
 def test_multi_gpu_sharded_runs_on_the_cpu_with_gloo(tmp_path):
     out = tmp_path / "mg"
     env = {**os.environ, "DEVICE": "cpu", "FAULTS": "shard-order-reversed", "PYTHON": sys.executable,
-           "TENSORDIFF_CACHE": os.environ.get("TENSORDIFF_CACHE", str(tmp_path / "cache"))}
+           "TENSORDIFF_CACHE": os.environ.get("TENSORDIFF_CACHE", str(tmp_path / "cache")),
+           "TMPDIR": str(tmp_path)}  # torchrun's agent leaves a torchelastic_* directory there
     for k in ("NCCL_NVLS_ENABLE", "TORCH_SYMM_MEM_DISABLE_MULTICAST", "NVSHMEM_DISABLE_NVLS"):
         env.pop(k, None)  # the script sets them itself
     r = subprocess.run(["bash", ROOT / "bench" / "multi_gpu_sharded.sh", out], capture_output=True, text=True,

@@ -106,10 +106,12 @@ def official_oracle(module_tmp, picture):
 
 
 def torchrun(out: Path, world: int, picture, *extra, numerics=SEMANTIC) -> subprocess.CompletedProcess:
+    scratch = out.parent / "tmp"  # torchrun's agent leaves a torchelastic_* directory in TMPDIR
+    scratch.mkdir(parents=True, exist_ok=True)
     return subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node",
                            str(world), "-m", "engine.deepseek_v41_flash.distributed", "--image", picture,
                            "--prompt", "Describe <image>.", "--decode", "2", "--out", out, *numerics, *extra],
-                          capture_output=True, text=True, cwd=ROOT, env=env(), timeout=300)
+                          capture_output=True, text=True, cwd=ROOT, env={**env(), "TMPDIR": str(scratch)}, timeout=300)
 
 
 @pytest.mark.parametrize("world", [2, 4])
