@@ -5,11 +5,11 @@
 #
 # Stages (each writes under OUTDIR; a failing stage is logged and the next one still runs):
 #   1. hip backend build + the router's correctness on the GPU: tests/hip -k "moe_route or router"
-#      (the group route against torch.topk, ties, image/text bias rows, bf16/f32, the planted fault)
+#      (every router route against torch.topk, ties, image/text bias rows, bf16/f32, the planted fault)
 #      -> router_tests.txt
 #   2. the router kernel against the copy roofline and one launch's latency (bench/kernels.py
 #      --only moe_route: 1,024 rows is latency-bound and says so; 65,536 rows is the >= 30% target),
-#      every named route (wave, wave_lb, group16, group16_lb, group32) at both sizes and dtypes;
+#      every named route (wave, wave_lb) at both sizes and dtypes;
 #      the summary's "router best route" lines say what hip/moe_route.hip kDefaultRoute should be
 #      -> kernels_router.json
 #   3. the attention sweep: every Triton config of engine/runtime/triton_attention.py beside cuDNN,

@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import re
 import statistics
 import sys
 from pathlib import Path
@@ -234,6 +235,22 @@ def router_best(rows: list) -> dict:
     return {size: {"route": min(us, key=us.get), "hip_us": min(us.values()), "all_us": us} for size, us in by.items()}
 
 
+def only_refused(only: str | None) -> str | None:
+    """Why `--only` would measure nothing (one line), or None. A router route is named after `@`
+    (moe_route/f32/65536rows@wave_lb): one the kernel does not have is said so by name."""
+    if not only:
+        return None
+    names = [c[0] for c in cases(torch.Generator())]  # names only: no input is made, nothing runs
+    if any(only in n for n in names):
+        return None
+    m = re.fullmatch(r"(moe_route[^@]*)?@(\w+)", only)  # a route asked for, not a block width (@64t)
+    route = m.group(2) if m and not re.fullmatch(r"\d+t", m.group(2)) else None
+    if route is not None and route not in ROUTER_ROUTES:
+        return (f"--only {only!r}: {route!r} is not a router route (routes: {', '.join(ROUTER_ROUTES)}; "
+                "the group routes were removed, hip/README.md)")
+    return f"--only {only!r} matches no kernel case (e.g. rms_norm/bf16, moe_route/f32/65536rows@wave_lb)"
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", default="bench-kernels.json")
@@ -242,6 +259,10 @@ def main(argv=None) -> int:
     ap.add_argument("--profile", action="store_true",
                     help="run each case a few times untimed (for a profiler such as ncu) and exit")
     args = ap.parse_args(argv)
+    bad = only_refused(args.only)
+    if bad:  # before the GPU: a run that would measure nothing is refused on any machine
+        print(f"bench/kernels.py: {bad}", file=sys.stderr)
+        return 2
     if not torch.cuda.is_available():
         print("bench/kernels.py needs a GPU", file=sys.stderr)
         return 2

@@ -36,8 +36,10 @@ _FLOATS = (torch.float32, torch.bfloat16)
 _MAX_TOPK = 8
 _MAX_EXPERTS = 1024
 # the router kernel's named routes, as hip/moe_route.hip codes them (threads_per_row < 0); 0 is its
-# kDefaultRoute, 64 / 128 / 256 one row per block of that many threads
-ROUTER_ROUTES = {"wave": -1, "wave_lb": -2, "group16": -3, "group16_lb": -4, "group32": -5}
+# kDefaultRoute, 64 / 128 / 256 one row per block of that many threads. The codes are what the
+# kernel dispatches on: a removed route's code stays unused, never reassigned (hip/README.md).
+ROUTER_ROUTES = {"wave": -1, "wave_lb": -2}
+_ROUTER_BLOCK_THREADS = (64, 128, 256)
 
 _lock = threading.Lock()
 _module = None
@@ -121,6 +123,17 @@ def _float(t: torch.Tensor, what: str) -> None:
         raise EngineInputError(f"backend 'hip': {what} is {t.dtype}; the kernels take float32 or bfloat16")
 
 
+def _check_router_threads(router_threads) -> None:
+    """A route the kernel has (by name, or 0 / 64 / 128 / 256), else one line saying which it has.
+    Checked before anything is built, so a removed or misspelt route fails the same on any machine.
+    A named route's negative code is refused as a number: the codes are the kernel's, not the user's."""
+    if router_threads not in (0, *_ROUTER_BLOCK_THREADS, *ROUTER_ROUTES):
+        raise EngineInputError(f"router_threads {router_threads!r} is not a router route: the routes are "
+                               f"{', '.join(ROUTER_ROUTES)} (by name), 0 (the kernel's default route) or "
+                               f"{', '.join(map(str, _ROUTER_BLOCK_THREADS))} (one row per block of that many "
+                               "threads); the group routes were removed (hip/README.md)")
+
+
 class HipBackend:
     name = "hip"
 
@@ -133,10 +146,7 @@ class HipBackend:
             raise EngineInputError(f"patch_gemm must be 'tiled' or 'vendor', not {patch_gemm!r}")
         if rope_access_bytes not in (0, 4, 8, 16):
             raise EngineInputError(f"rope_access_bytes must be 0 (widest), 4, 8 or 16, not {rope_access_bytes}")
-        if router_threads not in (0, 64, 128, 256, *ROUTER_ROUTES):
-            raise EngineInputError(f"router_threads must be 0 (the kernel's default route), 64, 128 or 256 "
-                                   f"(one row per block of that many threads) or a route "
-                                   f"({', '.join(ROUTER_ROUTES)}), not {router_threads!r}")
+        _check_router_threads(router_threads)
         self.router_threads = router_threads
         self._router_code = ROUTER_ROUTES.get(router_threads, router_threads)
         self.faults = frozenset(faults)

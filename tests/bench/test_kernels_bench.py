@@ -1,11 +1,20 @@
 """bench/kernels.py on the CPU: the router cases cover every named route at both sizes and both
-dtypes (the one GPU run must measure them all), and `router_best` names the fastest per size."""
+dtypes (the one GPU run must measure them all), `router_best` names the fastest per size, and an
+`--only` that would measure nothing (a removed route among them) is one line and exit 2."""
 from __future__ import annotations
 
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
 import torch
 
 from bench import kernels as K
 from engine.backend.hip_ops import ROUTER_ROUTES
+from tests.hip.removed_routes import removed_router_routes
+
+BENCH = Path(K.__file__).resolve()
 
 
 def test_every_route_is_measured_at_both_sizes_and_dtypes():
@@ -16,12 +25,36 @@ def test_every_route_is_measured_at_both_sizes_and_dtypes():
 
 def test_router_best_is_the_fastest_route_per_size():
     rows = [{"kernel": "moe_route/f32/65536rows@wave", "hip_us": 266.0},
-            {"kernel": "moe_route/f32/65536rows@group16", "hip_us": 388.0},
-            {"kernel": "moe_route/bf16/65536rows@group16", "hip_us": 200.0},
+            {"kernel": "moe_route/f32/65536rows@wave_lb", "hip_us": 388.0},
+            {"kernel": "moe_route/bf16/65536rows@wave_lb", "hip_us": 200.0},
             {"kernel": "moe_route/bf16/65536rows@wave", "hip_us": 265.0},
             {"kernel": "moe_route/f32/65536rows", "hip_us": 1.0},  # the default row: not a route
             {"kernel": "moe_route/f32@64t", "hip_us": 0.5}]  # the block route: not named
     best = K.router_best(rows)
     assert set(best) == {"f32/65536rows", "bf16/65536rows"}
-    assert best["f32/65536rows"]["route"] == "wave" and best["bf16/65536rows"]["route"] == "group16"
-    assert best["f32/65536rows"]["all_us"] == {"wave": 266.0, "group16": 388.0}
+    assert best["f32/65536rows"]["route"] == "wave" and best["bf16/65536rows"]["route"] == "wave_lb"
+    assert best["f32/65536rows"]["all_us"] == {"wave": 266.0, "wave_lb": 388.0}
+
+
+@pytest.mark.parametrize("name", [n for n, _ in removed_router_routes()])
+def test_a_removed_route_asked_for_is_refused_by_name(name):
+    why = K.only_refused(f"moe_route/f32/65536rows@{name}")
+    assert why and "\n" not in why
+    assert f"{name!r} is not a router route (routes: wave, wave_lb;" in why
+    assert K.only_refused(f"@{name}") == why.replace(f"'moe_route/f32/65536rows@{name}'", f"'@{name}'")
+
+
+def test_only_that_matches_nothing_is_refused_and_every_case_is_not():
+    assert "matches no kernel case" in K.only_refused("no-such-kernel")
+    assert "matches no kernel case" in K.only_refused("moe_route/f32@32t")  # a block width it has not
+    for name in [c[0] for c in K.cases(torch.Generator())] + [None, "", "moe_route", "@wave_lb", "rms_norm"]:
+        assert K.only_refused(name) is None, name
+
+
+def test_the_cli_says_one_line_and_exits_2_for_a_removed_route():
+    name = removed_router_routes()[0][0]
+    r = subprocess.run([sys.executable, str(BENCH), "--only", f"moe_route/bf16/1024rows@{name}"],
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2 and r.stdout == ""
+    assert r.stderr.count("\n") == 1 and "Traceback" not in r.stderr
+    assert r.stderr.startswith(f"bench/kernels.py: --only 'moe_route/bf16/1024rows@{name}': {name!r} is not a router route")

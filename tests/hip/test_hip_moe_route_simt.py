@@ -21,6 +21,7 @@ import pytest
 import torch
 
 from engine.backend.torch_ops import TorchBackend
+from tests.hip.removed_routes import removed_router_routes
 
 HIP = Path(__file__).resolve().parents[2] / "hip"
 SIMT = Path(__file__).resolve().parent / "simt" / "portable.h"
@@ -88,13 +89,13 @@ def same(got, want):
     torch.testing.assert_close(w, w_ref)
 
 
-# rows x experts x k: one row, partial blocks, experts not a multiple of 16 lanes or of a 16-byte
-# vector, fewer experts than lanes, 384 (DeepSeek's), past 512 (32 lanes per row), 1,024 (the most)
+# rows x experts x k: one row, partial blocks, experts not a multiple of a wave or of a 16-byte
+# vector, fewer experts than lanes, 384 (DeepSeek's), past 512, 1,024 (the most)
 CASES = [(1, 8, 1), (5, 64, 2), (9, 100, 6), (19, 384, 6), (11, 384, 8), (6, 1000, 8), (3, 65, 7), (4, 1024, 8)]
 
 
 # the named routes' codes (threads_per_row < 0, hip/moe_route.hip kRoute*; 0 is the default among them)
-ROUTES = {"default": 0, "wave": -1, "wave_lb": -2, "group16": -3, "group16_lb": -4, "group32": -5}
+ROUTES = {"default": 0, "wave": -1, "wave_lb": -2}
 
 
 @pytest.mark.parametrize("route_name", list(ROUTES))
@@ -116,10 +117,11 @@ def test_every_route_without_image_rows(lib, ws, mode, route_name):
     same(route(lib, *args, ws=ws, threads=ROUTES[route_name]), REF.moe_route(*args))
 
 
-def test_an_unknown_route_code_is_refused(lib):
+@pytest.mark.parametrize("code", [-9, 32, *(c for _, c in removed_router_routes())])
+def test_an_unknown_or_removed_route_code_is_refused(lib, code):
     logits, bias, bias_vl, image = inputs(3, 64, torch.float32)
-    with pytest.raises(AssertionError, match=r"\[\d+\]"):  # a nonzero status, nothing launched
-        route(lib, logits, bias, bias_vl, image, 2, 1.0, threads=-9)
+    with pytest.raises(AssertionError, match=r"\[-2\]"):  # TD_BAD_SHAPE, nothing launched
+        route(lib, logits, bias, bias_vl, image, 2, 1.0, threads=code)
 
 
 def ranked_by_key_then_id(keys: np.ndarray, s: np.ndarray, k: int, scale: float):
@@ -146,13 +148,14 @@ def test_exact_ties_go_to_the_lower_expert_id(lib, route_name, ws):
 @pytest.mark.parametrize("ws", [32, 64])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["f32", "bf16"])
 @pytest.mark.parametrize("route_name", list(ROUTES))
-def test_every_winner_in_one_lane_and_rows_of_one_wave_disagreeing(lib, route_name, ws, dtype):
-    """The bias lifts experts 0, 16, 32, ... (one lane of a 16-lane group holds all the winners:
-    8 candidate layers) on even rows only; odd rows are plain random. Rows of one wave then need
-    different numbers of layers, and every shuffle must still see the whole wave."""
+def test_winners_crowded_in_few_lanes_on_every_other_row(lib, route_name, ws, dtype):
+    """The bias lifts experts 0, 16, 32, ... on even rows only; odd rows are plain random. On a wave
+    (expert e in lane e % ws) two lanes of a warp32, four of a wave64, hold every winner: the same
+    lanes win round after round and rescan their slots, and rows of one block take different
+    winners' paths; every shuffle must still see the whole wave."""
     logits, bias, _, _ = inputs(17, 384, dtype, seed=11)  # a random text bias: bf16 logits tie without one
     bias_vl = torch.zeros(384)
-    bias_vl[::16] = 50.0 + torch.arange(24, dtype=torch.float32)  # image rows: all winners in lane 0
+    bias_vl[::16] = 50.0 + torch.arange(24, dtype=torch.float32)  # image rows: the winners are 0, 16, 32, ...
     image = torch.arange(17) % 2 == 0
     t = ROUTES[route_name]
     same(route(lib, logits, bias, bias_vl, image, 8, 1.5, ws=ws, threads=t),
