@@ -94,6 +94,7 @@ SEEDS = {
     "manifest": [_manifest_bytes()],
     "safetensors": [_safetensors_bytes()],
     "hdf5": [_hdf5_bytes()],
+    "hdf5-layout": [_hdf5_bytes()],
     "tolerance": [_tolerance_bytes()],
     "image": _image_bytes(),
 }
@@ -149,6 +150,34 @@ def _run_hdf5(data: bytes, work: Path) -> None:
             r.read(0, t.numel)
         finally:
             r.close()
+
+
+def _run_hdf5_layout(data: bytes, work: Path) -> None:
+    """The dump opener's own reading of HDF5 metadata (`hdf5_layout`) against h5py's: where it
+    locates a dataset in place, h5py must accept the file and give the same entry."""
+    import contextlib
+
+    from tensordiff.hdf5_layout import Layout
+    from tensordiff.storage import plain_hdf5_entry, read_hdf5_entry
+
+    p = work / "x.h5"
+    p.write_bytes(data)
+    with contextlib.closing(Layout(p)) as layout:
+        for key, dt in (("a", "float32"), ("b", "bfloat16")):
+            fast = plain_hdf5_entry(layout, key, dt)
+            if fast is None:
+                continue  # left to h5py (the "hdf5" target)
+            try:
+                ref = read_hdf5_entry(p, key, dt)
+            except BadInput as e:
+                raise AssertionError(f"{key} located in place, but h5py refuses the file: {e}") from None
+            if ref != fast:
+                raise AssertionError(f"{key}: located at {fast}, h5py says {ref}")
+            r = fast.reader()
+            try:
+                r.read(0, fast.numel)
+            finally:
+                r.close()
 
 
 def _run_tolerance(data: bytes, work: Path) -> None:
@@ -211,12 +240,13 @@ def _run_hf_debugger(data: bytes, work: Path) -> None:
 
 RUNNERS = {"contract": _run_contract, "polygraphy": _run_polygraphy, "hf-debugger": _run_hf_debugger,
            "manifest": _run_manifest, "safetensors": _run_safetensors, "hdf5": _run_hdf5,
+           "hdf5-layout": _run_hdf5_layout,
            "tolerance": _run_tolerance, "image": _run_image}
 # What each target itself puts in `work`; anything else appearing there is a write by the reader.
 OWN = {"contract": {"a.safetensors", "b.safetensors", "c.toml"}, "polygraphy": {"r.json"},
        "hf-debugger": {"dbg", *(f"dbg/{p.name}" for p in HF_SAMPLE.iterdir())},
        "manifest": {"dump", "dump/a.safetensors", "dump/manifest.json"}, "safetensors": {"x.safetensors"},
-       "hdf5": {"x.h5"}, "tolerance": {"t.toml"}, "image": {"img"}}
+       "hdf5": {"x.h5"}, "hdf5-layout": {"x.h5"}, "tolerance": {"t.toml"}, "image": {"img"}}
 
 
 def check(target: str, data: bytes, work: Path) -> str | None:
