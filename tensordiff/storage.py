@@ -11,6 +11,7 @@ import contextlib
 import contextvars
 import functools
 import json
+import math
 import mmap
 import os
 import struct
@@ -441,10 +442,10 @@ def plain_hdf5_entry(layout, key: str, dtype_name: str | None) -> StoredTensor |
     dt = BY_NAME[dtype_name]
     if plain is None or plain.itemsize != dt.itemsize:
         return None
-    st = StoredTensor(layout.path, key, plain.shape, dt, plain.offset, raw=True)
-    if st.numel == 0 or plain.size != st.nbytes or plain.offset + st.nbytes > layout.size:
+    nbytes = math.prod(plain.shape) * dt.itemsize
+    if nbytes == 0 or plain.size != nbytes or plain.offset + nbytes > layout.size:
         return None  # the conditions `_hdf5_entry` puts on reading in place
-    return st
+    return StoredTensor(layout.path, key, plain.shape, dt, plain.offset, raw=True)
 
 
 def _hdf5_entry(f, path: Path, key: str, dtype_name: str | None) -> StoredTensor:
