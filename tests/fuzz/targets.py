@@ -45,6 +45,22 @@ def _hdf5_bytes() -> bytes:
         return p.read_bytes()
 
 
+def _hdf5_many_bytes() -> bytes:
+    """The same two datasets among 40 more: a root group of several symbol nodes under one B-tree
+    node, so that mutations reach the keys and the order of names."""
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as d:
+        p = Path(d) / "x.h5"
+        write_hdf5(p, {"a": (np.arange(6, dtype=np.float32).reshape(2, 3), BY_NAME["float32"]),
+                       "b": (np.array([1, 2], dtype=np.uint16), BY_NAME["bfloat16"]),
+                       **{f"t{i}": (np.full(3, i, dtype=np.float32), BY_NAME["float32"]) for i in range(40)}})
+        return p.read_bytes()
+
+
+HDF5_KEYS = (("a", "float32"), ("b", "bfloat16"), *((f"t{i}", "float32") for i in range(40)))
+
+
 def _manifest_bytes() -> bytes:
     return json.dumps({"format": FORMAT, "version": 1, "model": "toy", "producer": {"name": "fuzz"}, "run": {},
                        "tensors": [{"name": "a", "boundary": "a", "file": "a.safetensors", "key": "a",
@@ -94,7 +110,7 @@ SEEDS = {
     "manifest": [_manifest_bytes()],
     "safetensors": [_safetensors_bytes()],
     "hdf5": [_hdf5_bytes()],
-    "hdf5-layout": [_hdf5_bytes()],
+    "hdf5-layout": [_hdf5_bytes(), _hdf5_many_bytes()],
     "tolerance": [_tolerance_bytes()],
     "image": _image_bytes(),
 }
@@ -157,25 +173,33 @@ def _run_hdf5_layout(data: bytes, work: Path) -> None:
     locates a dataset in place, h5py must accept the file and give the same entry."""
     import contextlib
 
+    import h5py
+
     from tensordiff.hdf5_layout import Layout
-    from tensordiff.storage import plain_hdf5_entry, read_hdf5_entry
+    from tensordiff.storage import H5_ERRORS, plain_hdf5_entry, read_hdf5_entry
 
     p = work / "x.h5"
     p.write_bytes(data)
     with contextlib.closing(Layout(p)) as layout:
-        for key, dt in (("a", "float32"), ("b", "bfloat16")):
-            fast = plain_hdf5_entry(layout, key, dt)
-            if fast is None:
-                continue  # left to h5py (the "hdf5" target)
+        fast = {key: (dt, plain_hdf5_entry(layout, key, dt)) for key, dt in HDF5_KEYS}
+    fast = {key: v for key, v in fast.items() if v[1] is not None}  # the rest is left to h5py ("hdf5")
+    if not fast:
+        return
+    try:  # opened once, as open_dump opens a file whose datasets it asks h5py about
+        handle = h5py.File(p, "r")
+    except H5_ERRORS as e:
+        raise AssertionError(f"{sorted(fast)} located in place, but h5py cannot open the file: {e}") from None
+    with handle:
+        for key, (dt, st) in fast.items():
             try:
-                ref = read_hdf5_entry(p, key, dt)
+                ref = read_hdf5_entry(p, key, dt, handle)
             except BadInput as e:
-                raise AssertionError(f"{key} located in place, but h5py refuses the file: {e}") from None
-            if ref != fast:
-                raise AssertionError(f"{key}: located at {fast}, h5py says {ref}")
-            r = fast.reader()
+                raise AssertionError(f"{key} located in place, but h5py refuses it: {e}") from None
+            if ref != st:
+                raise AssertionError(f"{key}: located at {st}, h5py says {ref}")
+            r = st.reader()
             try:
-                r.read(0, fast.numel)
+                r.read(0, st.numel)
             finally:
                 r.close()
 
