@@ -39,6 +39,8 @@ def freeze_torch() -> bool:
     gc.disable()  # nor during the import: it makes those objects and ~7,000 of garbage (a few
     try:  # hundred kB, frozen with them), and the collections it would run walk them all again
         import torch  # noqa: F401
+    except ImportError:  # no torch here: the run reports that itself, where it needs torch, as before
+        pass
     finally:
         gc.freeze()
         gc.enable()
