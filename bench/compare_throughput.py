@@ -469,7 +469,19 @@ def child(route: str, a: str, b: str, out: str) -> None:
 # ----------------------------------------------------------------------------- driver
 
 def _env() -> dict:
-    return {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
+    """The children's environment: this checkout on the path, and Python's bytecode cached as for
+    an installed tensordiff (in the tensordiff cache, as bench/command_time.py does). A shell with
+    PYTHONDONTWRITEBYTECODE=1 (this project's sandbox) otherwise compiles every module a route
+    imports lazily inside its timed span, each run: ~2 ms a module, a sixth of opening 100 small
+    HDF5 tensors."""
+    root = Path(__file__).resolve().parents[1]
+    if str(root) not in sys.path:
+        sys.path.insert(0, str(root))
+    from tensordiff.synthetic import cache_root
+
+    env = {**os.environ, "PYTHONPATH": str(root), "PYTHONPYCACHEPREFIX": str(cache_root() / "pycache")}
+    env.pop("PYTHONDONTWRITEBYTECODE", None)
+    return env
 
 
 def measure(root: Path, route: str, cold: bool, env: dict | None = None) -> dict:

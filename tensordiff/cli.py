@@ -263,28 +263,31 @@ def dump(model, side, out, fmt, force, **kw):
 def check(model, json_path, tolerances, out, oracle_dtype, no_cache, passes="auto", junit_path=None, html_path=None,
           show_all=False, **kw):
     """Run the oracle and the engine on one image, compare, and name the earliest divergence."""
+    from .heap import freeze_torch
     from .pipeline import CaseSpec, check as run_check, lone_case, parse_passes, write_reports
 
     guard_reports(json_path, junit_path, html_path,
                   inputs=[kw.get("image"), *kw.get("more_images", ()), _weights_path(kw.get("weights")), tolerances,
                           out])
     chosen = parse_passes(passes, kw.get("dtype") or "float32", oracle_dtype)
+    freeze_torch()  # torch's objects out of the collector's way (a command's own process only: heap.py)
     case = run_check(CaseSpec(model, oracle_dtype=oracle_dtype, passes=chosen, **kw), out=out, tolerances=tolerances,
                      use_cache=not no_cache, views=html_path is not None)
-    report_json = case.report.as_json()
-    report_json["passes"] = list(case.passes)
-    report_json["pass"] = case.passes[0]  # the pass this top-level report is (numeric alone: numeric)
-    if case.numeric is not None:  # the numeric pass beside the semantic one
-        report_json["numeric"] = case.numeric.as_json()
-    if case.local is not None:  # ran for a near-tie flip's cascade: it decides what the flip feeds
-        report_json["local_error"] = case.local.as_json()
-    if case.local_numeric is not None:  # the same for a flip of the numeric pass
-        report_json["local_error_numeric"] = case.local_numeric.as_json()
-    report_json["passed"] = case.passed
     both = case.numeric is not None
-    cases = [case] if both else [lone_case(case.report, views=case.views)]
-    write_reports(report_json=report_json, json_path=json_path, cases=cases,
-                  junit_path=junit_path, html_path=html_path, title=f"tensordiff: {case.report.model}")
+    if json_path or junit_path or html_path:  # the report files (and their writers' imports) only when asked for
+        report_json = case.report.as_json()
+        report_json["passes"] = list(case.passes)
+        report_json["pass"] = case.passes[0]  # the pass this top-level report is (numeric alone: numeric)
+        if case.numeric is not None:  # the numeric pass beside the semantic one
+            report_json["numeric"] = case.numeric.as_json()
+        if case.local is not None:  # ran for a near-tie flip's cascade: it decides what the flip feeds
+            report_json["local_error"] = case.local.as_json()
+        if case.local_numeric is not None:  # the same for a flip of the numeric pass
+            report_json["local_error_numeric"] = case.local_numeric.as_json()
+        report_json["passed"] = case.passed
+        cases = [case] if both else [lone_case(case.report, views=case.views)]
+        write_reports(report_json=report_json, json_path=json_path, cases=cases,
+                      junit_path=junit_path, html_path=html_path, title=f"tensordiff: {case.report.model}")
     if both:
         click.echo(f"== {case.passes[0]} pass")
     code = _print_report(case.report, show_all)
@@ -382,6 +385,7 @@ def gate(config, json_path, junit_path, html_path, out, models, fault, weights, 
     import time
 
     from .gate import load_gate, render_breakdown, run_gate
+    from .heap import freeze_torch
     from .pipeline import check_weights, write_reports
     from .report import render_text
 
@@ -390,6 +394,7 @@ def gate(config, json_path, junit_path, html_path, out, models, fault, weights, 
     weights = check_weights(weights, Path.cwd(), "--weights") if weights is not None else None
     overrides = {"weights": weights, "device": device, "dtype": dtype, "oracle_dtype": oracle_dtype, "backend": backend,
                  "layers": layers}
+    freeze_torch()  # torch's objects out of the collector's way (a command's own process only: heap.py)
     res = run_gate(cfg, fault=fault, models=list(models) or None, out=out, use_cache=False if no_cache else None,
                    local=False if no_local_error else None, overrides=overrides, html=html_path is not None,
                    echo=click.echo)
@@ -522,6 +527,10 @@ def import_polygraphy(file, runner, iteration, out, model, force):
 
 
 def main(argv=None) -> None:
+    if argv is None:  # the console script: this process is the command (a test passes its arguments)
+        from .heap import own_process
+
+        own_process()
     try:
         rv = cli.main(args=argv, prog_name="tensordiff", standalone_mode=False)
     except click.UsageError as e:

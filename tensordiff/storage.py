@@ -11,6 +11,7 @@ import contextlib
 import contextvars
 import functools
 import json
+import math
 import mmap
 import os
 import struct
@@ -22,7 +23,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .dtypes import BY_ST, DType, by_name
+from .dtypes import BY_NAME, BY_ST, DType, by_name
 from .errors import BadInput
 
 MAX_HEADER = 100 * 1024 * 1024
@@ -429,6 +430,22 @@ def read_hdf5_entry(path: Path, key: str, dtype_name: str | None, handle=None) -
             return _hdf5_entry(f, path, key, dtype_name)
     except H5_ERRORS as e:  # h5py reports a damaged file through any of these
         raise BadInput(f"{path}: not a readable HDF5 file ({type(e).__name__}: {str(e)[:200]})") from None
+
+
+def plain_hdf5_entry(layout, key: str, dtype_name: str | None) -> StoredTensor | None:
+    """One dataset as `read_hdf5_entry` gives it when that is a tensor read in place (`raw`),
+    located from the file's own metadata (`hdf5_layout.Layout`, ~5 us against ~50 through h5py);
+    None for every other case, which `read_hdf5_entry` then decides (and names the fault of)."""
+    if dtype_name is None or dtype_name not in BY_NAME:  # its dtype attribute, or an unknown name
+        return None
+    plain = layout.dataset(key)
+    dt = BY_NAME[dtype_name]
+    if plain is None or plain.itemsize != dt.itemsize:
+        return None
+    nbytes = math.prod(plain.shape) * dt.itemsize
+    if nbytes == 0 or plain.size != nbytes or plain.offset + nbytes > layout.size:
+        return None  # the conditions `_hdf5_entry` puts on reading in place
+    return StoredTensor(layout.path, key, plain.shape, dt, plain.offset, raw=True)
 
 
 def _hdf5_entry(f, path: Path, key: str, dtype_name: str | None) -> StoredTensor:

@@ -19,6 +19,8 @@ def test_one_round_of_compare_against_the_torch_import(tmp_path):
     assert r.returncode == 0, r.stderr
     rep = json.loads((tmp_path / "command_time.json").read_text())
     assert rep["import torch"]["median_s"] > 0 and len(rep["import torch"]["walls_s"]) == 1
+    # the second baseline: torch imported as check and gate import it (collector paused, frozen)
+    assert rep["import torch (collector paused, frozen)"]["median_s"] > 0
     assert set(rep["commands"]) == {"compare samples"}
     c = rep["commands"]["compare samples"]
     assert c["median_s"] > 0 and c["target"] == "<= 0.25 s" and isinstance(c["met"], bool)

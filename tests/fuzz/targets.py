@@ -45,6 +45,22 @@ def _hdf5_bytes() -> bytes:
         return p.read_bytes()
 
 
+def _hdf5_many_bytes() -> bytes:
+    """The same two datasets among 40 more: a root group of several symbol nodes under one B-tree
+    node, so that mutations reach the keys and the order of names."""
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as d:
+        p = Path(d) / "x.h5"
+        write_hdf5(p, {"a": (np.arange(6, dtype=np.float32).reshape(2, 3), BY_NAME["float32"]),
+                       "b": (np.array([1, 2], dtype=np.uint16), BY_NAME["bfloat16"]),
+                       **{f"t{i}": (np.full(3, i, dtype=np.float32), BY_NAME["float32"]) for i in range(40)}})
+        return p.read_bytes()
+
+
+HDF5_KEYS = (("a", "float32"), ("b", "bfloat16"), *((f"t{i}", "float32") for i in range(40)))
+
+
 def _manifest_bytes() -> bytes:
     return json.dumps({"format": FORMAT, "version": 1, "model": "toy", "producer": {"name": "fuzz"}, "run": {},
                        "tensors": [{"name": "a", "boundary": "a", "file": "a.safetensors", "key": "a",
@@ -94,6 +110,7 @@ SEEDS = {
     "manifest": [_manifest_bytes()],
     "safetensors": [_safetensors_bytes()],
     "hdf5": [_hdf5_bytes()],
+    "hdf5-layout": [_hdf5_bytes(), _hdf5_many_bytes()],
     "tolerance": [_tolerance_bytes()],
     "image": _image_bytes(),
 }
@@ -149,6 +166,42 @@ def _run_hdf5(data: bytes, work: Path) -> None:
             r.read(0, t.numel)
         finally:
             r.close()
+
+
+def _run_hdf5_layout(data: bytes, work: Path) -> None:
+    """The dump opener's own reading of HDF5 metadata (`hdf5_layout`) against h5py's: where it
+    locates a dataset in place, h5py must accept the file and give the same entry."""
+    import contextlib
+
+    import h5py
+
+    from tensordiff.hdf5_layout import Layout
+    from tensordiff.storage import H5_ERRORS, plain_hdf5_entry, read_hdf5_entry
+
+    p = work / "x.h5"
+    p.write_bytes(data)
+    with contextlib.closing(Layout(p)) as layout:
+        fast = {key: (dt, plain_hdf5_entry(layout, key, dt)) for key, dt in HDF5_KEYS}
+    fast = {key: v for key, v in fast.items() if v[1] is not None}  # the rest is left to h5py ("hdf5")
+    if not fast:
+        return
+    try:  # opened once, as open_dump opens a file whose datasets it asks h5py about
+        handle = h5py.File(p, "r")
+    except H5_ERRORS as e:
+        raise AssertionError(f"{sorted(fast)} located in place, but h5py cannot open the file: {e}") from None
+    with handle:
+        for key, (dt, st) in fast.items():
+            try:
+                ref = read_hdf5_entry(p, key, dt, handle)
+            except BadInput as e:
+                raise AssertionError(f"{key} located in place, but h5py refuses it: {e}") from None
+            if ref != st:
+                raise AssertionError(f"{key}: located at {st}, h5py says {ref}")
+            r = st.reader()
+            try:
+                r.read(0, st.numel)
+            finally:
+                r.close()
 
 
 def _run_tolerance(data: bytes, work: Path) -> None:
@@ -211,12 +264,13 @@ def _run_hf_debugger(data: bytes, work: Path) -> None:
 
 RUNNERS = {"contract": _run_contract, "polygraphy": _run_polygraphy, "hf-debugger": _run_hf_debugger,
            "manifest": _run_manifest, "safetensors": _run_safetensors, "hdf5": _run_hdf5,
+           "hdf5-layout": _run_hdf5_layout,
            "tolerance": _run_tolerance, "image": _run_image}
 # What each target itself puts in `work`; anything else appearing there is a write by the reader.
 OWN = {"contract": {"a.safetensors", "b.safetensors", "c.toml"}, "polygraphy": {"r.json"},
        "hf-debugger": {"dbg", *(f"dbg/{p.name}" for p in HF_SAMPLE.iterdir())},
        "manifest": {"dump", "dump/a.safetensors", "dump/manifest.json"}, "safetensors": {"x.safetensors"},
-       "hdf5": {"x.h5"}, "tolerance": {"t.toml"}, "image": {"img"}}
+       "hdf5": {"x.h5"}, "hdf5-layout": {"x.h5"}, "tolerance": {"t.toml"}, "image": {"img"}}
 
 
 def check(target: str, data: bytes, work: Path) -> str | None:

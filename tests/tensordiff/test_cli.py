@@ -134,3 +134,23 @@ def test_non_utf8_tolerances_exit_2(capsys, tmp_path):
     t.write_bytes(b"\xff\xfe")
     code, _, err = run(["compare", SAMPLES / "sample-oracle", SAMPLES / "sample-engine", "--tolerances", t], capsys)
     assert code == 2 and "is not UTF-8" in err
+
+
+def test_check_loads_the_report_writers_only_when_a_report_file_is_asked_for(tmp_path):
+    """`check` with no --json/--junit/--html builds no report case: the JUnit and HTML writers
+    stay unimported (a few ms of every run); with --junit they are there and write."""
+    code = ("import sys\n"
+            "from tensordiff.cli import main\n"
+            "try:\n"
+            "    main(sys.argv[1:])\n"
+            "except SystemExit as e:\n"
+            "    print('exit', e.code)\n"
+            "print('loaded', 'tensordiff.report_junit' in sys.modules, 'tensordiff.report_html' in sys.modules)\n")
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "TENSORDIFF_CACHE": str(tmp_path / "cache")}
+    plain = subprocess.run([sys.executable, "-c", code, "check", "deepseek-v4.1-flash"], capture_output=True,
+                           text=True, env=env, cwd=tmp_path)
+    assert "exit 0" in plain.stdout and "loaded False False" in plain.stdout, plain.stdout + plain.stderr
+    junit = subprocess.run([sys.executable, "-c", code, "check", "deepseek-v4.1-flash", "--junit",
+                            str(tmp_path / "j.xml")], capture_output=True, text=True, env=env, cwd=tmp_path)
+    assert "exit 0" in junit.stdout and "loaded True" in junit.stdout, junit.stdout + junit.stderr
+    assert "<testsuite" in (tmp_path / "j.xml").read_text()

@@ -220,7 +220,9 @@ def test_an_hdf5_file_of_many_datasets_is_opened_once(tmp_path, monkeypatch):
 
     monkeypatch.setattr(h5py, "File", counting)
     dump = open_dump(d)
-    assert len(dump.entries) == 30 and len(opened) == 1  # one file, opened once (not once per entry)
+    # one file, opened at most once (not once per entry): its plain datasets are located from the
+    # file's own metadata without h5py at all (tests/tensordiff/test_hdf5_layout.py)
+    assert len(dump.entries) == 30 and len(opened) <= 1
     monkeypatch.setattr(h5py, "File", real)
     assert all(e.stored.raw for e in dump.entries)  # contiguous datasets: read in place
     assert dump.load("layer.t7").tolist() == [[7.0] * 4] * 3
