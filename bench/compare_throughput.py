@@ -21,6 +21,9 @@ subprocess, so that `ru_maxrss` is the peak of that route alone:
            kernel is the comparator's overhead, kernel / limit the kernel's cost over reading;
            `kernel_generic` the same on the kernel's portable path (no AVX-512 intrinsics)
 - verify:  `compare_dumps(A, B, verify=True)` (sha256 of every tensor checked too; target <= 3x compare)
+- sha256:  SHA-256 of every tensor's stored bytes alone, one thread a side: verify's floor, so
+           verify / sha256 is what verify adds to hashing, and sha256 / compare the least
+           verify / compare can be on this machine
 
 Further cases (`--cases`, default all; each measured against its own baseline in the same run):
 
@@ -400,6 +403,45 @@ def route_verify(a: Path, b: Path) -> dict:
     return {"wall_s": time.perf_counter() - t0, "bytes": da.nbytes + db.nbytes, "verdict": rep.verdict}
 
 
+def route_sha256(a: Path, b: Path) -> dict:
+    """The hashing floor under `--verify`: SHA-256 over every tensor's stored bytes, each side on a
+    thread of its own (hashlib releases the GIL), no metrics. Verify must hash every byte of both
+    sides, so verify / sha256 is what it costs over hashing alone; SHA-256 (OpenSSL, SHA-NI) runs
+    at ~1.2 GB/s a core on the 2-core machine, ~6x slower than the comparator's metrics."""
+    import hashlib
+    import mmap
+    import threading
+
+    from tensordiff.dump import open_dump
+
+    sides = [open_dump(a), open_dump(b)]
+    digests: list[list[str]] = [[], []]
+
+    def side(i: int) -> None:
+        for e in sides[i].entries:
+            st = e.stored
+            if not st.mapped:  # chunked HDF5: read through h5py, as verify does
+                import h5py
+
+                with h5py.File(st.file, "r") as h:
+                    digests[i].append(hashlib.sha256(h[st.key][()].tobytes()).hexdigest())
+                continue
+            with open(st.file, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as m:
+                with memoryview(m) as v:
+                    digests[i].append(hashlib.sha256(v[st.offset:st.offset + st.nbytes]).hexdigest())
+
+    c0 = _cpu_now()
+    t0 = time.perf_counter()
+    threads = [threading.Thread(target=side, args=(i,)) for i in (0, 1)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    wall = time.perf_counter() - t0
+    return {"wall_s": wall, "cpu_s": _cpu_now() - c0, "bytes": sides[0].nbytes + sides[1].nbytes,
+            "tensors": sum(map(len, digests))}
+
+
 def route_numpy(a: Path, b: Path) -> dict:
     """A minimal numpy script: every tensor pair loaded whole, the core metrics (max/mean abs, max
     rel, RMSE, cosine, allclose mismatches, NaN counts), nothing else; safetensors or HDF5."""
@@ -443,7 +485,8 @@ def route_numpy(a: Path, b: Path) -> dict:
 
 
 ROUTES = {"read": route_read, "read1": route_read1, "compare": route_compare, "compare_open": route_compare_open,
-          "naive": route_naive, "limit": route_limit, "verify": route_verify, "numpy": route_numpy,
+          "naive": route_naive, "limit": route_limit, "verify": route_verify, "sha256": route_sha256,
+          "numpy": route_numpy,
           "kernel": route_kernel, "kernel_generic": route_kernel_generic}
 
 
@@ -518,6 +561,8 @@ def series(root: Path, routes: list[str], repeat: dict[str, int], cold: bool) ->
             res[route]["statuses"] = first["statuses"]
         if route == "verify":
             res[route]["verdict"] = first["verdict"]
+        if route == "sha256":
+            res[route]["tensors"] = first["tensors"]
         if route in ("limit", "kernel", "kernel_generic"):
             res[route]["max_abs"] = first["max_abs"]
         if route.startswith("kernel"):
@@ -545,6 +590,9 @@ def series(root: Path, routes: list[str], repeat: dict[str, int], cold: bool) ->
     if "verify" in res and "compare" in res:
         res["ratio_verify_to_compare"] = res["verify"]["wall_s"] / res["compare"]["wall_s"]
         res["cpu_ratio_verify_to_compare"] = res["verify"]["cpu_s"] / max(res["compare"]["cpu_s"], 1e-9)
+    if "verify" in res and "sha256" in res:  # verify over its own floor: hashing every byte alone
+        res["ratio_verify_to_sha256"] = res["verify"]["wall_s"] / res["sha256"]["wall_s"]
+        res["ratio_sha256_to_compare"] = res["sha256"]["wall_s"] / res["compare"]["wall_s"] if "compare" in res else None
     if "limit" in res and "compare" in res:  # CPU seconds: the steadier figure on a loaded machine
         res["cpu_ratio_compare_to_limit"] = res["compare"]["cpu_s"] / max(res["limit"]["cpu_s"], 1e-9)
     return res
@@ -595,6 +643,10 @@ def table(name: str, s: dict) -> str:
         ok = s["ratio_verify_to_compare"] <= TARGET_VERIFY
         lines.append(f"  verify / compare = {s['ratio_verify_to_compare']:.2f}x (target <= {TARGET_VERIFY}x: "
                      f"{'met' if ok else 'NOT met'})")
+    if "ratio_verify_to_sha256" in s:
+        below = s.get("ratio_sha256_to_compare")
+        lines.append(f"  verify / sha256 alone (2 threads) = {s['ratio_verify_to_sha256']:.2f}x"
+                     + (f"; hashing alone is {below:.2f}x compare, the least verify / compare can be" if below else ""))
     return "\n".join(lines)
 
 
@@ -743,6 +795,10 @@ def summary(report: dict) -> list[tuple[str, str, float, str]]:
                      w["ratio_verify_to_compare"] <= TARGET_VERIFY))
         rows.append(("big: verify / compare, CPU seconds", f"<= {TARGET_VERIFY}", w["cpu_ratio_verify_to_compare"],
                      w["cpu_ratio_verify_to_compare"] <= TARGET_VERIFY))
+    if "ratio_verify_to_sha256" in w:  # sub-measurements: verify's own floor, no target of its own
+        rows.append(("big: verify / sha256 alone", "-", w["ratio_verify_to_sha256"], None))
+        if w.get("ratio_sha256_to_compare"):
+            rows.append(("big: sha256 alone / compare", "-", w["ratio_sha256_to_compare"], None))
     m = report.get("many", {})
     for k, v in m.items():
         if k.startswith(("safetensors-", "hdf5-")):
@@ -777,7 +833,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--size-mb", type=float, default=2200, help="big case: total size of both dumps (default 2200)")
     ap.add_argument("--repeat", type=int, default=3, help="runs per route; the best wall time is reported")
     ap.add_argument("--naive-repeat", type=int, default=1)
-    ap.add_argument("--routes", default="limit,kernel,read,compare,verify,read1,naive", help="big case routes")
+    ap.add_argument("--routes", default="limit,kernel,read,compare,verify,sha256,read1,naive", help="big case routes")
     ap.add_argument("--cases", default="big,many,memory,cli", help="which cases (default all)")
     ap.add_argument("--many-counts", default=",".join(map(str, MANY_COUNTS)))
     ap.add_argument("--memory-numel", type=int, default=MEMORY_NUMEL)

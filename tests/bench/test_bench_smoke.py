@@ -20,7 +20,7 @@ def test_bench_tiny_writes_its_report(tmp_path):
     rep = json.loads(out.read_text())
     assert 2.5e6 < rep["dumps"]["bytes"] < 3.5e6
     warm = rep["warm"]
-    for route in ("read", "read1", "compare", "naive", "limit", "kernel", "verify"):
+    for route in ("read", "read1", "compare", "naive", "limit", "kernel", "verify", "sha256"):
         for k in ("wall_s", "gb_per_s", "peak_rss_mb", "rss_after_import_mb"):
             assert warm[route][k] > 0, (route, k)
         assert warm[route]["cpu_s"] >= 0
@@ -35,13 +35,16 @@ def test_bench_tiny_writes_its_report(tmp_path):
     assert rep["comparator"]["kernel"]
     assert warm["limit"]["max_abs"] > 0 and warm["ratio_compare_to_limit"] > 0
     assert warm["verify"]["verdict"] == "match" and warm["ratio_verify_to_compare"] > 0
+    assert warm["sha256"]["tensors"] == 14 and warm["ratio_verify_to_sha256"] > 0  # 7 a side, each hashed
+    assert warm["ratio_sha256_to_compare"] > 0
     assert warm["kernel"]["max_abs"] == warm["limit"]["max_abs"]  # the kernel saw the same pairs
     assert warm["ratio_kernel_to_limit"] > 0 and warm["cpu_ratio_kernel_to_limit"] >= 0
     assert {row[0] for row in rep["summary"]} == {"big: compare / C limit", "big: verify / compare",
                                                   "big: compare / C limit, CPU seconds",
                                                   "big: verify / compare, CPU seconds",
                                                   "big: kernel alone / C limit",
-                                                  "big: kernel alone / C limit, CPU seconds"}
+                                                  "big: kernel alone / C limit, CPU seconds",
+                                                  "big: verify / sha256 alone", "big: sha256 alone / compare"}
 
 
 def test_bench_tiny_other_cases(tmp_path):
