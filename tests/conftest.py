@@ -4,25 +4,23 @@ import shutil
 import pytest
 
 
-# Dumps a test module shares live under one directory that goes when the module's tests are done
+# Dumps a test module shares live in directories that go when the module's tests are done
 # (kept only when one of them failed, for the post-mortem). The suite writes about 8 GB of dumps
 # over a run; held until the session ends they filled a CI machine's disk.
 @pytest.fixture(scope="module")
 def module_tmp(tmp_path_factory, request):
-    """module_tmp(name) -> a new directory, like tmp_path_factory.mktemp, removed with its module."""
+    """module_tmp(name) -> tmp_path_factory.mktemp(name), removed with its module."""
     failed = request.session.testsfailed
-    root = tmp_path_factory.mktemp(request.module.__name__.rpartition(".")[2])
-    made: dict[str, int] = {}
+    made = []
 
     def make(name: str):
-        made[name] = made.get(name, -1) + 1
-        d = root / f"{name}{made[name]}"
-        d.mkdir()
-        return d
+        made.append(tmp_path_factory.mktemp(name))
+        return made[-1]
 
     yield make
     if request.session.testsfailed == failed:
-        shutil.rmtree(root, ignore_errors=True)
+        for d in made:
+            shutil.rmtree(d, ignore_errors=True)
 
 
 # Synthetic weights and the oracle cache go to one per-session directory, never ~/.cache.
