@@ -393,6 +393,8 @@ def deepseek(args, work: Path, order: list[str] | None) -> dict:
     route("torch_heads_major", heads_major=True)
     if order:
         route("torch_best_first", prefer=order)
+    if args.device.startswith("cuda"):  # our Triton kernel first, whatever the measured order says
+        route("torch_triton", prefer=["triton", *KERNELS])
     route("hip_default", backend="hip")
     route("hip_own_kernels", backend="hip", own_kernels=True)
     if order:
@@ -531,6 +533,10 @@ def adopt_sweep(path: Path) -> list | str:
     best = [tuple(r["best_triton"]["config"]) for r in sweep.get("shapes", {}).values() if r.get("best_triton")]
     best = [c for c in dict.fromkeys(best) if c[4] in T.VARIANTS]
     T.CONFIGS = tuple(best) + tuple(c for c in T.CONFIGS if c not in best)
+    for r in sweep.get("shapes", {}).values():  # the sweep's best at a head dim is that head dim's default
+        b, hd = r.get("best_triton"), r.get("shape", {}).get("head_dim")
+        if b and hd in T.DEFAULT_CONFIGS and tuple(b["config"]) in best:
+            T.DEFAULT_CONFIGS[hd] = tuple(b["config"])
     return [list(c) for c in best]
 
 

@@ -67,7 +67,8 @@ else
 fi
 
 stage "3. attention sweep (bench/attention_sweep.py)"
-sweep_args=(--budget-s 80)
+# SWEEP_ARGS replaces the GPU sweep's arguments (e.g. "--budget-s 150 --only deepseek")
+read -r -a sweep_args <<<"${SWEEP_ARGS:---budget-s 80}"
 [ $small -eq 1 ] && sweep_args=(--small --reps 1 --device cpu)
 timeout 170 "$py" bench/attention_sweep.py "$out" "${sweep_args[@]}" 2>&1 | tee -a "$log"
 [ "${PIPESTATUS[0]}" -eq 0 ] || status=1

@@ -55,6 +55,11 @@ VARIANTS = (("v1", "tuned") + (("tuned_ws",) if WARP_SPECIALIZE else ())
 CONFIGS = ((128, 64, 4, 3, "v1"), (128, 128, 8, 3, "v1"), (64, 64, 4, 4, "v1"),
            (128, 64, 4, 3, "tuned"), (128, 128, 8, 3, "tuned"), (128, 64, 8, 4, "tuned"), (128, 128, 8, 2, "tuned"))
 CONFIGS += tuple((m, n, w, st, "tuned_ws") for m, n, w, st, _ in CONFIGS[3:5]) if WARP_SPECIALIZE else ()
+# The config a head dim runs by default on CUDA (no first-call timing: one compile), measured by
+# bench/attention_sweep.py on an H200 (16 x 8,910 x 64 bf16, Triton 3.6, 33 configs): (64, 64, 4, 3,
+# "tuned") 0.706 ms, 0.88x cuDNN's 0.801 ms; every 128-row query block was slower (0.77-1.31 ms).
+# Other head dims time CONFIGS at their first call (`_fastest`).
+DEFAULT_CONFIGS = {64: (64, 64, 4, 3, "tuned")}
 _chosen: dict = {}
 
 
@@ -364,8 +369,9 @@ def _fastest(q, k, v, o, scale):
 
 def flash_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float | None = None,
                     config: tuple | None = None) -> torch.Tensor:
-    """config: (BLOCK_M, BLOCK_N, num_warps, num_stages[, variant]); default: the fastest of
-    CONFIGS for this shape on CUDA (chosen once), (64, 64, 4, 2, "tuned") elsewhere (the interpreter)."""
+    """config: (BLOCK_M, BLOCK_N, num_warps, num_stages[, variant]); default on CUDA: the head dim's
+    DEFAULT_CONFIGS entry, else the fastest of CONFIGS for this shape (chosen once); (64, 64, 4, 2,
+    "tuned") elsewhere (the interpreter)."""
     b, h, n, hd = q.shape
     if not (16 <= hd <= 128 and hd % 8 == 0) or k.shape != q.shape or v.shape != q.shape:
         raise ValueError(f"flash_attention takes equal [B, H, N, hd] operands with hd a multiple of 8 in 16..128, "
@@ -381,7 +387,8 @@ def flash_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: fl
                              f"(the padded tail is named explicitly, as the sweep does)")
         key = (q.device, q.dtype, b, h, n, hd)
         if key not in _chosen:
-            _chosen[key] = _fastest(q, k, v, o, scale) if q.is_cuda else (64, 64, 4, 2, "tuned")
+            _chosen[key] = ((DEFAULT_CONFIGS.get(hd) or _fastest(q, k, v, o, scale)) if q.is_cuda
+                            else (64, 64, 4, 2, "tuned"))
         config = _chosen[key]
     _launch(q, k, v, o, scale, config)
     return o
