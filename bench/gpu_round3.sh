@@ -52,7 +52,10 @@ print(resolve('synthetic:full'))" 2>&1 | tail -1 | tee -a "$log"
 fi
 
 stage "1. hip build + router correctness (tests/hip -k 'moe_route or router')"
-timeout 200 "$py" -m pytest -q -p no:cacheprovider tests/hip -k "moe_route or router" >"$out/router_tests.txt" 2>&1
+# ROUND_TESTS replaces stage 1's pytest arguments (e.g. every test file with a GPU path)
+read -r -a round_tests <<<"${ROUND_TESTS:-tests/hip -k moe_route_or_router}"
+[ "${round_tests[*]}" = "tests/hip -k moe_route_or_router" ] && round_tests=(tests/hip -k "moe_route or router")
+timeout "${ROUND_TESTS_TIMEOUT:-200}" "$py" -m pytest -q -p no:cacheprovider "${round_tests[@]}" >"$out/router_tests.txt" 2>&1
 rc=$?
 echo "router tests: exit $rc, $(tail -1 "$out/router_tests.txt")" | tee -a "$log"
 [ $gpu -eq 1 ] || echo "  (no GPU: the GPU tests skipped; the CPU SIMT run of hip/moe_route.hip ran)" | tee -a "$log"
@@ -67,18 +70,24 @@ else
 fi
 
 stage "3. attention sweep (bench/attention_sweep.py)"
+if [ "${SKIP_SWEEP:-0}" = 1 ]; then
+  echo "  skipped (SKIP_SWEEP=1): the Triton kernel runs its DEFAULT_CONFIGS" | tee -a "$log"
+else
 # SWEEP_ARGS replaces the GPU sweep's arguments (e.g. "--budget-s 150 --only deepseek")
 read -r -a sweep_args <<<"${SWEEP_ARGS:---budget-s 80}"
 [ $small -eq 1 ] && sweep_args=(--small --reps 1 --device cpu)
 timeout 170 "$py" bench/attention_sweep.py "$out" "${sweep_args[@]}" 2>&1 | tee -a "$log"
 [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
+fi
 
 stage "4. DeepSeek tower routes, hip vs torch, breakdown (bench/engine_speed.py)"
 left=$(( 440 - SECONDS )); [ $left -lt 200 ] && left=200
 sweep_json=()
 [ -f "$out/attention_sweep.json" ] && sweep_json=(--attention-sweep "$out/attention_sweep.json")
 # shellcheck disable=SC2086  # ENGINE_SPEED_ARGS is a list of words
-timeout $left "$py" bench/engine_speed.py "$out" --only attention --only deepseek "${sweep_json[@]}" $args 2>&1 \
+# ENGINE_ONLY: the engine_speed sections (default "attention deepseek"; "qwen attention deepseek" adds Qwen3-VL's)
+only=(); for o in ${ENGINE_ONLY:-attention deepseek}; do only+=(--only "$o"); done
+timeout $left "$py" bench/engine_speed.py "$out" "${only[@]}" "${sweep_json[@]}" $args 2>&1 \
   | tee -a "$log"
 rc=${PIPESTATUS[0]}
 echo "engine_speed.py: exit $rc" | tee -a "$log"
@@ -110,6 +119,12 @@ for name, r in (s or {}).get("shapes", {}).items():
           f"{b['label'] + ' %.3f ms %.0f TFLOP/s' % (b['ms'], b['tflops']) if b else None}; "
           f"triton/cudnn {r.get('triton_over_cudnn')}")
 e = load("engine_speed.json")
+q = (e or {}).get("qwen", {})
+for name, v in q.get("engine", {}).items():
+    print(f"qwen {name:22s} " + (f"{v['ms']:.2f} ms" if "ms" in v else v.get("error", ""))
+          + (f"  ({v['ratio_to_transformers']:.3f}x transformers)" if "ratio_to_transformers" in v else ""))
+if "transformers" in q:
+    print(f"qwen transformers {q['transformers'].get('ms')} ms")
 d = (e or {}).get("deepseek", {})
 for name, v in d.get("routes", {}).items():
     print(f"deepseek {name:18s} " + (f"{v['ms']:.2f} ms" if "ms" in v else v.get("error", "")))
