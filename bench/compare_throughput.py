@@ -20,6 +20,8 @@ subprocess, so that `ru_maxrss` is the peak of that route alone:
            the histogram) in the limit route's setting, 2 threads on memmapped halves: compare /
            kernel is the comparator's overhead, kernel / limit the kernel's cost over reading;
            `kernel_generic` the same on the kernel's portable path (no AVX-512 intrinsics)
+- kernel_nohist: the kernel route with its ULP histogram left out (a benchmark-only switch,
+           `native.set_no_hist`): kernel / kernel_nohist is what the two percentiles' bins cost
 - verify:  `compare_dumps(A, B, verify=True)` (sha256 of every tensor checked too; target <= 3x compare)
 - sha256:  SHA-256 of every tensor's stored bytes alone, one thread a side: verify's floor, so
            verify / sha256 is what verify adds to hashing, and sha256 / compare the least
@@ -392,6 +394,16 @@ def route_kernel_generic(a: Path, b: Path) -> dict:
     return route_kernel(a, b, generic=True)
 
 
+def route_kernel_nohist(a: Path, b: Path) -> dict:
+    """The kernel route with the ULP histogram left out (`native.set_no_hist`, benchmark only):
+    kernel / kernel_nohist is what the histogram (two percentiles' worth of bins) costs."""
+    from tensordiff import native
+
+    if not native.set_no_hist(True):
+        raise RuntimeError(f"no AVX-512 kernel to run without its histogram: {native.status}")
+    return route_kernel(a, b)
+
+
 def route_verify(a: Path, b: Path) -> dict:
     """`compare_dumps(A, B, verify=True)`: every tensor's sha256 checked as well."""
     from tensordiff.compare import compare_dumps
@@ -487,7 +499,8 @@ def route_numpy(a: Path, b: Path) -> dict:
 ROUTES = {"read": route_read, "read1": route_read1, "compare": route_compare, "compare_open": route_compare_open,
           "naive": route_naive, "limit": route_limit, "verify": route_verify, "sha256": route_sha256,
           "numpy": route_numpy,
-          "kernel": route_kernel, "kernel_generic": route_kernel_generic}
+          "kernel": route_kernel, "kernel_generic": route_kernel_generic,
+          "kernel_nohist": route_kernel_nohist}
 
 
 def child(route: str, a: str, b: str, out: str) -> None:
@@ -563,7 +576,7 @@ def series(root: Path, routes: list[str], repeat: dict[str, int], cold: bool) ->
             res[route]["verdict"] = first["verdict"]
         if route == "sha256":
             res[route]["tensors"] = first["tensors"]
-        if route in ("limit", "kernel", "kernel_generic"):
+        if route in ("limit", "kernel", "kernel_generic", "kernel_nohist"):
             res[route]["max_abs"] = first["max_abs"]
         if route.startswith("kernel"):
             res[route]["path"] = first["path"]
@@ -583,10 +596,13 @@ def series(root: Path, routes: list[str], repeat: dict[str, int], cold: bool) ->
         res["ratio_compare_to_limit"] = res["compare"]["wall_s"] / res["limit"]["wall_s"]
         pairs = [c["wall_s"] / r["wall_s"] for r, c in zip(runs["limit"], runs["compare"])]
         res["ratio_compare_to_limit_run_by_run"] = {"min": min(pairs), "median": statistics.median(pairs)}
-    for route in ("kernel", "kernel_generic"):
+    for route in ("kernel", "kernel_generic", "kernel_nohist"):
         if route in res and "limit" in res:  # the kernel alone over reading, wall and CPU seconds
             res[f"ratio_{route}_to_limit"] = res[route]["wall_s"] / res["limit"]["wall_s"]
             res[f"cpu_ratio_{route}_to_limit"] = res[route]["cpu_s"] / max(res["limit"]["cpu_s"], 1e-9)
+    if "kernel" in res and "kernel_nohist" in res:  # the ULP histogram's share of the kernel
+        res["ratio_kernel_to_kernel_nohist"] = res["kernel"]["wall_s"] / res["kernel_nohist"]["wall_s"]
+        res["cpu_ratio_kernel_to_kernel_nohist"] = res["kernel"]["cpu_s"] / max(res["kernel_nohist"]["cpu_s"], 1e-9)
     if "verify" in res and "compare" in res:
         res["ratio_verify_to_compare"] = res["verify"]["wall_s"] / res["compare"]["wall_s"]
         res["cpu_ratio_verify_to_compare"] = res["verify"]["cpu_s"] / max(res["compare"]["cpu_s"], 1e-9)
@@ -635,10 +651,13 @@ def table(name: str, s: dict) -> str:
         lines.append(f"  compare / limit (C max|a-b|, 2 threads) = {s['ratio_compare_to_limit']:.2f}x best / best, "
                      f"run by run min {rr['min']:.2f}x median {rr['median']:.2f}x "
                      f"(target <= {TARGET_RATIO}x: {'met' if ok else 'NOT met'})")
-    for route in ("kernel", "kernel_generic"):
+    for route in ("kernel", "kernel_generic", "kernel_nohist"):
         if f"ratio_{route}_to_limit" in s:
             lines.append(f"  {route} alone / limit = {s[f'ratio_{route}_to_limit']:.2f}x wall, "
                          f"{s[f'cpu_ratio_{route}_to_limit']:.2f}x CPU seconds")
+    if "ratio_kernel_to_kernel_nohist" in s:
+        lines.append(f"  kernel / kernel without its ULP histogram = {s['ratio_kernel_to_kernel_nohist']:.2f}x wall, "
+                     f"{s['cpu_ratio_kernel_to_kernel_nohist']:.2f}x CPU seconds (what the percentiles' bins cost)")
     if "ratio_verify_to_compare" in s:
         ok = s["ratio_verify_to_compare"] <= TARGET_VERIFY
         lines.append(f"  verify / compare = {s['ratio_verify_to_compare']:.2f}x (target <= {TARGET_VERIFY}x: "
@@ -786,7 +805,7 @@ def summary(report: dict) -> list[tuple[str, str, float, str]]:
     if "cpu_ratio_compare_to_limit" in w:
         rows.append(("big: compare / C limit, CPU seconds", f"<= {TARGET_RATIO}", w["cpu_ratio_compare_to_limit"],
                      w["cpu_ratio_compare_to_limit"] <= TARGET_RATIO))
-    for route in ("kernel", "kernel_generic"):  # sub-measurements: no target of their own
+    for route in ("kernel", "kernel_generic", "kernel_nohist"):  # sub-measurements: no target of their own
         if f"ratio_{route}_to_limit" in w:
             rows.append((f"big: {route} alone / C limit", "-", w[f"ratio_{route}_to_limit"], None))
             rows.append((f"big: {route} alone / C limit, CPU seconds", "-", w[f"cpu_ratio_{route}_to_limit"], None))
@@ -833,7 +852,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--size-mb", type=float, default=2200, help="big case: total size of both dumps (default 2200)")
     ap.add_argument("--repeat", type=int, default=3, help="runs per route; the best wall time is reported")
     ap.add_argument("--naive-repeat", type=int, default=1)
-    ap.add_argument("--routes", default="limit,kernel,read,compare,verify,sha256,read1,naive", help="big case routes")
+    ap.add_argument("--routes", default="limit,kernel,kernel_nohist,read,compare,verify,sha256,read1,naive",
+                    help="big case routes")
     ap.add_argument("--cases", default="big,many,memory,cli", help="which cases (default all)")
     ap.add_argument("--many-counts", default=",".join(map(str, MANY_COUNTS)))
     ap.add_argument("--memory-numel", type=int, default=MEMORY_NUMEL)
@@ -875,6 +895,9 @@ def main(argv: list[str] | None = None) -> int:
                                              check=True, capture_output=True, text=True, env=_env()).stdout)
             report["dumps"] = {"dir": str(root), "n_patches": spec["n"], "generate_s": time.perf_counter() - t0,
                                "bytes": sum(p.stat().st_size for p in _files(root))}
+            if "kernel_nohist" in routes and "AVX-512" not in report["comparator"]["kernel"]:
+                routes = [r for r in routes if r != "kernel_nohist"]  # its switch is the AVX-512 path's
+                print("kernel_nohist skipped: the kernel has no AVX-512 path here")
             repeat = {r: (args.naive_repeat if r == "naive" else args.repeat) for r in routes}
             report["warm"] = series(root, routes, repeat, cold=False)
             if args.cold:

@@ -95,6 +95,15 @@ def set_generic(on: bool) -> bool:
     return wide
 
 
+def set_no_hist(on: bool) -> bool:
+    """Benchmark only: the AVX-512 blocks skip the ULP histogram (every other statistic as
+    always), so bench/compare_throughput.py can measure what the histogram costs. Returns whether
+    that path runs (False without the kernel or AVX-512). Process-wide; never set in a comparison."""
+    if float_kernel() is None:
+        return False
+    return bool(_lib.td_set_no_hist(int(on)))
+
+
 def library():
     """The loaded ctypes library, or None (for tests of its other entry points)."""
     return _lib if float_kernel() is not None else None

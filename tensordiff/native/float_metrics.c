@@ -346,6 +346,7 @@ block_avx512(const void *a, int ka, const void *b, int kb, int64_t off, int64_t 
             maxb = _mm512_max_ps(y, maxb);
             __m512 u = ulps16(di, ax, kbase, fexp);
             mu = _mm512_max_ps(u, mu);
+            if (hot == 2) continue; /* td_set_no_hist: the ULP histogram not counted (benchmark only) */
             __m512i bin = bins16(u);
             if (TD_HOT && hot) {
 #if TD_HOT
@@ -370,7 +371,9 @@ block_avx512(const void *a, int ka, const void *b, int kb, int64_t off, int64_t 
     }
     double e_aa = sum_pd(s_aa), e_bb = sum_pd(s_bb), e_err = sum_pd(s_err);
     if (!(isfinite(e_aa + e_bb) && isfinite(e_err))) return 1; /* NaN/Inf or a float overflow: block_slow */
-    if (hot) {
+    if (hot == 2) {
+        nk = 0;
+    } else if (hot) {
         for (int j = 0; j < HOT; j++)
             if (P->hot[j] >= 0)
                 P->hist[P->hot[j]] += (uint32_t)_mm512_reduce_add_epi32(
@@ -444,6 +447,9 @@ static void block_slow(const void *a, int ka, const void *b, int kb, int64_t off
 }
 
 static int generic_only; /* td_set_generic(1): the AVX-512 path off (tests compare the two) */
+/* td_set_no_hist(1): the AVX-512 blocks count no ULP histogram, every other statistic as always.
+   Benchmark only (bench/compare_throughput.py's kernel_nohist route): what the histogram costs. */
+static int no_hist;
 
 /* The HOT bins counted most so far (after a call's first block), among the 127 bins of a window
    [base, base + 127) around the commonest one: a tensor's ULP distances keep their distribution
@@ -489,8 +495,9 @@ run(const void *a, int ka, const void *b, int kb, int64_t n, int64_t start, para
         int64_t m = n - off < BLOCK ? n - off : BLOCK;
         int64_t mv = wide ? m & ~(int64_t)15 : 0; /* the AVX-512 path takes whole vectors, block_fast the rest */
 #if TD_AVX512
-        if (mv && (hot ? block_avx512(a, ka, b, kb, off, mv, start, P, I, D, 1)
-                       : block_avx512(a, ka, b, kb, off, mv, start, P, I, D, 0)))
+        if (mv && (no_hist ? block_avx512(a, ka, b, kb, off, mv, start, P, I, D, 2)
+                   : hot   ? block_avx512(a, ka, b, kb, off, mv, start, P, I, D, 1)
+                           : block_avx512(a, ka, b, kb, off, mv, start, P, I, D, 0)))
             block_slow(a, ka, b, kb, off, mv, start, P, I, D);
 #endif
         if (m > mv && block_fast(a, ka, b, kb, off + mv, m - mv, start, P, I, D))
@@ -498,6 +505,12 @@ run(const void *a, int ka, const void *b, int kb, int64_t n, int64_t start, para
         if (TD_HOT && wide && off == 0 && P->nsub == NSUB) /* a large call: worth choosing (a small one is not) */
             hot = choose_hot(P, m);
     }
+}
+
+/* 1: no ULP histogram in the AVX-512 blocks (benchmark only); returns whether that path runs */
+int td_set_no_hist(int on) {
+    no_hist = on != 0;
+    return TD_AVX512 && !generic_only && no_hist;
 }
 
 /* 1: the generic path only; returns which path runs now (1 AVX-512, 0 generic) */

@@ -271,3 +271,28 @@ def test_row_maxima_whether_a_block_lies_in_one_row_or_straddles(path, generic, 
     ref = reference(a, b, "float32", "float32", (40, cols))
     acc = streamed(a, b, "float32", "float32", (40, cols), step, native=True)
     np.testing.assert_array_equal(acc.rows, ref["_rows"])
+
+
+@needs_wide
+def test_the_benchmarks_no_histogram_switch_drops_only_the_histogram():
+    # bench/compare_throughput.py's kernel_nohist route: every other statistic as always, and no
+    # bin counted by the AVX-512 blocks (only the generic tail's); off again, the histogram is back
+    a, b = adversarial(0)
+    shape = (a.size,)
+
+    def run():
+        acc = M.FloatMetrics(BY_NAME["float32"], BY_NAME["float32"], BY_NAME["float32"], DEFAULTS["float32"], shape)
+        acc.update(0, a, b)
+        return acc.I.copy(), acc.D.copy(), acc.hist.copy()
+
+    i0, d0, h0 = run()
+    try:
+        assert native.set_no_hist(True)
+        i1, d1, h1 = run()
+    finally:
+        assert not native.set_no_hist(False)
+    i2, d2, h2 = run()
+    assert h0.sum() == a.size and h1.sum() == 0
+    np.testing.assert_array_equal(i0, i1)
+    np.testing.assert_array_equal(d0, d1)
+    np.testing.assert_array_equal(h2, h0)
