@@ -17,16 +17,34 @@ namespace {
 
 constexpr int kMaxTopK = 8;
 
+// The score every route ranks and weighs by: sqrt(torch's softplus (beta 1, threshold 20)), with
+// the accurate library functions torch's own kernel uses, so ids and weights stay bit-faithful.
+__device__ inline float exact_score(float l) { return sqrtf(l > 20.f ? l : log1pf(expf(l))); }
+
 // (key, id) as one orderable 64-bit value: the float key's bits made monotonic in the high word,
 // the id inverted in the low word, so the maximum is the best key and, among equal keys, the
 // lower id. 0 is below every packed value ("nothing left").
-__device__ inline unsigned long long pack(float key, int id) {
+__device__ inline uint32_t ordered(float key) {  // unsigned order = float order (-NaN lowest, +NaN highest)
   const uint32_t u = __float_as_uint(key);
-  const uint32_t ord = (u & 0x80000000u) ? ~u : (u | 0x80000000u);
-  return ((unsigned long long)ord << 32) | (unsigned long long)(0x7fffffffu - (uint32_t)id);
+  return (u & 0x80000000u) ? ~u : (u | 0x80000000u);
+}
+__device__ inline float from_ordered(uint32_t ord) {
+  return __uint_as_float((ord & 0x80000000u) ? (ord & 0x7fffffffu) : ~ord);
+}
+__device__ inline unsigned long long pack(float key, int id) {
+  return ((unsigned long long)ordered(key) << 32) | (unsigned long long)(0x7fffffffu - (uint32_t)id);
 }
 __device__ inline int unpack_id(unsigned long long v) {
   return (int)(0x7fffffffu - (uint32_t)v);  // the low word
+}
+
+// Maximum over the `ws` lanes of the wave; every lane gets it.
+__device__ inline unsigned long long wave_max_u64(unsigned long long v, int ws) {
+  for (int o = ws / 2; o > 0; o >>= 1) {
+    const unsigned long long other = port_shfl_xor(v, o, ws);
+    v = other > v ? other : v;
+  }
+  return v;
 }
 
 // Maximum over the TPR threads of the block; every thread gets it. Shuffles inside each wave
@@ -76,7 +94,7 @@ moe_route(const void* __restrict__ logits, const float* __restrict__ bias, const
     packed[p] = 0;
     if (e < experts) {
       const float l = E::get(lr[e]);
-      s[p] = sqrtf(l > 20.f ? l : log1pf(expf(l)));  // torch's softplus (beta 1, threshold 20)
+      s[p] = exact_score(l);
       packed[p] = pack(s[p] + b[e], e);
     }
     mine = packed[p] > mine ? packed[p] : mine;
@@ -146,7 +164,7 @@ moe_route_wave(const void* __restrict__ logits, const float* __restrict__ bias, 
     packed[p] = 0;
     if (e < experts) {  // consecutive lanes read consecutive experts: coalesced
       const float l = E::get(lr[e]);
-      s[p] = sqrtf(l > 20.f ? l : log1pf(expf(l)));  // torch's softplus (beta 1, threshold 20)
+      s[p] = exact_score(l);
       packed[p] = pack(s[p] + b[e], (int)e);
     }
     mine = packed[p] > mine ? packed[p] : mine;
@@ -160,11 +178,7 @@ moe_route_wave(const void* __restrict__ logits, const float* __restrict__ bias, 
     chosen[r] = 0.f;
     id_sel[r] = 0;
     if (r < topk) {  // uniform over the wave
-      unsigned long long best = mine;
-      for (int o = ws / 2; o > 0; o >>= 1) {
-        const unsigned long long other = port_shfl_xor(best, o, ws);
-        best = other > best ? other : best;
-      }
+      const unsigned long long best = wave_max_u64(mine, ws);
       float won = 0.f;
       if (mine == best) {  // packed values are unique (ids are): exactly one owner rescans its few slots
         unsigned long long next = 0;
@@ -213,6 +227,253 @@ void launch_wave(int64_t rows, int64_t experts, hipStream_t s, const void* logit
 #undef TD_WAVE
 }
 
+// ---- The filter routes: a cheap bound on every expert, the exact score for candidates only ----
+//
+// Where the wave route's time goes (65,536 rows x 384, H200, 229 us): every expert pays the
+// accurate expf + log1pf + sqrtf (~50 instructions; 25.2 M experts, ~1.26 G thread instructions:
+// ~38 us of the whole GPU's fp32 issue rate by itself, so bf16's 44 us target is out of reach while
+// every expert pays them), then k = 6 rounds, each 5 dependent 64-bit shuffle steps (10 shuffles
+// and 64-bit compares) and the winner's rescan of its 12 slots (~120 instructions the whole warp
+// waits for): ~1,800 warp instructions a row, ~113 us at a perfect issue rate.
+//
+// The filter routes (exact by construction, one row per wave as the wave route):
+//  1. every expert: a fast bound [lo, hi] on its exact key (port_fast_exp/log/sqrt, 3 MUFU and
+//     ~20 instructions with the loads); a lane keeps hi per slot and the maximum of its lo's;
+//  2. T = the k-th largest of the lanes' maximum lo: k rounds of a 32-bit wave maximum, the lanes
+//     holding a round's maximum dropping out (lanes tied on it all drop, so T can only come out
+//     lower: safe). The k rounds' maxima are distinct lanes' values >= T, so >= k experts have
+//     lo >= T, so >= k exact keys are >= T: the k-th largest exact key is >= T, and every expert
+//     of the exact top-k (ties to the lower id included) has hi >= its key >= T;
+//  3. the candidates, hi >= T (about k + 1..3 of 384 on random rows), alone pay the exact score;
+//     their packed exact (key, id) go to the wave's list in shared memory (slots by a prefix
+//     count over the lanes);
+//  4. a candidate's rank is the number of candidates with a larger packed value (unique: ids
+//     are), so ranks 0..k-1 are the exact top-k in order: the same ids, order and weights (summed
+//     in rank order) as the wave route. Over kFilterCap candidates (mass ties: saturated logits of
+//     a few values, a zero bias) a row takes k rounds of 64-bit wave maxima over its candidates
+//     instead, exact scores recomputed each round: slow, rare, the same result.
+//
+// Why [lo, hi] holds the exact key. The bound on s is a = fast_sqrt(max(fast_log(1 +
+// fast_exp(l)), 0)) (fast_sqrt(l) past 20, as exact_score), widened by m = a * 2^-10 + 2^-8. The
+// fast functions' errors (the CUDA guide: __expf 2 + floor(1.173 |x|) ulp, <= 1.3e-5 relative for
+// |x| <= 88; __logf 2^-21.41 absolute on [0.5, 2], else 3 ulp; sqrt.approx and AMD's v_exp, v_log,
+// v_sqrt about 1 ulp) give |a - s| <= ~1.5e-5 s where s > 0.8, and <= sqrt(5e-7) = 7.1e-4 (the
+// log's absolute error under the root) near s = 0, the accurate functions' few ulps included: m is
+// 60x the first and 5x the second. Flushed denormals (l < -87, s < 1.2e-19) are inside the 2^-8.
+// On keys: lo = (a - m) + b, hi = (a + m) + b and rounding is monotone, so fl(a - m + b) <=
+// fl(s + b) <= fl(a + m + b). A NaN or infinite bound (NaN logit or bias, l = +inf) is no bound,
+// (-inf, +inf): always a candidate. The guide's bounds come from tests, not proofs: the GPU test
+// (tests/hip/test_hip_kernels.py) runs td_moe_route_score_bound over EVERY fp32 bit pattern, so
+// the bound is checked exhaustively on the GPU that runs it; the CPU stand-in's fast functions
+// are worse than the documented worst case, and a margin made too tight
+// (-DTD_ROUTER_FILTER_FAULT_NO_MARGIN) fails tests/hip/test_hip_moe_route_simt.py.
+//
+// Expected: ~20 instructions an expert + ~200 a row (threshold, prefix, the candidates' exact
+// scores, ranks): ~570 warp instructions a row against ~1,800, ~36 us at a perfect issue rate,
+// ~60-80 us at the wave route's issue efficiency (~3x faster; f32 <= 84 us likely, bf16's 44 us
+// only if the issue efficiency rises too). `filter_redux` takes the threshold's k rounds with
+// one REDUX instruction a round (sm_80+; the same shuffles on AMD) instead of 5 shuffle steps.
+constexpr float kFilterRel = 0x1p-10f;  // the margin's relative part (60x the fast functions')
+constexpr float kFilterAbs = 0x1p-8f;   // and its absolute part (5x the log's error under a root)
+#ifdef TD_ROUTER_FILTER_FAULT_NO_MARGIN
+constexpr float kFilterMarginScale = 0.f;  // planted (CPU tests only): the bound made too tight
+#else
+constexpr float kFilterMarginScale = 1.f;
+#endif
+#ifndef TD_ROUTER_FILTER_CAP
+#define TD_ROUTER_FILTER_CAP 64
+#endif
+// Candidates a wave ranks through shared memory; more take the slow path (the CPU tests also
+// build 0: every row the slow path, which must give the same result).
+constexpr int kFilterCap = TD_ROUTER_FILTER_CAP;
+constexpr int kFilterSlots = kFilterCap > 0 ? kFilterCap : 1;
+constexpr int kWavesPerBlock = kWaveBlock / kNarrowestWave;
+
+// [lo, hi] around exact_score(l) (margin_scale 1: the routes' margin); (-inf, +inf): no bound.
+__device__ inline void score_bound(float l, float margin_scale, float& lo, float& hi) {
+  const float x = l > 20.f ? l : fmaxf(port_fast_log(1.f + port_fast_exp(l)), 0.f);
+  const float a = port_fast_sqrt(x);
+  const float m = (a * kFilterRel + kFilterAbs) * margin_scale;
+  lo = a - m;
+  hi = a + m;
+  if (!(lo <= hi) || l != l) {  // NaN logit (fmaxf would hide it) or l = +inf
+    lo = -__uint_as_float(0x7f800000u);
+    hi = __uint_as_float(0x7f800000u);
+  }
+}
+
+// Maximum over the wave by xor shuffles (the filter route; filter_redux asks port_wave_max_u32).
+__device__ inline uint32_t wave_max_u32_shfl(uint32_t v, int ws) {
+  for (int o = ws / 2; o > 0; o >>= 1) {
+    const uint32_t other = port_shfl_xor(v, o, ws);
+    v = other > v ? other : v;
+  }
+  return v;
+}
+
+template <int DT, int PT, bool REDUX>
+__global__ void __launch_bounds__(256, 4)
+moe_route_filter(const void* __restrict__ logits, const float* __restrict__ bias, const float* __restrict__ bias_vl,
+                 const uint8_t* __restrict__ image_rows, float* __restrict__ weights, int64_t* __restrict__ ids,
+                 int64_t rows, int64_t experts, int topk, float route_scale, int fault_text_bias_for_images) {
+  typedef td::Elem<DT> E;
+  __shared__ unsigned long long cand_key[kWavesPerBlock][kFilterSlots];
+  __shared__ float cand_s[kWavesPerBlock][kFilterSlots];
+  __shared__ float top_s[kWavesPerBlock][kMaxTopK];
+  __shared__ int top_id[kWavesPerBlock][kMaxTopK];
+  const int ws = warpSize;
+  const int lane = threadIdx.x % ws, wave = threadIdx.x / ws;
+  const int64_t row = (int64_t)blockIdx.x * (blockDim.x / ws) + wave;
+  if (row >= rows) return;  // the whole wave leaves together: every shuffle below sees full waves
+  const bool image = image_rows != nullptr && bias_vl != nullptr && image_rows[row] != 0;
+  const float* b = (image && !fault_text_bias_for_images) ? bias_vl : bias;
+  const typename E::raw* lr = static_cast<const typename E::raw*>(logits) + row * experts;
+  const float inf = __uint_as_float(0x7f800000u);
+
+  // 1. a bound on every expert's key: hi kept per slot, the lane's largest lo
+  float hi[PT];
+  float lane_lo = -inf;
+#pragma unroll
+  for (int p = 0; p < PT; ++p) {
+    const int e = lane + p * ws;
+    hi[p] = -inf;
+    if (e < experts) {  // consecutive lanes read consecutive experts: coalesced
+      float s_lo, s_hi;
+      score_bound(E::get(lr[e]), kFilterMarginScale, s_lo, s_hi);
+      const float be = b[e];
+      float lo = s_lo + be;
+      hi[p] = s_hi + be;
+      if (!(lo <= hi[p])) {  // a NaN or infinite bias: no bound
+        lo = -inf;
+        hi[p] = inf;
+      }
+      lane_lo = fmaxf(lane_lo, lo);
+    }
+  }
+
+  // 2. T <= the k-th largest lo (lane_lo is never NaN: 0 is below every ordered value it has)
+  uint32_t v = ordered(lane_lo), t = 0;
+  for (int r = 0; r < topk; ++r) {  // uniform over the wave
+    t = REDUX ? port_wave_max_u32(v, ws) : wave_max_u32_shfl(v, ws);
+    if (v == t) v = 0;
+  }
+  const float thr = t == 0 ? -inf : from_ordered(t);
+
+  // 3. the candidates and their places in the wave's list
+  uint32_t mask = 0;
+#pragma unroll
+  for (int p = 0; p < PT; ++p)
+    if (lane + p * ws < experts && hi[p] >= thr) mask |= 1u << p;
+  const int mine = __popc(mask);
+  int upto = mine;  // inclusive prefix count over the lanes
+  for (int o = 1; o < ws; o <<= 1) {
+    const int below = port_shfl(upto, lane >= o ? lane - o : lane, ws);
+    if (lane >= o) upto += below;
+  }
+  const int total = port_shfl(upto, ws - 1, ws);
+#ifdef TD_ROUTER_FILTER_PROBE
+  if (lane == 0) TD_ROUTER_FILTER_PROBE(total);  // the CPU tests' count of candidates a row
+#endif
+  unsigned long long* keys = cand_key[wave];
+  float* ks = cand_s[wave];
+  float* ts = top_s[wave];
+  int* ti = top_id[wave];
+
+  if (total <= kFilterCap) {  // uniform
+    int at = upto - mine;
+    for (uint32_t mm = mask; mm != 0; mm &= mm - 1) {  // divergent, no shuffle inside
+      const int e = lane + (__ffs((int)mm) - 1) * ws;
+      const float s = exact_score(E::get(lr[e]));
+      keys[at] = pack(s + b[e], e);
+      ks[at] = s;
+      ++at;
+    }
+    port_wave_sync();
+    // 4. ranks: how many candidates are larger
+    for (int i = lane; i < total; i += ws) {
+      const unsigned long long ki = keys[i];
+      int rank = 0;
+      for (int j = 0; j < total; ++j) rank += keys[j] > ki ? 1 : 0;
+      if (rank < topk) {
+        ts[rank] = ks[i];
+        ti[rank] = unpack_id(ki);
+      }
+    }
+  } else {  // mass ties: k rounds of wave maxima over the candidates
+    unsigned long long prev = ~0ull;
+    for (int r = 0; r < topk; ++r) {
+      unsigned long long best = 0;
+      float best_s = 0.f;
+      for (uint32_t mm = mask; mm != 0; mm &= mm - 1) {
+        const int e = lane + (__ffs((int)mm) - 1) * ws;
+        const float s = exact_score(E::get(lr[e]));
+        const unsigned long long kv = pack(s + b[e], e);
+        if (kv < prev && kv > best) {
+          best = kv;
+          best_s = s;
+        }
+      }
+      best = wave_max_u64(best, ws);
+      const int id = unpack_id(best);
+      const float won = port_shfl(best_s, id % ws, ws);  // the owner's unbiased score
+      if (lane == 0) {
+        ts[r] = won;
+        ti[r] = id;
+      }
+      prev = best;
+    }
+  }
+  port_wave_sync();
+  if (lane < topk) {
+    float sum = 0.f;
+    for (int r = 0; r < topk; ++r) sum += ts[r];  // in rank order, as the other routes
+    weights[row * topk + lane] = ts[lane] / (sum + 1e-20f) * route_scale;
+    ids[row * topk + lane] = ti[lane];
+  }
+}
+
+template <int DT, bool REDUX>
+void launch_filter(int64_t rows, int64_t experts, hipStream_t s, const void* logits, const float* bias,
+                   const float* bias_vl, const uint8_t* image_rows, float* weights, int64_t* ids, int topk,
+                   float route_scale, int fault) {
+  const int per_block = kWaveBlock / port_device_warp_size();
+  const dim3 grid((unsigned int)((rows + per_block - 1) / per_block)), block(kWaveBlock);
+  const int64_t pt = (experts + kNarrowestWave - 1) / kNarrowestWave;
+#define TD_FILTER(PT) hipLaunchKernelGGL(HIP_KERNEL_NAME(moe_route_filter<DT, PT, REDUX>), grid, block, 0, s, logits, \
+                                         bias, bias_vl, image_rows, weights, ids, rows, experts, topk, route_scale, fault)
+  if (pt <= 2) TD_FILTER(2);
+  else if (pt <= 4) TD_FILTER(4);
+  else if (pt <= 8) TD_FILTER(8);
+  else if (pt <= 12) TD_FILTER(12);
+  else if (pt <= 16) TD_FILTER(16);
+  else TD_FILTER(32);
+#undef TD_FILTER
+}
+
+// Every fp32 bit pattern start .. start + count - 1 as a logit: bad[i] counts those of thread i
+// whose exact_score falls outside score_bound(l, margin_scale) (a NaN or infinite logit has no
+// bound, so it passes), example[i] its last one. `threads` threads in blocks of 256.
+__global__ void __launch_bounds__(256)
+moe_route_score_bound(uint64_t start, uint64_t count, float margin_scale, uint64_t threads, uint32_t* bad,
+                      uint32_t* example) {
+  const uint64_t tid = (uint64_t)blockIdx.x * blockDim.x + threadIdx.x;
+  uint32_t n = 0, last = 0;
+  for (uint64_t i = tid; i < count; i += threads) {
+    const uint32_t u = (uint32_t)(start + i);
+    const float l = __uint_as_float(u);
+    float lo, hi;
+    score_bound(l, margin_scale, lo, hi);
+    const float s = exact_score(l);
+    const bool none = lo == -__uint_as_float(0x7f800000u) && hi == __uint_as_float(0x7f800000u);
+    if (!none && !(lo <= s && s <= hi)) {
+      ++n;
+      last = u;
+    }
+  }
+  bad[tid] = n;
+  example[tid] = last;
+}
+
 template <int DT, int TPR>
 void launch_tpr(int64_t pt, dim3 grid, hipStream_t s, const void* logits, const float* bias, const float* bias_vl,
                 const uint8_t* image_rows, float* weights, int64_t* ids, int64_t experts, int topk, float route_scale,
@@ -237,6 +498,8 @@ void launch_tpr(int64_t pt, dim3 grid, hipStream_t s, const void* logits, const 
 // named route (engine/backend/hip_ops.py ROUTER_ROUTES spells the same codes):
 constexpr int kRouteWave = -1;       // one row per wave, k rounds of wave maxima (main's, round 2)
 constexpr int kRouteWaveLb = -2;     // the same, 4 blocks of 256 resident asked (<= 64 registers a thread)
+constexpr int kRouteFilter = -6;     // a fast bound on every expert, the exact score for candidates only
+constexpr int kRouteFilterRedux = -7;  // the same, the threshold's wave maxima one REDUX each (sm_80+)
 // THE DEFAULT ROUTE (threads_per_row 0): the fastest measured on the H200. Round 4's run (every
 // route, one process) at 65,536 rows x 384: wave_lb 229.2 us f32 / 229.1 bf16, wave 269.0 / 268.1;
 // at 1,024 rows (launch bound) wave 14.0, wave_lb 14.2: the launch bound caps the wave route's
@@ -259,6 +522,8 @@ int launch(const void* logits, const float* bias, const float* bias_vl, const ui
     switch (tpr) {
       case kRouteWave: launch_wave<DT, 1>(TD_ARGS); break;
       case kRouteWaveLb: launch_wave<DT, 4>(TD_ARGS); break;
+      case kRouteFilter: launch_filter<DT, false>(TD_ARGS); break;
+      case kRouteFilterRedux: launch_filter<DT, true>(TD_ARGS); break;
       default: return TD_BAD_SHAPE;
     }
 #undef TD_ARGS
@@ -290,4 +555,12 @@ extern "C" int td_moe_route(const void* logits, const float* bias, const float* 
                                          route_scale, fault_text_bias_for_images, threads_per_row, s);
     default: return TD_BAD_DTYPE;
   }
+}
+
+extern "C" int td_moe_route_score_bound(uint64_t start, uint64_t count, float margin_scale, uint32_t* bad,
+                                        uint32_t* example, int64_t threads, void* stream) {
+  if (threads <= 0 || threads % 256 != 0 || threads > (int64_t)256 << 20) return TD_BAD_SHAPE;
+  hipLaunchKernelGGL(moe_route_score_bound, dim3((unsigned int)(threads / 256)), dim3(256), 0,
+                     static_cast<hipStream_t>(stream), start, count, margin_scale, (uint64_t)threads, bad, example);
+  return td::launch_status();
 }
