@@ -289,17 +289,14 @@ constexpr int kFilterCap = TD_ROUTER_FILTER_CAP;
 constexpr int kFilterSlots = kFilterCap > 0 ? kFilterCap : 1;
 constexpr int kWavesPerBlock = kWaveBlock / kNarrowestWave;
 
-// [lo, hi] around exact_score(l) (margin_scale 1: the routes' margin); (-inf, +inf): no bound.
-__device__ inline void score_bound(float l, float margin_scale, float& lo, float& hi) {
-  const float x = l > 20.f ? l : fmaxf(port_fast_log(1.f + port_fast_exp(l)), 0.f);
-  const float a = port_fast_sqrt(x);
-  const float m = (a * kFilterRel + kFilterAbs) * margin_scale;
-  lo = a - m;
-  hi = a + m;
-  if (!(lo <= hi) || l != l) {  // NaN logit (fmaxf would hide it) or l = +inf
-    lo = -__uint_as_float(0x7f800000u);
-    hi = __uint_as_float(0x7f800000u);
-  }
+// The fast score a (NaN for a NaN logit, +inf for +inf: no bound) and its margin m: exact_score(l)
+// lies in [a - m, a + m] (margin_scale 1: the routes' margin).
+__device__ inline float fast_score(float l) {
+  const float soft = port_fast_log(1.f + port_fast_exp(l));
+  return port_fast_sqrt(l > 20.f ? l : (soft < 0.f ? 0.f : soft));  // keeps a NaN (fmaxf would not)
+}
+__device__ inline float score_margin(float a, float margin_scale) {
+  return (a * kFilterRel + kFilterAbs) * margin_scale;
 }
 
 // Maximum over the wave by xor shuffles (the filter route; filter_redux asks port_wave_max_u32).
@@ -329,6 +326,7 @@ moe_route_filter(const void* __restrict__ logits, const float* __restrict__ bias
   const float* b = (image && !fault_text_bias_for_images) ? bias_vl : bias;
   const typename E::raw* lr = static_cast<const typename E::raw*>(logits) + row * experts;
   const float inf = __uint_as_float(0x7f800000u);
+  const int n_exp = (int)experts;  // <= 1,024: 32-bit offsets
 
   // 1. a bound on every expert's key: hi kept per slot, the lane's largest lo
   float hi[PT];
@@ -337,13 +335,12 @@ moe_route_filter(const void* __restrict__ logits, const float* __restrict__ bias
   for (int p = 0; p < PT; ++p) {
     const int e = lane + p * ws;
     hi[p] = -inf;
-    if (e < experts) {  // consecutive lanes read consecutive experts: coalesced
-      float s_lo, s_hi;
-      score_bound(E::get(lr[e]), kFilterMarginScale, s_lo, s_hi);
-      const float be = b[e];
-      float lo = s_lo + be;
-      hi[p] = s_hi + be;
-      if (!(lo <= hi[p])) {  // a NaN or infinite bias: no bound
+    if (e < n_exp) {  // consecutive lanes read consecutive experts: coalesced
+      const float a = fast_score(E::get(lr[e]));
+      const float m = score_margin(a, kFilterMarginScale), be = b[e];
+      float lo = (a - m) + be;
+      hi[p] = (a + m) + be;
+      if (!(lo <= hi[p])) {  // a NaN (logit or bias) or +inf logit or infinite bias: no bound
         lo = -inf;
         hi[p] = inf;
       }
@@ -363,7 +360,7 @@ moe_route_filter(const void* __restrict__ logits, const float* __restrict__ bias
   uint32_t mask = 0;
 #pragma unroll
   for (int p = 0; p < PT; ++p)
-    if (lane + p * ws < experts && hi[p] >= thr) mask |= 1u << p;
+    if (lane + p * ws < n_exp && hi[p] >= thr) mask |= 1u << p;
   const int mine = __popc(mask);
   int upto = mine;  // inclusive prefix count over the lanes
   for (int o = 1; o < ws; o <<= 1) {
@@ -451,7 +448,7 @@ void launch_filter(int64_t rows, int64_t experts, hipStream_t s, const void* log
 }
 
 // Every fp32 bit pattern start .. start + count - 1 as a logit: bad[i] counts those of thread i
-// whose exact_score falls outside score_bound(l, margin_scale) (a NaN or infinite logit has no
+// whose exact_score falls outside [a - m, a + m] (fast_score, score_margin; a NaN or infinite logit has no
 // bound, so it passes), example[i] its last one. `threads` threads in blocks of 256.
 __global__ void __launch_bounds__(256)
 moe_route_score_bound(uint64_t start, uint64_t count, float margin_scale, uint64_t threads, uint32_t* bad,
@@ -461,11 +458,9 @@ moe_route_score_bound(uint64_t start, uint64_t count, float margin_scale, uint64
   for (uint64_t i = tid; i < count; i += threads) {
     const uint32_t u = (uint32_t)(start + i);
     const float l = __uint_as_float(u);
-    float lo, hi;
-    score_bound(l, margin_scale, lo, hi);
-    const float s = exact_score(l);
-    const bool none = lo == -__uint_as_float(0x7f800000u) && hi == __uint_as_float(0x7f800000u);
-    if (!none && !(lo <= s && s <= hi)) {
+    const float a = fast_score(l), m = score_margin(a, margin_scale), s = exact_score(l);
+    const float lo = a - m, hi = a + m;
+    if (lo <= hi && !(lo <= s && s <= hi)) {  // !(lo <= hi): no bound (NaN, +inf), as in the routes
       ++n;
       last = u;
     }
