@@ -7,8 +7,11 @@
 //  - wave (-1): one row per wave, k rounds of wave maxima over packed (key, id) values (main's);
 //  - wave_lb (-2): the same kernel with more resident blocks asked of the compiler
 //    (__launch_bounds__'s second argument: at most 64 registers a thread);
+//  - filter (-6), filter_redux (-7), filter_table (-8): one row per wave, a cheap bound on every
+//    expert's key, the exact score and an exact ranking for the few candidates only (the same
+//    ids and weights as wave, bit for bit; "The filter routes" below says why and how);
 //  - 64 / 128 / 256: one row per block of that many threads, k block-wide maxima (the oldest).
-// All shuffle-only but the block route; no lane leaves a shuffle early (tests/hip/simt runs every
+// The wave and filter routes exchange through shuffles (and a wave's own shared list); no lane leaves a shuffle early (tests/hip/simt runs every
 // route on warp32 and wave64). Planted fault `router-text-bias-for-images`: image rows are
 // ranked with the text bias, the kind of one-character kernel bug the comparator must catch.
 #include "common.h"
@@ -260,12 +263,13 @@ void launch_wave(int64_t rows, int64_t experts, hipStream_t s, const void* logit
 // v_sqrt about 1 ulp) give |a - s| <= ~1.5e-5 s where s > 0.8, and <= sqrt(5e-7) = 7.1e-4 (the
 // log's absolute error under the root) near s = 0, the accurate functions' few ulps included: m is
 // 60x the first and 5x the second. Flushed denormals (l < -87, s < 1.2e-19) are inside the 2^-8.
-// On keys: lo = (a - m) + b, hi = (a + m) + b and rounding is monotone, so fl(a - m + b) <=
-// fl(s + b) <= fl(a + m + b). A NaN or infinite bound (NaN logit or bias, l = +inf) is no bound,
-// (-inf, +inf): always a candidate. The guide's bounds come from tests, not proofs: the GPU test
-// (tests/hip/test_hip_kernels.py) runs td_moe_route_score_bound over EVERY fp32 bit pattern, so
-// the bound is checked exhaustively on the GPU that runs it; the CPU stand-in's fast functions
-// are worse than the documented worst case, and a margin made too tight
+// On keys: fl(a - m) <= s <= fl(a + m) (m is far above half an ulp of a) and rounding is
+// monotone, so lo = fl(fl(a - m) + b) <= fl(s + b) <= fl(fl(a + m) + b) = hi. A NaN bound (a NaN
+// logit or bias, l = +inf) is no bound: its lo raises no threshold, its hi is always a candidate.
+// The guide's bounds come from tests, not proofs: the GPU test (tests/hip/test_hip_kernels.py)
+// runs td_moe_route_score_bound over EVERY fp32 bit pattern, so the bound is checked
+// exhaustively on the GPU that runs it; the CPU stand-in's fast functions are worse than the
+// documented worst case, and a margin made too tight
 // (-DTD_ROUTER_FILTER_FAULT_NO_MARGIN) fails tests/hip/test_hip_moe_route_simt.py.
 //
 // Expected: ~20 instructions an expert + ~200 a row (threshold, prefix, the candidates' exact
@@ -273,6 +277,9 @@ void launch_wave(int64_t rows, int64_t experts, hipStream_t s, const void* logit
 // ~60-80 us at the wave route's issue efficiency (~3x faster; f32 <= 84 us likely, bf16's 44 us
 // only if the issue efficiency rises too). `filter_redux` takes the threshold's k rounds with
 // one REDUX instruction a round (sm_80+; the same shuffles on AMD) instead of 5 shuffle steps.
+// `filter_table` (REDUX too) bounds by a table of exact scores instead of fast functions (below):
+// ~13 instructions an expert and no MUFU (the fast bound's 3 MUFU an expert alone are ~18 us of
+// an H200's MUFU rate at 65,536 x 384), for a table built once by each persistent block.
 constexpr float kFilterRel = 0x1p-10f;  // the margin's relative part (60x the fast functions')
 constexpr float kFilterAbs = 0x1p-8f;   // and its absolute part (5x the log's error under a root)
 #ifdef TD_ROUTER_FILTER_FAULT_NO_MARGIN
@@ -292,8 +299,8 @@ constexpr int kWavesPerBlock = kWaveBlock / kNarrowestWave;
 // The fast score a (NaN for a NaN logit, +inf for +inf: no bound) and its margin m: exact_score(l)
 // lies in [a - m, a + m] (margin_scale 1: the routes' margin).
 __device__ inline float fast_score(float l) {
-  const float soft = port_fast_log(1.f + port_fast_exp(l));
-  return port_fast_sqrt(l > 20.f ? l : (soft < 0.f ? 0.f : soft));  // keeps a NaN (fmaxf would not)
+  const float soft = fmaxf(port_fast_log(1.f + port_fast_exp(l)), 0.f);
+  return port_fast_sqrt(!(l <= 20.f) ? l : soft);  // a NaN logit takes the root of itself: stays NaN
 }
 __device__ inline float score_margin(float a, float margin_scale) {
   return (a * kFilterRel + kFilterAbs) * margin_scale;
@@ -308,136 +315,191 @@ __device__ inline uint32_t wave_max_u32_shfl(uint32_t v, int ws) {
   return v;
 }
 
-template <int DT, int PT, bool REDUX>
+// filter_table's bound, no transcendental an expert: a table of exact scores every 1/32 of a
+// logit over [-16, 20], built by each (persistent) block in shared memory with exact_score
+// itself. Cell c (c = round(32 l), l clamped to [-16, 20]) holds l in [(2c - 1)/64, (2c + 1)/64],
+// so exact_score at those two points, widened by kTableSlack (2^-16 relative: the exact
+// functions' few ulps of non-monotony), bounds it; the lowest cell's lo is 0 (it also holds
+// every l below -16, and s >= 0). Logits past 20 and NaN take fast_score. A cell is 1/32 wide:
+// ~0.0085 on s where the top keys sit (l ~ 2..6), the fast bound's width.
+constexpr int kTableLo = -16, kTableHi = 20, kTablePerUnit = 32;
+constexpr int kTableCells = (kTableHi - kTableLo) * kTablePerUnit + 1;  // 1,153 cells, 9.2 KB
+constexpr float kTableSlack = 0x1p-16f;
+
+__device__ inline void build_score_table(float2* table) {  // every thread of the block; a barrier after
+  for (int i = threadIdx.x; i <= kTableCells; i += blockDim.x) {
+#ifdef TD_ROUTER_FILTER_FAULT_NO_MARGIN  // planted (CPU tests only): cells of no width, the centre's score
+    if (i < kTableCells) {
+      const float q = exact_score((float)(i + kTableLo * kTablePerUnit) / kTablePerUnit);
+      table[i].x = q;
+      table[i].y = q;
+    }
+#else
+    // point i: the lower edge of cell i and the upper edge of cell i - 1 (exact in fp32)
+    const float q = exact_score((float)(2 * (i + kTableLo * kTablePerUnit) - 1) / (2 * kTablePerUnit));
+    if (i < kTableCells) table[i].x = i == 0 ? 0.f : q * (1.f - kTableSlack);
+    if (i > 0) table[i - 1].y = q * (1.f + kTableSlack) + 0x1p-40f;
+#endif
+  }
+}
+__device__ inline float2 table_bound(const float2* table, float l) {  // l <= 20, not NaN
+  const float lc = fmaxf(l, (float)kTableLo);
+  // round to nearest through the mantissa of 1.5 * 2^23 (exact: |32 lc| <= 640 < 2^22; 32 lc is exact)
+  const int c = (int)(__float_as_uint(lc * (float)kTablePerUnit + 12582912.f) - 0x4B400000u);
+  return table[c - kTableLo * kTablePerUnit];
+}
+
+template <int DT, int PT, bool REDUX, bool TABLE>
 __global__ void __launch_bounds__(256, 4)
 moe_route_filter(const void* __restrict__ logits, const float* __restrict__ bias, const float* __restrict__ bias_vl,
                  const uint8_t* __restrict__ image_rows, float* __restrict__ weights, int64_t* __restrict__ ids,
-                 int64_t rows, int64_t experts, int topk, float route_scale, int fault_text_bias_for_images) {
+                 int64_t rows, int64_t experts, int topk, float route_scale, int fault_text_bias_for_images,
+                 int64_t row_stride) {
   typedef td::Elem<DT> E;
   __shared__ unsigned long long cand_key[kWavesPerBlock][kFilterSlots];
   __shared__ float cand_s[kWavesPerBlock][kFilterSlots];
   __shared__ float top_s[kWavesPerBlock][kMaxTopK];
   __shared__ int top_id[kWavesPerBlock][kMaxTopK];
+  __shared__ float2 table[TABLE ? kTableCells : 1];
+  if (TABLE) {
+    build_score_table(table);
+    __syncthreads();
+  }
   const int ws = warpSize;
   const int lane = threadIdx.x % ws, wave = threadIdx.x / ws;
-  const int64_t row = (int64_t)blockIdx.x * (blockDim.x / ws) + wave;
-  if (row >= rows) return;  // the whole wave leaves together: every shuffle below sees full waves
-  const bool image = image_rows != nullptr && bias_vl != nullptr && image_rows[row] != 0;
-  const float* b = (image && !fault_text_bias_for_images) ? bias_vl : bias;
-  const typename E::raw* lr = static_cast<const typename E::raw*>(logits) + row * experts;
-  const float inf = __uint_as_float(0x7f800000u);
-  const int n_exp = (int)experts;  // <= 1,024: 32-bit offsets
+  // one row a wave (filter, filter_redux: row_stride >= rows), or rows row_stride apart (the
+  // persistent blocks of filter_table); a wave leaves together: every shuffle sees full waves
+  for (int64_t row = (int64_t)blockIdx.x * (blockDim.x / ws) + wave; row < rows; row += row_stride) {
+    port_wave_sync();  // the previous row's shared lists are read by every lane before they are reused
+    const bool image = image_rows != nullptr && bias_vl != nullptr && image_rows[row] != 0;
+    const float* b = (image && !fault_text_bias_for_images) ? bias_vl : bias;
+    const typename E::raw* lr = static_cast<const typename E::raw*>(logits) + row * experts;
+    const float inf = __uint_as_float(0x7f800000u);
+    const int n_exp = (int)experts;  // <= 1,024: 32-bit offsets
 
-  // 1. a bound on every expert's key: hi kept per slot, the lane's largest lo
-  float hi[PT];
-  float lane_lo = -inf;
+    // 1. a bound on every expert's key: hi kept per slot, the lane's largest lo
+    float hi[PT];
+    float lane_lo = -inf;
 #pragma unroll
-  for (int p = 0; p < PT; ++p) {
-    const int e = lane + p * ws;
-    hi[p] = -inf;
-    if (e < n_exp) {  // consecutive lanes read consecutive experts: coalesced
-      const float a = fast_score(E::get(lr[e]));
-      const float m = score_margin(a, kFilterMarginScale), be = b[e];
-      float lo = (a - m) + be;
-      hi[p] = (a + m) + be;
-      if (!(lo <= hi[p])) {  // a NaN (logit or bias) or +inf logit or infinite bias: no bound
-        lo = -inf;
-        hi[p] = inf;
+    for (int p = 0; p < PT; ++p) {
+      const int e = lane + p * ws;
+      hi[p] = -inf;
+      if (e < n_exp) {  // consecutive lanes read consecutive experts: coalesced
+        const float l = E::get(lr[e]), be = b[e];
+        float s_lo, s_hi;
+        if (TABLE && l <= 20.f) {
+          const float2 q = table_bound(table, l);
+          s_lo = q.x;
+          s_hi = q.y;
+        } else {
+          const float a = fast_score(l), m = score_margin(a, kFilterMarginScale);
+          s_lo = a - m;
+          s_hi = a + m;
+        }
+        // a NaN bound (a NaN logit or bias, l = +inf, an infinite bias against an infinite a) is no
+        // bound: fmaxf passes over a NaN lo, and a NaN hi is a candidate (step 3 asks !(hi < T))
+        hi[p] = s_hi + be;
+        lane_lo = fmaxf(lane_lo, s_lo + be);
       }
-      lane_lo = fmaxf(lane_lo, lo);
     }
-  }
 
-  // 2. T <= the k-th largest lo (lane_lo is never NaN: 0 is below every ordered value it has)
-  uint32_t v = ordered(lane_lo), t = 0;
-  for (int r = 0; r < topk; ++r) {  // uniform over the wave
-    t = REDUX ? port_wave_max_u32(v, ws) : wave_max_u32_shfl(v, ws);
-    if (v == t) v = 0;
-  }
-  const float thr = t == 0 ? -inf : from_ordered(t);
+    // 2. T <= the k-th largest lo (lane_lo is never NaN: 0 is below every ordered value it has)
+    uint32_t v = ordered(lane_lo), t = 0;
+    for (int r = 0; r < topk; ++r) {  // uniform over the wave
+      t = REDUX ? port_wave_max_u32(v, ws) : wave_max_u32_shfl(v, ws);
+      if (v == t) v = 0;
+    }
+    const float thr = t == 0 ? -inf : from_ordered(t);
 
-  // 3. the candidates and their places in the wave's list
-  uint32_t mask = 0;
+    // 3. the candidates and their places in the wave's list
+    uint32_t mask = 0;
 #pragma unroll
-  for (int p = 0; p < PT; ++p)
-    if (lane + p * ws < n_exp && hi[p] >= thr) mask |= 1u << p;
-  const int mine = __popc(mask);
-  int upto = mine;  // inclusive prefix count over the lanes
-  for (int o = 1; o < ws; o <<= 1) {
-    const int below = port_shfl(upto, lane >= o ? lane - o : lane, ws);
-    if (lane >= o) upto += below;
-  }
-  const int total = port_shfl(upto, ws - 1, ws);
+    for (int p = 0; p < PT; ++p)
+      if (lane + p * ws < n_exp && !(hi[p] < thr)) mask |= 1u << p;
+    const int mine = __popc(mask);
+    int upto = mine;  // inclusive prefix count over the lanes
+    for (int o = 1; o < ws; o <<= 1) {
+      const int below = port_shfl(upto, lane >= o ? lane - o : lane, ws);
+      if (lane >= o) upto += below;
+    }
+    const int total = port_shfl(upto, ws - 1, ws);
 #ifdef TD_ROUTER_FILTER_PROBE
-  if (lane == 0) TD_ROUTER_FILTER_PROBE(total);  // the CPU tests' count of candidates a row
+    if (lane == 0) TD_ROUTER_FILTER_PROBE(total);  // the CPU tests' count of candidates a row
 #endif
-  unsigned long long* keys = cand_key[wave];
-  float* ks = cand_s[wave];
-  float* ts = top_s[wave];
-  int* ti = top_id[wave];
+    unsigned long long* keys = cand_key[wave];
+    float* ks = cand_s[wave];
+    float* ts = top_s[wave];
+    int* ti = top_id[wave];
 
-  if (total <= kFilterCap) {  // uniform
-    int at = upto - mine;
-    for (uint32_t mm = mask; mm != 0; mm &= mm - 1) {  // divergent, no shuffle inside
-      const int e = lane + (__ffs((int)mm) - 1) * ws;
-      const float s = exact_score(E::get(lr[e]));
-      keys[at] = pack(s + b[e], e);
-      ks[at] = s;
-      ++at;
-    }
-    port_wave_sync();
-    // 4. ranks: how many candidates are larger
-    for (int i = lane; i < total; i += ws) {
-      const unsigned long long ki = keys[i];
-      int rank = 0;
-      for (int j = 0; j < total; ++j) rank += keys[j] > ki ? 1 : 0;
-      if (rank < topk) {
-        ts[rank] = ks[i];
-        ti[rank] = unpack_id(ki);
-      }
-    }
-  } else {  // mass ties: k rounds of wave maxima over the candidates
-    unsigned long long prev = ~0ull;
-    for (int r = 0; r < topk; ++r) {
-      unsigned long long best = 0;
-      float best_s = 0.f;
-      for (uint32_t mm = mask; mm != 0; mm &= mm - 1) {
+    if (total <= kFilterCap) {  // uniform
+      int at = upto - mine;
+      for (uint32_t mm = mask; mm != 0; mm &= mm - 1) {  // divergent, no shuffle inside
         const int e = lane + (__ffs((int)mm) - 1) * ws;
         const float s = exact_score(E::get(lr[e]));
-        const unsigned long long kv = pack(s + b[e], e);
-        if (kv < prev && kv > best) {
-          best = kv;
-          best_s = s;
+        keys[at] = pack(s + b[e], e);
+        ks[at] = s;
+        ++at;
+      }
+      port_wave_sync();
+      // 4. ranks: how many candidates are larger
+      for (int i = lane; i < total; i += ws) {
+        const unsigned long long ki = keys[i];
+        int rank = 0;
+        for (int j = 0; j < total; ++j) rank += keys[j] > ki ? 1 : 0;
+        if (rank < topk) {
+          ts[rank] = ks[i];
+          ti[rank] = unpack_id(ki);
         }
       }
-      best = wave_max_u64(best, ws);
-      const int id = unpack_id(best);
-      const float won = port_shfl(best_s, id % ws, ws);  // the owner's unbiased score
-      if (lane == 0) {
-        ts[r] = won;
-        ti[r] = id;
+    } else {  // mass ties: k rounds of wave maxima over the candidates
+      unsigned long long prev = ~0ull;
+      for (int r = 0; r < topk; ++r) {
+        unsigned long long best = 0;
+        float best_s = 0.f;
+        for (uint32_t mm = mask; mm != 0; mm &= mm - 1) {
+          const int e = lane + (__ffs((int)mm) - 1) * ws;
+          const float s = exact_score(E::get(lr[e]));
+          const unsigned long long kv = pack(s + b[e], e);
+          if (kv < prev && kv > best) {
+            best = kv;
+            best_s = s;
+          }
+        }
+        best = wave_max_u64(best, ws);
+        const int id = unpack_id(best);
+        const float won = port_shfl(best_s, id % ws, ws);  // the owner's unbiased score
+        if (lane == 0) {
+          ts[r] = won;
+          ti[r] = id;
+        }
+        prev = best;
       }
-      prev = best;
     }
-  }
-  port_wave_sync();
-  if (lane < topk) {
-    float sum = 0.f;
-    for (int r = 0; r < topk; ++r) sum += ts[r];  // in rank order, as the other routes
-    weights[row * topk + lane] = ts[lane] / (sum + 1e-20f) * route_scale;
-    ids[row * topk + lane] = ti[lane];
+    port_wave_sync();
+    if (lane < topk) {
+      float sum = 0.f;
+      for (int r = 0; r < topk; ++r) sum += ts[r];  // in rank order, as the other routes
+      weights[row * topk + lane] = ts[lane] / (sum + 1e-20f) * route_scale;
+      ids[row * topk + lane] = ti[lane];
+    }
   }
 }
 
-template <int DT, bool REDUX>
+template <int DT, bool REDUX, bool TABLE>
 void launch_filter(int64_t rows, int64_t experts, hipStream_t s, const void* logits, const float* bias,
                    const float* bias_vl, const uint8_t* image_rows, float* weights, int64_t* ids, int topk,
                    float route_scale, int fault) {
   const int per_block = kWaveBlock / port_device_warp_size();
-  const dim3 grid((unsigned int)((rows + per_block - 1) / per_block)), block(kWaveBlock);
+  int64_t blocks = (rows + per_block - 1) / per_block;
+  // filter_table: persistent blocks (4 a multiprocessor, the launch bound), each building its
+  // table once for many rows; the others one row a wave
+  if (TABLE && blocks > 4 * (int64_t)port_device_sm_count()) blocks = 4 * (int64_t)port_device_sm_count();
+  const dim3 grid((unsigned int)blocks), block(kWaveBlock);
+  const int64_t row_stride = TABLE ? blocks * per_block : rows;
   const int64_t pt = (experts + kNarrowestWave - 1) / kNarrowestWave;
-#define TD_FILTER(PT) hipLaunchKernelGGL(HIP_KERNEL_NAME(moe_route_filter<DT, PT, REDUX>), grid, block, 0, s, logits, \
-                                         bias, bias_vl, image_rows, weights, ids, rows, experts, topk, route_scale, fault)
+#define TD_FILTER(PT) hipLaunchKernelGGL(HIP_KERNEL_NAME(moe_route_filter<DT, PT, REDUX, TABLE>), grid, block, 0, s, \
+                                         logits, bias, bias_vl, image_rows, weights, ids, rows, experts, topk, \
+                                         route_scale, fault, row_stride)
   if (pt <= 2) TD_FILTER(2);
   else if (pt <= 4) TD_FILTER(4);
   else if (pt <= 8) TD_FILTER(8);
@@ -451,15 +513,23 @@ void launch_filter(int64_t rows, int64_t experts, hipStream_t s, const void* log
 // whose exact_score falls outside [a - m, a + m] (fast_score, score_margin; a NaN or infinite logit has no
 // bound, so it passes), example[i] its last one. `threads` threads in blocks of 256.
 __global__ void __launch_bounds__(256)
-moe_route_score_bound(uint64_t start, uint64_t count, float margin_scale, uint64_t threads, uint32_t* bad,
-                      uint32_t* example) {
+moe_route_score_bound(uint64_t start, uint64_t count, float margin_scale, int use_table, uint64_t threads,
+                      uint32_t* bad, uint32_t* example) {
+  __shared__ float2 table[kTableCells];
+  build_score_table(table);
+  __syncthreads();
   const uint64_t tid = (uint64_t)blockIdx.x * blockDim.x + threadIdx.x;
   uint32_t n = 0, last = 0;
   for (uint64_t i = tid; i < count; i += threads) {
     const uint32_t u = (uint32_t)(start + i);
     const float l = __uint_as_float(u);
     const float a = fast_score(l), m = score_margin(a, margin_scale), s = exact_score(l);
-    const float lo = a - m, hi = a + m;
+    float lo = a - m, hi = a + m;
+    if (use_table && l <= 20.f) {  // filter_table's bound (margin_scale does not apply)
+      const float2 q = table_bound(table, l);
+      lo = q.x;
+      hi = q.y;
+    }
     if (lo <= hi && !(lo <= s && s <= hi)) {  // !(lo <= hi): no bound (NaN, +inf), as in the routes
       ++n;
       last = u;
@@ -495,6 +565,7 @@ constexpr int kRouteWave = -1;       // one row per wave, k rounds of wave maxim
 constexpr int kRouteWaveLb = -2;     // the same, 4 blocks of 256 resident asked (<= 64 registers a thread)
 constexpr int kRouteFilter = -6;     // a fast bound on every expert, the exact score for candidates only
 constexpr int kRouteFilterRedux = -7;  // the same, the threshold's wave maxima one REDUX each (sm_80+)
+constexpr int kRouteFilterTable = -8;  // filter_redux bounding by a table of exact scores (no MUFU an expert)
 // THE DEFAULT ROUTE (threads_per_row 0): the fastest measured on the H200. Round 4's run (every
 // route, one process) at 65,536 rows x 384: wave_lb 229.2 us f32 / 229.1 bf16, wave 269.0 / 268.1;
 // at 1,024 rows (launch bound) wave 14.0, wave_lb 14.2: the launch bound caps the wave route's
@@ -517,8 +588,9 @@ int launch(const void* logits, const float* bias, const float* bias_vl, const ui
     switch (tpr) {
       case kRouteWave: launch_wave<DT, 1>(TD_ARGS); break;
       case kRouteWaveLb: launch_wave<DT, 4>(TD_ARGS); break;
-      case kRouteFilter: launch_filter<DT, false>(TD_ARGS); break;
-      case kRouteFilterRedux: launch_filter<DT, true>(TD_ARGS); break;
+      case kRouteFilter: launch_filter<DT, false, false>(TD_ARGS); break;
+      case kRouteFilterRedux: launch_filter<DT, true, false>(TD_ARGS); break;
+      case kRouteFilterTable: launch_filter<DT, true, true>(TD_ARGS); break;
       default: return TD_BAD_SHAPE;
     }
 #undef TD_ARGS
@@ -552,10 +624,11 @@ extern "C" int td_moe_route(const void* logits, const float* bias, const float* 
   }
 }
 
-extern "C" int td_moe_route_score_bound(uint64_t start, uint64_t count, float margin_scale, uint32_t* bad,
-                                        uint32_t* example, int64_t threads, void* stream) {
+extern "C" int td_moe_route_score_bound(uint64_t start, uint64_t count, float margin_scale, int use_table,
+                                        uint32_t* bad, uint32_t* example, int64_t threads, void* stream) {
   if (threads <= 0 || threads % 256 != 0 || threads > (int64_t)256 << 20) return TD_BAD_SHAPE;
   hipLaunchKernelGGL(moe_route_score_bound, dim3((unsigned int)(threads / 256)), dim3(256), 0,
-                     static_cast<hipStream_t>(stream), start, count, margin_scale, (uint64_t)threads, bad, example);
+                     static_cast<hipStream_t>(stream), start, count, margin_scale, use_table, (uint64_t)threads, bad,
+                     example);
   return td::launch_status();
 }

@@ -58,6 +58,7 @@
   #define hipGetDevice         cudaGetDevice
   #define hipDeviceGetAttribute cudaDeviceGetAttribute
   #define hipDeviceAttributeWarpSize cudaDevAttrWarpSize
+  #define hipDeviceAttributeMultiprocessorCount cudaDevAttrMultiProcessorCount
   #define HIP_KERNEL_NAME(...) __VA_ARGS__
   #define hipLaunchKernelGGL(k, grid, block, shmem, stream, ...) \
     do { k<<<(grid), (block), (shmem), (stream)>>>(__VA_ARGS__); } while (0)
@@ -120,6 +121,18 @@ inline int port_device_warp_size() {
   if (known[dev] == 0) {
     int ws = 0;
     known[dev] = (hipDeviceGetAttribute(&ws, hipDeviceAttributeWarpSize, dev) == hipSuccess && ws > 0) ? ws : 64;
+  }
+  return known[dev];
+}
+
+// The current device's multiprocessor count, asked once per device (1 when it cannot be asked).
+inline int port_device_sm_count() {
+  static int known[64] = {0};
+  int dev = 0;
+  if (hipGetDevice(&dev) != hipSuccess || dev < 0 || dev >= 64) return 1;
+  if (known[dev] == 0) {
+    int n = 0;
+    known[dev] = (hipDeviceGetAttribute(&n, hipDeviceAttributeMultiprocessorCount, dev) == hipSuccess && n > 0) ? n : 1;
   }
   return known[dev];
 }
