@@ -272,14 +272,17 @@ void launch_wave(int64_t rows, int64_t experts, hipStream_t s, const void* logit
 // documented worst case, and a margin made too tight
 // (-DTD_ROUTER_FILTER_FAULT_NO_MARGIN) fails tests/hip/test_hip_moe_route_simt.py.
 //
-// Expected: ~20 instructions an expert + ~200 a row (threshold, prefix, the candidates' exact
-// scores, ranks): ~570 warp instructions a row against ~1,800, ~36 us at a perfect issue rate,
-// ~60-80 us at the wave route's issue efficiency (~3x faster; f32 <= 84 us likely, bf16's 44 us
-// only if the issue efficiency rises too). `filter_redux` takes the threshold's k rounds with
-// one REDUX instruction a round (sm_80+; the same shuffles on AMD) instead of 5 shuffle steps.
-// `filter_table` (REDUX too) bounds by a table of exact scores instead of fast functions (below):
-// ~13 instructions an expert and no MUFU (the fast bound's 3 MUFU an expert alone are ~18 us of
-// an H200's MUFU rate at 65,536 x 384), for a table built once by each persistent block.
+// Expected (warp32, 384 experts, top-6; per row, counted from the source and its PTX): the fast
+// bound ~22 instructions an expert (264); the rest ~300 with the threshold's 6 rounds of 5 shuffle
+// steps (filter), ~230 with one REDUX a round (filter_redux): the prefix count (~23), the
+// candidates' exact scores (1-2 rounds of ~60 per lane, the busiest lane's), ranks (~40), the
+// weights (~30). filter ~570, filter_redux ~500, filter_table ~390 (~13 an expert, no MUFU: the
+// fast bound's 3 MUFU an expert alone take ~18 us of an H200's MUFU rate at 65,536 rows) against
+// the wave route's ~1,800. At a perfect issue rate (528 schedulers x 1.98 GHz) 65,536 rows take
+// 36 / 31 / 24 us; at the wave route's issue efficiency (~50%) ~70 / 60 / 48 us: 3-5x wave_lb,
+// f32's 84 us target likely met, bf16's 44 us (the same instructions, half the bytes) only by
+// filter_table and only if the efficiency holds. filter_table's table is built once by each of
+// its persistent blocks (4 a multiprocessor): ~5 exact scores a thread, a barrier.
 constexpr float kFilterRel = 0x1p-10f;  // the margin's relative part (60x the fast functions')
 constexpr float kFilterAbs = 0x1p-8f;   // and its absolute part (5x the log's error under a root)
 #ifdef TD_ROUTER_FILTER_FAULT_NO_MARGIN
