@@ -425,6 +425,8 @@ moe_route_filter(const void* __restrict__ logits, const float* __restrict__ bias
       const int below = port_shfl(upto, lane >= o ? lane - o : lane, ws);
       if (lane >= o) upto += below;
     }
+    // total >= k whatever the bound's accuracy: the k lanes behind T each hold an expert with
+    // lo >= T, and hi >= lo by construction (a + m >= a - m; a table cell's top >= its bottom)
     const int total = port_shfl(upto, ws - 1, ws);
 #ifdef TD_ROUTER_FILTER_PROBE
     if (lane == 0) TD_ROUTER_FILTER_PROBE(total);  // the CPU tests' count of candidates a row
