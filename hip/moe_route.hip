@@ -318,12 +318,12 @@ __device__ inline uint32_t wave_max_u32_shfl(uint32_t v, int ws) {
   return v;
 }
 
-// filter_table's bound, no transcendental an expert: a table of exact scores every 1/32 of a
+// filter_table's bound, no transcendental an expert: a table of exact scores every 32nd of a
 // logit over [-16, 20], built by each (persistent) block in shared memory with exact_score
 // itself. Cell c (c = round(32 l), l clamped to [-16, 20]) holds l in [(2c - 1)/64, (2c + 1)/64],
 // so exact_score at those two points, widened by kTableSlack (2^-16 relative: the exact
 // functions' few ulps of non-monotony), bounds it; the lowest cell's lo is 0 (it also holds
-// every l below -16, and s >= 0). Logits past 20 and NaN take fast_score. A cell is 1/32 wide:
+// every l below -16, and s >= 0). Logits past 20 and NaN take fast_score. A cell is a 32nd wide:
 // ~0.0085 on s where the top keys sit (l ~ 2..6), the fast bound's width.
 constexpr int kTableLo = -16, kTableHi = 20, kTablePerUnit = 32;
 constexpr int kTableCells = (kTableHi - kTableLo) * kTablePerUnit + 1;  // 1,153 cells, 9.2 KB
@@ -380,15 +380,23 @@ moe_route_filter(const void* __restrict__ logits, const float* __restrict__ bias
     const float inf = __uint_as_float(0x7f800000u);
     const int n_exp = (int)experts;  // <= 1,024: 32-bit offsets
 
-    // 1. a bound on every expert's key: hi kept per slot, the lane's largest lo
+    // 1. a bound on every expert's key: hi kept per slot, the lane's largest lo. Every slot's
+    // logit is loaded first, unconditionally (a slot past the row reads the row's last expert
+    // and is ignored), so the PT loads from memory are in flight together, not one a branch
+    float lv[PT];
+#pragma unroll
+    for (int p = 0; p < PT; ++p) {  // consecutive lanes read consecutive experts: coalesced
+      const int e = lane + p * ws;
+      lv[p] = E::get(lr[e < n_exp ? e : n_exp - 1]);
+    }
     float hi[PT];
     float lane_lo = -inf;
 #pragma unroll
     for (int p = 0; p < PT; ++p) {
       const int e = lane + p * ws;
       hi[p] = -inf;
-      if (e < n_exp) {  // consecutive lanes read consecutive experts: coalesced
-        const float l = E::get(lr[e]), be = b[e];
+      if (e < n_exp) {
+        const float l = lv[p], be = b[e];
         float s_lo, s_hi;
         if (TABLE && l <= 20.f) {
           const float2 q = table_bound(table, l);
