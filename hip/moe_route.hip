@@ -352,27 +352,38 @@ __device__ inline float2 table_bound(const float2* table, float l) {  // l <= 20
   return table[c - kTableLo * kTablePerUnit];
 }
 
-template <int DT, int PT, bool REDUX, bool TABLE>
+// G = 0: a row a wave; G = 16: a row a group of 16 lanes (2 rows a warp32, 4 a wave64), so every
+// per-row step (the threshold's rounds, the prefix count, the exact scores, the ranks) serves
+// several rows with one instruction: filter_table_g16.
+template <int DT, int PT, bool REDUX, bool TABLE, int G>
 __global__ void __launch_bounds__(256, 4)
 moe_route_filter(const void* __restrict__ logits, const float* __restrict__ bias, const float* __restrict__ bias_vl,
                  const uint8_t* __restrict__ image_rows, float* __restrict__ weights, int64_t* __restrict__ ids,
                  int64_t rows, int64_t experts, int topk, float route_scale, int fault_text_bias_for_images,
                  int64_t row_stride) {
   typedef td::Elem<DT> E;
-  __shared__ unsigned long long cand_key[kWavesPerBlock][kFilterSlots];
-  __shared__ float cand_s[kWavesPerBlock][kFilterSlots];
-  __shared__ float top_s[kWavesPerBlock][kMaxTopK];
-  __shared__ int top_id[kWavesPerBlock][kMaxTopK];
+  static_assert(G == 0 || (G >= 8 && kNarrowestWave % (G ? G : 1) == 0), "a group divides every wave");
+  constexpr int kGroups = G ? kWaveBlock / G : kWavesPerBlock;  // rows a block holds at most
+  __shared__ unsigned long long cand_key[kGroups][kFilterSlots];
+  __shared__ float cand_s[kGroups][kFilterSlots];
+  __shared__ float top_s[kGroups][kMaxTopK];
+  __shared__ int top_id[kGroups][kMaxTopK];
   __shared__ float2 table[TABLE ? kTableCells : 1];
   if (TABLE) {
     build_score_table(table);
     __syncthreads();
   }
-  const int ws = warpSize;
-  const int lane = threadIdx.x % ws, wave = threadIdx.x / ws;
-  // one row a wave (filter, filter_redux: row_stride >= rows), or rows row_stride apart (the
-  // persistent blocks of filter_table); a wave leaves together: every shuffle sees full waves
-  for (int64_t row = (int64_t)blockIdx.x * (blockDim.x / ws) + wave; row < rows; row += row_stride) {
+  const int ws = warpSize, gw = G ? G : ws;  // the wave, and the lanes of one row
+  const int lane = threadIdx.x % gw, group = threadIdx.x / gw;
+  // the wave's first row and this group's place after it: one row a group (filter, filter_redux:
+  // row_stride >= rows), or rows row_stride apart (the persistent blocks of the table routes). A
+  // wave runs every iteration whole (a group past the last row computes the last row again and
+  // writes nothing): every shuffle and wave barrier below sees the full wave
+  const int64_t first = (int64_t)blockIdx.x * (blockDim.x / gw) + (threadIdx.x / ws) * (ws / gw);
+  for (int64_t wave_row = first; wave_row < rows; wave_row += row_stride) {
+    const int64_t mine_row = wave_row + (threadIdx.x % ws) / gw;
+    const bool live = mine_row < rows;
+    const int64_t row = live ? mine_row : rows - 1;
     port_wave_sync();  // the previous row's shared lists are read by every lane before they are reused
     const bool image = image_rows != nullptr && bias_vl != nullptr && image_rows[row] != 0;
     const float* b = (image && !fault_text_bias_for_images) ? bias_vl : bias;
@@ -386,14 +397,14 @@ moe_route_filter(const void* __restrict__ logits, const float* __restrict__ bias
     float lv[PT];
 #pragma unroll
     for (int p = 0; p < PT; ++p) {  // consecutive lanes read consecutive experts: coalesced
-      const int e = lane + p * ws;
+      const int e = lane + p * gw;
       lv[p] = E::get(lr[e < n_exp ? e : n_exp - 1]);
     }
     float hi[PT];
     float lane_lo = -inf;
 #pragma unroll
     for (int p = 0; p < PT; ++p) {
-      const int e = lane + p * ws;
+      const int e = lane + p * gw;
       hi[p] = -inf;
       if (e < n_exp) {
         const float l = lv[p], be = b[e];
@@ -417,7 +428,7 @@ moe_route_filter(const void* __restrict__ logits, const float* __restrict__ bias
     // 2. T <= the k-th largest lo (lane_lo is never NaN: 0 is below every ordered value it has)
     uint32_t v = ordered(lane_lo), t = 0;
     for (int r = 0; r < topk; ++r) {  // uniform over the wave
-      t = REDUX ? port_wave_max_u32(v, ws) : wave_max_u32_shfl(v, ws);
+      t = (REDUX && G == 0) ? port_wave_max_u32(v, ws) : wave_max_u32_shfl(v, gw);
       if (v == t) v = 0;
     }
     const float thr = t == 0 ? -inf : from_ordered(t);
@@ -426,28 +437,30 @@ moe_route_filter(const void* __restrict__ logits, const float* __restrict__ bias
     uint32_t mask = 0;
 #pragma unroll
     for (int p = 0; p < PT; ++p)
-      if (lane + p * ws < n_exp && !(hi[p] < thr)) mask |= 1u << p;
+      if (lane + p * gw < n_exp && !(hi[p] < thr)) mask |= 1u << p;
     const int mine = __popc(mask);
-    int upto = mine;  // inclusive prefix count over the lanes
-    for (int o = 1; o < ws; o <<= 1) {
-      const int below = port_shfl(upto, lane >= o ? lane - o : lane, ws);
+    int upto = mine;  // inclusive prefix count over the row's lanes
+    for (int o = 1; o < gw; o <<= 1) {
+      const int below = port_shfl(upto, lane >= o ? lane - o : lane, gw);
       if (lane >= o) upto += below;
     }
     // total >= k whatever the bound's accuracy: the k lanes behind T each hold an expert with
     // lo >= T, and hi >= lo by construction (a + m >= a - m; a table cell's top >= its bottom)
-    const int total = port_shfl(upto, ws - 1, ws);
+    const int total = port_shfl(upto, gw - 1, gw);
 #ifdef TD_ROUTER_FILTER_PROBE
-    if (lane == 0) TD_ROUTER_FILTER_PROBE(total);  // the CPU tests' count of candidates a row
+    if (lane == 0 && live) TD_ROUTER_FILTER_PROBE(total);  // the CPU tests' count of candidates a row
 #endif
-    unsigned long long* keys = cand_key[wave];
-    float* ks = cand_s[wave];
-    float* ts = top_s[wave];
-    int* ti = top_id[wave];
+    unsigned long long* keys = cand_key[group];
+    float* ks = cand_s[group];
+    float* ts = top_s[group];
+    int* ti = top_id[group];
 
-    if (total <= kFilterCap) {  // uniform
+    // uniform over the wave (its barriers and shuffles): a row of too many candidates sends every
+    // row of its wave to the slow path
+    if (port_ballot(total > kFilterCap) == 0) {
       int at = upto - mine;
       for (uint32_t mm = mask; mm != 0; mm &= mm - 1) {  // divergent, no shuffle inside
-        const int e = lane + (__ffs((int)mm) - 1) * ws;
+        const int e = lane + (__ffs((int)mm) - 1) * gw;
         const float s = exact_score(E::get(lr[e]));
         keys[at] = pack(s + b[e], e);
         ks[at] = s;
@@ -455,7 +468,7 @@ moe_route_filter(const void* __restrict__ logits, const float* __restrict__ bias
       }
       port_wave_sync();
       // 4. ranks: how many candidates are larger
-      for (int i = lane; i < total; i += ws) {
+      for (int i = lane; i < total; i += gw) {
         const unsigned long long ki = keys[i];
         int rank = 0;
         for (int j = 0; j < total; ++j) rank += keys[j] > ki ? 1 : 0;
@@ -470,7 +483,7 @@ moe_route_filter(const void* __restrict__ logits, const float* __restrict__ bias
         unsigned long long best = 0;
         float best_s = 0.f;
         for (uint32_t mm = mask; mm != 0; mm &= mm - 1) {
-          const int e = lane + (__ffs((int)mm) - 1) * ws;
+          const int e = lane + (__ffs((int)mm) - 1) * gw;
           const float s = exact_score(E::get(lr[e]));
           const unsigned long long kv = pack(s + b[e], e);
           if (kv < prev && kv > best) {
@@ -478,9 +491,9 @@ moe_route_filter(const void* __restrict__ logits, const float* __restrict__ bias
             best_s = s;
           }
         }
-        best = wave_max_u64(best, ws);
+        best = wave_max_u64(best, gw);
         const int id = unpack_id(best);
-        const float won = port_shfl(best_s, id % ws, ws);  // the owner's unbiased score
+        const float won = port_shfl(best_s, id % gw, gw);  // the owner's unbiased score
         if (lane == 0) {
           ts[r] = won;
           ti[r] = id;
@@ -489,7 +502,7 @@ moe_route_filter(const void* __restrict__ logits, const float* __restrict__ bias
       }
     }
     port_wave_sync();
-    if (lane < topk) {
+    if (live && lane < topk) {
       float sum = 0.f;
       for (int r = 0; r < topk; ++r) sum += ts[r];  // in rank order, as the other routes
       weights[row * topk + lane] = ts[lane] / (sum + 1e-20f) * route_scale;
@@ -498,26 +511,32 @@ moe_route_filter(const void* __restrict__ logits, const float* __restrict__ bias
   }
 }
 
-template <int DT, bool REDUX, bool TABLE>
+template <int DT, bool REDUX, bool TABLE, int G>
 void launch_filter(int64_t rows, int64_t experts, hipStream_t s, const void* logits, const float* bias,
                    const float* bias_vl, const uint8_t* image_rows, float* weights, int64_t* ids, int topk,
                    float route_scale, int fault) {
-  const int per_block = kWaveBlock / port_device_warp_size();
+  if (G != 0 && experts > 32 * (G ? G : 1)) {  // over 32 slots a lane: a row a wave instead
+    launch_filter<DT, true, TABLE, 0>(rows, experts, s, logits, bias, bias_vl, image_rows, weights, ids, topk,
+                                      route_scale, fault);  // (REDUX: filter_table's own kernels)
+    return;
+  }
+  const int per_block = kWaveBlock / (G ? G : port_device_warp_size());
   int64_t blocks = (rows + per_block - 1) / per_block;
   // filter_table: persistent blocks (4 a multiprocessor, the launch bound), each building its
   // table once for many rows; the others one row a wave
   if (TABLE && blocks > 4 * (int64_t)port_device_sm_count()) blocks = 4 * (int64_t)port_device_sm_count();
   const dim3 grid((unsigned int)blocks), block(kWaveBlock);
   const int64_t row_stride = TABLE ? blocks * per_block : rows;
-  const int64_t pt = (experts + kNarrowestWave - 1) / kNarrowestWave;
-#define TD_FILTER(PT) hipLaunchKernelGGL(HIP_KERNEL_NAME(moe_route_filter<DT, PT, REDUX, TABLE>), grid, block, 0, s, \
-                                         logits, bias, bias_vl, image_rows, weights, ids, rows, experts, topk, \
+  const int64_t pt = (experts + (G ? G : kNarrowestWave) - 1) / (G ? G : kNarrowestWave);  // slots a lane
+#define TD_FILTER(PT) hipLaunchKernelGGL(HIP_KERNEL_NAME(moe_route_filter<DT, PT, REDUX, TABLE, G>), grid, block, 0, \
+                                         s, logits, bias, bias_vl, image_rows, weights, ids, rows, experts, topk, \
                                          route_scale, fault, row_stride)
   if (pt <= 2) TD_FILTER(2);
   else if (pt <= 4) TD_FILTER(4);
   else if (pt <= 8) TD_FILTER(8);
   else if (pt <= 12) TD_FILTER(12);
   else if (pt <= 16) TD_FILTER(16);
+  else if (G != 0 && pt <= 24) TD_FILTER((G ? 24 : 32));  // 384 experts on 16 lanes (no 24 for a wave)
   else TD_FILTER(32);
 #undef TD_FILTER
 }
@@ -579,6 +598,7 @@ constexpr int kRouteWaveLb = -2;     // the same, 4 blocks of 256 resident asked
 constexpr int kRouteFilter = -6;     // a fast bound on every expert, the exact score for candidates only
 constexpr int kRouteFilterRedux = -7;  // the same, the threshold's wave maxima one REDUX each (sm_80+)
 constexpr int kRouteFilterTable = -8;  // filter_redux bounding by a table of exact scores (no MUFU an expert)
+constexpr int kRouteFilterTableG16 = -9;  // filter_table's bound, a row a group of 16 lanes (2 or 4 rows a wave)
 // THE DEFAULT ROUTE (threads_per_row 0): the fastest measured on the H200. Round 4's run (every
 // route, one process) at 65,536 rows x 384: wave_lb 229.2 us f32 / 229.1 bf16, wave 269.0 / 268.1;
 // at 1,024 rows (launch bound) wave 14.0, wave_lb 14.2: the launch bound caps the wave route's
@@ -601,9 +621,10 @@ int launch(const void* logits, const float* bias, const float* bias_vl, const ui
     switch (tpr) {
       case kRouteWave: launch_wave<DT, 1>(TD_ARGS); break;
       case kRouteWaveLb: launch_wave<DT, 4>(TD_ARGS); break;
-      case kRouteFilter: launch_filter<DT, false, false>(TD_ARGS); break;
-      case kRouteFilterRedux: launch_filter<DT, true, false>(TD_ARGS); break;
-      case kRouteFilterTable: launch_filter<DT, true, true>(TD_ARGS); break;
+      case kRouteFilter: launch_filter<DT, false, false, 0>(TD_ARGS); break;
+      case kRouteFilterRedux: launch_filter<DT, true, false, 0>(TD_ARGS); break;
+      case kRouteFilterTable: launch_filter<DT, true, true, 0>(TD_ARGS); break;
+      case kRouteFilterTableG16: launch_filter<DT, false, true, 16>(TD_ARGS); break;
       default: return TD_BAD_SHAPE;
     }
 #undef TD_ARGS

@@ -132,7 +132,8 @@ CASES = [(1, 8, 1), (5, 64, 2), (9, 100, 6), (19, 384, 6), (11, 384, 8), (6, 100
 
 
 # the named routes' codes (threads_per_row < 0, hip/moe_route.hip kRoute*; 0 is the default among them)
-ROUTES = {"default": 0, "wave": -1, "wave_lb": -2, "filter": -6, "filter_redux": -7, "filter_table": -8}
+ROUTES = {"default": 0, "wave": -1, "wave_lb": -2, "filter": -6, "filter_redux": -7, "filter_table": -8,
+          "filter_table_g16": -9}
 
 
 @pytest.mark.parametrize("route_name", list(ROUTES))
@@ -154,7 +155,7 @@ def test_every_route_without_image_rows(lib, ws, mode, route_name):
     same(route(lib, *args, ws=ws, threads=ROUTES[route_name]), REF.moe_route(*args))
 
 
-@pytest.mark.parametrize("code", [-9, 32, *(c for _, c in removed_router_routes())])
+@pytest.mark.parametrize("code", [-99, 32, *(c for _, c in removed_router_routes())])
 def test_an_unknown_or_removed_route_code_is_refused(lib, code):
     logits, bias, bias_vl, image = inputs(3, 64, torch.float32)
     with pytest.raises(AssertionError, match=r"\[-2\]"):  # TD_BAD_SHAPE, nothing launched
@@ -227,7 +228,7 @@ def test_the_block_route_under_the_same_stand_in(lib, threads):
 # candidates only): the same ids AND weights, bit for bit, as the wave route that ranks every
 # expert exactly; the stand-in's fast functions are worse than the GPUs' (simt/portable.h) ----
 
-FILTERS = ["filter", "filter_redux", "filter_table"]
+FILTERS = ["filter", "filter_redux", "filter_table", "filter_table_g16"]
 
 
 def near_ties(rows: int, experts: int, group: int, seed: int):
@@ -414,3 +415,19 @@ def test_a_filter_route_clustered_keys(lib, lib_no_margin, route_name, ws):
     if route_name == "filter_table":
         _, ids = route(lib_no_margin, *args, ws=ws, threads=ROUTES[route_name])
         assert not torch.equal(ids, route(lib, *args, ws=ws, threads=ROUTES["wave"])[1])
+
+
+@pytest.mark.parametrize("ws", [32, 64])
+@pytest.mark.parametrize("route_name", FILTERS)
+def test_a_filter_route_mixes_slow_and_fast_rows(lib, route_name, ws):
+    """Mass-tie rows (the slow path) between random rows: a wave holding both (filter_table_g16
+    puts 2 or 4 rows in one) sends them all down the slow path together; every row still the wave
+    route's, bit for bit."""
+    g = torch.Generator().manual_seed(12)
+    logits = torch.randn(23, 384, generator=g) * 2
+    logits[::3] = torch.randint(21, 25, (8, 384), generator=g).float()
+    args = (logits, torch.zeros(384), None, None, 8, 1.5)
+    candidates(lib)
+    bitwise(route(lib, *args, ws=ws, threads=ROUTES[route_name]), route(lib, *args, ws=ws, threads=ROUTES["wave"]))
+    n = np.repeat(np.arange(1025), candidates(lib))
+    assert (n > 64).sum() == 8 and (n <= 16).sum() == 15  # the case is the one it says

@@ -131,6 +131,24 @@ template <typename T> inline T port_shfl(T v, int src_lane, int width, int line 
   return simt_exchange(v, base + src_lane % width, line);
 }
 
+// Ballot: every lane's predicate, one bit a lane (64 bits, as on AMD), at one site for all lanes.
+inline uint64_t port_ballot(int pred, int line = __builtin_LINE()) {
+  simt::ctx.slots[simt::ctx.lane] = pred ? 1 : 0;
+  simt::ctx.sites[simt::ctx.lane] = line;
+  simt::ctx.wave->arrive_and_wait();
+  bool together = __atomic_load_n(simt::ctx.left, __ATOMIC_SEQ_CST) == 0;
+  uint64_t mask = 0;
+  for (int l = 0; l < warpSize; ++l) {
+    together = together && simt::ctx.sites[l] == line;
+    if (simt::ctx.slots[l]) mask |= 1ull << l;
+  }
+  if (!together) {
+    int none = 0;
+    simt::diverged.compare_exchange_strong(none, line);
+  }
+  simt::ctx.wave->arrive_and_wait();
+  return mask;
+}
 // Shared memory between the lanes of a wave: a barrier of the wave, at one site of the source
 // for all its lanes (as a shuffle: a lane elsewhere or gone is reported).
 inline void port_wave_sync(int line = __builtin_LINE()) { simt_exchange(0, simt::ctx.lane, line); }
