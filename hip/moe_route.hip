@@ -10,10 +10,12 @@
 //  - filter (-6), filter_redux (-7), filter_table (-8): one row per wave, a cheap bound on every
 //    expert's key, the exact score and an exact ranking for the few candidates only (the same
 //    ids and weights as wave, bit for bit; "The filter routes" below says why and how);
+//    filter_table_g16 (-9) and filter_table_g16_count (-10): a row per 16 lanes;
 //  - 64 / 128 / 256: one row per block of that many threads, k block-wide maxima (the oldest).
-// The wave and filter routes exchange through shuffles (and a wave's own shared list); no lane leaves a shuffle early (tests/hip/simt runs every
-// route on warp32 and wave64). Planted fault `router-text-bias-for-images`: image rows are
-// ranked with the text bias, the kind of one-character kernel bug the comparator must catch.
+// The wave and filter routes exchange through shuffles (and a wave's own shared list); no lane
+// leaves a shuffle early (tests/hip/simt runs every route on warp32 and wave64). Planted fault
+// `router-text-bias-for-images`: image rows are ranked with the text bias, the kind of
+// one-character kernel bug the comparator must catch.
 #include "common.h"
 
 namespace {
@@ -355,7 +357,8 @@ __device__ inline float2 table_bound(const float2* table, float l) {  // l <= 20
 // G = 0: a row a wave; G = 16: a row a group of 16 lanes (2 rows a warp32, 4 a wave64), so every
 // per-row step (the threshold's rounds, the prefix count, the exact scores, the ranks) serves
 // several rows with one instruction: filter_table_g16.
-template <int DT, int PT, bool REDUX, bool TABLE, int G>
+// COUNT: the threshold by counting instead of k rounds of maxima (filter_table_g16_count, below).
+template <int DT, int PT, bool REDUX, bool TABLE, int G, bool COUNT>
 __global__ void __launch_bounds__(256, 4)
 moe_route_filter(const void* __restrict__ logits, const float* __restrict__ bias, const float* __restrict__ bias_vl,
                  const uint8_t* __restrict__ image_rows, float* __restrict__ weights, int64_t* __restrict__ ids,
@@ -427,9 +430,23 @@ moe_route_filter(const void* __restrict__ logits, const float* __restrict__ bias
 
     // 2. T <= the k-th largest lo (lane_lo is never NaN: 0 is below every ordered value it has)
     uint32_t v = ordered(lane_lo), t = 0;
-    for (int r = 0; r < topk; ++r) {  // uniform over the wave
-      t = (REDUX && G == 0) ? port_wave_max_u32(v, ws) : wave_max_u32_shfl(v, gw);
-      if (v == t) v = 0;
+    if (COUNT) {
+      // T = exactly the k-th largest lane maximum: a lane with fewer than k larger maxima among the
+      // row's lanes is one of the top k (k <= 8 < 16 lanes), and the least of those is the k-th.
+      // gw independent broadcasts and a log2(gw)-step minimum: a far shorter dependent chain
+      // than k rounds of log2(gw) steps
+      int larger = 0;
+      for (int j = 0; j < gw; ++j) larger += port_shfl(v, j, gw) > v ? 1 : 0;
+      t = larger < topk ? v : ~0u;  // above every ordered value
+      for (int o = gw / 2; o > 0; o >>= 1) {
+        const uint32_t other = port_shfl_xor(t, o, gw);
+        t = other < t ? other : t;
+      }
+    } else {
+      for (int r = 0; r < topk; ++r) {  // uniform over the wave
+        t = (REDUX && G == 0) ? port_wave_max_u32(v, ws) : wave_max_u32_shfl(v, gw);
+        if (v == t) v = 0;
+      }
     }
     const float thr = t == 0 ? -inf : from_ordered(t);
 
@@ -511,12 +528,12 @@ moe_route_filter(const void* __restrict__ logits, const float* __restrict__ bias
   }
 }
 
-template <int DT, bool REDUX, bool TABLE, int G>
+template <int DT, bool REDUX, bool TABLE, int G, bool COUNT = false>
 void launch_filter(int64_t rows, int64_t experts, hipStream_t s, const void* logits, const float* bias,
                    const float* bias_vl, const uint8_t* image_rows, float* weights, int64_t* ids, int topk,
                    float route_scale, int fault) {
   if (G != 0 && experts > 32 * (G ? G : 1)) {  // over 32 slots a lane: a row a wave instead
-    launch_filter<DT, true, TABLE, 0>(rows, experts, s, logits, bias, bias_vl, image_rows, weights, ids, topk,
+    launch_filter<DT, true, TABLE, 0, false>(rows, experts, s, logits, bias, bias_vl, image_rows, weights, ids, topk,
                                       route_scale, fault);  // (REDUX: filter_table's own kernels)
     return;
   }
@@ -528,9 +545,9 @@ void launch_filter(int64_t rows, int64_t experts, hipStream_t s, const void* log
   const dim3 grid((unsigned int)blocks), block(kWaveBlock);
   const int64_t row_stride = TABLE ? blocks * per_block : rows;
   const int64_t pt = (experts + (G ? G : kNarrowestWave) - 1) / (G ? G : kNarrowestWave);  // slots a lane
-#define TD_FILTER(PT) hipLaunchKernelGGL(HIP_KERNEL_NAME(moe_route_filter<DT, PT, REDUX, TABLE, G>), grid, block, 0, \
-                                         s, logits, bias, bias_vl, image_rows, weights, ids, rows, experts, topk, \
-                                         route_scale, fault, row_stride)
+#define TD_FILTER(PT) hipLaunchKernelGGL(HIP_KERNEL_NAME(moe_route_filter<DT, PT, REDUX, TABLE, G, COUNT>), grid, \
+                                         block, 0, s, logits, bias, bias_vl, image_rows, weights, ids, rows, \
+                                         experts, topk, route_scale, fault, row_stride)
   if (pt <= 2) TD_FILTER(2);
   else if (pt <= 4) TD_FILTER(4);
   else if (pt <= 8) TD_FILTER(8);
@@ -599,6 +616,7 @@ constexpr int kRouteFilter = -6;     // a fast bound on every expert, the exact 
 constexpr int kRouteFilterRedux = -7;  // the same, the threshold's wave maxima one REDUX each (sm_80+)
 constexpr int kRouteFilterTable = -8;  // filter_redux bounding by a table of exact scores (no MUFU an expert)
 constexpr int kRouteFilterTableG16 = -9;  // filter_table's bound, a row a group of 16 lanes (2 or 4 rows a wave)
+constexpr int kRouteFilterTableG16Count = -10;  // the same, the threshold by counting (a shorter chain)
 // THE DEFAULT ROUTE (threads_per_row 0): the fastest measured on the H200. Round 4's run (every
 // route, one process) at 65,536 rows x 384: wave_lb 229.2 us f32 / 229.1 bf16, wave 269.0 / 268.1;
 // at 1,024 rows (launch bound) wave 14.0, wave_lb 14.2: the launch bound caps the wave route's
@@ -625,6 +643,7 @@ int launch(const void* logits, const float* bias, const float* bias_vl, const ui
       case kRouteFilterRedux: launch_filter<DT, true, false, 0>(TD_ARGS); break;
       case kRouteFilterTable: launch_filter<DT, true, true, 0>(TD_ARGS); break;
       case kRouteFilterTableG16: launch_filter<DT, false, true, 16>(TD_ARGS); break;
+      case kRouteFilterTableG16Count: launch_filter<DT, false, true, 16, true>(TD_ARGS); break;
       default: return TD_BAD_SHAPE;
     }
 #undef TD_ARGS

@@ -39,9 +39,10 @@ _MAX_EXPERTS = 1024
 # kDefaultRoute, 64 / 128 / 256 one row per block of that many threads. The codes are what the
 # kernel dispatches on: a removed route's code stays unused, never reassigned (hip/README.md).
 # filter / filter_redux / filter_table: a fast bound on every expert (fast functions, or a table of
-# exact scores), the exact score for the candidates only; _g16: a row a group of 16 lanes
+# exact scores), the exact score for the candidates only; _g16: a row a group of 16 lanes;
+# _count: the threshold by counting
 ROUTER_ROUTES = {"wave": -1, "wave_lb": -2, "filter": -6, "filter_redux": -7, "filter_table": -8,
-                 "filter_table_g16": -9}
+                 "filter_table_g16": -9, "filter_table_g16_count": -10}
 _ROUTER_BLOCK_THREADS = (64, 128, 256)
 
 _lock = threading.Lock()

@@ -39,7 +39,9 @@ static void simt_probe(int n) { simt_candidates[n < 1024 ? n : 1024]++; }
 #define TD_ROUTER_FILTER_PROBE simt_probe
 #include "moe_route.hip"
 extern "C" void simt_set_warp_size(int ws) { simt::warp_size = ws; }
-extern "C" void simt_take_candidates(long* out) { for (int i = 0; i < 1025; ++i) out[i] = simt_candidates[i].exchange(0); }
+extern "C" void simt_take_candidates(long* out) {
+  for (int i = 0; i < 1025; ++i) out[i] = simt_candidates[i].exchange(0);
+}
 """
 
 
@@ -50,7 +52,8 @@ def build(d: Path, *defines: str):
     shutil.copy(SIMT, d / "portable.h")  # found first: common.h includes "portable.h" from its own folder
     (d / "harness.cpp").write_text(HARNESS)
     r = subprocess.run([CXX, "-std=c++20", "-O1", "-pthread", "-shared", "-fPIC", "-Wall", "-Werror",
-                        "-Wno-unknown-pragmas", *defines, f"-I{d}", str(d / "harness.cpp"), "-o", str(d / "libroute.so")],
+                        "-Wno-unknown-pragmas", *defines, f"-I{d}", str(d / "harness.cpp"),
+                        "-o", str(d / "libroute.so")],
                        capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr[-3000:]
     so = ctypes.CDLL(str(d / "libroute.so"))
@@ -133,7 +136,7 @@ CASES = [(1, 8, 1), (5, 64, 2), (9, 100, 6), (19, 384, 6), (11, 384, 8), (6, 100
 
 # the named routes' codes (threads_per_row < 0, hip/moe_route.hip kRoute*; 0 is the default among them)
 ROUTES = {"default": 0, "wave": -1, "wave_lb": -2, "filter": -6, "filter_redux": -7, "filter_table": -8,
-          "filter_table_g16": -9}
+          "filter_table_g16": -9, "filter_table_g16_count": -10}
 
 
 @pytest.mark.parametrize("route_name", list(ROUTES))
@@ -228,7 +231,7 @@ def test_the_block_route_under_the_same_stand_in(lib, threads):
 # candidates only): the same ids AND weights, bit for bit, as the wave route that ranks every
 # expert exactly; the stand-in's fast functions are worse than the GPUs' (simt/portable.h) ----
 
-FILTERS = ["filter", "filter_redux", "filter_table", "filter_table_g16"]
+FILTERS = ["filter", "filter_redux", "filter_table", "filter_table_g16", "filter_table_g16_count"]
 
 
 def near_ties(rows: int, experts: int, group: int, seed: int):
