@@ -548,13 +548,19 @@ void launch_filter(int64_t rows, int64_t experts, hipStream_t s, const void* log
 #define TD_FILTER(PT) hipLaunchKernelGGL(HIP_KERNEL_NAME(moe_route_filter<DT, PT, REDUX, TABLE, G, COUNT>), grid, \
                                          block, 0, s, logits, bias, bias_vl, image_rows, weights, ids, rows, \
                                          experts, topk, route_scale, fault, row_stride)
-  if (pt <= 2) TD_FILTER(2);
-  else if (pt <= 4) TD_FILTER(4);
-  else if (pt <= 8) TD_FILTER(8);
-  else if (pt <= 12) TD_FILTER(12);
-  else if (pt <= 16) TD_FILTER(16);
-  else if (G != 0 && pt <= 24) TD_FILTER((G ? 24 : 32));  // 384 experts on 16 lanes (no 24 for a wave)
-  else TD_FILTER(32);
+  if constexpr (G == 0) {
+    if (pt <= 2) TD_FILTER(2);
+    else if (pt <= 4) TD_FILTER(4);
+    else if (pt <= 8) TD_FILTER(8);
+    else if (pt <= 12) TD_FILTER(12);
+    else if (pt <= 16) TD_FILTER(16);
+    else TD_FILTER(32);
+  } else {  // fewer tiers (build time): 384 experts on 16 lanes are 24 a lane
+    if (pt <= 8) TD_FILTER(8);
+    else if (pt <= 16) TD_FILTER(16);
+    else if (pt <= 24) TD_FILTER(24);
+    else TD_FILTER(32);
+  }
 #undef TD_FILTER
 }
 
