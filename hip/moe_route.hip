@@ -10,7 +10,8 @@
 //  - filter (-6), filter_redux (-7), filter_table (-8): one row per wave, a cheap bound on every
 //    expert's key, the exact score and an exact ranking for the few candidates only (the same
 //    ids and weights as wave, bit for bit; "The filter routes" below says why and how);
-//    filter_table_g16 (-9) and filter_table_g16_count (-10): a row per 16 lanes;
+//    filter_table_g16 (-9), filter_table_g16_count (-10), filter_g16 (-11), filter_g16_count (-12):
+//    a row per 16 lanes (the table bound / the fast bound; k rounds of maxima / counting);
 //  - 64 / 128 / 256: one row per block of that many threads, k block-wide maxima (the oldest).
 // The wave and filter routes exchange through shuffles (and a wave's own shared list); no lane
 // leaves a shuffle early (tests/hip/simt runs every route on warp32 and wave64). Planted fault
@@ -623,6 +624,8 @@ constexpr int kRouteFilterRedux = -7;  // the same, the threshold's wave maxima 
 constexpr int kRouteFilterTable = -8;  // filter_redux bounding by a table of exact scores (no MUFU an expert)
 constexpr int kRouteFilterTableG16 = -9;  // filter_table's bound, a row a group of 16 lanes (2 or 4 rows a wave)
 constexpr int kRouteFilterTableG16Count = -10;  // the same, the threshold by counting (a shorter chain)
+constexpr int kRouteFilterG16 = -11;  // filter's fast bound, a row a group of 16 lanes, one launch a row group
+constexpr int kRouteFilterG16Count = -12;  // the same, the threshold by counting
 // THE DEFAULT ROUTE (threads_per_row 0): the fastest measured on the H200. Round 4's run (every
 // route, one process) at 65,536 rows x 384: wave_lb 229.2 us f32 / 229.1 bf16, wave 269.0 / 268.1;
 // at 1,024 rows (launch bound) wave 14.0, wave_lb 14.2: the launch bound caps the wave route's
@@ -650,6 +653,8 @@ int launch(const void* logits, const float* bias, const float* bias_vl, const ui
       case kRouteFilterTable: launch_filter<DT, true, true, 0>(TD_ARGS); break;
       case kRouteFilterTableG16: launch_filter<DT, false, true, 16>(TD_ARGS); break;
       case kRouteFilterTableG16Count: launch_filter<DT, false, true, 16, true>(TD_ARGS); break;
+      case kRouteFilterG16: launch_filter<DT, false, false, 16>(TD_ARGS); break;
+      case kRouteFilterG16Count: launch_filter<DT, false, false, 16, true>(TD_ARGS); break;
       default: return TD_BAD_SHAPE;
     }
 #undef TD_ARGS

@@ -42,7 +42,7 @@ _MAX_EXPERTS = 1024
 # exact scores), the exact score for the candidates only; _g16: a row a group of 16 lanes;
 # _count: the threshold by counting
 ROUTER_ROUTES = {"wave": -1, "wave_lb": -2, "filter": -6, "filter_redux": -7, "filter_table": -8,
-                 "filter_table_g16": -9, "filter_table_g16_count": -10}
+                 "filter_table_g16": -9, "filter_table_g16_count": -10, "filter_g16": -11, "filter_g16_count": -12}
 _ROUTER_BLOCK_THREADS = (64, 128, 256)
 
 _lock = threading.Lock()

@@ -136,7 +136,7 @@ CASES = [(1, 8, 1), (5, 64, 2), (9, 100, 6), (19, 384, 6), (11, 384, 8), (6, 100
 
 # the named routes' codes (threads_per_row < 0, hip/moe_route.hip kRoute*; 0 is the default among them)
 ROUTES = {"default": 0, "wave": -1, "wave_lb": -2, "filter": -6, "filter_redux": -7, "filter_table": -8,
-          "filter_table_g16": -9, "filter_table_g16_count": -10}
+          "filter_table_g16": -9, "filter_table_g16_count": -10, "filter_g16": -11, "filter_g16_count": -12}
 
 
 @pytest.mark.parametrize("route_name", list(ROUTES))
@@ -231,7 +231,7 @@ def test_the_block_route_under_the_same_stand_in(lib, threads):
 # candidates only): the same ids AND weights, bit for bit, as the wave route that ranks every
 # expert exactly; the stand-in's fast functions are worse than the GPUs' (simt/portable.h) ----
 
-FILTERS = ["filter", "filter_redux", "filter_table", "filter_table_g16", "filter_table_g16_count"]
+FILTERS = [name for name in ROUTES if name.startswith("filter")]
 
 
 def near_ties(rows: int, experts: int, group: int, seed: int):
