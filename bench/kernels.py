@@ -45,6 +45,21 @@ def variant(**options) -> HipBackend:
     return _variants[key]
 
 
+def router_agreement(call, hip, ref, wave, a) -> dict:
+    """What a router case's timed kernel computes on its first input set: the rows whose ids differ
+    from torch's (torch's order among exactly tied keys is unspecified, so a tied row may), the
+    largest weight difference, and whether ids and weights equal `wave`'s (the wave route: every
+    expert ranked exactly, ties to the lower id) bit for bit. A route is only worth its time if
+    it computes the same thing."""
+    w, ids = call(hip, a)
+    w_ref, ids_ref = call(ref, a)
+    w_wave, ids_wave = wave.moe_route(a[0], a[1], a[2], a[3], 6, 1.5)
+    return {"rows_differing_from_torch": int((ids != ids_ref).any(-1).sum()),
+            "max_weight_diff_vs_torch": float((w - w_ref).abs().max()),
+            "bitwise_equal_wave_route": bool(torch.equal(ids, ids_wave)
+                                             and torch.equal(w.view(torch.int32), w_wave.view(torch.int32)))}
+
+
 def sm_clock_mhz() -> int | None:
     try:
         return int(torch.cuda.clock_rate())
@@ -306,6 +321,8 @@ def main(argv=None) -> int:
             "hip_pct_of_bound": 100 * max(roof_us, floor_us) / t_hip,
             "hip_loop_us": loop_us(hip_call, n_sets, args.reps), "torch_loop_us": loop_us(ref_call, n_sets, args.reps),
         }
+        if name.startswith("moe_route/"):
+            row.update(router_agreement(call, hip, ref, variant(router_threads="wave"), sets[0]))
         if flops:
             row["hip_TFLOPs"] = flops / (t_hip * 1e-6) / 1e12
             row["torch_TFLOPs"] = flops / (t_ref * 1e-6) / 1e12
@@ -328,6 +345,10 @@ def main(argv=None) -> int:
     for size, b in result["router_best"].items():
         print(f"router {size}: fastest route {b['route']} {b['hip_us']:.2f} us; "
               + ", ".join(f"{k} {v:.2f}" for k, v in b["all_us"].items()))
+    for r in rows:
+        if r["kernel"].startswith("moe_route/") and (r["rows_differing_from_torch"] or not r["bitwise_equal_wave_route"]):
+            print(f"  {r['kernel']}: {r['rows_differing_from_torch']} rows' ids differ from torch's; bit for bit "
+                  f"the wave route's: {r['bitwise_equal_wave_route']}")
     for r in rows:
         if r["bound"] == "launch latency":
             print(f"  {r['kernel']}: its copy roofline ({r['roofline_us']:.2f} us) is below one launch "

@@ -116,6 +116,18 @@ std::vector<at::Tensor> moe_route(const at::Tensor& logits, const at::Tensor& bi
   return {w, ids};
 }
 
+std::vector<at::Tensor> moe_route_score_bound(int64_t start, int64_t count, double margin_scale, bool use_table,
+                                              int64_t threads, int64_t stream) {
+  TORCH_CHECK(start >= 0 && count > 0 && start + count <= (int64_t)1 << 32, "bit patterns outside 0..2^32-1");
+  const auto opts = at::TensorOptions().device(at::kCUDA).dtype(at::kInt);
+  at::Tensor bad = at::empty({threads}, opts), example = at::empty({threads}, opts);
+  check(td_moe_route_score_bound((uint64_t)start, (uint64_t)count, (float)margin_scale, use_table ? 1 : 0,
+                                 reinterpret_cast<uint32_t*>(bad.data_ptr<int32_t>()),
+                                 reinterpret_cast<uint32_t*>(example.data_ptr<int32_t>()), threads, as_stream(stream)),
+        "moe_route_score_bound");
+  return {bad, example};
+}
+
 at::Tensor embed_scatter(at::Tensor emb, const at::Tensor& rows, const at::Tensor& src, int64_t stream) {
   require(emb, "emb");
   require(rows, "rows", at::kLong);
@@ -137,5 +149,6 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("patch_gemm", &patch_gemm);
   m.def("aligner_gather", &aligner_gather);
   m.def("moe_route", &moe_route);
+  m.def("moe_route_score_bound", &moe_route_score_bound);
   m.def("embed_scatter", &embed_scatter);
 }

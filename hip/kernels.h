@@ -55,12 +55,21 @@ int td_aligner_gather(const void* x, const int32_t* index, void* y, int64_t t, i
 // [rows, topk] in descending biased score (ties to the lower id). topk <= 8, experts <= 1024.
 // fault_text_bias_for_images != 0 plants the fault `router-text-bias-for-images`;
 // threads_per_row is 64, 128, 256 (one row per block of that many threads), a named route's
-// negative code (-1 wave, -2 wave_lb) or 0 (the default route, moe_route.hip kDefaultRoute); any
-// other code returns TD_BAD_SHAPE.
+// negative code (-1 wave, -2 wave_lb, -6 filter, -7 filter_redux, -8 filter_table,
+// -9 filter_table_g16, -10 filter_table_g16_count, -11 filter_g16, -12 filter_g16_count) or 0 (the default route,
+// moe_route.hip kDefaultRoute); any other code returns TD_BAD_SHAPE.
 int td_moe_route(const void* logits, const float* bias, const float* bias_vl,
                  const uint8_t* image_rows, float* weights, int64_t* ids, int64_t rows,
                  int64_t experts, int topk, float route_scale, int dtype,
                  int fault_text_bias_for_images, int threads_per_row, void* stream);
+
+// The filter routes' bound on sqrt(softplus(l)), checked for the fp32 bit patterns start ..
+// start + count - 1 (count up to 2^32: every one): bad[i] counts thread i's patterns whose exact
+// score lies outside the bound (margin times margin_scale; 1 is the routes'; use_table != 0:
+// filter_table's table bound up to 20), example[i] the last of them. bad, example: uint32
+// [threads], threads a multiple of 256.
+int td_moe_route_score_bound(uint64_t start, uint64_t count, float margin_scale, int use_table,
+                             uint32_t* bad, uint32_t* example, int64_t threads, void* stream);
 
 // emb[rows[i]] = src[i] (converted to emb's dtype) for rows[i] in [0, n_emb); others skipped.
 // emb: [n_emb, d]; src: [m, d]; rows: int64 [m].

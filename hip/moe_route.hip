@@ -7,26 +7,50 @@
 //  - wave (-1): one row per wave, k rounds of wave maxima over packed (key, id) values (main's);
 //  - wave_lb (-2): the same kernel with more resident blocks asked of the compiler
 //    (__launch_bounds__'s second argument: at most 64 registers a thread);
+//  - filter (-6), filter_redux (-7), filter_table (-8): one row per wave, a cheap bound on every
+//    expert's key, the exact score and an exact ranking for the few candidates only (the same
+//    ids and weights as wave, bit for bit; "The filter routes" below says why and how);
+//    filter_table_g16 (-9), filter_table_g16_count (-10), filter_g16 (-11), filter_g16_count (-12):
+//    a row per 16 lanes (the table bound / the fast bound; k rounds of maxima / counting);
 //  - 64 / 128 / 256: one row per block of that many threads, k block-wide maxima (the oldest).
-// All shuffle-only but the block route; no lane leaves a shuffle early (tests/hip/simt runs every
-// route on warp32 and wave64). Planted fault `router-text-bias-for-images`: image rows are
-// ranked with the text bias, the kind of one-character kernel bug the comparator must catch.
+// The wave and filter routes exchange through shuffles (and a wave's own shared list); no lane
+// leaves a shuffle early (tests/hip/simt runs every route on warp32 and wave64). Planted fault
+// `router-text-bias-for-images`: image rows are ranked with the text bias, the kind of
+// one-character kernel bug the comparator must catch.
 #include "common.h"
 
 namespace {
 
 constexpr int kMaxTopK = 8;
 
+// The score every route ranks and weighs by: sqrt(torch's softplus (beta 1, threshold 20)), with
+// the accurate library functions torch's own kernel uses, so ids and weights stay bit-faithful.
+__device__ inline float exact_score(float l) { return sqrtf(l > 20.f ? l : log1pf(expf(l))); }
+
 // (key, id) as one orderable 64-bit value: the float key's bits made monotonic in the high word,
 // the id inverted in the low word, so the maximum is the best key and, among equal keys, the
 // lower id. 0 is below every packed value ("nothing left").
-__device__ inline unsigned long long pack(float key, int id) {
+__device__ inline uint32_t ordered(float key) {  // unsigned order = float order (-NaN lowest, +NaN highest)
   const uint32_t u = __float_as_uint(key);
-  const uint32_t ord = (u & 0x80000000u) ? ~u : (u | 0x80000000u);
-  return ((unsigned long long)ord << 32) | (unsigned long long)(0x7fffffffu - (uint32_t)id);
+  return (u & 0x80000000u) ? ~u : (u | 0x80000000u);
+}
+__device__ inline float from_ordered(uint32_t ord) {
+  return __uint_as_float((ord & 0x80000000u) ? (ord & 0x7fffffffu) : ~ord);
+}
+__device__ inline unsigned long long pack(float key, int id) {
+  return ((unsigned long long)ordered(key) << 32) | (unsigned long long)(0x7fffffffu - (uint32_t)id);
 }
 __device__ inline int unpack_id(unsigned long long v) {
   return (int)(0x7fffffffu - (uint32_t)v);  // the low word
+}
+
+// Maximum over the `ws` lanes of the wave; every lane gets it.
+__device__ inline unsigned long long wave_max_u64(unsigned long long v, int ws) {
+  for (int o = ws / 2; o > 0; o >>= 1) {
+    const unsigned long long other = port_shfl_xor(v, o, ws);
+    v = other > v ? other : v;
+  }
+  return v;
 }
 
 // Maximum over the TPR threads of the block; every thread gets it. Shuffles inside each wave
@@ -76,7 +100,7 @@ moe_route(const void* __restrict__ logits, const float* __restrict__ bias, const
     packed[p] = 0;
     if (e < experts) {
       const float l = E::get(lr[e]);
-      s[p] = sqrtf(l > 20.f ? l : log1pf(expf(l)));  // torch's softplus (beta 1, threshold 20)
+      s[p] = exact_score(l);
       packed[p] = pack(s[p] + b[e], e);
     }
     mine = packed[p] > mine ? packed[p] : mine;
@@ -146,7 +170,7 @@ moe_route_wave(const void* __restrict__ logits, const float* __restrict__ bias, 
     packed[p] = 0;
     if (e < experts) {  // consecutive lanes read consecutive experts: coalesced
       const float l = E::get(lr[e]);
-      s[p] = sqrtf(l > 20.f ? l : log1pf(expf(l)));  // torch's softplus (beta 1, threshold 20)
+      s[p] = exact_score(l);
       packed[p] = pack(s[p] + b[e], (int)e);
     }
     mine = packed[p] > mine ? packed[p] : mine;
@@ -160,11 +184,7 @@ moe_route_wave(const void* __restrict__ logits, const float* __restrict__ bias, 
     chosen[r] = 0.f;
     id_sel[r] = 0;
     if (r < topk) {  // uniform over the wave
-      unsigned long long best = mine;
-      for (int o = ws / 2; o > 0; o >>= 1) {
-        const unsigned long long other = port_shfl_xor(best, o, ws);
-        best = other > best ? other : best;
-      }
+      const unsigned long long best = wave_max_u64(mine, ws);
       float won = 0.f;
       if (mine == best) {  // packed values are unique (ids are): exactly one owner rescans its few slots
         unsigned long long next = 0;
@@ -213,6 +233,372 @@ void launch_wave(int64_t rows, int64_t experts, hipStream_t s, const void* logit
 #undef TD_WAVE
 }
 
+// ---- The filter routes: a cheap bound on every expert, the exact score for candidates only ----
+//
+// Where the wave route's time goes (65,536 rows x 384, H200, 229 us): every expert pays the
+// accurate expf + log1pf + sqrtf (~50 instructions; 25.2 M experts, ~1.26 G thread instructions:
+// ~38 us of the whole GPU's fp32 issue rate by itself, so bf16's 44 us target is out of reach while
+// every expert pays them), then k = 6 rounds, each 5 dependent 64-bit shuffle steps (10 shuffles
+// and 64-bit compares) and the winner's rescan of its 12 slots (~120 instructions the whole warp
+// waits for): ~1,800 warp instructions a row, ~113 us at a perfect issue rate.
+//
+// The filter routes (exact by construction, one row per wave as the wave route):
+//  1. every expert: a fast bound [lo, hi] on its exact key (port_fast_exp/log/sqrt, 3 MUFU and
+//     ~20 instructions with the loads); a lane keeps hi per slot and the maximum of its lo's;
+//  2. T = the k-th largest of the lanes' maximum lo: k rounds of a 32-bit wave maximum, the lanes
+//     holding a round's maximum dropping out (lanes tied on it all drop, so T can only come out
+//     lower: safe). The k rounds' maxima are distinct lanes' values >= T, so >= k experts have
+//     lo >= T, so >= k exact keys are >= T: the k-th largest exact key is >= T, and every expert
+//     of the exact top-k (ties to the lower id included) has hi >= its key >= T;
+//  3. the candidates, hi >= T (about k + 1..3 of 384 on random rows), alone pay the exact score;
+//     their packed exact (key, id) go to the wave's list in shared memory (slots by a prefix
+//     count over the lanes);
+//  4. a candidate's rank is the number of candidates with a larger packed value (unique: ids
+//     are), so ranks 0..k-1 are the exact top-k in order: the same ids, order and weights (summed
+//     in rank order) as the wave route. Over kFilterCap candidates (mass ties: saturated logits of
+//     a few values, a zero bias) a row takes k rounds of 64-bit wave maxima over its candidates
+//     instead, exact scores recomputed each round: slow, rare, the same result.
+//
+// Why [lo, hi] holds the exact key. The bound on s is a = fast_sqrt(max(fast_log(1 +
+// fast_exp(l)), 0)) (fast_sqrt(l) past 20, as exact_score), widened by m = a * 2^-10 + 2^-8. The
+// fast functions' errors (the CUDA guide: __expf 2 + floor(1.173 |x|) ulp, <= 1.3e-5 relative for
+// |x| <= 88; __logf 2^-21.41 absolute on [0.5, 2], else 3 ulp; sqrt.approx and AMD's v_exp, v_log,
+// v_sqrt about 1 ulp) give |a - s| <= ~1.5e-5 s where s > 0.8, and <= sqrt(5e-7) = 7.1e-4 (the
+// log's absolute error under the root) near s = 0, the accurate functions' few ulps included: m is
+// 60x the first and 5x the second. Flushed denormals (l < -87, s < 1.2e-19) are inside the 2^-8.
+// On keys: fl(a - m) <= s <= fl(a + m) (m is far above half an ulp of a) and rounding is
+// monotone, so lo = fl(fl(a - m) + b) <= fl(s + b) <= fl(fl(a + m) + b) = hi. A NaN bound (a NaN
+// logit or bias, l = +inf) is no bound: its lo raises no threshold, its hi is always a candidate.
+// The guide's bounds come from tests, not proofs: the GPU test (tests/hip/test_hip_kernels.py)
+// runs td_moe_route_score_bound over EVERY fp32 bit pattern, so the bound is checked
+// exhaustively on the GPU that runs it; the CPU stand-in's fast functions are worse than the
+// documented worst case, and a margin made too tight
+// (-DTD_ROUTER_FILTER_FAULT_NO_MARGIN) fails tests/hip/test_hip_moe_route_simt.py.
+//
+// Expected (warp32, 384 experts, top-6; per row, counted from the source and its PTX): the fast
+// bound ~22 instructions an expert (264); the rest ~300 with the threshold's 6 rounds of 5 shuffle
+// steps (filter), ~230 with one REDUX a round (filter_redux): the prefix count (~23), the
+// candidates' exact scores (1-2 rounds of ~60 per lane, the busiest lane's), ranks (~40), the
+// weights (~30). filter ~570, filter_redux ~500, filter_table ~390 (~13 an expert, no MUFU: the
+// fast bound's 3 MUFU an expert alone take ~18 us of an H200's MUFU rate at 65,536 rows) against
+// the wave route's ~1,800. At a perfect issue rate (528 schedulers x 1.98 GHz) 65,536 rows take
+// 36 / 31 / 24 us; at the wave route's issue efficiency (~50%) ~70 / 60 / 48 us: 3-5x wave_lb,
+// f32's 84 us target likely met, bf16's 44 us (the same instructions, half the bytes) only by
+// filter_table and only if the efficiency holds. filter_table's table is built once by each of
+// its persistent blocks (4 a multiprocessor): ~5 exact scores a thread, a barrier.
+// Measured (H200, run C, f32 / bf16 us at 65,536 rows): filter 86.8 / 86.6, filter_redux 76.7 /
+// 76.1, filter_table 86.1 / 86.6, filter_table_g16 78.4 / 76.9; wave_lb 227.9. Until every slot's
+// load was hoisted out of its branch (step 1) all of them measured ~115-143 us: the time was each
+// lane waiting on one memory latency per slot, not the instruction counts above.
+constexpr float kFilterRel = 0x1p-10f;  // the margin's relative part (60x the fast functions')
+constexpr float kFilterAbs = 0x1p-8f;   // and its absolute part (5x the log's error under a root)
+#ifdef TD_ROUTER_FILTER_FAULT_NO_MARGIN
+constexpr float kFilterMarginScale = 0.f;  // planted (CPU tests only): the bound made too tight
+#else
+constexpr float kFilterMarginScale = 1.f;
+#endif
+#ifndef TD_ROUTER_FILTER_CAP
+#define TD_ROUTER_FILTER_CAP 64
+#endif
+// Candidates a wave ranks through shared memory; more take the slow path (the CPU tests also
+// build 0: every row the slow path, which must give the same result).
+constexpr int kFilterCap = TD_ROUTER_FILTER_CAP;
+constexpr int kFilterSlots = kFilterCap > 0 ? kFilterCap : 1;
+constexpr int kWavesPerBlock = kWaveBlock / kNarrowestWave;
+
+// The fast score a (NaN for a NaN logit, +inf for +inf: no bound) and its margin m: exact_score(l)
+// lies in [a - m, a + m] (margin_scale 1: the routes' margin).
+__device__ inline float fast_score(float l) {
+  const float soft = fmaxf(port_fast_log(1.f + port_fast_exp(l)), 0.f);
+  return port_fast_sqrt(!(l <= 20.f) ? l : soft);  // a NaN logit takes the root of itself: stays NaN
+}
+__device__ inline float score_margin(float a, float margin_scale) {
+  return (a * kFilterRel + kFilterAbs) * margin_scale;
+}
+
+// Maximum over the wave by xor shuffles (the filter route; filter_redux asks port_wave_max_u32).
+__device__ inline uint32_t wave_max_u32_shfl(uint32_t v, int ws) {
+  for (int o = ws / 2; o > 0; o >>= 1) {
+    const uint32_t other = port_shfl_xor(v, o, ws);
+    v = other > v ? other : v;
+  }
+  return v;
+}
+
+// filter_table's bound, no transcendental an expert: a table of exact scores every 32nd of a
+// logit over [-16, 20], built by each (persistent) block in shared memory with exact_score
+// itself. Cell c (c = round(32 l), l clamped to [-16, 20]) holds l in [(2c - 1)/64, (2c + 1)/64],
+// so exact_score at those two points, widened by kTableSlack (2^-16 relative: the exact
+// functions' few ulps of non-monotony), bounds it; the lowest cell's lo is 0 (it also holds
+// every l below -16, and s >= 0). Logits past 20 and NaN take fast_score. A cell is a 32nd wide:
+// ~0.0085 on s where the top keys sit (l ~ 2..6), the fast bound's width.
+constexpr int kTableLo = -16, kTableHi = 20, kTablePerUnit = 32;
+constexpr int kTableCells = (kTableHi - kTableLo) * kTablePerUnit + 1;  // 1,153 cells, 9.2 KB
+constexpr float kTableSlack = 0x1p-16f;
+
+__device__ inline void build_score_table(float2* table) {  // every thread of the block; a barrier after
+  for (int i = threadIdx.x; i <= kTableCells; i += blockDim.x) {
+#ifdef TD_ROUTER_FILTER_FAULT_NO_MARGIN  // planted (CPU tests only): cells of no width, the centre's score
+    if (i < kTableCells) {
+      const float q = exact_score((float)(i + kTableLo * kTablePerUnit) / kTablePerUnit);
+      table[i].x = q;
+      table[i].y = q;
+    }
+#else
+    // point i: the lower edge of cell i and the upper edge of cell i - 1 (exact in fp32)
+    const float q = exact_score((float)(2 * (i + kTableLo * kTablePerUnit) - 1) / (2 * kTablePerUnit));
+    if (i < kTableCells) table[i].x = i == 0 ? 0.f : q * (1.f - kTableSlack);
+    if (i > 0) table[i - 1].y = q * (1.f + kTableSlack) + 0x1p-40f;
+#endif
+  }
+}
+__device__ inline float2 table_bound(const float2* table, float l) {  // l <= 20, not NaN
+  const float lc = fmaxf(l, (float)kTableLo);
+  // round to nearest through the mantissa of 1.5 * 2^23 (exact: |32 lc| <= 640 < 2^22; 32 lc is exact)
+  const int c = (int)(__float_as_uint(lc * (float)kTablePerUnit + 12582912.f) - 0x4B400000u);
+  return table[c - kTableLo * kTablePerUnit];
+}
+
+// G = 0: a row a wave; G = 16: a row a group of 16 lanes (2 rows a warp32, 4 a wave64), so every
+// per-row step (the threshold's rounds, the prefix count, the exact scores, the ranks) serves
+// several rows with one instruction: filter_table_g16.
+// COUNT: the threshold by counting instead of k rounds of maxima (filter_table_g16_count, below).
+template <int DT, int PT, bool REDUX, bool TABLE, int G, bool COUNT>
+__global__ void __launch_bounds__(256, 4)
+moe_route_filter(const void* __restrict__ logits, const float* __restrict__ bias, const float* __restrict__ bias_vl,
+                 const uint8_t* __restrict__ image_rows, float* __restrict__ weights, int64_t* __restrict__ ids,
+                 int64_t rows, int64_t experts, int topk, float route_scale, int fault_text_bias_for_images,
+                 int64_t row_stride) {
+  typedef td::Elem<DT> E;
+  static_assert(G == 0 || (G >= 8 && kNarrowestWave % (G ? G : 1) == 0), "a group divides every wave");
+  constexpr int kGroups = G ? kWaveBlock / G : kWavesPerBlock;  // rows a block holds at most
+  __shared__ unsigned long long cand_key[kGroups][kFilterSlots];
+  __shared__ float cand_s[kGroups][kFilterSlots];
+  __shared__ float top_s[kGroups][kMaxTopK];
+  __shared__ int top_id[kGroups][kMaxTopK];
+  __shared__ float2 table[TABLE ? kTableCells : 1];
+  if (TABLE) {
+    build_score_table(table);
+    __syncthreads();
+  }
+  const int ws = warpSize, gw = G ? G : ws;  // the wave, and the lanes of one row
+  const int lane = threadIdx.x % gw, group = threadIdx.x / gw;
+  // the wave's first row and this group's place after it: one row a group (filter, filter_redux:
+  // row_stride >= rows), or rows row_stride apart (the persistent blocks of the table routes). A
+  // wave runs every iteration whole (a group past the last row computes the last row again and
+  // writes nothing): every shuffle and wave barrier below sees the full wave
+  const int64_t first = (int64_t)blockIdx.x * (blockDim.x / gw) + (threadIdx.x / ws) * (ws / gw);
+  for (int64_t wave_row = first; wave_row < rows; wave_row += row_stride) {
+    const int64_t mine_row = wave_row + (threadIdx.x % ws) / gw;
+    const bool live = mine_row < rows;
+    const int64_t row = live ? mine_row : rows - 1;
+    port_wave_sync();  // the previous row's shared lists are read by every lane before they are reused
+    const bool image = image_rows != nullptr && bias_vl != nullptr && image_rows[row] != 0;
+    const float* b = (image && !fault_text_bias_for_images) ? bias_vl : bias;
+    const typename E::raw* lr = static_cast<const typename E::raw*>(logits) + row * experts;
+    const float inf = __uint_as_float(0x7f800000u);
+    const int n_exp = (int)experts;  // <= 1,024: 32-bit offsets
+
+    // 1. a bound on every expert's key: hi kept per slot, the lane's largest lo. Every slot's
+    // logit is loaded first, unconditionally (a slot past the row reads the row's last expert
+    // and is ignored), so the PT loads from memory are in flight together, not one a branch
+    float lv[PT];
+#pragma unroll
+    for (int p = 0; p < PT; ++p) {  // consecutive lanes read consecutive experts: coalesced
+      const int e = lane + p * gw;
+      lv[p] = E::get(lr[e < n_exp ? e : n_exp - 1]);
+    }
+    float hi[PT];
+    float lane_lo = -inf;
+#pragma unroll
+    for (int p = 0; p < PT; ++p) {
+      const int e = lane + p * gw;
+      hi[p] = -inf;
+      if (e < n_exp) {
+        const float l = lv[p], be = b[e];
+        float s_lo, s_hi;
+        if (TABLE && l <= 20.f) {
+          const float2 q = table_bound(table, l);
+          s_lo = q.x;
+          s_hi = q.y;
+        } else {
+          const float a = fast_score(l), m = score_margin(a, kFilterMarginScale);
+          s_lo = a - m;
+          s_hi = a + m;
+        }
+        // a NaN bound (a NaN logit or bias, l = +inf, an infinite bias against an infinite a) is no
+        // bound: fmaxf passes over a NaN lo, and a NaN hi is a candidate (step 3 asks !(hi < T))
+        hi[p] = s_hi + be;
+        lane_lo = fmaxf(lane_lo, s_lo + be);
+      }
+    }
+
+    // 2. T <= the k-th largest lo (lane_lo is never NaN: 0 is below every ordered value it has)
+    uint32_t v = ordered(lane_lo), t = 0;
+    if (COUNT) {
+      // T = exactly the k-th largest lane maximum: a lane with fewer than k larger maxima among the
+      // row's lanes is one of the top k (k <= 8 < 16 lanes), and the least of those is the k-th.
+      // gw independent broadcasts and a log2(gw)-step minimum: a far shorter dependent chain
+      // than k rounds of log2(gw) steps
+      int larger = 0;
+      for (int j = 0; j < gw; ++j) larger += port_shfl(v, j, gw) > v ? 1 : 0;
+      t = larger < topk ? v : ~0u;  // above every ordered value
+      for (int o = gw / 2; o > 0; o >>= 1) {
+        const uint32_t other = port_shfl_xor(t, o, gw);
+        t = other < t ? other : t;
+      }
+    } else {
+      for (int r = 0; r < topk; ++r) {  // uniform over the wave
+        t = (REDUX && G == 0) ? port_wave_max_u32(v, ws) : wave_max_u32_shfl(v, gw);
+        if (v == t) v = 0;
+      }
+    }
+    const float thr = t == 0 ? -inf : from_ordered(t);
+
+    // 3. the candidates and their places in the wave's list
+    uint32_t mask = 0;
+#pragma unroll
+    for (int p = 0; p < PT; ++p)
+      if (lane + p * gw < n_exp && !(hi[p] < thr)) mask |= 1u << p;
+    const int mine = __popc(mask);
+    int upto = mine;  // inclusive prefix count over the row's lanes
+    for (int o = 1; o < gw; o <<= 1) {
+      const int below = port_shfl(upto, lane >= o ? lane - o : lane, gw);
+      if (lane >= o) upto += below;
+    }
+    // total >= k whatever the bound's accuracy: the k lanes behind T each hold an expert with
+    // lo >= T, and hi >= lo by construction (a + m >= a - m; a table cell's top >= its bottom)
+    const int total = port_shfl(upto, gw - 1, gw);
+#ifdef TD_ROUTER_FILTER_PROBE
+    if (lane == 0 && live) TD_ROUTER_FILTER_PROBE(total);  // the CPU tests' count of candidates a row
+#endif
+    unsigned long long* keys = cand_key[group];
+    float* ks = cand_s[group];
+    float* ts = top_s[group];
+    int* ti = top_id[group];
+
+    // uniform over the wave (its barriers and shuffles): a row of too many candidates sends every
+    // row of its wave to the slow path
+    if (port_ballot(total > kFilterCap) == 0) {
+      int at = upto - mine;
+      for (uint32_t mm = mask; mm != 0; mm &= mm - 1) {  // divergent, no shuffle inside
+        const int e = lane + (__ffs((int)mm) - 1) * gw;
+        const float s = exact_score(E::get(lr[e]));
+        keys[at] = pack(s + b[e], e);
+        ks[at] = s;
+        ++at;
+      }
+      port_wave_sync();
+      // 4. ranks: how many candidates are larger
+      for (int i = lane; i < total; i += gw) {
+        const unsigned long long ki = keys[i];
+        int rank = 0;
+        for (int j = 0; j < total; ++j) rank += keys[j] > ki ? 1 : 0;
+        if (rank < topk) {
+          ts[rank] = ks[i];
+          ti[rank] = unpack_id(ki);
+        }
+      }
+    } else {  // mass ties: k rounds of wave maxima over the candidates
+      unsigned long long prev = ~0ull;
+      for (int r = 0; r < topk; ++r) {
+        unsigned long long best = 0;
+        float best_s = 0.f;
+        for (uint32_t mm = mask; mm != 0; mm &= mm - 1) {
+          const int e = lane + (__ffs((int)mm) - 1) * gw;
+          const float s = exact_score(E::get(lr[e]));
+          const unsigned long long kv = pack(s + b[e], e);
+          if (kv < prev && kv > best) {
+            best = kv;
+            best_s = s;
+          }
+        }
+        best = wave_max_u64(best, gw);
+        const int id = unpack_id(best);
+        const float won = port_shfl(best_s, id % gw, gw);  // the owner's unbiased score
+        if (lane == 0) {
+          ts[r] = won;
+          ti[r] = id;
+        }
+        prev = best;
+      }
+    }
+    port_wave_sync();
+    if (live && lane < topk) {
+      float sum = 0.f;
+      for (int r = 0; r < topk; ++r) sum += ts[r];  // in rank order, as the other routes
+      weights[row * topk + lane] = ts[lane] / (sum + 1e-20f) * route_scale;
+      ids[row * topk + lane] = ti[lane];
+    }
+  }
+}
+
+template <int DT, bool REDUX, bool TABLE, int G, bool COUNT = false>
+void launch_filter(int64_t rows, int64_t experts, hipStream_t s, const void* logits, const float* bias,
+                   const float* bias_vl, const uint8_t* image_rows, float* weights, int64_t* ids, int topk,
+                   float route_scale, int fault) {
+  if (G != 0 && experts > 32 * (G ? G : 1)) {  // over 32 slots a lane: a row a wave instead
+    launch_filter<DT, true, TABLE, 0, false>(rows, experts, s, logits, bias, bias_vl, image_rows, weights, ids, topk,
+                                      route_scale, fault);  // (REDUX: filter_table's own kernels)
+    return;
+  }
+  const int per_block = kWaveBlock / (G ? G : port_device_warp_size());
+  int64_t blocks = (rows + per_block - 1) / per_block;
+  // filter_table: persistent blocks (4 a multiprocessor, the launch bound), each building its
+  // table once for many rows; the others one row a wave
+  if (TABLE && blocks > 4 * (int64_t)port_device_sm_count()) blocks = 4 * (int64_t)port_device_sm_count();
+  const dim3 grid((unsigned int)blocks), block(kWaveBlock);
+  const int64_t row_stride = TABLE ? blocks * per_block : rows;
+  const int64_t pt = (experts + (G ? G : kNarrowestWave) - 1) / (G ? G : kNarrowestWave);  // slots a lane
+#define TD_FILTER(PT) hipLaunchKernelGGL(HIP_KERNEL_NAME(moe_route_filter<DT, PT, REDUX, TABLE, G, COUNT>), grid, \
+                                         block, 0, s, logits, bias, bias_vl, image_rows, weights, ids, rows, \
+                                         experts, topk, route_scale, fault, row_stride)
+  if constexpr (G == 0) {
+    if (pt <= 2) TD_FILTER(2);
+    else if (pt <= 4) TD_FILTER(4);
+    else if (pt <= 8) TD_FILTER(8);
+    else if (pt <= 12) TD_FILTER(12);
+    else if (pt <= 16) TD_FILTER(16);
+    else TD_FILTER(32);
+  } else {  // fewer tiers (build time): 384 experts on 16 lanes are 24 a lane
+    if (pt <= 8) TD_FILTER(8);
+    else if (pt <= 16) TD_FILTER(16);
+    else if (pt <= 24) TD_FILTER(24);
+    else TD_FILTER(32);
+  }
+#undef TD_FILTER
+}
+
+// Every fp32 bit pattern start .. start + count - 1 as a logit: bad[i] counts those of thread i
+// whose exact_score falls outside [a - m, a + m] (fast_score, score_margin; a NaN or infinite logit has no
+// bound, so it passes), example[i] its last one. `threads` threads in blocks of 256.
+__global__ void __launch_bounds__(256)
+moe_route_score_bound(uint64_t start, uint64_t count, float margin_scale, int use_table, uint64_t threads,
+                      uint32_t* bad, uint32_t* example) {
+  __shared__ float2 table[kTableCells];
+  build_score_table(table);
+  __syncthreads();
+  const uint64_t tid = (uint64_t)blockIdx.x * blockDim.x + threadIdx.x;
+  uint32_t n = 0, last = 0;
+  for (uint64_t i = tid; i < count; i += threads) {
+    const uint32_t u = (uint32_t)(start + i);
+    const float l = __uint_as_float(u);
+    const float a = fast_score(l), m = score_margin(a, margin_scale), s = exact_score(l);
+    float lo = a - m, hi = a + m;
+    if (use_table && l <= 20.f) {  // filter_table's bound (margin_scale does not apply)
+      const float2 q = table_bound(table, l);
+      lo = q.x;
+      hi = q.y;
+    }
+    if (lo <= hi && !(lo <= s && s <= hi)) {  // !(lo <= hi): no bound (NaN, +inf), as in the routes
+      ++n;
+      last = u;
+    }
+  }
+  bad[tid] = n;
+  example[tid] = last;
+}
+
 template <int DT, int TPR>
 void launch_tpr(int64_t pt, dim3 grid, hipStream_t s, const void* logits, const float* bias, const float* bias_vl,
                 const uint8_t* image_rows, float* weights, int64_t* ids, int64_t experts, int topk, float route_scale,
@@ -237,6 +623,13 @@ void launch_tpr(int64_t pt, dim3 grid, hipStream_t s, const void* logits, const 
 // named route (engine/backend/hip_ops.py ROUTER_ROUTES spells the same codes):
 constexpr int kRouteWave = -1;       // one row per wave, k rounds of wave maxima (main's, round 2)
 constexpr int kRouteWaveLb = -2;     // the same, 4 blocks of 256 resident asked (<= 64 registers a thread)
+constexpr int kRouteFilter = -6;     // a fast bound on every expert, the exact score for candidates only
+constexpr int kRouteFilterRedux = -7;  // the same, the threshold's wave maxima one REDUX each (sm_80+)
+constexpr int kRouteFilterTable = -8;  // filter_redux bounding by a table of exact scores (no MUFU an expert)
+constexpr int kRouteFilterTableG16 = -9;  // filter_table's bound, a row a group of 16 lanes (2 or 4 rows a wave)
+constexpr int kRouteFilterTableG16Count = -10;  // the same, the threshold by counting (a shorter chain)
+constexpr int kRouteFilterG16 = -11;  // filter's fast bound, a row a group of 16 lanes, one launch a row group
+constexpr int kRouteFilterG16Count = -12;  // the same, the threshold by counting
 // THE DEFAULT ROUTE (threads_per_row 0): the fastest measured on the H200. Round 4's run (every
 // route, one process) at 65,536 rows x 384: wave_lb 229.2 us f32 / 229.1 bf16, wave 269.0 / 268.1;
 // at 1,024 rows (launch bound) wave 14.0, wave_lb 14.2: the launch bound caps the wave route's
@@ -259,6 +652,13 @@ int launch(const void* logits, const float* bias, const float* bias_vl, const ui
     switch (tpr) {
       case kRouteWave: launch_wave<DT, 1>(TD_ARGS); break;
       case kRouteWaveLb: launch_wave<DT, 4>(TD_ARGS); break;
+      case kRouteFilter: launch_filter<DT, false, false, 0>(TD_ARGS); break;
+      case kRouteFilterRedux: launch_filter<DT, true, false, 0>(TD_ARGS); break;
+      case kRouteFilterTable: launch_filter<DT, true, true, 0>(TD_ARGS); break;
+      case kRouteFilterTableG16: launch_filter<DT, false, true, 16>(TD_ARGS); break;
+      case kRouteFilterTableG16Count: launch_filter<DT, false, true, 16, true>(TD_ARGS); break;
+      case kRouteFilterG16: launch_filter<DT, false, false, 16>(TD_ARGS); break;
+      case kRouteFilterG16Count: launch_filter<DT, false, false, 16, true>(TD_ARGS); break;
       default: return TD_BAD_SHAPE;
     }
 #undef TD_ARGS
@@ -290,4 +690,13 @@ extern "C" int td_moe_route(const void* logits, const float* bias, const float* 
                                          route_scale, fault_text_bias_for_images, threads_per_row, s);
     default: return TD_BAD_DTYPE;
   }
+}
+
+extern "C" int td_moe_route_score_bound(uint64_t start, uint64_t count, float margin_scale, int use_table,
+                                        uint32_t* bad, uint32_t* example, int64_t threads, void* stream) {
+  if (threads <= 0 || threads % 256 != 0 || threads > (int64_t)256 << 20) return TD_BAD_SHAPE;
+  hipLaunchKernelGGL(moe_route_score_bound, dim3((unsigned int)(threads / 256)), dim3(256), 0,
+                     static_cast<hipStream_t>(stream), start, count, margin_scale, use_table, (uint64_t)threads, bad,
+                     example);
+  return td::launch_status();
 }

@@ -21,6 +21,27 @@
   template <typename T> __device__ inline T port_shfl(T v, int src_lane, int width)
   { return __shfl(v, src_lane, width); }
   __device__ inline port_lanemask_t port_ballot(int pred) { return __ballot(pred); }
+  // Lanes of one wave exchange through shared memory: a wave runs in lockstep on AMD, so only
+  // the compiler must be kept from moving shared loads and stores across this point.
+  __device__ inline void port_wave_sync() {
+    __builtin_amdgcn_fence(__ATOMIC_RELEASE, "wavefront");
+    __builtin_amdgcn_wave_barrier();
+    __builtin_amdgcn_fence(__ATOMIC_ACQUIRE, "wavefront");
+  }
+  // Fast approximations (v_exp_f32 / v_log_f32 / v_sqrt_f32, about 1 ulp, denormals flushed):
+  // only for the router's filter, whose margin covers errors far larger (moe_route.hip).
+  __device__ inline float port_fast_exp(float x) { return __expf(x); }
+  __device__ inline float port_fast_log(float x) { return __logf(x); }
+  __device__ inline float port_fast_sqrt(float x) { return __fsqrt_rn(x); }
+  // Maximum of an unsigned value over `width` lanes, every lane gets it (no one-instruction
+  // reduction on AMD: xor shuffles).
+  __device__ inline uint32_t port_wave_max_u32(uint32_t v, int width) {
+    for (int o = width / 2; o > 0; o >>= 1) {
+      const uint32_t other = __shfl_xor(v, o, width);
+      v = other > v ? other : v;
+    }
+    return v;
+  }
 #elif defined(__CUDACC__)
   #include <cuda_runtime.h>
   // cuda_fp16.h / cuda_bf16.h declare their own shuffles: include them before any macro.
@@ -37,6 +58,7 @@
   #define hipGetDevice         cudaGetDevice
   #define hipDeviceGetAttribute cudaDeviceGetAttribute
   #define hipDeviceAttributeWarpSize cudaDevAttrWarpSize
+  #define hipDeviceAttributeMultiprocessorCount cudaDevAttrMultiProcessorCount
   #define HIP_KERNEL_NAME(...) __VA_ARGS__
   #define hipLaunchKernelGGL(k, grid, block, shmem, stream, ...) \
     do { k<<<(grid), (block), (shmem), (stream)>>>(__VA_ARGS__); } while (0)
@@ -47,6 +69,40 @@
   template <typename T> __device__ inline T port_shfl(T v, int src_lane, int width)
   { return __shfl_sync(0xffffffffu, v, src_lane, width); }
   __device__ inline port_lanemask_t port_ballot(int pred) { return __ballot_sync(0xffffffffu, pred); }
+  // Lanes of one warp exchange through shared memory (independent thread scheduling since Volta:
+  // the barrier also orders the memory accesses).
+  __device__ inline void port_wave_sync() { __syncwarp(); }
+  // Fast approximations, denormals flushed: what __expf / __logf compile to under -ftz=true (the
+  // CUDA guide: at most 2 + floor(|1.173 x|) ulp, and 2^-21.41 absolute on [0.5, 2] else 3 ulp),
+  // without the non-ftz forms' denormal fix-ups (~6 instructions an expert), and sqrt.approx: only
+  // for the router's filter, whose margin covers errors far larger (moe_route.hip).
+  __device__ inline float port_fast_exp(float x) {
+    float r;
+    asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(x * 1.44269504f));
+    return r;
+  }
+  __device__ inline float port_fast_log(float x) {
+    float r;
+    asm("lg2.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(x));
+    return r * 0.693147181f;
+  }
+  __device__ inline float port_fast_sqrt(float x) {
+    float r;
+    asm("sqrt.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(x));
+    return r;
+  }
+  // Maximum of an unsigned value over `width` lanes, every lane gets it: one REDUX instruction
+  // over a full warp on sm_80+, xor shuffles otherwise.
+  __device__ inline uint32_t port_wave_max_u32(uint32_t v, int width) {
+  #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+    if (width == 32) return __reduce_max_sync(0xffffffffu, v);
+  #endif
+    for (int o = width / 2; o > 0; o >>= 1) {
+      const uint32_t other = __shfl_xor_sync(0xffffffffu, v, o, width);
+      v = other > v ? other : v;
+    }
+    return v;
+  }
 #else
   #error "compile with hipcc (-x hip) or nvcc (-x cu)"
 #endif
@@ -65,6 +121,18 @@ inline int port_device_warp_size() {
   if (known[dev] == 0) {
     int ws = 0;
     known[dev] = (hipDeviceGetAttribute(&ws, hipDeviceAttributeWarpSize, dev) == hipSuccess && ws > 0) ? ws : 64;
+  }
+  return known[dev];
+}
+
+// The current device's multiprocessor count, asked once per device (1 when it cannot be asked).
+inline int port_device_sm_count() {
+  static int known[64] = {0};
+  int dev = 0;
+  if (hipGetDevice(&dev) != hipSuccess || dev < 0 || dev >= 64) return 1;
+  if (known[dev] == 0) {
+    int n = 0;
+    known[dev] = (hipDeviceGetAttribute(&n, hipDeviceAttributeMultiprocessorCount, dev) == hipSuccess && n > 0) ? n : 1;
   }
   return known[dev];
 }

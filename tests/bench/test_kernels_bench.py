@@ -40,7 +40,7 @@ def test_router_best_is_the_fastest_route_per_size():
 def test_a_removed_route_asked_for_is_refused_by_name(name):
     why = K.only_refused(f"moe_route/f32/65536rows@{name}")
     assert why and "\n" not in why
-    assert f"{name!r} is not a router route (routes: wave, wave_lb;" in why
+    assert f"{name!r} is not a router route (routes: {', '.join(ROUTER_ROUTES)};" in why
     assert K.only_refused(f"@{name}") == why.replace(f"'moe_route/f32/65536rows@{name}'", f"'@{name}'")
 
 
@@ -58,3 +58,22 @@ def test_the_cli_says_one_line_and_exits_2_for_a_removed_route():
     assert r.returncode == 2 and r.stdout == ""
     assert r.stderr.count("\n") == 1 and "Traceback" not in r.stderr
     assert r.stderr.startswith(f"bench/kernels.py: --only 'moe_route/bf16/1024rows@{name}': {name!r} is not a router route")
+
+
+def test_router_agreement_tells_a_route_that_computes_something_else():
+    from engine.backend.torch_ops import TorchBackend
+
+    class Wrong(TorchBackend):  # the top-k in reverse order: the same experts, a wrong ranking
+        def moe_route(self, *args):
+            w, ids = super().moe_route(*args)
+            return w.flip(-1), ids.flip(-1)
+
+    g = torch.Generator().manual_seed(0)
+    a = (torch.randn(64, 384, generator=g) * 2, torch.randn(384, generator=g), torch.randn(384, generator=g),
+         torch.arange(64) % 2 == 1)
+    call = lambda be, a: be.moe_route(a[0], a[1], a[2], a[3], 6, 1.5)  # noqa: E731
+    ref = TorchBackend()
+    assert K.router_agreement(call, ref, ref, ref, a) == {
+        "rows_differing_from_torch": 0, "max_weight_diff_vs_torch": 0.0, "bitwise_equal_wave_route": True}
+    bad = K.router_agreement(call, Wrong(), ref, ref, a)
+    assert bad["rows_differing_from_torch"] == 64 and not bad["bitwise_equal_wave_route"]

@@ -12,6 +12,7 @@ import pytest
 import torch
 
 from engine.backend import pad_columns
+from engine.backend.hip_ops import ROUTER_ROUTES
 from engine.backend.torch_ops import TorchBackend
 from tensordiff.models import deepseek_faults as D
 
@@ -266,7 +267,7 @@ def test_moe_route_threads_per_row(ref, gen, threads, experts):
     torch.testing.assert_close(w, w_ref)
 
 
-@pytest.mark.parametrize("route", ["wave", "wave_lb"])
+@pytest.mark.parametrize("route", list(ROUTER_ROUTES))
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["f32", "bf16"])
 @pytest.mark.parametrize("experts", [8, 100, 384, 1000, 1024])
 def test_moe_route_every_named_route(ref, gen, route, dtype, experts):
@@ -287,6 +288,61 @@ def test_moe_route_every_named_route(ref, gen, route, dtype, experts):
     _, ids_f = be.with_faults({D.ROUTER_TEXT_BIAS_FOR_IMAGES}).moe_route(logits, bias, -bias_vl * 10, image, k, 1.5)
     _, ids_text = ref.moe_route(logits, bias, None, None, k, 1.5)
     assert torch.equal(ids_f, ids_text)
+
+
+FILTER_ROUTES = [r for r in ROUTER_ROUTES if r.startswith("filter")]
+
+
+def near_ties(rows, experts, group, gen):
+    """Saturated logits (s = sqrt(l)) with `group` experts a row a few ulps apart (many equal after
+    the root) and the rest far below: keys closer than the filter's fast functions can tell."""
+    logits = 21.0 - torch.rand(rows, experts, generator=gen, device="cuda")
+    cols = torch.rand(rows, experts, generator=gen, device="cuda").argsort(-1)[:, :group]
+    ulps = torch.randint(0, 3 * group, (rows, group), generator=gen, device="cuda").float()
+    return logits.scatter(1, cols, 30.0 + ulps * 2.0 ** -19)
+
+
+@pytest.mark.parametrize("route", FILTER_ROUTES)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["f32", "bf16"])
+def test_moe_route_filter_is_the_wave_route_bit_for_bit(gen, route, dtype):
+    # the filter ranks only candidates exactly: its ids and weights must be the wave route's, which
+    # ranks every expert exactly (and is held to torch above), bit for bit: random rows at the
+    # bench's size, near ties (a few ulps apart), mass ties (the slow path), -inf and saturated
+    # logits, 1,000 experts
+    from engine.backend.hip_ops import HipBackend
+
+    filt, wave = HipBackend(router_threads=route), HipBackend(router_threads="wave")
+    rows = 65536
+    logits = randn(rows, 384, gen=gen, dtype=dtype, scale=2.0)
+    logits[:512] = near_ties(512, 384, 40, gen).to(dtype)
+    logits[512:640] = torch.randint(21, 25, (128, 384), generator=gen, device="cuda").to(dtype)
+    sat = torch.rand(rows, 384, generator=gen, device="cuda")
+    sat[:640] = 0.5  # the tie rows stay as they are
+    logits[sat < 0.05] = -float("inf")
+    logits[sat > 0.97] = 40.0
+    bias, bias_vl = randn(384, gen=gen, scale=0.3), randn(384, gen=gen, scale=0.3)
+    image = torch.rand(rows, generator=gen, device="cuda") < 0.5
+    image[:640] = True  # with a zero bias_vl (the first case) their keys stay tied
+    for args in [(logits, bias, torch.zeros_like(bias_vl), image, 6, 1.5), (logits, bias, bias_vl, image, 8, 1.5),
+                 (randn(257, 1000, gen=gen, dtype=dtype, scale=2.0), randn(1000, gen=gen), None, None, 8, 2.5)]:
+        w, ids = filt.moe_route(*args)
+        w_wave, ids_wave = wave.moe_route(*args)
+        assert torch.equal(ids, ids_wave)
+        assert torch.equal(w.view(torch.int32), w_wave.view(torch.int32))
+
+
+def test_router_score_bound_holds_for_every_fp32_bit_pattern():
+    # the filters' bounds on sqrt(softplus(l)) (fast functions and a margin; filter_table's table
+    # of exact scores up to 20) against the exact score on this GPU, for all 2^32 logits: none
+    # outside; the fast bound with no margin, many: the check has teeth
+    from engine.backend.hip_ops import HipBackend
+
+    be = HipBackend()
+    for table in (False, True):  # filter / filter_redux's fast bound, filter_table's table
+        n, example = be.router_score_bound_violations(table=table)
+        assert n == 0, f"table={table}: {n} logits outside the bound, e.g. bits {example:#010x}"
+    n_tight, _ = be.router_score_bound_violations(margin_scale=0.0)
+    assert n_tight > 1000
 
 
 def test_moe_route_unknown_route_is_refused():

@@ -32,23 +32,63 @@ REF = TorchBackend()
 pytestmark = pytest.mark.skipif(CXX is None, reason="needs a C++20 host compiler (g++ or clang++)")
 
 
-@pytest.fixture(scope="module")
-def lib(module_tmp):
-    d = module_tmp("simt")
+HARNESS = """#include <atomic>
+// the filter routes' probe: how many candidates each row had (a histogram, 1,024 = more)
+static std::atomic<long> simt_candidates[1025];
+static void simt_probe(int n) { simt_candidates[n < 1024 ? n : 1024]++; }
+#define TD_ROUTER_FILTER_PROBE simt_probe
+#include "moe_route.hip"
+extern "C" void simt_set_warp_size(int ws) { simt::warp_size = ws; }
+extern "C" void simt_take_candidates(long* out) {
+  for (int i = 0; i < 1025; ++i) out[i] = simt_candidates[i].exchange(0);
+}
+"""
+
+
+def build(d: Path, *defines: str):
+    """moe_route.hip on the CPU stand-in, built in `d` with `defines` (-D...), as a ctypes library."""
     for name in ("moe_route.hip", "common.h", "kernels.h"):
         shutil.copy(HIP / name, d / name)
     shutil.copy(SIMT, d / "portable.h")  # found first: common.h includes "portable.h" from its own folder
-    (d / "harness.cpp").write_text('#include "moe_route.hip"\n'
-                                   'extern "C" void simt_set_warp_size(int ws) { simt::warp_size = ws; }\n')
+    (d / "harness.cpp").write_text(HARNESS)
     r = subprocess.run([CXX, "-std=c++20", "-O1", "-pthread", "-shared", "-fPIC", "-Wall", "-Werror",
-                        "-Wno-unknown-pragmas", f"-I{d}", str(d / "harness.cpp"), "-o", str(d / "libroute.so")],
+                        "-Wno-unknown-pragmas", *defines, f"-I{d}", str(d / "harness.cpp"),
+                        "-o", str(d / "libroute.so")],
                        capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr[-3000:]
     so = ctypes.CDLL(str(d / "libroute.so"))
     so.td_moe_route.restype = ctypes.c_int
     so.td_moe_route.argtypes = [ctypes.c_void_p] * 6 + [ctypes.c_int64, ctypes.c_int64, ctypes.c_int, ctypes.c_float,
                                                          ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_void_p]
+    so.simt_take_candidates.argtypes = [ctypes.c_void_p]
+    so.td_moe_route_score_bound.restype = ctypes.c_int
+    so.td_moe_route_score_bound.argtypes = [ctypes.c_uint64, ctypes.c_uint64, ctypes.c_float, ctypes.c_int,
+                                            ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p]
     return so
+
+
+@pytest.fixture(scope="module")
+def lib(module_tmp):
+    return build(module_tmp("simt"))
+
+
+@pytest.fixture(scope="module")
+def lib_no_margin(module_tmp):
+    """Planted: the filter's bound made too tight (margin 0)."""
+    return build(module_tmp("simt-no-margin"), "-DTD_ROUTER_FILTER_FAULT_NO_MARGIN")
+
+
+@pytest.fixture(scope="module")
+def lib_slow(module_tmp):
+    """The filter routes with every row on the slow path (a list of 0 candidates)."""
+    return build(module_tmp("simt-slow"), "-DTD_ROUTER_FILTER_CAP=0")
+
+
+def candidates(lib) -> np.ndarray:
+    """The probe's histogram since the last call: how many rows had n candidates (n = 1,024: more)."""
+    out = np.zeros(1025, np.int64)
+    lib.simt_take_candidates(out.ctypes.data)
+    return out
 
 
 def route(lib, logits, bias, bias_vl, image, k, scale, *, ws=32, fault=False, threads=0):
@@ -95,7 +135,8 @@ CASES = [(1, 8, 1), (5, 64, 2), (9, 100, 6), (19, 384, 6), (11, 384, 8), (6, 100
 
 
 # the named routes' codes (threads_per_row < 0, hip/moe_route.hip kRoute*; 0 is the default among them)
-ROUTES = {"default": 0, "wave": -1, "wave_lb": -2}
+ROUTES = {"default": 0, "wave": -1, "wave_lb": -2, "filter": -6, "filter_redux": -7, "filter_table": -8,
+          "filter_table_g16": -9, "filter_table_g16_count": -10, "filter_g16": -11, "filter_g16_count": -12}
 
 
 @pytest.mark.parametrize("route_name", list(ROUTES))
@@ -117,7 +158,7 @@ def test_every_route_without_image_rows(lib, ws, mode, route_name):
     same(route(lib, *args, ws=ws, threads=ROUTES[route_name]), REF.moe_route(*args))
 
 
-@pytest.mark.parametrize("code", [-9, 32, *(c for _, c in removed_router_routes())])
+@pytest.mark.parametrize("code", [-99, 32, *(c for _, c in removed_router_routes())])
 def test_an_unknown_or_removed_route_code_is_refused(lib, code):
     logits, bias, bias_vl, image = inputs(3, 64, torch.float32)
     with pytest.raises(AssertionError, match=r"\[-2\]"):  # TD_BAD_SHAPE, nothing launched
@@ -184,3 +225,212 @@ def test_the_block_route_under_the_same_stand_in(lib, threads):
     logits, bias, bias_vl, image = inputs(7, 384, torch.float32, seed=9)
     same(route(lib, logits, bias, bias_vl, image, 6, 1.5, ws=64, threads=threads),
          REF.moe_route(logits, bias, bias_vl, image, 6, 1.5))
+
+
+# --- the filter routes (hip/moe_route.hip: a fast bound on every expert, exact scores for the
+# candidates only): the same ids AND weights, bit for bit, as the wave route that ranks every
+# expert exactly; the stand-in's fast functions are worse than the GPUs' (simt/portable.h) ----
+
+FILTERS = [name for name in ROUTES if name.startswith("filter")]
+
+
+def near_ties(rows: int, experts: int, group: int, seed: int):
+    """Saturated logits (> 20: s = sqrt(l), correctly rounded everywhere) where `group` experts a
+    row sit a few ulps apart, many of them equal after the root, the rest far below: the k-th
+    and (k+1)-th keys are closer than the fast functions' error. Zero bias."""
+    g = torch.Generator().manual_seed(seed)
+    logits = torch.full((rows, experts), 21.0) - torch.rand(rows, experts, generator=g)  # s in (4.47, 4.58]
+    for r in range(rows):
+        cols = torch.randperm(experts, generator=g)[:group]
+        logits[r, cols] = 30.0 + torch.randint(0, 3 * group, (group,), generator=g).float() * 2.0 ** -19
+    return logits, torch.zeros(experts)
+
+
+def sqrt_ranked(logits: torch.Tensor, k: int, scale: float):
+    s = np.sqrt(logits.numpy().astype(np.float32))  # correctly rounded, as sqrtf
+    return ranked_by_key_then_id(s, s, k, scale)
+
+
+def bitwise(got, want):
+    assert torch.equal(got[1], want[1])
+    assert torch.equal(got[0].view(torch.int32), want[0].view(torch.int32))
+
+
+@pytest.mark.parametrize("ws", [32, 64])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["f32", "bf16"])
+@pytest.mark.parametrize("route_name", FILTERS)
+@pytest.mark.parametrize("rows,experts,k", CASES + [(70, 384, 6)], ids=str)  # 70: filter_table's blocks loop
+def test_a_filter_route_is_the_wave_route_bit_for_bit(lib, route_name, dtype, ws, rows, experts, k):
+    logits, bias, bias_vl, image = inputs(rows, experts, dtype, seed=rows * 1000 + experts + 1)
+    args = (logits, bias, bias_vl, image, k, 1.5)
+    bitwise(route(lib, *args, ws=ws, threads=ROUTES[route_name]), route(lib, *args, ws=ws, threads=ROUTES["wave"]))
+
+
+@pytest.mark.parametrize("ws", [32, 64])
+@pytest.mark.parametrize("route_name", FILTERS)
+@pytest.mark.parametrize("k", range(1, 9))
+def test_a_filter_route_takes_every_topk(lib, route_name, ws, k):
+    logits, bias, bias_vl, image = inputs(9, 384, torch.float32, seed=40 + k)
+    same(route(lib, logits, bias, bias_vl, image, k, 1.5, ws=ws, threads=ROUTES[route_name]),
+         REF.moe_route(logits, bias, bias_vl, image, k, 1.5))
+
+
+@pytest.mark.parametrize("ws", [32, 64])
+@pytest.mark.parametrize("route_name", FILTERS)
+def test_a_filter_route_near_ties(lib, route_name, ws):
+    """40 near-equal keys a row: more candidates than a warp32 has lanes (a lane ranks two), all
+    on the list (fewer than kFilterCap): the exact ranks still decide, ties to the lower id."""
+    logits, bias = near_ties(12, 384, 40, seed=21)
+    candidates(lib)
+    got = route(lib, logits, bias, None, None, 8, 1.5, ws=ws, threads=ROUTES[route_name])
+    seen = candidates(lib)
+    same(got, sqrt_ranked(logits, 8, 1.5))
+    n = np.repeat(np.arange(1025), seen)
+    assert len(n) == 12 and (n >= 40).all() and (n <= 64).all(), n  # the case is the one it says
+
+
+@pytest.mark.parametrize("ws", [32, 64])
+@pytest.mark.parametrize("route_name", FILTERS)
+def test_a_filter_route_without_a_margin_misses_near_ties(lib_no_margin, route_name, ws):
+    """Planted: the bound made too tight. The near ties' fast scores disorder the top keys, so an
+    expert of the exact top-k falls below the threshold: some row's ids are wrong."""
+    logits, bias = near_ties(12, 384, 40, seed=21)
+    _, ids = route(lib_no_margin, logits, bias, None, None, 8, 1.5, ws=ws, threads=ROUTES[route_name])
+    assert not torch.equal(ids, sqrt_ranked(logits, 8, 1.5)[1])
+
+
+@pytest.mark.parametrize("ws", [32, 64])
+@pytest.mark.parametrize("route_name", FILTERS)
+def test_a_filter_route_on_random_rows_ranks_few_candidates(lib, route_name, ws):
+    """The reason the route is fast: random rows of 384 have about k + a few candidates. With the
+    stand-in's worse fast functions, still: none above 2k, the mean under k + 3."""
+    logits, bias, bias_vl, image = inputs(64, 384, torch.float32, seed=17)
+    candidates(lib)
+    route(lib, logits, bias, bias_vl, image, 6, 1.5, ws=ws, threads=ROUTES[route_name])
+    n = np.repeat(np.arange(1025), candidates(lib))
+    assert len(n) == 64 and n.min() >= 6 and n.max() <= 12 and n.mean() < 9, (n.mean(), n.max())
+
+
+@pytest.mark.parametrize("ws", [32, 64])
+@pytest.mark.parametrize("route_name", FILTERS)
+def test_a_filter_route_takes_the_slow_path_for_mass_ties(lib, route_name, ws):
+    """Saturated logits of four values: ~96 experts a row share a key, more than kFilterCap
+    candidates: the rows take k rounds of wave maxima, with the same result."""
+    g = torch.Generator().manual_seed(3)
+    logits = torch.randint(21, 25, (13, 384), generator=g).float()
+    candidates(lib)
+    got = route(lib, logits, torch.zeros(384), None, None, 8, 1.0, ws=ws, threads=ROUTES[route_name])
+    assert (np.repeat(np.arange(1025), candidates(lib)) > 64).all()
+    s = np.sqrt(logits.numpy())
+    same(got, ranked_by_key_then_id(s, s, 8, 1.0))
+
+
+@pytest.mark.parametrize("ws", [32, 64])
+@pytest.mark.parametrize("route_name", FILTERS)
+def test_the_slow_path_alone_is_the_wave_route(lib, lib_slow, route_name, ws):
+    """Built with a list of no candidates, every row takes the slow path: random rows (f32, bf16,
+    image rows), near ties and 1,000 experts all equal the wave route bit for bit."""
+    cases = [inputs(9, 384, torch.float32, seed=1), inputs(6, 1000, torch.bfloat16, seed=2)]
+    cases += [(*near_ties(5, 384, 40, seed=4), None, None)]
+    for logits, bias, bias_vl, image in cases:
+        args = (logits, bias, bias_vl, image, 8, 1.5)
+        bitwise(route(lib_slow, *args, ws=ws, threads=ROUTES[route_name]),
+                route(lib, *args, ws=ws, threads=ROUTES["wave"]))
+
+
+@pytest.mark.parametrize("ws", [32, 64])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["f32", "bf16"])
+@pytest.mark.parametrize("route_name", FILTERS)
+def test_a_filter_route_with_infinite_and_saturated_logits(lib, route_name, dtype, ws):
+    """-inf logits (s = 0), logits past 20 (s = sqrt(l), the other branch), +inf (no bound: always a
+    candidate, key +inf), a bias that lifts an s = 0 expert into the top: as the reference."""
+    logits, bias, bias_vl, image = inputs(16, 384, torch.float32, seed=8)
+    g = torch.Generator().manual_seed(9)
+    logits[torch.rand(16, 384, generator=g) < 0.3] = -float("inf")
+    logits[torch.rand(16, 384, generator=g) < 0.1] = 25.0 + 50 * torch.rand(1, generator=g).item()
+    logits[3, 7] = float("inf")
+    logits[5, :] = -float("inf")  # every s = 0: the biases alone rank
+    bias[11] = 9.0  # lifts expert 11 on text rows even where its s is 0
+    logits = logits.to(dtype)
+    args = (logits, bias, bias_vl, image, 6, 1.5)
+    got = route(lib, *args, ws=ws, threads=ROUTES[route_name])
+    bitwise(got, route(lib, *args, ws=ws, threads=ROUTES["wave"]))
+    want = REF.moe_route(*args)
+    assert torch.equal(got[1], want[1])
+    ok = torch.isfinite(want[0])  # the +inf row's weights are inf / inf
+    torch.testing.assert_close(got[0][ok], want[0][ok])
+
+
+def score_bound_violations(lib, start: int, count: int, margin_scale: float, table: bool = False) -> int:
+    bad, example = np.zeros(256, np.uint32), np.zeros(256, np.uint32)
+    lib.simt_set_warp_size(32)
+    assert lib.td_moe_route_score_bound(start, count, margin_scale, int(table), bad.ctypes.data, example.ctypes.data,
+                                        256, None) == 0
+    return int(bad.sum())
+
+
+# 4,096 consecutive fp32 bit patterns around each point where a bound's error changes: 0, tiny,
+# the log's [0.5, 2] range, table cell edges (-16, -15.98, 3.015625), the l > 20 switch, -87
+# where exp flushes, huge
+BOUND_POINTS = (1e-30, 0.5, 1.0, 2.0, 3.015625, 7.5, 19.999, 20.0, 20.001, 88.0, 1e30, -1e-30, -0.5, -2.0, -15.0,
+                -15.984375, -16.0, -16.1, -87.0, -87.5, -103.0, -1e30)
+BOUND_STARTS = [int(np.array(x, np.float32).view(np.uint32)) - 2048 for x in BOUND_POINTS]
+
+
+def test_the_score_bound_holds_and_a_tighter_one_does_not(lib):
+    """td_moe_route_score_bound (the GPU test runs every fp32 bit pattern) on the stand-in: none
+    outside the routes' margin; a margin of 1/16 of it has violations, so the check can fail."""
+    assert sum(score_bound_violations(lib, s, 4096, 1.0) for s in BOUND_STARTS) == 0
+    assert sum(score_bound_violations(lib, s, 4096, 1 / 16) for s in BOUND_STARTS) > 0
+
+
+def test_the_table_bound_holds_and_a_table_of_no_width_does_not(lib, lib_no_margin):
+    """filter_table's bound (a table of exact scores every 1/32 of a logit up to 20): none outside,
+    around the same points and 97 more from -17 to 21; the planted table of cells of no width (the
+    score at each cell's centre) has violations."""
+    grid = [int(np.array(x, np.float32).view(np.uint32)) - 2048 for x in np.linspace(-17, 21, 97)]
+    assert sum(score_bound_violations(lib, s, 4096, 1.0, table=True) for s in BOUND_STARTS + grid) == 0
+    assert sum(score_bound_violations(lib_no_margin, s, 4096, 1.0, table=True) for s in BOUND_STARTS) > 0
+
+
+def clustered_keys(rows: int, experts: int, group: int, seed: int):
+    """Logits in [1, 5] (filter_table's table range) and a bias that brings `group` experts' keys
+    within 0.002 of each other, the rest far below: the keys' order inside the cluster is finer
+    than a table cell, so only the cells' full width keeps the exact top-k among the candidates."""
+    g = torch.Generator().manual_seed(seed)
+    logits = 1 + 4 * torch.rand(rows, experts, generator=g)
+    s = torch.nn.functional.softplus(logits).sqrt()
+    bias = -1.0 - s[0] + 0.0  # the far rest: keys near -1
+    cols = torch.randperm(experts, generator=g)[:group]
+    bias[cols] = 3.0 - s[0, cols] + 0.002 * torch.rand(group, generator=g)
+    logits[1:] = logits[0] + 1e-3 * torch.randn(rows - 1, experts, generator=g)  # rows alike: keys still clustered
+    return logits, bias
+
+
+@pytest.mark.parametrize("ws", [32, 64])
+@pytest.mark.parametrize("route_name", FILTERS)
+def test_a_filter_route_clustered_keys(lib, lib_no_margin, route_name, ws):
+    """40 keys within 0.002 (finer than a table cell, coarser than the fast functions' error): as
+    the wave route, bit for bit; filter_table with cells of no width misses some."""
+    logits, bias = clustered_keys(16, 384, 40, seed=31)
+    args = (logits, bias, None, None, 8, 1.5)
+    bitwise(route(lib, *args, ws=ws, threads=ROUTES[route_name]), route(lib, *args, ws=ws, threads=ROUTES["wave"]))
+    if route_name == "filter_table":
+        _, ids = route(lib_no_margin, *args, ws=ws, threads=ROUTES[route_name])
+        assert not torch.equal(ids, route(lib, *args, ws=ws, threads=ROUTES["wave"])[1])
+
+
+@pytest.mark.parametrize("ws", [32, 64])
+@pytest.mark.parametrize("route_name", FILTERS)
+def test_a_filter_route_mixes_slow_and_fast_rows(lib, route_name, ws):
+    """Mass-tie rows (the slow path) between random rows: a wave holding both (filter_table_g16
+    puts 2 or 4 rows in one) sends them all down the slow path together; every row still the wave
+    route's, bit for bit."""
+    g = torch.Generator().manual_seed(12)
+    logits = torch.randn(23, 384, generator=g) * 2
+    logits[::3] = torch.randint(21, 25, (8, 384), generator=g).float()
+    args = (logits, torch.zeros(384), None, None, 8, 1.5)
+    candidates(lib)
+    bitwise(route(lib, *args, ws=ws, threads=ROUTES[route_name]), route(lib, *args, ws=ws, threads=ROUTES["wave"]))
+    n = np.repeat(np.arange(1025), candidates(lib))
+    assert (n > 64).sum() == 8 and (n <= 16).sum() == 15  # the case is the one it says

@@ -28,6 +28,7 @@ struct dim3 {
 };
 struct uint4 { unsigned int x, y, z, w; };
 struct float4 { float x, y, z, w; };
+struct float2 { float x, y; };
 inline uint4 make_uint4(unsigned int a, unsigned int b, unsigned int c, unsigned int d) { return {a, b, c, d}; }
 
 #define __global__
@@ -130,8 +131,58 @@ template <typename T> inline T port_shfl(T v, int src_lane, int width, int line 
   return simt_exchange(v, base + src_lane % width, line);
 }
 
+// Ballot: every lane's predicate, one bit a lane (64 bits, as on AMD), at one site for all lanes.
+inline uint64_t port_ballot(int pred, int line = __builtin_LINE()) {
+  simt::ctx.slots[simt::ctx.lane] = pred ? 1 : 0;
+  simt::ctx.sites[simt::ctx.lane] = line;
+  simt::ctx.wave->arrive_and_wait();
+  bool together = __atomic_load_n(simt::ctx.left, __ATOMIC_SEQ_CST) == 0;
+  uint64_t mask = 0;
+  for (int l = 0; l < warpSize; ++l) {
+    together = together && simt::ctx.sites[l] == line;
+    if (simt::ctx.slots[l]) mask |= 1ull << l;
+  }
+  if (!together) {
+    int none = 0;
+    simt::diverged.compare_exchange_strong(none, line);
+  }
+  simt::ctx.wave->arrive_and_wait();
+  return mask;
+}
+// Shared memory between the lanes of a wave: a barrier of the wave, at one site of the source
+// for all its lanes (as a shuffle: a lane elsewhere or gone is reported).
+inline void port_wave_sync(int line = __builtin_LINE()) { simt_exchange(0, simt::ctx.lane, line); }
+inline uint32_t port_wave_max_u32(uint32_t v, int width, int line = __builtin_LINE()) {
+  for (int o = width / 2; o > 0; o >>= 1) {
+    const uint32_t other = port_shfl_xor(v, o, width, line);
+    v = other > v ? other : v;
+  }
+  return v;
+}
+inline int __ffs(int x) { return __builtin_ffs(x); }
+inline int __popc(unsigned int x) { return __builtin_popcount(x); }
+
+// The fast approximations of the router's filter, made WORSE than the GPUs' on purpose: errors
+// of a pseudo-random sign per input at (or beyond) the CUDA guide's worst case for |x| <= 88
+// (__expf 2^-15 relative, __logf 2^-21 absolute plus 3 ulp, sqrt 2^-22 relative), denormal
+// results flushed. The filter's margin must cover them (every route test passes) and a margin
+// made too tight must not (tests/hip/test_hip_moe_route_simt.py plants it).
+inline float simt_sign(float x, uint32_t salt) {
+  uint32_t u;
+  memcpy(&u, &x, 4);
+  return ((u ^ salt) * 0x9E3779B1u) & 0x80000000u ? 1.f : -1.f;
+}
+inline float simt_ftz(float r) { return fabsf(r) < 1.17549435e-38f ? 0.f : r; }
+inline float port_fast_exp(float x) { return simt_ftz(expf(x) * (1.f + simt_sign(x, 0u) * 0x1p-15f)); }
+inline float port_fast_log(float x) {
+  const float r = logf(x);
+  return r + simt_sign(x, 0x5bd1e995u) * (0x1p-21f + fabsf(r) * 0x3p-23f);
+}
+inline float port_fast_sqrt(float x) { return simt_ftz(sqrtf(simt_ftz(x)) * (1.f + simt_sign(x, 0x27d4eb2fu) * 0x1p-22f)); }
+
 #define PORT_MAX_WARPS_PER_BLOCK 32
 constexpr int kNarrowestWave = 1024 / PORT_MAX_WARPS_PER_BLOCK;
 inline int port_device_warp_size() { return simt::warp_size; }
+inline int port_device_sm_count() { return 1; }  // few persistent blocks: each loops over many rows
 inline float port_mul_rn(float a, float b) { return a * b; }
 inline float port_add_rn(float a, float b) { return a + b; }
