@@ -630,17 +630,18 @@ constexpr int kRouteFilterTableG16 = -9;  // filter_table's bound, a row a group
 constexpr int kRouteFilterTableG16Count = -10;  // the same, the threshold by counting (a shorter chain)
 constexpr int kRouteFilterG16 = -11;  // filter's fast bound, a row a group of 16 lanes, one launch a row group
 constexpr int kRouteFilterG16Count = -12;  // the same, the threshold by counting
-// THE DEFAULT ROUTE (threads_per_row 0): the fastest measured on the H200. Round 4's run (every
-// route, one process) at 65,536 rows x 384: wave_lb 229.2 us f32 / 229.1 bf16, wave 269.0 / 268.1;
-// at 1,024 rows (launch bound) wave 14.0, wave_lb 14.2: the launch bound caps the wave route's
-// occupancy gain there.
+// THE DEFAULT ROUTE (threads_per_row 0): the fastest measured on the H200. Round 5's run C (every
+// route, one process) at 65,536 rows x 384: filter_redux 76.7 us f32 / 76.1 bf16 (32.7% / 17.2% of
+// the copy roofline), filter_table_g16 78.4 / 76.9, filter 86.8 / 86.6, wave_lb 227.9 / 227.8; at
+// 1,024 rows (launch bound) filter_redux 4.97 / 4.87, filter 5.87, wave 13.7. Round 4's default was
+// wave_lb (229.2 us; wave 269.0).
 // Removed (2026-12-01), not to be re-added blindly: the group routes group16 (-3), group16_lb (-4)
 // and group32 (-5), one row per 16 or 32 lanes with ranks counted over shuffles. They lost every
 // H200 measurement (65,536 x 384 fp32: wave_lb 229 us, group16_lb 291.8, group32 319.1, group16
 // 362.0: 106-121 registers a thread, low occupancy) and their templates (10 slot tiers x 2 launch
 // bounds x 2 dtypes) took ~94 s of hipcc and ~102 s of nvcc against ~2 s for any other kernel
 // file. Their codes stay unused: td_moe_route refuses them (TD_BAD_SHAPE).
-constexpr int kDefaultRoute = kRouteWaveLb;
+constexpr int kDefaultRoute = kRouteFilterRedux;
 
 template <int DT>
 int launch(const void* logits, const float* bias, const float* bias_vl, const uint8_t* image_rows, float* weights,
