@@ -139,7 +139,10 @@ ROUTES = {"default": 0, "wave": -1, "wave_lb": -2, "filter": -6, "filter_redux":
           "filter_table_g16": -9, "filter_table_g16_count": -10, "filter_g16": -11, "filter_g16_count": -12}
 
 
-@pytest.mark.parametrize("route_name", list(ROUTES))
+# Against the reference: the wave routes and the default (a filter route); every filter route is
+# held bit for bit to the wave route on the same cases (test_a_filter_route_is_the_wave_route_bit_for_bit),
+# which is this test's reference match for them at a fifth of the SIMT runs.
+@pytest.mark.parametrize("route_name", ["default", "wave", "wave_lb"])
 @pytest.mark.parametrize("ws", [32, 64])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["f32", "bf16"])
 @pytest.mark.parametrize("rows,experts,k", CASES, ids=str)
