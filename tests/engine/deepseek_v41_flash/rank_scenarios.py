@@ -4,12 +4,13 @@ the agent (about 3 s at 2 ranks on the 2-core CI machine), the runs themselves a
 
     torchrun --standalone --nproc-per-node W tests/engine/deepseek_v41_flash/rank_scenarios.py PLAN.json
 
-PLAN.json: a list of argument lists. Each one runs the module as `-m` would (`runpy`, as
-`__main__`, with its own sys.argv) and its exit status goes to `<its --out>.rc.rank<r>`; the
-rank's output of that run goes to `<its --out>.log.rank<r>`. Every run gets a process group of
-its own: rank 0 hosts a fresh store on a free port for it and hands the port on through the
-agent's store (a second process group on the agent's store would read the first one's stale
-addresses). A run that raises ends the launch, as it would end its own.
+PLAN.json: a list of {"world": N, "argv": [...]}, N at most W. Ranks 0..N-1 run the module as
+`-m` would (`runpy`, as `__main__`, with its own sys.argv, RANK and WORLD_SIZE: a run of N ranks
+sees exactly what a launch of N would give it); the ranks past N skip that run. Each rank's exit
+status goes to `<its --out>.rc.rank<r>`, its output to `<its --out>.log.rank<r>`. Every run gets
+a process group of its own: rank 0 hosts a fresh store on a free port for it and hands the port
+on through the agent's store (a second process group on the agent's store would read the first
+one's stale addresses). A run that raises ends the launch, as it would end its own.
 """
 from __future__ import annotations
 
@@ -39,13 +40,17 @@ def main(plan_file: str) -> int:
     plan = json.loads(Path(plan_file).read_text())
     rank = int(os.environ["RANK"])
     agent = TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), is_master=False,
-                     timeout=datetime.timedelta(seconds=120))
+                     timeout=datetime.timedelta(seconds=300))
     os.environ["TORCHELASTIC_USE_AGENT_STORE"] = "False"  # rank 0 hosts each run's own store
-    for i, argv in enumerate(plan):
+    for i, run in enumerate(plan):
+        if rank >= run["world"]:
+            continue
+        argv = run["argv"]
         key = f"rank-scenarios/{i}/port"
         if rank == 0:
             agent.set(key, str(_free_port()))
-        os.environ["MASTER_PORT"] = agent.get(key).decode()
+        os.environ.update(MASTER_PORT=agent.get(key).decode(), WORLD_SIZE=str(run["world"]),
+                          LOCAL_WORLD_SIZE=str(run["world"]))
         out = _out(argv)
         out.parent.mkdir(parents=True, exist_ok=True)
         sys.argv = ["engine.deepseek_v41_flash.distributed", *argv]

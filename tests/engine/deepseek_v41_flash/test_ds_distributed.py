@@ -108,10 +108,11 @@ def official_oracle(module_tmp, picture):
     return oracle_dump(module_tmp("official") / "o", picture, [])
 
 
-# Every sharded run the tests below judge, (world, fault, official numerics); each world's runs
-# share one torchrun launch (rank_scenarios.py): a launch is a Python + torch start-up a rank and
-# one for the agent, several times what the tiny runs themselves cost. Each run is still the rank
-# program's own `-m` entry with its own arguments, output directory and exit status.
+# Every sharded run the tests below judge, (world, fault, official numerics), in one torchrun
+# launch of the largest world (rank_scenarios.py; a run of 2 ranks takes ranks 0 and 1 of it, with
+# the RANK and WORLD_SIZE a launch of 2 would give them): a launch is a Python + torch start-up a
+# rank and one for the agent, several times what the tiny runs themselves cost. Each run is still
+# the rank program's own `-m` entry with its own arguments, output directory and exit status.
 RUNS = {2: [(None, False), ("shard-order-reversed", False), ("partial-as-replicated", False),
             ("expert-bias-shift", False), ("shard-order-reversed", True), ("expert-bias-shift", True)],
         4: [(None, False), ("expert-bias-shift", False)]}
@@ -121,36 +122,36 @@ def _run_dir(root: Path, world: int, fault, official: bool) -> Path:
     return root / f"w{world}-{fault or 'clean'}-{'official' if official else 'semantic'}" / "run"
 
 
-def torchrun(root: Path, world: int, picture, runs) -> subprocess.CompletedProcess:
-    """One launch at `world` ranks running the rank program once per (fault, official) of `runs`."""
+def torchrun(root: Path, picture, runs: dict) -> subprocess.CompletedProcess:
+    """One launch running the rank program once per (world, fault, official) of `runs`."""
     plan = []
-    for fault, official in runs:
-        args = ["--image", str(picture), "--prompt", "Describe <image>.", "--decode", "2",
-                "--out", str(_run_dir(root, world, fault, official)), *([] if official else SEMANTIC)]
-        plan.append(args + (["--fault", fault] if fault else []))
-    (root / f"plan-{world}.json").write_text(json.dumps(plan))
+    for world, cases in runs.items():
+        for fault, official in cases:
+            args = ["--image", str(picture), "--prompt", "Describe <image>.", "--decode", "2",
+                    "--out", str(_run_dir(root, world, fault, official)), *([] if official else SEMANTIC)]
+            plan.append({"world": world, "argv": args + (["--fault", fault] if fault else [])})
+    (root / "plan.json").write_text(json.dumps(plan))
     scratch = root / "tmp"  # torchrun's agent leaves a torchelastic_* directory in TMPDIR
     scratch.mkdir(parents=True, exist_ok=True)
     return subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node",
-                           str(world), str(Path(__file__).with_name("rank_scenarios.py")),
-                           str(root / f"plan-{world}.json")],
+                           str(max(runs)), str(Path(__file__).with_name("rank_scenarios.py")), str(root / "plan.json")],
                           capture_output=True, text=True, cwd=ROOT, env={**env(), "TMPDIR": str(scratch)}, timeout=300)
 
 
 @pytest.fixture(scope="module")
 def launches(module_tmp, picture):
     root = module_tmp("runs")
-    return root, {world: torchrun(root, world, picture, runs) for world, runs in RUNS.items()}
+    return root, torchrun(root, picture, RUNS)
 
 
 def sharded_run(launches, world: int, fault=None, official: bool = False) -> Path:
     """The run's directory, once every rank of it exited 0 (else its ranks' output fails the test)."""
-    root, procs = launches
+    root, proc = launches
     run = _run_dir(root, world, fault, official)
     rcs = [Path(f"{run}.rc.rank{r}") for r in range(world)]
     logs = "".join(Path(f"{run}.log.rank{r}").read_text() for r in range(world) if Path(f"{run}.log.rank{r}").exists())
     assert all(p.exists() and p.read_text() == "0" for p in rcs), \
-        logs + procs[world].stderr[-3000:]
+        logs + proc.stderr[-3000:]
     return run
 
 
