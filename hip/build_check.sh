@@ -25,8 +25,11 @@ trap 'rm -rf "$out"' EXIT
 # scratch inside ours, which goes on exit.
 export TMPDIR="$out"
 
-hip_cmd() {  # $1 source, $2 object, $3 the one offload arch of this job
-  HIP_PLATFORM=amd "$HIPCC" -x hip --offload-arch="$3" -std=c++17 -O3 -fPIC -Wall -Werror -I"$here" -c "$1" -o "$2"
+hip_cmd() {  # $1 source, $2 object, $3 the one offload arch of this job, $4 "device" for its device pass only
+  # The host pass is the same code whatever the offload arch: the first arch's job compiles it
+  # (with that arch's device pass), every later arch's job only its own device pass.
+  local only=(); [ "${4:-}" = device ] && only=(--offload-device-only)
+  HIP_PLATFORM=amd "$HIPCC" -x hip --offload-arch="$3" "${only[@]}" -std=c++17 -O3 -fPIC -Wall -Werror -I"$here" -c "$1" -o "$2"
 }
 nvcc_cmd() {
   "$NVCC" -x cu -arch="$NVCC_ARCH" -std=c++17 -O3 -Werror all-warnings -Xcompiler -fPIC,-Wall,-Werror -I"$here" -c "$1" -o "$2"
@@ -47,23 +50,28 @@ for c in "${compilers[@]}"; do
 done
 [ $status -ne 0 ] && exit $status
 
-# Run the compiles JOBS at a time, then report each one in order. hipcc compiles one offload
-# arch a job: the router's route templates take minutes a device pass, and two archs in one
-# invocation run their device passes one after the other.
-pids=(); names=()
+# Run the compiles JOBS at a time, the biggest sources first (a long compile started last would
+# run alone at the end), then report each one in the order of the arguments. hipcc compiles one
+# offload arch a job: the router's route templates take minutes a device pass, and two archs in
+# one invocation run their device passes one after the other.
+names=(); jobs_=()
 i=0
 for c in "${compilers[@]}"; do
   targets=("$NVCC_ARCH"); [ "$c" = hip ] && read -r -a targets <<<"$HIP_ARCHS"
   for f in "${files[@]}"; do
+    part=full
     for t in "${targets[@]}"; do
-      log="$out/$i.log"
-      ( "${c}_cmd" "$f" "$out/$i.o" "$t" >"$log" 2>&1; echo $? >"$out/$i.rc" ) &
-      pids+=($!); names+=("$c $t $(basename "$f")")
+      names+=("$c $t $(basename "$f")")
+      jobs_+=("$(wc -c <"$f" 2>/dev/null || echo 0) $i $c $t $part $f")
+      part=device
       i=$((i + 1))
-      while [ "$(jobs -rp | wc -l)" -ge "$JOBS" ]; do sleep 0.1; done
     done
   done
 done
+while read -r _ j c t part f; do
+  ( "${c}_cmd" "$f" "$out/$j.o" "$t" "$part" >"$out/$j.log" 2>&1; echo $? >"$out/$j.rc" ) &
+  while [ "$(jobs -rp | wc -l)" -ge "$JOBS" ]; do sleep 0.1; done
+done < <(printf '%s\n' "${jobs_[@]}" | sort -k1,1nr -k2,2n)
 wait
 for j in "${!names[@]}"; do
   rc="$(cat "$out/$j.rc" 2>/dev/null || echo 1)"

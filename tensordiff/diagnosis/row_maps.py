@@ -200,11 +200,20 @@ def _placeholder(rows: np.ndarray, match: np.ndarray, xb: np.ndarray) -> tuple[n
     lost = np.flatnonzero(match == UNKNOWN)
     if lost.size < 3:
         return None, lost[:0]
-    vals, inv, counts = np.unique(xb[lost], axis=0, return_inverse=True, return_counts=True)
-    k = int(np.argmax(counts))
-    if counts[k] < 3:
+    # Rows grouped by their bytes, not by np.unique(axis=0): that sorts the rows as records of one
+    # field a column, seconds for a few dozen rows of a 151,936-wide logits matrix. The same
+    # groups: -0.0 counts as 0.0 (adding 0.0 makes it so) and a row holding a NaN equals no other.
+    x = np.ascontiguousarray(xb[lost]) + 0.0
+    groups: dict[bytes, list[int]] = {}
+    for i in np.flatnonzero(~np.isnan(x).any(1)):
+        groups.setdefault(x[i].tobytes(), []).append(int(i))
+    most = max((len(g) for g in groups.values()), default=0)
+    if most < 3:
         return None, lost[:0]
-    return vals[k], rows[lost[inv.reshape(-1) == k]]
+    tied = [g for g in groups.values() if len(g) == most]
+    # several vectors repeated as often: the least in lexicographic order (np.unique's first), as before
+    pick = tied[int(np.lexsort(np.stack([x[g[0]] for g in tied]).T[::-1])[0])] if len(tied) > 1 else tied[0]
+    return xb[lost[pick[0]]], rows[lost[pick]]
 
 
 def _period(segs: list[tuple[int, int, int]]) -> int:

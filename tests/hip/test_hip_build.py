@@ -33,12 +33,25 @@ def _build(compiler: str, *files: Path) -> subprocess.CompletedProcess:
                           timeout=600)
 
 
+@pytest.fixture(scope="module")
+def every_build():
+    """One build_check.sh run over every family with each compiler this machine has: one queue of
+    compiles for both, so the two cores stay busy to the end (the route templates' device passes
+    are most of the work); each test below reads its own compiler's lines."""
+    present = [c for c in COMPILERS if shutil.which(COMPILERS[c])]
+    if not present:
+        return None
+    return _build("all" if len(present) == len(COMPILERS) else present[0])
+
+
 @pytest.mark.parametrize("compiler", ["hipcc", "nvcc"])
-def test_every_kernel_family_builds(compiler):
+def test_every_kernel_family_builds(compiler, every_build):
     _need(compiler)
-    r = _build(compiler)
-    assert r.returncode == 0, f"hip/build_check.sh {compiler} failed:\n{r.stdout}{r.stderr}"
-    built = [tuple(line.split()[-2:]) for line in r.stdout.splitlines() if line.startswith("ok ")]
+    r = every_build
+    tag = "hip" if compiler == "hipcc" else "nvcc"  # the script's name for each compiler's jobs
+    # the other compiler's failure is its own test's
+    assert r.returncode == 0 or f"FAIL {tag} " not in r.stdout, f"hip/build_check.sh failed:\n{r.stdout}{r.stderr}"
+    built = [tuple(line.split()[-2:]) for line in r.stdout.splitlines() if line.startswith(f"ok   {tag} ")]
     archs = ("gfx90a", "gfx940") if compiler == "hipcc" else ("sm_90",)  # hipcc: one job an arch
     assert sorted(built) == sorted((a, p.name) for p in HIP.glob("*.hip") for a in archs)
 

@@ -87,10 +87,13 @@ def env():
 
 
 def oracle_dump(out: Path, picture, numerics) -> Path:
-    p = subprocess.run([sys.executable, "-m", "tensordiff.cli", "dump", "deepseek-v4.1-flash", "--side", "oracle",
-                        "--image", picture, "--prompt", "Describe <image>.", "--decode", "2", "--out", out, *numerics],
-                       capture_output=True, text=True, cwd=ROOT, env=env(), timeout=300)
-    assert p.returncode == 0, p.stderr
+    # in this process: what is tested here is the sharded runs, not the `dump` command's process
+    from tensordiff.cli import main
+
+    with pytest.raises(SystemExit) as e:
+        main(["dump", "deepseek-v4.1-flash", "--side", "oracle", "--image", str(picture), "--prompt",
+              "Describe <image>.", "--decode", "2", "--out", str(out), *numerics])
+    assert e.value.code == 0
     return out
 
 
@@ -105,29 +108,66 @@ def official_oracle(module_tmp, picture):
     return oracle_dump(module_tmp("official") / "o", picture, [])
 
 
-def torchrun(out: Path, world: int, picture, *extra, numerics=SEMANTIC) -> subprocess.CompletedProcess:
-    scratch = out.parent / "tmp"  # torchrun's agent leaves a torchelastic_* directory in TMPDIR
+# Every sharded run the tests below judge, (world, fault, official numerics), in one torchrun
+# launch of the largest world (rank_scenarios.py; a run of 2 ranks takes ranks 0 and 1 of it, with
+# the RANK and WORLD_SIZE a launch of 2 would give them): a launch is a Python + torch start-up a
+# rank and one for the agent, several times what the tiny runs themselves cost. Each run is still
+# the rank program's own `-m` entry with its own arguments, output directory and exit status.
+RUNS = {2: [(None, False), ("shard-order-reversed", False), ("partial-as-replicated", False),
+            ("expert-bias-shift", False), ("shard-order-reversed", True), ("expert-bias-shift", True)],
+        4: [(None, False), ("expert-bias-shift", False)]}
+
+
+def _run_dir(root: Path, world: int, fault, official: bool) -> Path:
+    return root / f"w{world}-{fault or 'clean'}-{'official' if official else 'semantic'}" / "run"
+
+
+def torchrun(root: Path, picture, runs: dict) -> subprocess.CompletedProcess:
+    """One launch running the rank program once per (world, fault, official) of `runs`."""
+    plan = []
+    for world, cases in runs.items():
+        for fault, official in cases:
+            args = ["--image", str(picture), "--prompt", "Describe <image>.", "--decode", "2",
+                    "--out", str(_run_dir(root, world, fault, official)), *([] if official else SEMANTIC)]
+            plan.append({"world": world, "argv": args + (["--fault", fault] if fault else [])})
+    (root / "plan.json").write_text(json.dumps(plan))
+    scratch = root / "tmp"  # torchrun's agent leaves a torchelastic_* directory in TMPDIR
     scratch.mkdir(parents=True, exist_ok=True)
     return subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node",
-                           str(world), "-m", "engine.deepseek_v41_flash.distributed", "--image", picture,
-                           "--prompt", "Describe <image>.", "--decode", "2", "--out", out, *numerics, *extra],
+                           str(max(runs)), str(Path(__file__).with_name("rank_scenarios.py")), str(root / "plan.json")],
                           capture_output=True, text=True, cwd=ROOT, env={**env(), "TMPDIR": str(scratch)}, timeout=300)
 
 
+@pytest.fixture(scope="module")
+def launches(module_tmp, picture):
+    root = module_tmp("runs")
+    return root, torchrun(root, picture, RUNS)
+
+
+def sharded_run(launches, world: int, fault=None, official: bool = False) -> Path:
+    """The run's directory, once every rank of it exited 0 (else its ranks' output fails the test)."""
+    root, proc = launches
+    run = _run_dir(root, world, fault, official)
+    rcs = [Path(f"{run}.rc.rank{r}") for r in range(world)]
+    logs = "".join(Path(f"{run}.log.rank{r}").read_text() for r in range(world) if Path(f"{run}.log.rank{r}").exists())
+    assert all(p.exists() and p.read_text() == "0" for p in rcs), \
+        logs + proc.stderr[-3000:]
+    return run
+
+
 @pytest.mark.parametrize("world", [2, 4])
-def test_torchrun_rank_dumps_merge_and_match_the_unsharded_oracle(tmp_path, oracle, picture, world):
-    p = torchrun(tmp_path / "run", world, picture)
-    assert p.returncode == 0, p.stderr[-3000:]
-    ranks = sorted(x.name for x in (tmp_path / "run").iterdir())
+def test_torchrun_rank_dumps_merge_and_match_the_unsharded_oracle(launches, oracle, world):
+    run = sharded_run(launches, world)
+    ranks = sorted(x.name for x in run.iterdir())
     assert ranks == [f"rank{r}" for r in range(world)]
-    m = json.loads((tmp_path / "run" / "rank1" / "manifest.json").read_text())
+    m = json.loads((run / "rank1" / "manifest.json").read_text())
     lay = {t["name"]: t for t in m["tensors"]}
     assert m["run"]["parallel"]["world"] == world and lay["attn.0"]["partial"] == "sum"
     assert lay["logits"]["shard"] == {"axis": 1, "index": 1, "count": world}
     assert lay["logits.step.1"]["shard"]["count"] == world and lay["router.0.scores"]["replicated"] is True
     assert lay["hidden.0"]["replicated"] is True and lay["aligner"]["replicated"] is True
     assert lay["logits"]["shape"][1] == 512 // world  # the rank's vocab slice
-    rep = compare_dumps(oracle, tmp_path / "run")
+    rep = compare_dumps(oracle, run)
     assert rep.verdict == "match", str(rep)
     assert any("sharded run of" in n for n in rep.notes)
     assert len(rep.boundaries) >= 30
@@ -139,11 +179,8 @@ def test_torchrun_rank_dumps_merge_and_match_the_unsharded_oracle(tmp_path, orac
     ("expert-bias-shift", 2, [1], "against the other side rank 1 diverges"),
     ("expert-bias-shift", 4, [3], "rank 3 disagrees with the majority, ranks 0, 1, 2"),
 ])
-def test_each_sharded_fault_is_named_at_its_boundary_with_its_rank(tmp_path, oracle, picture, fault, world,
-                                                                    disagree, words):
-    p = torchrun(tmp_path / "run", world, picture, "--fault", fault)
-    assert p.returncode == 0, p.stderr[-3000:]
-    rep = compare_dumps(oracle, tmp_path / "run")
+def test_each_sharded_fault_is_named_at_its_boundary_with_its_rank(launches, oracle, fault, world, disagree, words):
+    rep = compare_dumps(oracle, sharded_run(launches, world, fault))
     boundary = FAULTS[fault][0]
     assert rep.verdict == "diverged" and rep.earliest == [boundary], str(rep)
     bad = [t for t in rep.boundary(boundary).tensors if t.status == "diverged"]
@@ -151,14 +188,11 @@ def test_each_sharded_fault_is_named_at_its_boundary_with_its_rank(tmp_path, ora
 
 
 @pytest.mark.parametrize("fault, disagree", [("shard-order-reversed", [0, 1]), ("expert-bias-shift", [1])])
-def test_in_the_official_numerics_a_rank_finding_is_no_near_tie_cascade(tmp_path, official_oracle, picture, fault,
-                                                                        disagree):
+def test_in_the_official_numerics_a_rank_finding_is_no_near_tie_cascade(launches, official_oracle, fault, disagree):
     # bf16 + the kernels' rounding: the sharded reductions flip some router choices on near-ties
     # (benign), and everything after them is judged as that flip's cascade; a misplaced shard or
     # replicas that differ are still named, and the rank judged with the tie rule
-    p = torchrun(tmp_path / "run", 2, picture, "--fault", fault, numerics=[])
-    assert p.returncode == 0, p.stderr[-3000:]
-    rep = compare_dumps(official_oracle, tmp_path / "run")
+    rep = compare_dumps(official_oracle, sharded_run(launches, 2, fault, official=True))
     boundary = FAULTS[fault][0]
     assert rep.verdict == "diverged" and rep.earliest == [boundary], str(rep)
     bad = [t for t in rep.boundary(boundary).tensors if t.status == "diverged"]

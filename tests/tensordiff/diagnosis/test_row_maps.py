@@ -90,3 +90,41 @@ def test_a_grid_padded_at_each_row_end_and_read_back_flat(compare):
     r = compare({"x": a}, {"x": b.astype(np.float32)}, layout="grid", run={"inputs": {"grid": [h, w]}})
     (f,) = r.boundary("x").diagnosis
     assert f["name"] == "pad-misplaced" and "padded to width 11" in f["text"] and f["explained"] > 0.99
+
+
+def _placeholder_by_unique(rows, match, xb):
+    """The placeholder as np.unique(axis=0) finds it (rows compared as records, sorted): the
+    reference the byte-grouped search in row_maps must agree with."""
+    from tensordiff.diagnosis.row_maps import UNKNOWN
+
+    lost = np.flatnonzero(match == UNKNOWN)
+    if lost.size < 3:
+        return None, lost[:0]
+    vals, inv, counts = np.unique(xb[lost], axis=0, return_inverse=True, return_counts=True)
+    k = int(np.argmax(counts))
+    if counts[k] < 3:
+        return None, lost[:0]
+    return vals[k], rows[lost[inv.reshape(-1) == k]]
+
+
+def test_the_placeholder_search_finds_what_np_unique_finds():
+    from tensordiff.diagnosis.row_maps import UNKNOWN, _placeholder
+
+    rng = np.random.default_rng(5)
+    for trial in range(300):
+        n, width = int(rng.integers(0, 14)), int(rng.integers(1, 5))
+        vecs = rng.integers(-2, 3, (3, width)).astype(np.float64)  # few values: repeats and ties
+        xb = vecs[rng.integers(0, 3, n)] if n else np.zeros((0, width))
+        if n and trial % 3 == 0:
+            i = rng.integers(0, n)
+            xb[i] = np.where(xb[i] == 0, -0.0, xb[i])  # -0.0 where a 0.0 was: still the same vector
+        if n and trial % 5 == 0:
+            xb[(xb == vecs[0]).all(1), 0] = np.nan  # rows holding a NaN: equal to no other, the same bytes or not
+        xb = xb + rng.integers(0, 2, (n, 1)) * rng.normal(0, 1, (n, width)) * (trial % 2)  # some unique rows
+        rows = np.sort(rng.choice(1000, n, replace=False))
+        match = np.where(rng.random(n) < 0.8, UNKNOWN, 1)
+        want, got = _placeholder_by_unique(rows, match, xb), _placeholder(rows, match, xb)
+        assert (want[0] is None) == (got[0] is None), trial
+        if want[0] is not None:
+            assert np.array_equal(want[0], got[0]), trial
+        assert np.array_equal(want[1], got[1]), trial
