@@ -116,12 +116,12 @@ std::vector<at::Tensor> moe_route(const at::Tensor& logits, const at::Tensor& bi
   return {w, ids};
 }
 
-std::vector<at::Tensor> moe_route_score_bound(int64_t start, int64_t count, double margin_scale, bool use_table,
-                                              int64_t threads, int64_t stream) {
+std::vector<at::Tensor> moe_route_score_bound(int64_t start, int64_t count, double margin_scale, int64_t threads,
+                                              int64_t stream) {
   TORCH_CHECK(start >= 0 && count > 0 && start + count <= (int64_t)1 << 32, "bit patterns outside 0..2^32-1");
   const auto opts = at::TensorOptions().device(at::kCUDA).dtype(at::kInt);
   at::Tensor bad = at::empty({threads}, opts), example = at::empty({threads}, opts);
-  check(td_moe_route_score_bound((uint64_t)start, (uint64_t)count, (float)margin_scale, use_table ? 1 : 0,
+  check(td_moe_route_score_bound((uint64_t)start, (uint64_t)count, (float)margin_scale,
                                  reinterpret_cast<uint32_t*>(bad.data_ptr<int32_t>()),
                                  reinterpret_cast<uint32_t*>(example.data_ptr<int32_t>()), threads, as_stream(stream)),
         "moe_route_score_bound");

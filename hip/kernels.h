@@ -65,11 +65,10 @@ int td_moe_route(const void* logits, const float* bias, const float* bias_vl,
 
 // The filter routes' bound on sqrt(softplus(l)), checked for the fp32 bit patterns start ..
 // start + count - 1 (count up to 2^32: every one): bad[i] counts thread i's patterns whose exact
-// score lies outside the bound (margin times margin_scale; 1 is the routes'; use_table != 0:
-// filter_table's table bound up to 20), example[i] the last of them. bad, example: uint32
-// [threads], threads a multiple of 256.
-int td_moe_route_score_bound(uint64_t start, uint64_t count, float margin_scale, int use_table,
-                             uint32_t* bad, uint32_t* example, int64_t threads, void* stream);
+// score lies outside the bound (margin times margin_scale; 1 is the routes'), example[i] the
+// last of them. bad, example: uint32 [threads], threads a multiple of 256.
+int td_moe_route_score_bound(uint64_t start, uint64_t count, float margin_scale, uint32_t* bad, uint32_t* example,
+                             int64_t threads, void* stream);
 
 // emb[rows[i]] = src[i] (converted to emb's dtype) for rows[i] in [0, n_emb); others skipped.
 // emb: [n_emb, d]; src: [m, d]; rows: int64 [m].

@@ -7,11 +7,10 @@
 //  - wave (-1): one row per wave, k rounds of wave maxima over packed (key, id) values (main's);
 //  - wave_lb (-2): the same kernel with more resident blocks asked of the compiler
 //    (__launch_bounds__'s second argument: at most 64 registers a thread);
-//  - filter (-6), filter_redux (-7), filter_table (-8): one row per wave, a cheap bound on every
-//    expert's key, the exact score and an exact ranking for the few candidates only (the same
-//    ids and weights as wave, bit for bit; "The filter routes" below says why and how);
-//    filter_table_g16 (-9), filter_table_g16_count (-10), filter_g16 (-11), filter_g16_count (-12):
-//    a row per 16 lanes (the table bound / the fast bound; k rounds of maxima / counting);
+//  - filter (-6), filter_redux (-7): one row per wave, a cheap bound on every expert's key, the
+//    exact score and an exact ranking for the few candidates only (the same ids and weights as
+//    wave, bit for bit; "The filter routes" below says why and how); filter_g16 (-11): a row per
+//    16 lanes (2 rows a warp32, 4 a wave64);
 //  - 64 / 128 / 256: one row per block of that many threads, k block-wide maxima (the oldest).
 // The wave and filter routes exchange through shuffles (and a wave's own shared list); no lane
 // leaves a shuffle early (tests/hip/simt runs every route on warp32 and wave64). Planted fault
@@ -279,17 +278,15 @@ void launch_wave(int64_t rows, int64_t experts, hipStream_t s, const void* logit
 // bound ~22 instructions an expert (264); the rest ~300 with the threshold's 6 rounds of 5 shuffle
 // steps (filter), ~230 with one REDUX a round (filter_redux): the prefix count (~23), the
 // candidates' exact scores (1-2 rounds of ~60 per lane, the busiest lane's), ranks (~40), the
-// weights (~30). filter ~570, filter_redux ~500, filter_table ~390 (~13 an expert, no MUFU: the
-// fast bound's 3 MUFU an expert alone take ~18 us of an H200's MUFU rate at 65,536 rows) against
-// the wave route's ~1,800. At a perfect issue rate (528 schedulers x 1.98 GHz) 65,536 rows take
-// 36 / 31 / 24 us; at the wave route's issue efficiency (~50%) ~70 / 60 / 48 us: 3-5x wave_lb,
-// f32's 84 us target likely met, bf16's 44 us (the same instructions, half the bytes) only by
-// filter_table and only if the efficiency holds. filter_table's table is built once by each of
-// its persistent blocks (4 a multiprocessor): ~5 exact scores a thread, a barrier.
-// Measured (H200, run C, f32 / bf16 us at 65,536 rows): filter 86.8 / 86.6, filter_redux 76.7 /
-// 76.1, filter_table 86.1 / 86.6, filter_table_g16 78.4 / 76.9; wave_lb 227.9. Until every slot's
-// load was hoisted out of its branch (step 1) all of them measured ~115-143 us: the time was each
-// lane waiting on one memory latency per slot, not the instruction counts above.
+// weights (~30). filter ~570, filter_redux ~500 against the wave route's ~1,800. At a perfect
+// issue rate (528 schedulers x 1.98 GHz) 65,536 rows take 36 / 31 us; at the wave route's issue
+// efficiency (~50%) ~70 / 60 us: 3-4x wave_lb, f32's 84 us target likely met, bf16's 44 us (the
+// same instructions, half the bytes) not.
+// Measured (H200, round 5's final run, f32 / bf16 us at 65,536 rows): filter_g16 68.2 / 61.9,
+// filter_redux 77.1 / 76.9, filter 87.5 / 87.2; wave_lb 229.5; at 1,024 rows filter_redux 5.07 /
+// 4.94, filter 5.9 / 5.6, filter_g16 8.0 / 7.4, wave 14.1. Until every slot's load was hoisted out
+// of its branch (step 1) all of them measured ~115-143 us: the time was each lane waiting on one
+// memory latency per slot, not the instruction counts above.
 constexpr float kFilterRel = 0x1p-10f;  // the margin's relative part (60x the fast functions')
 constexpr float kFilterAbs = 0x1p-8f;   // and its absolute part (5x the log's error under a root)
 #ifdef TD_ROUTER_FILTER_FAULT_NO_MARGIN
@@ -325,45 +322,10 @@ __device__ inline uint32_t wave_max_u32_shfl(uint32_t v, int ws) {
   return v;
 }
 
-// filter_table's bound, no transcendental an expert: a table of exact scores every 32nd of a
-// logit over [-16, 20], built by each (persistent) block in shared memory with exact_score
-// itself. Cell c (c = round(32 l), l clamped to [-16, 20]) holds l in [(2c - 1)/64, (2c + 1)/64],
-// so exact_score at those two points, widened by kTableSlack (2^-16 relative: the exact
-// functions' few ulps of non-monotony), bounds it; the lowest cell's lo is 0 (it also holds
-// every l below -16, and s >= 0). Logits past 20 and NaN take fast_score. A cell is a 32nd wide:
-// ~0.0085 on s where the top keys sit (l ~ 2..6), the fast bound's width.
-constexpr int kTableLo = -16, kTableHi = 20, kTablePerUnit = 32;
-constexpr int kTableCells = (kTableHi - kTableLo) * kTablePerUnit + 1;  // 1,153 cells, 9.2 KB
-constexpr float kTableSlack = 0x1p-16f;
-
-__device__ inline void build_score_table(float2* table) {  // every thread of the block; a barrier after
-  for (int i = threadIdx.x; i <= kTableCells; i += blockDim.x) {
-#ifdef TD_ROUTER_FILTER_FAULT_NO_MARGIN  // planted (CPU tests only): cells of no width, the centre's score
-    if (i < kTableCells) {
-      const float q = exact_score((float)(i + kTableLo * kTablePerUnit) / kTablePerUnit);
-      table[i].x = q;
-      table[i].y = q;
-    }
-#else
-    // point i: the lower edge of cell i and the upper edge of cell i - 1 (exact in fp32)
-    const float q = exact_score((float)(2 * (i + kTableLo * kTablePerUnit) - 1) / (2 * kTablePerUnit));
-    if (i < kTableCells) table[i].x = i == 0 ? 0.f : q * (1.f - kTableSlack);
-    if (i > 0) table[i - 1].y = q * (1.f + kTableSlack) + 0x1p-40f;
-#endif
-  }
-}
-__device__ inline float2 table_bound(const float2* table, float l) {  // l <= 20, not NaN
-  const float lc = fmaxf(l, (float)kTableLo);
-  // round to nearest through the mantissa of 1.5 * 2^23 (exact: |32 lc| <= 640 < 2^22; 32 lc is exact)
-  const int c = (int)(__float_as_uint(lc * (float)kTablePerUnit + 12582912.f) - 0x4B400000u);
-  return table[c - kTableLo * kTablePerUnit];
-}
-
 // G = 0: a row a wave; G = 16: a row a group of 16 lanes (2 rows a warp32, 4 a wave64), so every
 // per-row step (the threshold's rounds, the prefix count, the exact scores, the ranks) serves
-// several rows with one instruction: filter_table_g16.
-// COUNT: the threshold by counting instead of k rounds of maxima (filter_table_g16_count, below).
-template <int DT, int PT, bool REDUX, bool TABLE, int G, bool COUNT>
+// several rows with one instruction: filter_g16.
+template <int DT, int PT, bool REDUX, int G>
 __global__ void __launch_bounds__(256, 4)
 moe_route_filter(const void* __restrict__ logits, const float* __restrict__ bias, const float* __restrict__ bias_vl,
                  const uint8_t* __restrict__ image_rows, float* __restrict__ weights, int64_t* __restrict__ ids,
@@ -376,16 +338,11 @@ moe_route_filter(const void* __restrict__ logits, const float* __restrict__ bias
   __shared__ float cand_s[kGroups][kFilterSlots];
   __shared__ float top_s[kGroups][kMaxTopK];
   __shared__ int top_id[kGroups][kMaxTopK];
-  __shared__ float2 table[TABLE ? kTableCells : 1];
-  if (TABLE) {
-    build_score_table(table);
-    __syncthreads();
-  }
   const int ws = warpSize, gw = G ? G : ws;  // the wave, and the lanes of one row
   const int lane = threadIdx.x % gw, group = threadIdx.x / gw;
-  // the wave's first row and this group's place after it: one row a group (filter, filter_redux:
-  // row_stride >= rows), or rows row_stride apart (the persistent blocks of the table routes). A
-  // wave runs every iteration whole (a group past the last row computes the last row again and
+  // the wave's first row and this group's place after it: one row a group (row_stride >= rows:
+  // one pass; the loop lets a launch hold fewer blocks than row groups). A wave runs every
+  // iteration whole (a group past the last row computes the last row again and
   // writes nothing): every shuffle and wave barrier below sees the full wave
   const int64_t first = (int64_t)blockIdx.x * (blockDim.x / gw) + (threadIdx.x / ws) * (ws / gw);
   for (int64_t wave_row = first; wave_row < rows; wave_row += row_stride) {
@@ -416,16 +373,8 @@ moe_route_filter(const void* __restrict__ logits, const float* __restrict__ bias
       hi[p] = -inf;
       if (e < n_exp) {
         const float l = lv[p], be = b[e];
-        float s_lo, s_hi;
-        if (TABLE && l <= 20.f) {
-          const float2 q = table_bound(table, l);
-          s_lo = q.x;
-          s_hi = q.y;
-        } else {
-          const float a = fast_score(l), m = score_margin(a, kFilterMarginScale);
-          s_lo = a - m;
-          s_hi = a + m;
-        }
+        const float a = fast_score(l), m = score_margin(a, kFilterMarginScale);
+        const float s_lo = a - m, s_hi = a + m;
         // a NaN bound (a NaN logit or bias, l = +inf, an infinite bias against an infinite a) is no
         // bound: fmaxf passes over a NaN lo, and a NaN hi is a candidate (step 3 asks !(hi < T))
         hi[p] = s_hi + be;
@@ -435,23 +384,9 @@ moe_route_filter(const void* __restrict__ logits, const float* __restrict__ bias
 
     // 2. T <= the k-th largest lo (lane_lo is never NaN: 0 is below every ordered value it has)
     uint32_t v = ordered(lane_lo), t = 0;
-    if (COUNT) {
-      // T = exactly the k-th largest lane maximum: a lane with fewer than k larger maxima among the
-      // row's lanes is one of the top k (k <= 8 < 16 lanes), and the least of those is the k-th.
-      // gw independent broadcasts and a log2(gw)-step minimum: a far shorter dependent chain
-      // than k rounds of log2(gw) steps
-      int larger = 0;
-      for (int j = 0; j < gw; ++j) larger += port_shfl(v, j, gw) > v ? 1 : 0;
-      t = larger < topk ? v : ~0u;  // above every ordered value
-      for (int o = gw / 2; o > 0; o >>= 1) {
-        const uint32_t other = port_shfl_xor(t, o, gw);
-        t = other < t ? other : t;
-      }
-    } else {
-      for (int r = 0; r < topk; ++r) {  // uniform over the wave
-        t = (REDUX && G == 0) ? port_wave_max_u32(v, ws) : wave_max_u32_shfl(v, gw);
-        if (v == t) v = 0;
-      }
+    for (int r = 0; r < topk; ++r) {  // uniform over the wave
+      t = (REDUX && G == 0) ? port_wave_max_u32(v, ws) : wave_max_u32_shfl(v, gw);
+      if (v == t) v = 0;
     }
     const float thr = t == 0 ? -inf : from_ordered(t);
 
@@ -467,7 +402,7 @@ moe_route_filter(const void* __restrict__ logits, const float* __restrict__ bias
       if (lane >= o) upto += below;
     }
     // total >= k whatever the bound's accuracy: the k lanes behind T each hold an expert with
-    // lo >= T, and hi >= lo by construction (a + m >= a - m; a table cell's top >= its bottom)
+    // lo >= T, and hi >= lo by construction (a + m >= a - m)
     const int total = port_shfl(upto, gw - 1, gw);
 #ifdef TD_ROUTER_FILTER_PROBE
     if (lane == 0 && live) TD_ROUTER_FILTER_PROBE(total);  // the CPU tests' count of candidates a row
@@ -533,24 +468,21 @@ moe_route_filter(const void* __restrict__ logits, const float* __restrict__ bias
   }
 }
 
-template <int DT, bool REDUX, bool TABLE, int G, bool COUNT = false>
+template <int DT, bool REDUX, int G>
 void launch_filter(int64_t rows, int64_t experts, hipStream_t s, const void* logits, const float* bias,
                    const float* bias_vl, const uint8_t* image_rows, float* weights, int64_t* ids, int topk,
                    float route_scale, int fault) {
   if (G != 0 && experts > 32 * (G ? G : 1)) {  // over 32 slots a lane: a row a wave instead
-    launch_filter<DT, true, TABLE, 0, false>(rows, experts, s, logits, bias, bias_vl, image_rows, weights, ids, topk,
-                                      route_scale, fault);  // (REDUX: filter_table's own kernels)
+    launch_filter<DT, true, 0>(rows, experts, s, logits, bias, bias_vl, image_rows, weights, ids, topk, route_scale,
+                               fault);  // (filter_redux's kernels)
     return;
   }
   const int per_block = kWaveBlock / (G ? G : port_device_warp_size());
-  int64_t blocks = (rows + per_block - 1) / per_block;
-  // filter_table: persistent blocks (4 a multiprocessor, the launch bound), each building its
-  // table once for many rows; the others one row a wave
-  if (TABLE && blocks > 4 * (int64_t)port_device_sm_count()) blocks = 4 * (int64_t)port_device_sm_count();
+  const int64_t blocks = (rows + per_block - 1) / per_block;
   const dim3 grid((unsigned int)blocks), block(kWaveBlock);
-  const int64_t row_stride = TABLE ? blocks * per_block : rows;
+  const int64_t row_stride = rows;  // one pass: a block a row group
   const int64_t pt = (experts + (G ? G : kNarrowestWave) - 1) / (G ? G : kNarrowestWave);  // slots a lane
-#define TD_FILTER(PT) hipLaunchKernelGGL(HIP_KERNEL_NAME(moe_route_filter<DT, PT, REDUX, TABLE, G, COUNT>), grid, \
+#define TD_FILTER(PT) hipLaunchKernelGGL(HIP_KERNEL_NAME(moe_route_filter<DT, PT, REDUX, G>), grid, \
                                          block, 0, s, logits, bias, bias_vl, image_rows, weights, ids, rows, \
                                          experts, topk, route_scale, fault, row_stride)
   if constexpr (G == 0) {
@@ -573,23 +505,15 @@ void launch_filter(int64_t rows, int64_t experts, hipStream_t s, const void* log
 // whose exact_score falls outside [a - m, a + m] (fast_score, score_margin; a NaN or infinite logit has no
 // bound, so it passes), example[i] its last one. `threads` threads in blocks of 256.
 __global__ void __launch_bounds__(256)
-moe_route_score_bound(uint64_t start, uint64_t count, float margin_scale, int use_table, uint64_t threads,
-                      uint32_t* bad, uint32_t* example) {
-  __shared__ float2 table[kTableCells];
-  build_score_table(table);
-  __syncthreads();
+moe_route_score_bound(uint64_t start, uint64_t count, float margin_scale, uint64_t threads, uint32_t* bad,
+                      uint32_t* example) {
   const uint64_t tid = (uint64_t)blockIdx.x * blockDim.x + threadIdx.x;
   uint32_t n = 0, last = 0;
   for (uint64_t i = tid; i < count; i += threads) {
     const uint32_t u = (uint32_t)(start + i);
     const float l = __uint_as_float(u);
     const float a = fast_score(l), m = score_margin(a, margin_scale), s = exact_score(l);
-    float lo = a - m, hi = a + m;
-    if (use_table && l <= 20.f) {  // filter_table's bound (margin_scale does not apply)
-      const float2 q = table_bound(table, l);
-      lo = q.x;
-      hi = q.y;
-    }
+    const float lo = a - m, hi = a + m;
     if (lo <= hi && !(lo <= s && s <= hi)) {  // !(lo <= hi): no bound (NaN, +inf), as in the routes
       ++n;
       last = u;
@@ -625,16 +549,19 @@ constexpr int kRouteWave = -1;       // one row per wave, k rounds of wave maxim
 constexpr int kRouteWaveLb = -2;     // the same, 4 blocks of 256 resident asked (<= 64 registers a thread)
 constexpr int kRouteFilter = -6;     // a fast bound on every expert, the exact score for candidates only
 constexpr int kRouteFilterRedux = -7;  // the same, the threshold's wave maxima one REDUX each (sm_80+)
-constexpr int kRouteFilterTable = -8;  // filter_redux bounding by a table of exact scores (no MUFU an expert)
-constexpr int kRouteFilterTableG16 = -9;  // filter_table's bound, a row a group of 16 lanes (2 or 4 rows a wave)
-constexpr int kRouteFilterTableG16Count = -10;  // the same, the threshold by counting (a shorter chain)
 constexpr int kRouteFilterG16 = -11;  // filter's fast bound, a row a group of 16 lanes, one launch a row group
-constexpr int kRouteFilterG16Count = -12;  // the same, the threshold by counting
-// THE DEFAULT ROUTE (threads_per_row 0): the fastest measured on the H200. Round 5's run C (every
-// route, one process) at 65,536 rows x 384: filter_redux 76.7 us f32 / 76.1 bf16 (32.7% / 17.2% of
-// the copy roofline), filter_table_g16 78.4 / 76.9, filter 86.8 / 86.6, wave_lb 227.9 / 227.8; at
-// 1,024 rows (launch bound) filter_redux 4.97 / 4.87, filter 5.87, wave 13.7. Round 4's default was
-// wave_lb (229.2 us; wave 269.0).
+// THE DEFAULT ROUTE (threads_per_row 0): the fastest measured on the H200 at 1,024 rows and within
+// 13% of the fastest at 65,536. Round 5's final run (every route, one process) at 65,536 rows x 384:
+// filter_g16 68.2 us f32 / 61.9 bf16, filter_redux 77.1 / 76.9 (33.0% / 17.3% of the copy
+// roofline), filter 87.5 / 87.2, wave_lb 229.5 / 229.6; at 1,024 rows (launch bound) filter_redux
+// 5.07 / 4.94, filter 5.9 / 5.6, filter_g16 8.0 / 7.4, wave 14.1. A default by row count
+// (filter_g16 for many rows) is the next step, once the crossover is measured. Round 4's default
+// was wave_lb (229.2 us; wave 269.0).
+// Removed (2026-12-01, round 5): filter_table (-8), filter_table_g16 (-9), filter_table_g16_count
+// (-10) and filter_g16_count (-12): a table of exact scores as the bound (persistent blocks) and
+// the threshold by counting. Each lost to filter_redux or filter_g16 at both sizes in the final
+// run (65,536 rows f32: 85.8, 78.8, 83.1 and 85.1 us; 1,024 rows: 8.6, 14.5, 14.3 and 13.4 us);
+// their codes are refused.
 // Removed (2026-12-01), not to be re-added blindly: the group routes group16 (-3), group16_lb (-4)
 // and group32 (-5), one row per 16 or 32 lanes with ranks counted over shuffles. They lost every
 // H200 measurement (65,536 x 384 fp32: wave_lb 229 us, group16_lb 291.8, group32 319.1, group16
@@ -653,13 +580,9 @@ int launch(const void* logits, const float* bias, const float* bias_vl, const ui
     switch (tpr) {
       case kRouteWave: launch_wave<DT, 1>(TD_ARGS); break;
       case kRouteWaveLb: launch_wave<DT, 4>(TD_ARGS); break;
-      case kRouteFilter: launch_filter<DT, false, false, 0>(TD_ARGS); break;
-      case kRouteFilterRedux: launch_filter<DT, true, false, 0>(TD_ARGS); break;
-      case kRouteFilterTable: launch_filter<DT, true, true, 0>(TD_ARGS); break;
-      case kRouteFilterTableG16: launch_filter<DT, false, true, 16>(TD_ARGS); break;
-      case kRouteFilterTableG16Count: launch_filter<DT, false, true, 16, true>(TD_ARGS); break;
-      case kRouteFilterG16: launch_filter<DT, false, false, 16>(TD_ARGS); break;
-      case kRouteFilterG16Count: launch_filter<DT, false, false, 16, true>(TD_ARGS); break;
+      case kRouteFilter: launch_filter<DT, false, 0>(TD_ARGS); break;
+      case kRouteFilterRedux: launch_filter<DT, true, 0>(TD_ARGS); break;
+      case kRouteFilterG16: launch_filter<DT, false, 16>(TD_ARGS); break;
       default: return TD_BAD_SHAPE;
     }
 #undef TD_ARGS
@@ -693,11 +616,10 @@ extern "C" int td_moe_route(const void* logits, const float* bias, const float* 
   }
 }
 
-extern "C" int td_moe_route_score_bound(uint64_t start, uint64_t count, float margin_scale, int use_table,
-                                        uint32_t* bad, uint32_t* example, int64_t threads, void* stream) {
+extern "C" int td_moe_route_score_bound(uint64_t start, uint64_t count, float margin_scale, uint32_t* bad,
+                                        uint32_t* example, int64_t threads, void* stream) {
   if (threads <= 0 || threads % 256 != 0 || threads > (int64_t)256 << 20) return TD_BAD_SHAPE;
   hipLaunchKernelGGL(moe_route_score_bound, dim3((unsigned int)(threads / 256)), dim3(256), 0,
-                     static_cast<hipStream_t>(stream), start, count, margin_scale, use_table, (uint64_t)threads, bad,
-                     example);
+                     static_cast<hipStream_t>(stream), start, count, margin_scale, (uint64_t)threads, bad, example);
   return td::launch_status();
 }

@@ -125,18 +125,6 @@ inline int port_device_warp_size() {
   return known[dev];
 }
 
-// The current device's multiprocessor count, asked once per device (1 when it cannot be asked).
-inline int port_device_sm_count() {
-  static int known[64] = {0};
-  int dev = 0;
-  if (hipGetDevice(&dev) != hipSuccess || dev < 0 || dev >= 64) return 1;
-  if (known[dev] == 0) {
-    int n = 0;
-    known[dev] = (hipDeviceGetAttribute(&n, hipDeviceAttributeMultiprocessorCount, dev) == hipSuccess && n > 0) ? n : 1;
-  }
-  return known[dev];
-}
-
 // IEEE single-rounding multiply and add: keeps the compiler from contracting a*b + c*d into an
 // FMA, so a kernel rounds exactly as the unfused torch reference does.
 __device__ inline float port_mul_rn(float a, float b) { return __fmul_rn(a, b); }

@@ -38,11 +38,9 @@ _MAX_EXPERTS = 1024
 # the router kernel's named routes, as hip/moe_route.hip codes them (threads_per_row < 0); 0 is its
 # kDefaultRoute, 64 / 128 / 256 one row per block of that many threads. The codes are what the
 # kernel dispatches on: a removed route's code stays unused, never reassigned (hip/README.md).
-# filter / filter_redux / filter_table: a fast bound on every expert (fast functions, or a table of
-# exact scores), the exact score for the candidates only; _g16: a row a group of 16 lanes;
-# _count: the threshold by counting
-ROUTER_ROUTES = {"wave": -1, "wave_lb": -2, "filter": -6, "filter_redux": -7, "filter_table": -8,
-                 "filter_table_g16": -9, "filter_table_g16_count": -10, "filter_g16": -11, "filter_g16_count": -12}
+# filter / filter_redux: a fast bound on every expert, the exact score for the candidates only;
+# filter_g16: the same, a row a group of 16 lanes
+ROUTER_ROUTES = {"wave": -1, "wave_lb": -2, "filter": -6, "filter_redux": -7, "filter_g16": -11}
 _ROUTER_BLOCK_THREADS = (64, 128, 256)
 
 _lock = threading.Lock()
@@ -235,17 +233,17 @@ class HipBackend:
                                        self._router_code, _stream(logits))
         return w, ids
 
-    def router_score_bound_violations(self, start: int = 0, count: int = 1 << 32, margin_scale: float = 1.0,
-                                      table: bool = False) -> tuple[int, int]:
+    def router_score_bound_violations(self, start: int = 0, count: int = 1 << 32,
+                                      margin_scale: float = 1.0) -> tuple[int, int]:
         """The filter routes' bound on sqrt(softplus(l)) held against the exact score for the fp32 bit
         patterns start .. start + count - 1 (all of them by default), on the current GPU: (how many
         fall outside it, the bit pattern of one of them). margin_scale < 1 narrows the routes'
-        margin: how a test shows the check has teeth. table: filter_table's bound (up to 20)."""
+        margin: how a test shows the check has teeth."""
         if not (0 <= start and 0 < count and start + count <= 1 << 32):
             raise EngineInputError(f"bit patterns {start}..{start + count - 1} are not within 0..2^32-1")
         dev = torch.device("cuda", torch.cuda.current_device())
-        bad, example = self._k.moe_route_score_bound(int(start), int(count), float(margin_scale), bool(table),
-                                                     1 << 20, torch.cuda.current_stream(dev).cuda_stream)
+        bad, example = self._k.moe_route_score_bound(int(start), int(count), float(margin_scale), 1 << 20,
+                                                     torch.cuda.current_stream(dev).cuda_stream)
         n = int(bad.sum())
         return n, (int(example[bad.argmax()]) & 0xFFFFFFFF) if n else 0
 

@@ -62,8 +62,8 @@ def build(d: Path, *defines: str):
                                                          ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_void_p]
     so.simt_take_candidates.argtypes = [ctypes.c_void_p]
     so.td_moe_route_score_bound.restype = ctypes.c_int
-    so.td_moe_route_score_bound.argtypes = [ctypes.c_uint64, ctypes.c_uint64, ctypes.c_float, ctypes.c_int,
-                                            ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p]
+    so.td_moe_route_score_bound.argtypes = [ctypes.c_uint64, ctypes.c_uint64, ctypes.c_float, ctypes.c_void_p,
+                                            ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p]
     return so
 
 
@@ -135,8 +135,7 @@ CASES = [(1, 8, 1), (5, 64, 2), (9, 100, 6), (19, 384, 6), (11, 384, 8), (6, 100
 
 
 # the named routes' codes (threads_per_row < 0, hip/moe_route.hip kRoute*; 0 is the default among them)
-ROUTES = {"default": 0, "wave": -1, "wave_lb": -2, "filter": -6, "filter_redux": -7, "filter_table": -8,
-          "filter_table_g16": -9, "filter_table_g16_count": -10, "filter_g16": -11, "filter_g16_count": -12}
+ROUTES = {"default": 0, "wave": -1, "wave_lb": -2, "filter": -6, "filter_redux": -7, "filter_g16": -11}
 
 
 # Against the reference: the wave routes and the default (a filter route); every filter route is
@@ -262,7 +261,7 @@ def bitwise(got, want):
 @pytest.mark.parametrize("ws", [32, 64])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["f32", "bf16"])
 @pytest.mark.parametrize("route_name", FILTERS)
-@pytest.mark.parametrize("rows,experts,k", CASES + [(70, 384, 6)], ids=str)  # 70: filter_table's blocks loop
+@pytest.mark.parametrize("rows,experts,k", CASES + [(70, 384, 6)], ids=str)  # 70: many waves of 16-lane groups
 def test_a_filter_route_is_the_wave_route_bit_for_bit(lib, route_name, dtype, ws, rows, experts, k):
     logits, bias, bias_vl, image = inputs(rows, experts, dtype, seed=rows * 1000 + experts + 1)
     args = (logits, bias, bias_vl, image, k, 1.5)
@@ -364,16 +363,16 @@ def test_a_filter_route_with_infinite_and_saturated_logits(lib, route_name, dtyp
     torch.testing.assert_close(got[0][ok], want[0][ok])
 
 
-def score_bound_violations(lib, start: int, count: int, margin_scale: float, table: bool = False) -> int:
+def score_bound_violations(lib, start: int, count: int, margin_scale: float) -> int:
     bad, example = np.zeros(256, np.uint32), np.zeros(256, np.uint32)
     lib.simt_set_warp_size(32)
-    assert lib.td_moe_route_score_bound(start, count, margin_scale, int(table), bad.ctypes.data, example.ctypes.data,
-                                        256, None) == 0
+    assert lib.td_moe_route_score_bound(start, count, margin_scale, bad.ctypes.data, example.ctypes.data, 256,
+                                        None) == 0
     return int(bad.sum())
 
 
 # 4,096 consecutive fp32 bit patterns around each point where a bound's error changes: 0, tiny,
-# the log's [0.5, 2] range, table cell edges (-16, -15.98, 3.015625), the l > 20 switch, -87
+# the log's [0.5, 2] range, a few more in -16..3, the l > 20 switch, -87
 # where exp flushes, huge
 BOUND_POINTS = (1e-30, 0.5, 1.0, 2.0, 3.015625, 7.5, 19.999, 20.0, 20.001, 88.0, 1e30, -1e-30, -0.5, -2.0, -15.0,
                 -15.984375, -16.0, -16.1, -87.0, -87.5, -103.0, -1e30)
@@ -387,19 +386,10 @@ def test_the_score_bound_holds_and_a_tighter_one_does_not(lib):
     assert sum(score_bound_violations(lib, s, 4096, 1 / 16) for s in BOUND_STARTS) > 0
 
 
-def test_the_table_bound_holds_and_a_table_of_no_width_does_not(lib, lib_no_margin):
-    """filter_table's bound (a table of exact scores every 1/32 of a logit up to 20): none outside,
-    around the same points and 97 more from -17 to 21; the planted table of cells of no width (the
-    score at each cell's centre) has violations."""
-    grid = [int(np.array(x, np.float32).view(np.uint32)) - 2048 for x in np.linspace(-17, 21, 97)]
-    assert sum(score_bound_violations(lib, s, 4096, 1.0, table=True) for s in BOUND_STARTS + grid) == 0
-    assert sum(score_bound_violations(lib_no_margin, s, 4096, 1.0, table=True) for s in BOUND_STARTS) > 0
-
-
 def clustered_keys(rows: int, experts: int, group: int, seed: int):
-    """Logits in [1, 5] (filter_table's table range) and a bias that brings `group` experts' keys
-    within 0.002 of each other, the rest far below: the keys' order inside the cluster is finer
-    than a table cell, so only the cells' full width keeps the exact top-k among the candidates."""
+    """Logits in [1, 5] and a bias that brings `group` experts' keys within 0.002 of each other,
+    the rest far below: the keys' order inside the cluster is finer than the fast bound's width,
+    so only the bound's full margin keeps the exact top-k among the candidates."""
     g = torch.Generator().manual_seed(seed)
     logits = 1 + 4 * torch.rand(rows, experts, generator=g)
     s = torch.nn.functional.softplus(logits).sqrt()
@@ -412,22 +402,18 @@ def clustered_keys(rows: int, experts: int, group: int, seed: int):
 
 @pytest.mark.parametrize("ws", [32, 64])
 @pytest.mark.parametrize("route_name", FILTERS)
-def test_a_filter_route_clustered_keys(lib, lib_no_margin, route_name, ws):
-    """40 keys within 0.002 (finer than a table cell, coarser than the fast functions' error): as
-    the wave route, bit for bit; filter_table with cells of no width misses some."""
+def test_a_filter_route_clustered_keys(lib, route_name, ws):
+    """40 keys within 0.002 (coarser than the fast functions' error): as the wave route, bit for bit."""
     logits, bias = clustered_keys(16, 384, 40, seed=31)
     args = (logits, bias, None, None, 8, 1.5)
     bitwise(route(lib, *args, ws=ws, threads=ROUTES[route_name]), route(lib, *args, ws=ws, threads=ROUTES["wave"]))
-    if route_name == "filter_table":
-        _, ids = route(lib_no_margin, *args, ws=ws, threads=ROUTES[route_name])
-        assert not torch.equal(ids, route(lib, *args, ws=ws, threads=ROUTES["wave"])[1])
 
 
 @pytest.mark.parametrize("ws", [32, 64])
 @pytest.mark.parametrize("route_name", FILTERS)
 def test_a_filter_route_mixes_slow_and_fast_rows(lib, route_name, ws):
-    """Mass-tie rows (the slow path) between random rows: a wave holding both (filter_table_g16
-    puts 2 or 4 rows in one) sends them all down the slow path together; every row still the wave
+    """Mass-tie rows (the slow path) between random rows: a wave holding both (filter_g16 puts 2
+    or 4 rows in one) sends them all down the slow path together; every row still the wave
     route's, bit for bit."""
     g = torch.Generator().manual_seed(12)
     logits = torch.randn(23, 384, generator=g) * 2

@@ -183,6 +183,5 @@ inline float port_fast_sqrt(float x) { return simt_ftz(sqrtf(simt_ftz(x)) * (1.f
 #define PORT_MAX_WARPS_PER_BLOCK 32
 constexpr int kNarrowestWave = 1024 / PORT_MAX_WARPS_PER_BLOCK;
 inline int port_device_warp_size() { return simt::warp_size; }
-inline int port_device_sm_count() { return 1; }  // few persistent blocks: each loops over many rows
 inline float port_mul_rn(float a, float b) { return a * b; }
 inline float port_add_rn(float a, float b) { return a + b; }
