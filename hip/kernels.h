@@ -55,9 +55,9 @@ int td_aligner_gather(const void* x, const int32_t* index, void* y, int64_t t, i
 // [rows, topk] in descending biased score (ties to the lower id). topk <= 8, experts <= 1024.
 // fault_text_bias_for_images != 0 plants the fault `router-text-bias-for-images`;
 // threads_per_row is 64, 128, 256 (one row per block of that many threads), a named route's
-// negative code (-1 wave, -2 wave_lb, -6 filter, -7 filter_redux, -8 filter_table,
-// -9 filter_table_g16, -10 filter_table_g16_count, -11 filter_g16, -12 filter_g16_count) or 0 (the default route,
-// moe_route.hip kDefaultRoute); any other code returns TD_BAD_SHAPE.
+// negative code (-1 wave, -2 wave_lb, -6 filter, -7 filter_redux, -11 filter_g16) or 0 (the
+// default route, moe_route.hip kDefaultRoute); any other code (a removed route's included: see
+// hip/README.md) returns TD_BAD_SHAPE.
 int td_moe_route(const void* logits, const float* bias, const float* bias_vl,
                  const uint8_t* image_rows, float* weights, int64_t* ids, int64_t rows,
                  int64_t experts, int topk, float route_scale, int dtype,
