@@ -53,8 +53,8 @@ fi
 
 stage "1. hip build + router correctness (tests/hip -k 'moe_route or router')"
 # ROUND_TESTS replaces stage 1's pytest arguments (e.g. every test file with a GPU path)
-read -r -a round_tests <<<"${ROUND_TESTS:-tests/hip -k moe_route_or_router}"
-[ "${round_tests[*]}" = "tests/hip -k moe_route_or_router" ] && round_tests=(tests/hip -k "moe_route or router")
+round_tests=(tests/hip -k "moe_route or router")
+[ -n "${ROUND_TESTS:-}" ] && read -r -a round_tests <<<"$ROUND_TESTS"
 timeout "${ROUND_TESTS_TIMEOUT:-200}" "$py" -m pytest -q -p no:cacheprovider "${round_tests[@]}" >"$out/router_tests.txt" 2>&1
 rc=$?
 echo "router tests: exit $rc, $(tail -1 "$out/router_tests.txt")" | tee -a "$log"

@@ -262,7 +262,7 @@ def only_refused(only: str | None) -> str | None:
     route = m.group(2) if m and not re.fullmatch(r"\d+t", m.group(2)) else None
     if route is not None and route not in ROUTER_ROUTES:
         return (f"--only {only!r}: {route!r} is not a router route (routes: {', '.join(ROUTER_ROUTES)}; "
-                "the group routes were removed, hip/README.md)")
+                "removed routes are listed in hip/README.md)")
     return f"--only {only!r} matches no kernel case (e.g. rms_norm/bf16, moe_route/f32/65536rows@wave_lb)"
 
 

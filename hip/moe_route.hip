@@ -43,10 +43,12 @@ __device__ inline int unpack_id(unsigned long long v) {
   return (int)(0x7fffffffu - (uint32_t)v);  // the low word
 }
 
-// Maximum over the `ws` lanes of the wave; every lane gets it.
-__device__ inline unsigned long long wave_max_u64(unsigned long long v, int ws) {
+// Maximum over `ws` lanes by xor shuffles (packed 64-bit keys, or 32-bit ordered ones); every
+// lane gets it. (filter_redux asks port_wave_max_u32, one REDUX where the GPU has it.)
+template <typename T>
+__device__ inline T wave_max(T v, int ws) {
   for (int o = ws / 2; o > 0; o >>= 1) {
-    const unsigned long long other = port_shfl_xor(v, o, ws);
+    const T other = port_shfl_xor(v, o, ws);
     v = other > v ? other : v;
   }
   return v;
@@ -58,10 +60,7 @@ template <int TPR>
 __device__ inline unsigned long long block_max(unsigned long long v, unsigned long long* part) {
   const int ws = warpSize;
   const int width = ws < TPR ? ws : TPR;
-  for (int o = width / 2; o > 0; o >>= 1) {
-    const unsigned long long other = port_shfl_xor(v, o, width);
-    v = other > v ? other : v;
-  }
+  v = wave_max(v, width);
   const int n_waves = TPR / width;  // uniform over the block
   if (n_waves > 1) {
     if (threadIdx.x % width == 0) part[threadIdx.x / width] = v;
@@ -183,7 +182,7 @@ moe_route_wave(const void* __restrict__ logits, const float* __restrict__ bias, 
     chosen[r] = 0.f;
     id_sel[r] = 0;
     if (r < topk) {  // uniform over the wave
-      const unsigned long long best = wave_max_u64(mine, ws);
+      const unsigned long long best = wave_max(mine, ws);
       float won = 0.f;
       if (mine == best) {  // packed values are unique (ids are): exactly one owner rescans its few slots
         unsigned long long next = 0;
@@ -313,15 +312,6 @@ __device__ inline float score_margin(float a, float margin_scale) {
   return (a * kFilterRel + kFilterAbs) * margin_scale;
 }
 
-// Maximum over the wave by xor shuffles (the filter route; filter_redux asks port_wave_max_u32).
-__device__ inline uint32_t wave_max_u32_shfl(uint32_t v, int ws) {
-  for (int o = ws / 2; o > 0; o >>= 1) {
-    const uint32_t other = port_shfl_xor(v, o, ws);
-    v = other > v ? other : v;
-  }
-  return v;
-}
-
 // G = 0: a row a wave; G = 16: a row a group of 16 lanes (2 rows a warp32, 4 a wave64), so every
 // per-row step (the threshold's rounds, the prefix count, the exact scores, the ranks) serves
 // several rows with one instruction: filter_g16.
@@ -329,8 +319,7 @@ template <int DT, int PT, bool REDUX, int G>
 __global__ void __launch_bounds__(256, 4)
 moe_route_filter(const void* __restrict__ logits, const float* __restrict__ bias, const float* __restrict__ bias_vl,
                  const uint8_t* __restrict__ image_rows, float* __restrict__ weights, int64_t* __restrict__ ids,
-                 int64_t rows, int64_t experts, int topk, float route_scale, int fault_text_bias_for_images,
-                 int64_t row_stride) {
+                 int64_t rows, int64_t experts, int topk, float route_scale, int fault_text_bias_for_images) {
   typedef td::Elem<DT> E;
   static_assert(G == 0 || (G >= 8 && kNarrowestWave % (G ? G : 1) == 0), "a group divides every wave");
   constexpr int kGroups = G ? kWaveBlock / G : kWavesPerBlock;  // rows a block holds at most
@@ -340,16 +329,14 @@ moe_route_filter(const void* __restrict__ logits, const float* __restrict__ bias
   __shared__ int top_id[kGroups][kMaxTopK];
   const int ws = warpSize, gw = G ? G : ws;  // the wave, and the lanes of one row
   const int lane = threadIdx.x % gw, group = threadIdx.x / gw;
-  // the wave's first row and this group's place after it: one row a group (row_stride >= rows:
-  // one pass; the loop lets a launch hold fewer blocks than row groups). A wave runs every
-  // iteration whole (a group past the last row computes the last row again and
-  // writes nothing): every shuffle and wave barrier below sees the full wave
-  const int64_t first = (int64_t)blockIdx.x * (blockDim.x / gw) + (threadIdx.x / ws) * (ws / gw);
-  for (int64_t wave_row = first; wave_row < rows; wave_row += row_stride) {
+  // the wave's first row and this group's place after it, one row a group. A wave whose first
+  // row is past the end leaves whole; otherwise it runs whole (a group past the last row computes
+  // the last row again and writes nothing): every shuffle and wave barrier below sees the full wave
+  const int64_t wave_row = (int64_t)blockIdx.x * (blockDim.x / gw) + (threadIdx.x / ws) * (ws / gw);
+  if (wave_row < rows) {
     const int64_t mine_row = wave_row + (threadIdx.x % ws) / gw;
     const bool live = mine_row < rows;
     const int64_t row = live ? mine_row : rows - 1;
-    port_wave_sync();  // the previous row's shared lists are read by every lane before they are reused
     const bool image = image_rows != nullptr && bias_vl != nullptr && image_rows[row] != 0;
     const float* b = (image && !fault_text_bias_for_images) ? bias_vl : bias;
     const typename E::raw* lr = static_cast<const typename E::raw*>(logits) + row * experts;
@@ -385,7 +372,7 @@ moe_route_filter(const void* __restrict__ logits, const float* __restrict__ bias
     // 2. T <= the k-th largest lo (lane_lo is never NaN: 0 is below every ordered value it has)
     uint32_t v = ordered(lane_lo), t = 0;
     for (int r = 0; r < topk; ++r) {  // uniform over the wave
-      t = (REDUX && G == 0) ? port_wave_max_u32(v, ws) : wave_max_u32_shfl(v, gw);
+      t = (REDUX && G == 0) ? port_wave_max_u32(v, ws) : wave_max(v, gw);
       if (v == t) v = 0;
     }
     const float thr = t == 0 ? -inf : from_ordered(t);
@@ -448,7 +435,7 @@ moe_route_filter(const void* __restrict__ logits, const float* __restrict__ bias
             best_s = s;
           }
         }
-        best = wave_max_u64(best, gw);
+        best = wave_max(best, gw);
         const int id = unpack_id(best);
         const float won = port_shfl(best_s, id % gw, gw);  // the owner's unbiased score
         if (lane == 0) {
@@ -480,11 +467,10 @@ void launch_filter(int64_t rows, int64_t experts, hipStream_t s, const void* log
   const int per_block = kWaveBlock / (G ? G : port_device_warp_size());
   const int64_t blocks = (rows + per_block - 1) / per_block;
   const dim3 grid((unsigned int)blocks), block(kWaveBlock);
-  const int64_t row_stride = rows;  // one pass: a block a row group
   const int64_t pt = (experts + (G ? G : kNarrowestWave) - 1) / (G ? G : kNarrowestWave);  // slots a lane
 #define TD_FILTER(PT) hipLaunchKernelGGL(HIP_KERNEL_NAME(moe_route_filter<DT, PT, REDUX, G>), grid, \
                                          block, 0, s, logits, bias, bias_vl, image_rows, weights, ids, rows, \
-                                         experts, topk, route_scale, fault, row_stride)
+                                         experts, topk, route_scale, fault)
   if constexpr (G == 0) {
     if (pt <= 2) TD_FILTER(2);
     else if (pt <= 4) TD_FILTER(4);

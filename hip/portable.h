@@ -58,7 +58,6 @@
   #define hipGetDevice         cudaGetDevice
   #define hipDeviceGetAttribute cudaDeviceGetAttribute
   #define hipDeviceAttributeWarpSize cudaDevAttrWarpSize
-  #define hipDeviceAttributeMultiprocessorCount cudaDevAttrMultiProcessorCount
   #define HIP_KERNEL_NAME(...) __VA_ARGS__
   #define hipLaunchKernelGGL(k, grid, block, shmem, stream, ...) \
     do { k<<<(grid), (block), (shmem), (stream)>>>(__VA_ARGS__); } while (0)

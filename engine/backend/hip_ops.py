@@ -133,7 +133,7 @@ def _check_router_threads(router_threads) -> None:
         raise EngineInputError(f"router_threads {router_threads!r} is not a router route: the routes are "
                                f"{', '.join(ROUTER_ROUTES)} (by name), 0 (the kernel's default route) or "
                                f"{', '.join(map(str, _ROUTER_BLOCK_THREADS))} (one row per block of that many "
-                               "threads); the group routes were removed (hip/README.md)")
+                               "threads); removed routes are listed in hip/README.md")
 
 
 class HipBackend:
