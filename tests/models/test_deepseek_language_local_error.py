@@ -63,3 +63,47 @@ def test_local_origin(base, oracle_dump, tmp_path, fault, chunk):
     assert stageless == set()  # decode steps too: the engine's step on the teacher-forced cache
     # the generated token has no stage of its own: it is its logits' argmax, judged through them
     assert {r.boundary for r in local.boundaries if r.status == "derived"} == {"token.step.1"}
+
+
+@pytest.mark.parametrize("fault,chunk,own_indexer", [(None, 7, False), (None, None, False),
+                                                     (D.ENGRAM_NGRAM_ACROSS_IMAGE, 5, False), (None, 3, True)])
+def test_one_pass_down_the_stack_is_the_per_layer_route_bit_for_bit(base, oracle_dump, tmp_path, monkeypatch,
+                                                                    fault, chunk, own_indexer):
+    """The stages' attention runs the layers once (`_Chain`), where it ran layers 0..L again for
+    every L: every stage's output, index choices and scores included, is bit for bit the old
+    route's, so every local verdict is too. The tiny model has KV sources of two ratios, three
+    index sources and a candidate source, so the chain's cache snapshots and forcing are exercised."""
+    from engine.deepseek_v41_flash.language import stages as S
+    from tensordiff.dump import open_dump
+
+    oracle_run, engine_run = _runners()
+    req = dataclasses.replace(base, fault=fault, chunk=chunk)
+    rec = Recorder(tmp_path / "engine", model="deepseek-v4.1-flash")
+    engine_run(req, rec)
+    report = compare_dumps(oracle_dump, rec.close(), contract=CONTRACT)
+    adapter = ModelAdapter("deepseek-v4.1-flash", CONTRACT, D.LANGUAGE_FAULTS, oracle=lambda: oracle_run,
+                           engine=lambda: engine_run)
+    ran = {"chain": 0}
+    upto = S._Chain.upto
+
+    def counted(self, L):
+        ran["chain"] += 1
+        return upto(self, L)
+
+    monkeypatch.setattr(S._Chain, "upto", counted)
+    new = local_error(adapter, req, oracle_dump, report, load(None), tmp_path / "new",
+                      make_stages=S.make_language_stages)
+    assert ran["chain"] > 0  # the new route is the one that ran
+    # the old route: layers 0..L chunk by chunk for every L
+    monkeypatch.setattr(S.TeacherForced, "attention", lambda self, L, own_choice=False: self._attention(L, own_choice))
+    old = local_error(adapter, req, oracle_dump, report, load(None), tmp_path / "old",
+                      make_stages=S.make_language_stages)
+
+    def digests(d):
+        return {e.name: (e.dtype.name, tuple(e.shape), e.sha256) for e in open_dump(d).entries}
+
+    got, want = digests(tmp_path / "new" / "local"), digests(tmp_path / "old" / "local")
+    assert any(n.startswith("index.") for n in want) and any(n.startswith("attn.") for n in want)
+    assert got == want
+    assert [(r.boundary, r.status, [t.metrics for t in r.tensors]) for r in new.boundaries] == \
+           [(r.boundary, r.status, [t.metrics for t in r.tensors]) for r in old.boundaries]

@@ -31,7 +31,7 @@ import torch
 
 from tensordiff import images
 
-from .attention import ChunkShared
+from .attention import ChunkShared, LayerCache
 from .engram import EngramHashState
 from .layer import LayerOut, first_stream, index_ids, selection_scores
 from .run import language_model
@@ -50,6 +50,7 @@ class TeacherForced:
         self.ref: dict = {}
         self._layer: dict[tuple[int, bool], LayerOut] = {}
         self._attn: dict[tuple[int, bool], tuple] = {}
+        self._chains: dict[bool, _Chain] = {}
         order = list(lm.stack)  # the layers that run, in stack order (a subset skips the others)
         self.before = {L: (order[i - 1] if i else None) for i, L in enumerate(order)}
         self.last = order[-1]
@@ -97,10 +98,16 @@ class TeacherForced:
         output [S, D] and (for an index source, with `own_choice`) its `index.L.ids` with the
         scores it ranked (`index.L.scores`). Attention attends to the REFERENCE's selections where
         the reference has them (an engine choice that flipped on a near-tie does not count against
-        the attention stage); `own_choice` runs the engine's own choices (the indexer stage)."""
+        the attention stage); `own_choice` runs the engine's own choices (the indexer stage).
+
+        The layers below L run once for all the stages (`_Chain`, linear in the depth), not again
+        for every L; the numbers are `_attention(L, own_choice)`'s, bit for bit."""
         key = (L, own_choice)
         if key not in self._attn:
-            self._attn[key] = self._attention(L, own_choice)
+            chain = self._chains.get(own_choice)
+            if chain is None or not chain.holds(L):  # the reference's forcing changed: run it anew
+                chain = self._chains[own_choice] = _Chain(self, own_choice)
+            self._attn[key] = chain.upto(L)
         return self._attn[key]
 
     def _attention(self, L: int, own_choice: bool, state: dict | None = None):
@@ -149,6 +156,77 @@ class TeacherForced:
             prev = self.ref["logits"] if j == 1 else self.ref[f"logits.step.{j - 1}"]
             self._steps[j] = self._decoding.step(int(prev[-1].argmax()), j)
         return self._steps[k]
+
+
+class _Chain:
+    """`TeacherForced._attention` run down the stack one layer at a time, each layer over every
+    chunk, keeping what a later layer reads: per chunk the `ChunkShared` the layers so far left
+    (with the source caches as they stood after that chunk) and each layer's output. Layer L's
+    numbers are the chunk-by-chunk run of layers 0..L's: every layer gets the same inputs in the
+    same order of its own chunks, and a later layer only reads a source's latents and index keys
+    as far as that chunk had written them (the snapshots below)."""
+
+    def __init__(self, forced: "TeacherForced", own_choice: bool):
+        self.f, self.own = forced, own_choice
+        self.shared = [ChunkShared() for _ in forced.chunks]
+        self.done: list[int] = []  # the layers run, in stack order
+        self.seen: dict[int, tuple] = {}  # layer -> the reference tensors present when it ran (`_forcing`)
+        self.caches: dict = {}
+        self.out: dict[int, tuple] = {}
+
+    def _forcing(self, j: int) -> tuple[bool, bool, bool]:
+        """Which reference tensors steer layer j's attention: its forced selection, the router
+        choice the layer before mixes (its `pre`), the candidate source's scores."""
+        f, c = self.f, self.f.lm.cfg.candidate_source_layer
+        return (not self.own and f"index.{j}.ids" in f.ref,
+                f.before[j] is not None and f"router.{f.before[j]}.ids" in f.ref,
+                j == c and f"index.{c}.scores" in f.ref)
+
+    def holds(self, L: int) -> bool:
+        """The layers run so far (those up to L) ran as `_attention(L)` would run them now. The
+        candidate source's forced scores only steer the layers after it, so for L at the source
+        they do not count."""
+        c = self.f.lm.cfg.candidate_source_layer
+        for j in self.done:
+            if j > L:
+                break
+            then, now = self.seen[j], self._forcing(j)
+            if j >= L or j != c:
+                then, now = then[:2], now[:2]
+            if then != now:
+                return False
+        return True
+
+    def upto(self, L: int) -> tuple:
+        f, lm = self.f, self.f.lm
+        for layer in [layer for j, layer in lm.stack.items() if j <= L and j not in self.out]:
+            self._run(layer)
+        return self.out[L]
+
+    def _run(self, layer) -> None:
+        f, lm, j = self.f, self.f.lm, layer.index
+        x, pre = f.entering(j)
+        x = layer.attn_input(layer.enter(x, f.hashes, f.image)[0], pre)[0]
+        sel = None if self.own else f.ref.get(f"index.{j}.ids")
+        c = lm.cfg.candidate_source_layer
+        blocks = f.ref.get(f"index.{c}.scores") if j == c else None
+        cache = self.caches[j] = layer.attn.new_cache(lm.dtype, lm.device)
+        n = f.chunks[-1][1] if f.chunks else 0
+        outs, sels, scores = [], [], []
+        for (lo, hi), shared in zip(f.chunks, self.shared):
+            shared.forced = None if sel is None else {j: sel.to(lm.device)[lo:hi]}
+            shared.forced_scores = None if blocks is None else {c: blocks[lo:hi]}
+            outs.append(layer.attn(x[lo:hi], lo, cache, shared))
+            # the source's lists as this chunk left them: a later layer of this chunk reads no further
+            snap = LayerCache(cache.window_kv, list(cache.latents), list(cache.index_k))
+            shared.kv_cache = snap if shared.kv_cache is cache else shared.kv_cache
+            shared.key_cache = snap if shared.key_cache is cache else shared.key_cache
+            if layer.attn.index_source and self.own:
+                sels.append(index_ids(shared.selection, lm.cfg.index_topk))
+                scores.append(selection_scores(shared.selection_scores, n // layer.attn.ratio))
+        self.done.append(j)
+        self.seen[j] = self._forcing(j)
+        self.out[j] = (torch.cat(outs), (torch.cat(sels) if sels else None), (torch.cat(scores) if scores else None))
 
 
 def make_language_stages(req, run: dict, image_rows: torch.Tensor | None = None) -> dict:
