@@ -16,6 +16,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from .checkpoint import table
 from .quant import Fp8Table, QuantLinear
 
 DEAD = -1
@@ -132,7 +133,7 @@ class Engram(nn.Module):
         self.clamp_value = 1e-6
         rows = layout.num_embeddings[self.layer_hash_index]
         fp8 = args.dtype == "fp8"
-        self.embed = Fp8Table(rows, layout.head_dim) if fp8 else nn.Embedding(rows, layout.head_dim)
+        self.embed = Fp8Table(rows, layout.head_dim) if fp8 else table(rows, layout.head_dim)
         n_in, n_out = layout.n_hash_cols * layout.head_dim, args.dim * (args.hc_mult + 1)
         self.wkv = QuantLinear(n_in, n_out, "fp8") if fp8 else nn.Linear(n_in, n_out, bias=False)
         self.q_weight = nn.Parameter(torch.ones(args.hc_mult, args.dim))

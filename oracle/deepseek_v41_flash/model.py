@@ -33,7 +33,7 @@ from torch import nn
 from tensordiff.errors import BadInput
 from tensordiff.models.deepseek_options import OPTIONS
 
-from .checkpoint import default_dtype, load_into
+from .checkpoint import default_dtype, load_into, table
 from .engram import Engram, EngramLayout, NgramHasher
 from .image_processor import IMAGE, IMAGE_END, IMAGE_NEW_LINE, IMAGE_START, TEXT, num_image_tokens
 from .quant import QuantLinear, fp4_round_trip, fp8_round_trip, set_kernel
@@ -580,7 +580,7 @@ class LanguageModel(nn.Module):
         self.hc_mult = args.hc_mult
         self.layout = EngramLayout.from_args(args)
         self.hasher: NgramHasher | None = None  # set by `build`: it holds tables, not parameters
-        self.embed = nn.Embedding(args.vocab_size, args.dim)
+        self.embed = table(args.vocab_size, args.dim)
         # keyed by layer id ("3" -> `layers.3.*`, the checkpoint's names), so a subset (`subset`)
         # holds, and reads, only its own layers
         ids = range(args.n_layers) if layers is None else layers
