@@ -18,9 +18,9 @@ from pathlib import Path
 
 import torch
 
-from ..runtime import shards
 from . import faults as F
 from .config import TextConfig
+from .weights import read_cast
 
 PREFIX = "model.language_model."
 
@@ -74,8 +74,7 @@ class Decoder:
     def load(cls, ckpt: Path, tc: TextConfig, tied: bool, backend, dtype: torch.dtype, device="cpu",
              fault: str | None = None) -> "Decoder":
         want = text_shapes(tc, tied)
-        stored = shards.read(ckpt, list(want), "cpu", shapes=want)
-        return cls(tc, tied, {k: t.to(device=device, dtype=dtype) for k, t in stored.items()}, backend, dtype, fault)
+        return cls(tc, tied, read_cast(ckpt, want, dtype, device), backend, dtype, fault)
 
     def _norm(self, x: torch.Tensor, name: str) -> torch.Tensor:
         return self.backend.rms_norm(x, self.w[name], self.cfg.rms_norm_eps)

@@ -10,6 +10,44 @@ from .config import VisionConfig
 
 PREFIX = "model.visual."
 
+# The last few checkpoints' tensors as cast for a CPU run: a process running the engine again on
+# the same files (the test suite, a calibration, `gate` over many images) would otherwise convert
+# the stored bf16 to fp32 on every run, a 151,936-row embedding each time. Keyed by the files'
+# identity (path, size, mtime, inode), so a rewritten checkpoint is read again; a hit skips the
+# reads' checks only because the same files passed them before. CPU only: a device copy held
+# after its run would keep accelerator memory a later model needs. The tensors are shared:
+# the engine only reads its weights.
+_CAST: dict[tuple, dict[str, torch.Tensor]] = {}
+_CAST_KEEP = 4  # the tower's and the decoder's tensors of two checkpoints
+
+
+def _stamp(ckpt: Path) -> tuple | None:
+    """The checkpoint files' identity, or None when they cannot all be seen (then no cache)."""
+    root = Path(ckpt)
+    try:
+        files = sorted({root / f for f in shards.weight_map(root).values()} | {root / shards.INDEX, root / shards.LONE})
+        return tuple((str(f), st.st_size, st.st_mtime_ns, st.st_ino)
+                     for f in files if f.exists() for st in [f.stat()])
+    except (OSError, ValueError):
+        return None
+
+
+def read_cast(ckpt: Path, want: dict[str, tuple[int, ...]], dtype: torch.dtype,
+              device="cpu") -> dict[str, torch.Tensor]:
+    """`shards.read(ckpt, names, shapes=want)` with every tensor cast to `dtype` on `device`
+    (name -> tensor, a new dict each call), from `_CAST` when the same files were read before."""
+    stamp = _stamp(ckpt) if str(device) == "cpu" else None
+    key = (stamp, tuple(sorted(want.items())), dtype)
+    if stamp is not None and key in _CAST:
+        return dict(_CAST[key])
+    stored = shards.read(ckpt, list(want), "cpu", shapes=want)
+    out = {k: t.to(device=device, dtype=dtype) for k, t in stored.items()}
+    if stamp is not None:
+        while len(_CAST) >= _CAST_KEEP:
+            _CAST.pop(next(iter(_CAST)))
+        _CAST[key] = dict(out)
+    return out
+
 
 def visual_shapes(vc: VisionConfig) -> dict[str, tuple[int, ...]]:
     """Every tensor the tower reads (name without the prefix) -> the shape its config implies."""
@@ -39,6 +77,5 @@ def load_visual(ckpt: Path, vc: VisionConfig, dtype: torch.dtype, device: str = 
     """{name without 'model.visual.': tensor in `dtype` on `device`}: exactly the tensors the
     config implies, each of the implied shape, or one EngineInputError."""
     want = {PREFIX + k: s for k, s in visual_shapes(vc).items()}
-    stored = shards.read(ckpt, list(want), "cpu", shapes=want)
-    return {k[len(PREFIX):]: t.to(device=device, dtype=dtype) for k, t in stored.items()}
+    return {k[len(PREFIX):]: t for k, t in read_cast(ckpt, want, dtype, device).items()}
 
