@@ -5,6 +5,7 @@ from pathlib import Path
 
 import torch
 
+from ..errors import EngineInputError
 from ..runtime import shards
 from .config import VisionConfig
 
@@ -25,10 +26,16 @@ def _stamp(ckpt: Path) -> tuple | None:
     """The checkpoint files' identity, or None when they cannot all be seen (then no cache)."""
     root = Path(ckpt)
     try:
-        files = sorted({root / f for f in shards.weight_map(root).values()} | {root / shards.INDEX, root / shards.LONE})
+        names = set(shards.weight_map(root).values())
+    except EngineInputError:  # `shards.read` says what is wrong
+        return None
+    if any(Path(f).is_absolute() or ".." in Path(f).parts for f in names):
+        return None  # an escaping shard: refused by the read, never looked at here
+    try:
+        files = sorted({root / f for f in names} | {root / shards.INDEX, root / shards.LONE})
         return tuple((str(f), st.st_size, st.st_mtime_ns, st.st_ino)
                      for f in files if f.exists() for st in [f.stat()])
-    except (OSError, ValueError):
+    except OSError:
         return None
 
 

@@ -65,8 +65,8 @@ def test_local_origin(base, oracle_dump, tmp_path, fault, chunk):
     assert {r.boundary for r in local.boundaries if r.status == "derived"} == {"token.step.1"}
 
 
-@pytest.mark.parametrize("fault,chunk,own_indexer", [(None, 7, False), (None, None, False),
-                                                     (D.ENGRAM_NGRAM_ACROSS_IMAGE, 5, False), (None, 3, True)])
+@pytest.mark.parametrize("fault,chunk,own_indexer", [(None, 7, False), (D.ENGRAM_NGRAM_ACROSS_IMAGE, 5, False),
+                                                     (None, 3, True)])
 def test_one_pass_down_the_stack_is_the_per_layer_route_bit_for_bit(base, oracle_dump, tmp_path, monkeypatch,
                                                                     fault, chunk, own_indexer):
     """The stages' attention runs the layers once (`_Chain`), where it ran layers 0..L again for
