@@ -27,6 +27,8 @@ reference's tokens, so a decode-only bug is that step's own error even behind a 
 """
 from __future__ import annotations
 
+import dataclasses
+
 import torch
 
 from tensordiff import images
@@ -105,8 +107,11 @@ class TeacherForced:
         key = (L, own_choice)
         if key not in self._attn:
             chain = self._chains.get(own_choice)
-            if chain is None or not chain.holds(L):  # the reference's forcing changed: run it anew
+            if chain is None:
                 chain = self._chains[own_choice] = _Chain(self, own_choice)
+            stale = chain.stale(L)
+            if stale is not None:  # the reference's forcing changed there: run it again from that layer
+                chain.rewind(stale)
             self._attn[key] = chain.upto(L)
         return self._attn[key]
 
@@ -173,6 +178,7 @@ class _Chain:
         self.seen: dict[int, tuple] = {}  # layer -> the reference tensors present when it ran (`_forcing`)
         self.caches: dict = {}
         self.out: dict[int, tuple] = {}
+        self.marks: dict[int, list[ChunkShared]] = {}  # layer -> the chunks' state before it ran
 
     def _forcing(self, j: int) -> tuple[bool, bool, bool]:
         """Which reference tensors steer layer j's attention: its forced selection, the router
@@ -182,10 +188,10 @@ class _Chain:
                 f.before[j] is not None and f"router.{f.before[j]}.ids" in f.ref,
                 j == c and f"index.{c}.scores" in f.ref)
 
-    def holds(self, L: int) -> bool:
-        """The layers run so far (those up to L) ran as `_attention(L)` would run them now. The
-        candidate source's forced scores only steer the layers after it, so for L at the source
-        they do not count."""
+    def stale(self, L: int) -> int | None:
+        """The first layer run so far (of those up to L) that did not run as `_attention(L)`
+        would run it now, or None. The candidate source's forced scores only steer the layers
+        after it, so for L at the source they do not count."""
         c = self.f.lm.cfg.candidate_source_layer
         for j in self.done:
             if j > L:
@@ -194,8 +200,17 @@ class _Chain:
             if j >= L or j != c:
                 then, now = then[:2], now[:2]
             if then != now:
-                return False
-        return True
+                return j
+        return None
+
+    def rewind(self, j: int) -> None:
+        """Forget layer j and every layer after it: the chunks' state back to what it was before
+        j ran (a later layer only writes its own cache and the chunk's shared fields)."""
+        self.shared = [dataclasses.replace(s) for s in self.marks[j]]
+        for k in [k for k in self.done if k >= j]:
+            self.done.remove(k)
+            for d in (self.seen, self.caches, self.out, self.marks):
+                d.pop(k, None)
 
     def upto(self, L: int) -> tuple:
         f, lm = self.f, self.f.lm
@@ -210,6 +225,7 @@ class _Chain:
         sel = None if self.own else f.ref.get(f"index.{j}.ids")
         c = lm.cfg.candidate_source_layer
         blocks = f.ref.get(f"index.{c}.scores") if j == c else None
+        self.marks[j] = [dataclasses.replace(s) for s in self.shared]
         cache = self.caches[j] = layer.attn.new_cache(lm.dtype, lm.device)
         n = f.chunks[-1][1] if f.chunks else 0
         outs, sels, scores = [], [], []
