@@ -135,6 +135,8 @@ class _Scope:
                     _madvise(mm, p[1], cut)
                     self.deferred -= cut - p[1]
                     p[1] = cut
+                    if cut == p[2]:  # nothing left waiting in this mapping
+                        del self.pending[id(mm)]
             if self.deferred >= MAX_DEFERRED:
                 self.flush()
 

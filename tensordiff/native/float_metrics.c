@@ -21,6 +21,10 @@
  * path's, exactly, and a few thousand counters stay in L1, unlike one per key. Counts of a call go to NSUB interleaved
  * 32-bit sub-histograms on the stack, added to the caller's int64 bins at the end.
  *
+ * Cut mode (td_float_update_cuts): in place of the histogram, the count of pairs whose bin is below
+ * each of a few edges, as u < the edge's least u (cut_bin_u; bin_of is non-decreasing in u), two
+ * vector ops an edge; the scalar paths count their bins and fold them by edge. metrics.py says when.
+ *
  * u = d / spacing: the spacing is a power of two, so u is d times its reciprocal, also a power
  * of two and correctly rounded alike (no division); when the spacing is subnormal its reciprocal
  * is not a float, and d is first scaled by 2^64 (exact) and then by the rest.
