@@ -200,7 +200,8 @@ def _data(x: np.ndarray) -> int:
 # A tensor of at least CUT_MIN elements counts its ULP bins in full only until a first chunk has
 # located its percentiles; the rest of it counts, per percentile, the pairs below a few bin edges
 # around that first estimate (the native kernel's cut mode: two vector ops an edge, where a bin is a
-# scalar increment an element; the histogram was ~40% of the kernel). Those counts give a
+# scalar increment an element; counting every chunk's histogram made the kernel 1.2x slower on the
+# bench's dumps, bench/compare_throughput.py's kernel_fullhist route). Those counts give a
 # percentile's bin exactly when it lies between two counted edges one bin apart; when the rest of
 # the tensor moved it further, `exact_percentiles()` says so and the caller measures the tensor again
 # with the full histogram (judge.py). So the bins are the histogram's, always.
@@ -234,15 +235,16 @@ class _Shared:
         self.lock = threading.Lock()
         self.n = math.prod(shape)
         self._rows_ptr = 0
-        self.cuts: np.ndarray | None = None  # set once, under lock, by the first accumulator to decide
-        self.cuts_ptr = 0
+        # (edges, their address) once a first chunk decided them, set in one assignment (a sibling
+        # reads it unlocked); `decided` stays True when that chunk found none to count (all NaN)
+        self.cuts: tuple[np.ndarray, int] | None = None
         self.decided = False
 
     def decide_cuts(self, hist: np.ndarray) -> None:
         with self.lock:
             if not self.decided:
-                self.cuts = _cuts_around(hist, PERCENTILES)
-                self.cuts_ptr = _data(self.cuts) if self.cuts is not None else 0
+                cuts = _cuts_around(hist, PERCENTILES)
+                self.cuts = (cuts, _data(cuts)) if cuts is not None else None
                 self.decided = True
 
     def rows_ptr(self) -> int:
@@ -395,10 +397,11 @@ class FloatMetrics:
             self._ptrs += (base + 22 * 8, base, base + 10 * 8)  # hist, I, D inside the one buffer
         ka, kb, atol, rtol, fl, sc, h, pi, pd = self._ptrs
         sh = self.shared
-        if self._cut_fn is not None and sh.cuts is not None:
+        cuts = sh.cuts
+        if self._cut_fn is not None and cuts is not None:
             finite = int(self.I[_FINITE])
             rc = self._cut_fn(_data(ra), ka, _data(rb), kb, ra.size, start, atol, rtol, fl, sc, _NBINS, rows, row, r0,
-                              pi, pd, sh.cuts_ptr, sh.cuts.size, _data(self._below))
+                              pi, pd, cuts[1], cuts[0].size, _data(self._below))
             self._cut_pairs += int(self.I[_FINITE]) - finite
         else:
             rc = self._native(_data(ra), ka, _data(rb), kb, ra.size, start, atol, rtol, fl, sc, h, _NBINS, rows, row,
@@ -533,8 +536,7 @@ class FloatMetrics:
         if total == 0:
             return [-1] * len(qs)
         known = {0: 0, _NBINS: total}
-        cuts = self.shared.cuts
-        for k, e in enumerate(cuts.tolist()):
+        for k, e in enumerate(self.shared.cuts[0].tolist()):
             known[e] = int(c[e]) + int(self._below[k])
         out = []
         for q in qs:
