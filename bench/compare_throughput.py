@@ -17,9 +17,11 @@ subprocess, so that `ru_maxrss` is the peak of that route alone:
            files on 2 threads: this machine's streaming limit, the big case's baseline (target:
            compare <= 1.5x limit)
 - kernel:  the native float kernel alone (tensordiff/native/float_metrics.c, every statistic and
-           the histogram) in the limit route's setting, 2 threads on memmapped halves: compare /
+           the percentiles' bins as the comparator counts them: a large tensor's first chunk in a
+           full histogram, the rest by cuts, metrics.CUT_MIN) in the limit route's setting, 2 threads on memmapped halves: compare /
            kernel is the comparator's overhead, kernel / limit the kernel's cost over reading;
            `kernel_generic` the same on the kernel's portable path (no AVX-512 intrinsics)
+- kernel_fullhist: the kernel route with every chunk in the full histogram (no cuts)
 - kernel_nohist: the kernel route with its ULP histogram left out (a benchmark-only switch,
            `native.set_no_hist`): kernel / kernel_nohist is what the two percentiles' bins cost
 - verify:  `compare_dumps(A, B, verify=True)` (sha256 of every tensor checked too; target <= 3x compare)
@@ -214,16 +216,17 @@ class _Touch:
 def route_read(a: Path, b: Path, workers: int | None = None) -> dict:
     """Stream every tensor pair through the comparator's own machinery (readers, chunks, worker
     threads, page release), reading every byte and computing nothing."""
-    from tensordiff import stream
+    from tensordiff import storage, stream
     from tensordiff.dump import open_dump
 
     da, db = open_dump(a), open_dump(b)
     t0 = time.perf_counter()
     nbytes = 0
-    for ea in da.entries:
-        eb = db.entry(ea.name)
-        row = int(np.prod(ea.shape[1:])) if len(ea.shape) >= 2 else 0
-        nbytes += stream.stream_pair(ea.stored, eb.stored, _Touch(), stream.chunk_len(row), workers=workers).nbytes
+    with storage.shared_files():  # as compare_dumps: one mapping a file, releases gathered
+        for ea in da.entries:
+            eb = db.entry(ea.name)
+            row = int(np.prod(ea.shape[1:])) if len(ea.shape) >= 2 else 0
+            nbytes += stream.stream_pair(ea.stored, eb.stored, _Touch(), stream.chunk_len(row), workers=workers).nbytes
     return {"wall_s": time.perf_counter() - t0, "bytes": nbytes}
 
 
@@ -366,7 +369,7 @@ def route_kernel(a: Path, b: Path, generic: bool = False) -> dict:
     from tensordiff import native, stream
     from tensordiff.dump import open_dump
 
-    k = native.float_kernel()
+    k, kc = native.float_kernel(), native.float_cuts()
     if k is None:
         raise RuntimeError(f"no native kernel: {native.status}")
     native.set_generic(generic)
@@ -377,10 +380,18 @@ def route_kernel(a: Path, b: Path, generic: bool = False) -> dict:
             return lim(x.ctypes.data, ka, y.ctypes.data, kb, x.size)
         store = M._STORE0.copy()
         base = store.ctypes.data
+        cuts, below = None, np.zeros(M.MAX_CUTS, dtype=np.int64)
         for s in range(0, x.size, stream.CHUNK):
             n = min(stream.CHUNK, x.size - s)
-            rc = k(x.ctypes.data + s * x.itemsize, ka, y.ctypes.data + s * y.itemsize, kb, n, s, 1e-5, 1.3e-6,
-                   2.0 ** -126, 2.0 ** -23, base + 22 * 8, M._NBINS, None, 0, 0, base, base + 10 * 8)
+            xa, ya = x.ctypes.data + s * x.itemsize, y.ctypes.data + s * y.itemsize
+            if cuts is not None:  # as FloatMetrics: past a first chunk of a large tensor, the cut counts
+                rc = kc(xa, ka, ya, kb, n, s, 1e-5, 1.3e-6, 2.0 ** -126, 2.0 ** -23, M._NBINS, None, 0, 0, base,
+                        base + 10 * 8, cuts.ctypes.data, cuts.size, below.ctypes.data)
+            else:
+                rc = k(xa, ka, ya, kb, n, s, 1e-5, 1.3e-6, 2.0 ** -126, 2.0 ** -23, base + 22 * 8, M._NBINS, None, 0,
+                       0, base, base + 10 * 8)
+                if 2 * x.size >= M.CUT_MIN:  # this half's tensor is CUT_MIN or more elements
+                    cuts = M._cuts_around(store[22:], M.PERCENTILES)
             if rc:
                 raise RuntimeError(f"native float kernel failed ({rc})")
         return float(store[10:22].view(np.float64)[0])
@@ -401,6 +412,15 @@ def route_kernel_nohist(a: Path, b: Path) -> dict:
 
     if not native.set_no_hist(True):
         raise RuntimeError(f"no AVX-512 kernel to run without its histogram: {native.status}")
+    return route_kernel(a, b)
+
+
+def route_kernel_fullhist(a: Path, b: Path) -> dict:
+    """The kernel route counting every chunk in the full ULP histogram (no cuts: what the kernel
+    cost before metrics.CUT_MIN): kernel_fullhist / kernel is what the cuts save."""
+    from tensordiff import metrics as M
+
+    M.CUT_MIN = 1 << 62
     return route_kernel(a, b)
 
 
@@ -500,7 +520,7 @@ ROUTES = {"read": route_read, "read1": route_read1, "compare": route_compare, "c
           "naive": route_naive, "limit": route_limit, "verify": route_verify, "sha256": route_sha256,
           "numpy": route_numpy,
           "kernel": route_kernel, "kernel_generic": route_kernel_generic,
-          "kernel_nohist": route_kernel_nohist}
+          "kernel_nohist": route_kernel_nohist, "kernel_fullhist": route_kernel_fullhist}
 
 
 def child(route: str, a: str, b: str, out: str) -> None:
@@ -576,7 +596,7 @@ def series(root: Path, routes: list[str], repeat: dict[str, int], cold: bool) ->
             res[route]["verdict"] = first["verdict"]
         if route == "sha256":
             res[route]["tensors"] = first["tensors"]
-        if route in ("limit", "kernel", "kernel_generic", "kernel_nohist"):
+        if route in ("limit", "kernel", "kernel_generic", "kernel_nohist", "kernel_fullhist"):
             res[route]["max_abs"] = first["max_abs"]
         if route.startswith("kernel"):
             res[route]["path"] = first["path"]
@@ -596,13 +616,16 @@ def series(root: Path, routes: list[str], repeat: dict[str, int], cold: bool) ->
         res["ratio_compare_to_limit"] = res["compare"]["wall_s"] / res["limit"]["wall_s"]
         pairs = [c["wall_s"] / r["wall_s"] for r, c in zip(runs["limit"], runs["compare"])]
         res["ratio_compare_to_limit_run_by_run"] = {"min": min(pairs), "median": statistics.median(pairs)}
-    for route in ("kernel", "kernel_generic", "kernel_nohist"):
+    for route in ("kernel", "kernel_generic", "kernel_nohist", "kernel_fullhist"):
         if route in res and "limit" in res:  # the kernel alone over reading, wall and CPU seconds
             res[f"ratio_{route}_to_limit"] = res[route]["wall_s"] / res["limit"]["wall_s"]
             res[f"cpu_ratio_{route}_to_limit"] = res[route]["cpu_s"] / max(res["limit"]["cpu_s"], 1e-9)
     if "kernel" in res and "kernel_nohist" in res:  # the ULP histogram's share of the kernel
         res["ratio_kernel_to_kernel_nohist"] = res["kernel"]["wall_s"] / res["kernel_nohist"]["wall_s"]
         res["cpu_ratio_kernel_to_kernel_nohist"] = res["kernel"]["cpu_s"] / max(res["kernel_nohist"]["cpu_s"], 1e-9)
+    if "kernel" in res and "kernel_fullhist" in res:  # what counting by cuts saves over the full histogram
+        res["ratio_kernel_fullhist_to_kernel"] = res["kernel_fullhist"]["wall_s"] / res["kernel"]["wall_s"]
+        res["cpu_ratio_kernel_fullhist_to_kernel"] = res["kernel_fullhist"]["cpu_s"] / max(res["kernel"]["cpu_s"], 1e-9)
     if "verify" in res and "compare" in res:
         res["ratio_verify_to_compare"] = res["verify"]["wall_s"] / res["compare"]["wall_s"]
         res["cpu_ratio_verify_to_compare"] = res["verify"]["cpu_s"] / max(res["compare"]["cpu_s"], 1e-9)
@@ -651,13 +674,16 @@ def table(name: str, s: dict) -> str:
         lines.append(f"  compare / limit (C max|a-b|, 2 threads) = {s['ratio_compare_to_limit']:.2f}x best / best, "
                      f"run by run min {rr['min']:.2f}x median {rr['median']:.2f}x "
                      f"(target <= {TARGET_RATIO}x: {'met' if ok else 'NOT met'})")
-    for route in ("kernel", "kernel_generic", "kernel_nohist"):
+    for route in ("kernel", "kernel_generic", "kernel_nohist", "kernel_fullhist"):
         if f"ratio_{route}_to_limit" in s:
             lines.append(f"  {route} alone / limit = {s[f'ratio_{route}_to_limit']:.2f}x wall, "
                          f"{s[f'cpu_ratio_{route}_to_limit']:.2f}x CPU seconds")
     if "ratio_kernel_to_kernel_nohist" in s:
         lines.append(f"  kernel / kernel without its ULP histogram = {s['ratio_kernel_to_kernel_nohist']:.2f}x wall, "
                      f"{s['cpu_ratio_kernel_to_kernel_nohist']:.2f}x CPU seconds (what the percentiles' bins cost)")
+    if "ratio_kernel_fullhist_to_kernel" in s:
+        lines.append(f"  kernel with every chunk in the full histogram / kernel = {s['ratio_kernel_fullhist_to_kernel']:.2f}x "
+                     f"wall, {s['cpu_ratio_kernel_fullhist_to_kernel']:.2f}x CPU seconds (what the cuts save)")
     if "ratio_verify_to_compare" in s:
         ok = s["ratio_verify_to_compare"] <= TARGET_VERIFY
         lines.append(f"  verify / compare = {s['ratio_verify_to_compare']:.2f}x (target <= {TARGET_VERIFY}x: "
@@ -805,7 +831,7 @@ def summary(report: dict) -> list[tuple[str, str, float, str]]:
     if "cpu_ratio_compare_to_limit" in w:
         rows.append(("big: compare / C limit, CPU seconds", f"<= {TARGET_RATIO}", w["cpu_ratio_compare_to_limit"],
                      w["cpu_ratio_compare_to_limit"] <= TARGET_RATIO))
-    for route in ("kernel", "kernel_generic", "kernel_nohist"):  # sub-measurements: no target of their own
+    for route in ("kernel", "kernel_generic", "kernel_nohist", "kernel_fullhist"):  # sub-measurements: no target of their own
         if f"ratio_{route}_to_limit" in w:
             rows.append((f"big: {route} alone / C limit", "-", w[f"ratio_{route}_to_limit"], None))
             rows.append((f"big: {route} alone / C limit, CPU seconds", "-", w[f"cpu_ratio_{route}_to_limit"], None))
@@ -852,7 +878,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--size-mb", type=float, default=2200, help="big case: total size of both dumps (default 2200)")
     ap.add_argument("--repeat", type=int, default=3, help="runs per route; the best wall time is reported")
     ap.add_argument("--naive-repeat", type=int, default=1)
-    ap.add_argument("--routes", default="limit,kernel,kernel_nohist,read,compare,verify,sha256,read1,naive",
+    ap.add_argument("--routes", default="limit,kernel,kernel_nohist,kernel_fullhist,read,compare,verify,sha256,read1,naive",
                     help="big case routes")
     ap.add_argument("--cases", default="big,many,memory,cli", help="which cases (default all)")
     ap.add_argument("--many-counts", default=",".join(map(str, MANY_COUNTS)))

@@ -97,11 +97,17 @@ _STRUCT = {"float64": "<d", "float32": "<f", "float16": "<e", "bfloat16": "<H", 
 # thousands of small tensors in a few files maps each file once, not each tensor (an np.memmap
 # per tensor and side cost ~90 us). Bounded: an evicted mapping lives on while a reader holds it.
 MAX_SHARED_MAPS = 64
-# Inside a block, the releases of small ranges are gathered into one extent per mapping and
-# released together (one madvise per ~MAX_DEFERRED bytes, not two per small tensor); resident
-# memory stays within MAX_DEFERRED bytes of what is being read.
-SMALL_RELEASE = 1 << 20
-MAX_DEFERRED = 8 << 20
+# Inside a block, releases are gathered into one extent per mapping (chunks finish nearly in order,
+# so each one touches its mapping's extent) and released once an extent reaches RELEASE_SPAN bytes:
+# every madvise of a multi-threaded process sends the other cores a TLB-flush interrupt, which in a
+# VM costs tens of microseconds, so one per 4 MB chunk and side was ~15% of a big comparison. The
+# released part ends on a HUGE_PAGE boundary and the rest stays in the extent: a range that ends
+# inside a huge page mapped whole splits it, with one more flush. Resident memory stays within
+# about RELEASE_SPAN + HUGE_PAGE bytes per mapping, and MAX_DEFERRED over all of them, of what is
+# being read.
+RELEASE_SPAN = 16 << 20
+HUGE_PAGE = 2 << 20
+MAX_DEFERRED = 64 << 20
 
 
 class _Scope:
@@ -121,8 +127,16 @@ class _Scope:
                 if p is not None:
                     self.deferred -= p[2] - p[1]
                     _madvise(p[0], p[1], p[2])
-                self.pending[id(mm)] = [mm, b0, b1]
+                p = self.pending[id(mm)] = [mm, b0, b1]
                 self.deferred += b1 - b0
+            if p[2] - p[1] >= RELEASE_SPAN:
+                cut = p[2] if p[2] == len(mm) else p[2] // HUGE_PAGE * HUGE_PAGE
+                if cut > p[1]:
+                    _madvise(mm, p[1], cut)
+                    self.deferred -= cut - p[1]
+                    p[1] = cut
+                    if cut == p[2]:  # nothing left waiting in this mapping
+                        del self.pending[id(mm)]
             if self.deferred >= MAX_DEFERRED:
                 self.flush()
 
@@ -228,15 +242,15 @@ class _MemmapReader(FlatReader):
 
 
 def release_bytes(mm: mmap.mmap, lo: int, hi: int, scope: "_Scope | None") -> None:
-    """Release the pages holding bytes [lo, hi) of a mapping: a small range gathered into the
-    scope's extent of that mapping (released together), a large one at once."""
+    """Release the pages holding bytes [lo, hi) of a mapping: inside `shared_files()` gathered into
+    the scope's extent of that mapping (released together), outside it at once."""
     if not hasattr(mmap, "MADV_DONTNEED"):
         return
     b0 = lo // mmap.PAGESIZE * mmap.PAGESIZE
     b1 = min(-(-hi // mmap.PAGESIZE) * mmap.PAGESIZE, len(mm))
     if b1 <= b0:
         return
-    if scope is not None and b1 - b0 < SMALL_RELEASE:
+    if scope is not None:
         scope.release(mm, b0, b1)
     else:
         _madvise(mm, b0, b1)

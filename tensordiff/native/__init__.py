@@ -110,6 +110,12 @@ def library():
 
 
 _batch: list = [None]  # td_float_batch, loaded with the kernel
+_cuts: list = [None]  # td_float_update_cuts, loaded with the kernel
+
+
+def float_cuts():
+    """The ctypes function `td_float_update_cuts`, or None when the kernel cannot be built here."""
+    return _cuts[0] if float_kernel() is not None else None
 
 
 def float_batch():
@@ -137,6 +143,11 @@ def float_kernel():
                         f.restype = ctypes.c_int
                         global _lib
                         _lib = lib
+                        c = lib.td_float_update_cuts  # a large tensor's percentiles by cuts (metrics.py)
+                        c.argtypes = [p, ctypes.c_int, p, ctypes.c_int, i64, i64, f32, f32, f32, f32,
+                                      i64, p, i64, i64, p, p, p, i64, p]
+                        c.restype = ctypes.c_int
+                        _cuts[0] = c
                         g = lib.td_float_batch  # many small tensors in one call (tensordiff/batch.py)
                         g.argtypes = [i64, p, p, p, p, p, i64]
                         g.restype = ctypes.c_int

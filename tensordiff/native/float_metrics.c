@@ -21,6 +21,10 @@
  * path's, exactly, and a few thousand counters stay in L1, unlike one per key. Counts of a call go to NSUB interleaved
  * 32-bit sub-histograms on the stack, added to the caller's int64 bins at the end.
  *
+ * Cut mode (td_float_update_cuts): in place of the histogram, the count of pairs whose bin is below
+ * each of a few edges, as u < the edge's least u (cut_bin_u; bin_of is non-decreasing in u), two
+ * vector ops an edge; the scalar paths count their bins and fold them by edge. metrics.py says when.
+ *
  * u = d / spacing: the spacing is a power of two, so u is d times its reciprocal, also a power
  * of two and correctly rounded alike (no division); when the spacing is subnormal its reciprocal
  * is not a float, and d is first scaled by 2^64 (exact) and then by the rest.
@@ -58,6 +62,7 @@
 #define HSTRIDE (NBINS + 16)            /* sub-histogram stride: the sub-histograms do not alias */
 #define NSUB 4                          /* interleaved sub-histograms: no store-forwarding chain on one bin */
 #define HOT 8        /* bins counted in vector registers (block_avx512): two lanes of 4 byte counters */
+#define MAXCUTS 8    /* td_float_update_cuts: bin edges counted at once */
 #define PREFETCH 4096 /* bytes ahead of block_avx512's loads (a block's burst in run() slowed block_fast) */
 
 typedef struct {
@@ -70,6 +75,9 @@ typedef struct {
     int32_t hot[HOT]; /* the AVX-512 path's bins counted in vector registers (choose_hot), or -1 */
     uint8_t slot[128] __attribute__((aligned(64))); /* bin - base < 127 -> 8 j when it is hot[j], else 0xff */
     int32_t base; /* the window of bins slot[] covers */
+    float cut_u[MAXCUTS]; /* td_float_update_cuts: the least u in bin >= each cut (cut_bins) */
+    int64_t *below;       /* ... and where the counts of bins below each cut go, or NULL: the histogram */
+    int32_t ncuts;
 } params;
 
 static inline float f_of(uint32_t u) { float f; memcpy(&f, &u, 4); return f; }
@@ -313,6 +321,11 @@ block_avx512(const void *a, int ka, const void *b, int kb, int64_t off, int64_t 
                   base = _mm512_set1_epi32(P->base); /* below it, bin - base wraps to above 127 */
 #endif
     __m512i hc = _mm512_setzero_si512(), hc2 = hc; /* bins hot[0..3], hot[4..7] */
+    /* cut mode (hot == 3): per cut, a lane's count of u below the cut's least u (bin_of is
+       non-decreasing in u, so u < cut_u[k] is bin_of(u) < cut k) */
+    __m512i nb[MAXCUTS];
+    __m512 cu[MAXCUTS];
+    for (int k = 0; k < MAXCUTS; k++) nb[k] = hc, cu[k] = _mm512_set1_ps(k < P->ncuts ? P->cut_u[k] : 0.0f);
     const __m512 atol = _mm512_set1_ps(P->atol), rtol = _mm512_set1_ps(P->rtol), fmin = _mm512_set1_ps(FLT_MIN);
     const __m512i fexp = _mm512_set1_epi32(P->fexp), kbase = _mm512_set1_epi32(127 - P->sexp);
     const __m512 zero = _mm512_setzero_ps(), pinf = _mm512_set1_ps(INFINITY), ninf = _mm512_set1_ps(-INFINITY);
@@ -347,6 +360,13 @@ block_avx512(const void *a, int ka, const void *b, int kb, int64_t off, int64_t 
             __m512 u = ulps16(di, ax, kbase, fexp);
             mu = _mm512_max_ps(u, mu);
             if (hot == 2) continue; /* td_set_no_hist: the ULP histogram not counted (benchmark only) */
+            if (hot == 3) { /* two ops a cut: no bins, no scalar increments */
+                for (int k = 0; k < MAXCUTS; k++)
+                    if (k < P->ncuts)
+                        nb[k] = _mm512_mask_sub_epi32(nb[k], _mm512_cmp_ps_mask(u, cu[k], _CMP_LT_OQ), nb[k],
+                                                      _mm512_set1_epi32(-1));
+                continue;
+            }
             __m512i bin = bins16(u);
             if (TD_HOT && hot) {
 #if TD_HOT
@@ -373,6 +393,9 @@ block_avx512(const void *a, int ka, const void *b, int kb, int64_t off, int64_t 
     if (!(isfinite(e_aa + e_bb) && isfinite(e_err))) return 1; /* NaN/Inf or a float overflow: block_slow */
     if (hot == 2) {
         nk = 0;
+    } else if (hot == 3) {
+        nk = 0;
+        for (int k = 0; k < P->ncuts; k++) P->below[k] += _mm512_reduce_add_epi32(nb[k]);
     } else if (hot) {
         for (int j = 0; j < HOT; j++)
             if (P->hot[j] >= 0)
@@ -495,14 +518,15 @@ run(const void *a, int ka, const void *b, int kb, int64_t n, int64_t start, para
         int64_t m = n - off < BLOCK ? n - off : BLOCK;
         int64_t mv = wide ? m & ~(int64_t)15 : 0; /* the AVX-512 path takes whole vectors, block_fast the rest */
 #if TD_AVX512
-        if (mv && (no_hist ? block_avx512(a, ka, b, kb, off, mv, start, P, I, D, 2)
-                   : hot   ? block_avx512(a, ka, b, kb, off, mv, start, P, I, D, 1)
+        if (mv && (no_hist    ? block_avx512(a, ka, b, kb, off, mv, start, P, I, D, 2)
+                   : P->below ? block_avx512(a, ka, b, kb, off, mv, start, P, I, D, 3)
+                   : hot      ? block_avx512(a, ka, b, kb, off, mv, start, P, I, D, 1)
                            : block_avx512(a, ka, b, kb, off, mv, start, P, I, D, 0)))
             block_slow(a, ka, b, kb, off, mv, start, P, I, D);
 #endif
         if (m > mv && block_fast(a, ka, b, kb, off + mv, m - mv, start, P, I, D))
             block_slow(a, ka, b, kb, off + mv, m - mv, start, P, I, D);
-        if (TD_HOT && wide && off == 0 && P->nsub == NSUB) /* a large call: worth choosing (a small one is not) */
+        if (TD_HOT && wide && off == 0 && P->nsub == NSUB && !P->below) /* a large call: worth choosing (a small one is not) */
             hot = choose_hot(P, m);
     }
 }
@@ -539,11 +563,28 @@ int td_ulp_bins_vec(const float *u, int64_t n, uint16_t *out) {
 #endif
 }
 
-/* hist: the caller's NBINS int64 bin counts (tensordiff/metrics.py) */
-int td_float_update(const void *a, int ka, const void *b, int kb, int64_t n, int64_t start, float atol, float rtol,
-                    float floor_, float scale, int64_t *hist, int64_t nbins, double *rows, int64_t row, int64_t r0,
-                    int64_t *I, double *D) {
+/* The least u >= 0 (a float, +Inf included) whose bin is at least `cut` (1 <= cut < NBINS): bin_of
+   is non-decreasing in u, and so in u's bits, so a bisection over the bits finds it (u = Inf is
+   the last bin's). */
+static float cut_bin_u(int32_t cut) {
+    uint32_t lo = 0, hi = 0x7f800000u; /* bin_of(f_of(hi)) = NBINS - 1 >= cut */
+    while (lo < hi) {
+        uint32_t mid = lo + (hi - lo) / 2;
+        if (bin_of(f_of(mid)) >= cut) hi = mid;
+        else lo = mid + 1;
+    }
+    return f_of(lo);
+}
+
+/* hist: the caller's NBINS int64 bin counts (tensordiff/metrics.py); or, in cut mode (below set),
+   below[k] += the count of finite pairs whose bin is below cuts[k] (hist unused) */
+static int update(const void *a, int ka, const void *b, int kb, int64_t n, int64_t start, float atol, float rtol,
+                  float floor_, float scale, int64_t *hist, int64_t nbins, double *rows, int64_t row, int64_t r0,
+                  int64_t *I, double *D, const int32_t *cuts, int64_t ncuts, int64_t *below) {
     if (nbins != NBINS) return -2; /* tensordiff/metrics.py bins the same way */
+    if (below && (ncuts < 1 || ncuts > MAXCUTS)) return -5;
+    for (int64_t k = 0; below && k < ncuts; k++)
+        if (cuts[k] < 1 || cuts[k] >= NBINS) return -5;
     if (ka < 0 || ka > 1 || kb < 0 || kb > 1) return -1;
     if (n > 0x7fffffffLL) return -3; /* 32-bit counts per call */
     uint32_t sub[NSUB * HSTRIDE];
@@ -552,7 +593,8 @@ int td_float_update(const void *a, int ka, const void *b, int kb, int64_t n, int
     int32_t nsub = n >= 16 * NBINS ? NSUB : 1;
     memset(sub, 0, sizeof(uint32_t) * HSTRIDE * nsub);
     params P = {atol, rtol, floor_, scale, (int32_t)(u_of(floor_) >> 23), (int32_t)(u_of(scale) >> 23) - 127,
-                sub, nsub, rows, row, r0, {0}, {0}, 0};
+                sub, nsub, rows, row, r0, {0}, {0}, 0, {0}, below, below ? (int32_t)ncuts : 0};
+    for (int32_t k = 0; k < P.ncuts; k++) P.cut_u[k] = cut_bin_u(cuts[k]);
     I[0] += n;
     /* constant kinds: each call below is its own specialised, vectorised loop */
     if (ka == 0 && kb == 0) run(a, 0, b, 0, n, start, &P, I, D);
@@ -564,8 +606,31 @@ int td_float_update(const void *a, int ka, const void *b, int kb, int64_t n, int
 #if TD_AVX512
     for (int k = INF_BIN; k < INF_BIN + 16; k++) sub[NBINS - 1] += sub[k], sub[k] = 0;
 #endif
+    if (below) { /* what the scalar paths counted (tails, NaN/Inf blocks, the generic path), by cut */
+        for (int64_t k = 0; k < ncuts; k++)
+            for (int j = 0; j < cuts[k]; j++) below[k] += sub[j];
+        return 0;
+    }
     for (int k = 0; k < NBINS; k++) hist[k] += sub[k];
     return 0;
+}
+
+int td_float_update(const void *a, int ka, const void *b, int kb, int64_t n, int64_t start, float atol, float rtol,
+                    float floor_, float scale, int64_t *hist, int64_t nbins, double *rows, int64_t row, int64_t r0,
+                    int64_t *I, double *D) {
+    return update(a, ka, b, kb, n, start, atol, rtol, floor_, scale, hist, nbins, rows, row, r0, I, D, NULL, 0, NULL);
+}
+
+/* Every statistic as td_float_update, but in place of the histogram, below[k] += the number of
+   finite pairs whose bin is below cuts[k] (1 <= cuts[k] < NBINS, at most MAXCUTS of them): two
+   vector ops a cut instead of a bin's scalar increment an element. A large tensor's percentiles,
+   once its first chunk's histogram has located them (tensordiff/metrics.py, `CUT_MIN`). */
+int td_float_update_cuts(const void *a, int ka, const void *b, int kb, int64_t n, int64_t start, float atol,
+                         float rtol, float floor_, float scale, int64_t nbins, double *rows, int64_t row, int64_t r0,
+                         int64_t *I, double *D, const int32_t *cuts, int64_t ncuts, int64_t *below) {
+    if (!cuts || !below) return -5;
+    return update(a, ka, b, kb, n, start, atol, rtol, floor_, scale, NULL, nbins, rows, row, r0, I, D, cuts, ncuts,
+                  below);
 }
 
 /* Many small tensors in one call (a comparison of thousands of them pays the call, its argument
@@ -595,8 +660,8 @@ int td_float_batch(int64_t count, const int64_t *desc, const double *par, double
         double *D = (double *)(I + 10);
         const double *p = par + 4 * k;
         memset(hist, 0, sizeof hist);
-        int rc = td_float_update(a, ka, b, kb, t[3], 0, (float)p[0], (float)p[1], (float)p[2], (float)p[3], hist,
-                                 NBINS, t[4] ? r : NULL, t[5], 0, I, D);
+        int rc = update(a, ka, b, kb, t[3], 0, (float)p[0], (float)p[1], (float)p[2], (float)p[3], hist, NBINS,
+                        t[4] ? r : NULL, t[5], 0, I, D, NULL, 0, NULL);
         if (rc) return rc;
         r += t[4];
         int64_t worst = I[6] ? I[9] : I[8];

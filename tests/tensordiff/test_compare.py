@@ -320,3 +320,26 @@ def test_overlapping_comparisons_restore_the_gc_thresholds_when_the_last_ends():
     assert gc.get_threshold()[0] >= 50_000  # the other is still running
     inner.__exit__(None, None, None)
     assert gc.get_threshold() == before
+
+
+@pytest.mark.parametrize("drift", [False, True])
+def test_a_large_tensor_reports_the_full_histograms_percentiles(tmp_path, monkeypatch, drift):
+    # past metrics.CUT_MIN the comparator counts bins in full for a first chunk only; where the rest
+    # moved a percentile away (drift: the first chunks equal), the judge measures it again in full
+    from tensordiff import metrics
+
+    g = torch.Generator().manual_seed(5)
+    a = torch.randn(400, 200, generator=g)  # above batch.SMALL: streamed
+    b = a * (1 + 1e-5 * torch.randn(400, 200, generator=g))
+    if drift:
+        b[:100] = a[:100]
+    A, B = write(tmp_path / "a", {"x": a}), write(tmp_path / "b", {"x": b})
+    monkeypatch.setattr(stream, "CHUNK", 4000)
+    full = compare_dumps(A, B).boundaries[0].tensors[0].metrics
+    monkeypatch.setattr(metrics, "CUT_MIN", 20_000)
+    again = []
+    real = metrics.FloatMetrics.again
+    monkeypatch.setattr(metrics.FloatMetrics, "again", lambda self: (again.append(1), real(self))[1])
+    cut = compare_dumps(A, B).boundaries[0].tensors[0].metrics
+    assert cut == full and full.ulp_p50 > 0
+    assert len(again) == int(drift)

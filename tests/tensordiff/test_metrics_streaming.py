@@ -391,3 +391,66 @@ def test_misaligned_and_strided_chunks_reach_the_kernel_as_aligned_copies():
     ref = streamed(a, b, "float32", "float32", (a.size,), 1000, native=True).result()
     for xa, xb in ((a, odd), (wide, b)):
         assert streamed(xa, xb, "float32", "float32", (a.size,), 1000, native=True).result().as_json() == ref.as_json()
+
+
+def _cut_case(kind: str, n: int = 60_000):
+    rng = np.random.default_rng(11)
+    a = (rng.standard_normal(n) * 2).astype(np.float32)
+    if kind == "drift":  # the first chunks equal (every pair in bin 0), the rest a few ULP apart
+        b = (a * (1 + 3e-6 * rng.standard_normal(n))).astype(np.float32)
+        b[:20_000] = a[:20_000]
+    else:
+        b = (a * (1 + 1e-3 * rng.standard_normal(n))).astype(np.float32)
+    if kind == "nonfinite":
+        a[[10, 30_000]] = [np.nan, np.inf]
+        b[[10, 30_000, 45_000]] = [np.nan, -np.inf, np.nan]
+    return a, b
+
+
+@pytest.mark.skipif(not NATIVE, reason="no C compiler here")
+@pytest.mark.parametrize("na,nb", [("float32", "float32"), ("bfloat16", "float32"), ("bfloat16", "bfloat16")])
+@pytest.mark.parametrize("kind", ["noise", "nonfinite"])
+def test_a_large_tensor_counted_by_cuts_has_the_full_histograms_percentiles(monkeypatch, na, nb, kind):
+    # past CUT_MIN only the first chunk counts every bin; the rest counts the pairs below a few
+    # edges: every result equals the full histogram's, percentiles included
+    monkeypatch.setattr(M, "CUT_MIN", 10_000)
+    a, b = _cut_case(kind)
+    ra, rb = stored(a, na), stored(b, nb)
+    acc = streamed(ra, rb, na, nb, (a.size,), 4096, native=True)
+    assert acc._cut_pairs > 0 and acc.exact_percentiles()  # the cut path ran, and settled both
+    full = M.FloatMetrics(BY_NAME[na], BY_NAME[nb], narrower(BY_NAME[na], BY_NAME[nb]),
+                          DEFAULTS[narrower(BY_NAME[na], BY_NAME[nb]).name], (a.size,), full_histogram=True)
+    for s in range(0, a.size, 4096):
+        full.update(s, ra[s : s + 4096], rb[s : s + 4096])
+    assert full._cut_pairs == 0
+    got, want = acc.result(), full.result()
+    for k in ("ulp_p50", "ulp_p99", "ulp_max", "numel", "mismatches", "max_abs", "max_rel"):
+        assert got[k] == want[k], k
+    check(got, acc, reference(ra, rb, na, nb, (a.size,)), 1e-6)
+
+
+@pytest.mark.skipif(not NATIVE, reason="no C compiler here")
+def test_percentiles_that_moved_past_the_cuts_are_not_guessed(monkeypatch):
+    # the first chunks put p50 and p99 in bin 0; the rest moves them: the cuts cannot settle
+    # them, result() refuses, and again() measures the tensor with the full histogram
+    monkeypatch.setattr(M, "CUT_MIN", 10_000)
+    a, b = _cut_case("drift")
+    acc = streamed(a, b, "float32", "float32", (a.size,), 4096, native=True)
+    assert acc._cut_pairs > 0 and not acc.exact_percentiles()
+    with pytest.raises(RuntimeError, match="again"):
+        acc.result()
+    again = acc.again()
+    for s in range(0, a.size, 4096):
+        again.update(s, a[s : s + 4096], b[s : s + 4096])
+    assert again.exact_percentiles() and again._cut_pairs == 0
+    check(again.result(), again, reference(a, b, "float32", "float32", (a.size,)), 1e-6)
+
+
+def test_the_cut_edges_bracket_each_first_estimate_and_its_nearer_neighbour():
+    hist = np.zeros(M._NBINS, dtype=np.int64)
+    hist[[10, 11, 12, 40]] = [30, 40, 29, 1]  # p50 in bin 11, low in its count (20 of 40); p99 in bin 12, high
+    assert M._cuts_around(hist, (0.5, 0.99)).tolist() == [10, 11, 12, 13, 14]
+    hist[:] = 0
+    hist[0] = 100  # every pair in bin 0: edge 0 is known without counting; p99 leans up
+    assert M._cuts_around(hist, (0.5, 0.99)).tolist() == [1, 2]
+    assert M._cuts_around(np.zeros(M._NBINS, dtype=np.int64), (0.5,)) is None

@@ -296,3 +296,67 @@ def test_the_benchmarks_no_histogram_switch_drops_only_the_histogram():
     np.testing.assert_array_equal(i0, i1)
     np.testing.assert_array_equal(d0, d1)
     np.testing.assert_array_equal(h2, h0)
+
+
+def _cuts_call(a, ka, b, kb, cuts):
+    """td_float_update_cuts on one call: (its counters and accumulators, the counts below each cut)."""
+    f = native.float_cuts()
+    store = M._STORE0.copy()
+    base = store.ctypes.data
+    c = np.array(cuts, dtype=np.int32)
+    below = np.zeros(len(cuts), dtype=np.int64)
+    rc = f(a.ctypes.data, ka, b.ctypes.data, kb, a.size, 0, 1e-5, 1.3e-6, 2.0 ** -126, 2.0 ** -23, M._NBINS, None, 0, 0,
+           base, base + 80, c.ctypes.data, c.size, below.ctypes.data)
+    return rc, store[:22], below
+
+
+def _hist_call(a, ka, b, kb):
+    store = M._STORE0.copy()
+    base = store.ctypes.data
+    assert native.float_kernel()(a.ctypes.data, ka, b.ctypes.data, kb, a.size, 0, 1e-5, 1.3e-6, 2.0 ** -126, 2.0 ** -23,
+                                 base + 22 * 8, M._NBINS, None, 0, 0, base, base + 80) == 0
+    return store[:22], store[22:]
+
+
+@pytest.mark.skipif(not NATIVE, reason="no C compiler here")
+@pytest.mark.parametrize("generic", [False, True])
+@pytest.mark.parametrize("seed", [0, 1, 2, 3])
+def test_cut_counts_are_the_histograms_counts_below_each_edge(path, generic, seed):
+    # the cut mode's counts of u below each edge's least u against the histogram of the same call:
+    # the edges of the linear and log parts, the last finite bins, the u = Inf bin, and the bins
+    # the data fills (adversarial: 40 decades, NaN/Inf, subnormals, equal blocks; bf16 either side)
+    path(generic)
+    a, b = adversarial(seed)
+    b = b.copy()
+    b[[5, 7000, 20000]] = [np.nan, np.inf, -np.inf]
+    a[30000:30016], b[30000:30016] = 3e38, -3e38  # |a - b| overflows: u = Inf
+    a16, b16 = (a.view(np.uint32) >> 16).astype(np.uint16), (b.view(np.uint32) >> 16).astype(np.uint16)
+    for (x, kx), (y, ky) in [((a, 0), (b, 0)), ((a16, 1), (b, 0)), ((a, 0), (b16, 1))]:
+        stats, hist = _hist_call(x, kx, y, ky)
+        filled = np.flatnonzero(hist)
+        edges = sorted({1, 2, 63, 64, 65, 2047, 2048, M._NBINS - 1} | {int(e) for e in filled if e >= 1}
+                       | {int(e) + 1 for e in filled if e + 1 < M._NBINS})
+        for i in range(0, len(edges), M.MAX_CUTS):
+            cuts = edges[i : i + M.MAX_CUTS]
+            rc, stats_c, below = _cuts_call(x, kx, y, ky, cuts)
+            assert rc == 0
+            np.testing.assert_array_equal(stats_c, stats)  # every other statistic as with the histogram
+            assert below.tolist() == [int(hist[:e].sum()) for e in cuts], cuts
+
+
+@pytest.mark.skipif(not NATIVE, reason="no C compiler here")
+def test_a_cut_one_bin_off_counts_differently():
+    # the fault that proves the check above: the counts below an edge one bin away are not these
+    a, b = adversarial(0)
+    _, hist = _hist_call(a, 0, b, 0)
+    e = int(np.flatnonzero(hist)[len(np.flatnonzero(hist)) // 2])
+    _, _, below = _cuts_call(a, 0, b, 0, [e + 1])
+    assert below[0] == hist[: e + 1].sum() != hist[:e].sum()
+
+
+@pytest.mark.skipif(not NATIVE, reason="no C compiler here")
+@pytest.mark.parametrize("cuts", [[0], [M._NBINS], [1] * 9, [-3]])
+def test_cuts_outside_the_bins_are_refused(cuts):
+    a = np.ones(100, dtype=np.float32)
+    assert _cuts_call(a, 0, a, 0, cuts)[0] == -5
+    assert _cuts_call(a, 0, a, 0, [1])[0] == 0

@@ -222,3 +222,38 @@ def test_hdf5_entries_are_the_same_by_either_lookup(tmp_path):
     for key in ("group", "missing", "a/b"):
         with pytest.raises(BadInput, match=f"no dataset '{key}'"):
             read_hdf5_entry(p, key, "float32")
+
+
+def test_a_streamed_tensors_releases_are_gathered_into_huge_page_aligned_extents(tmp_path, monkeypatch):
+    # one madvise per RELEASE_SPAN, not one per chunk (each interrupts the other cores for a TLB
+    # flush), every released range but the last ending on a HUGE_PAGE boundary (a range ending
+    # inside a huge page splits it), every page released in the end and the backlog bounded
+    import mmap
+
+    from tensordiff import storage
+
+    span, huge = 4 << 20, storage.HUGE_PAGE
+    monkeypatch.setattr(storage, "RELEASE_SPAN", span)
+    n = 4 << 20  # 16 MB of float32, in chunks of 1.2 MB (no page multiple)
+    dump = open_dump(write(tmp_path / "d", {"x": torch.arange(n, dtype=torch.float32)}))
+    st = dump.entry("x").stored
+    calls = []
+    real = storage._madvise
+    monkeypatch.setattr(storage, "_madvise", lambda mm, b0, b1: (calls.append((b0, b1)), real(mm, b0, b1)))
+    step, backlog = 300_000, 0
+    with storage.shared_files():
+        scope = storage._SCOPE.get()
+        r = st.reader()
+        for s in range(0, n, step):
+            r.read(s, min(n, s + step))
+            r.release(s, min(n, s + step))
+            backlog = max(backlog, scope.deferred)
+        r.close()
+    assert len(calls) <= st.nbytes // span + 2 < -(-n // step)  # gathered: far fewer calls than chunks
+    size = st.file.stat().st_size
+    assert all(b1 % huge == 0 or b1 == size for _, b1 in calls[:-1]), calls  # on huge-page boundaries (or the end)
+    assert all(b1 > b0 for b0, b1 in calls)
+    covered = sorted(calls)
+    assert covered[0][0] <= st.offset // mmap.PAGESIZE * mmap.PAGESIZE and covered[-1][1] >= st.offset + st.nbytes
+    assert all(a[1] >= b[0] for a, b in zip(covered, covered[1:]))  # no page left out between them
+    assert backlog < span + huge + 4 * step  # never more than a span, a huge page and a chunk waiting
