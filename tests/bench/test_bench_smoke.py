@@ -44,12 +44,17 @@ def test_bench_tiny_writes_its_report(tmp_path):
                                                   "big: verify / compare, CPU seconds",
                                                   "big: kernel alone / C limit",
                                                   "big: kernel alone / C limit, CPU seconds",
-                                                  "big: verify / sha256 alone", "big: sha256 alone / compare"} | (
+                                                  "big: verify / sha256 alone", "big: sha256 alone / compare",
+                                                  "big: kernel_fullhist alone / C limit",
+                                                  "big: kernel_fullhist alone / C limit, CPU seconds"} | (
         {"big: kernel_nohist alone / C limit", "big: kernel_nohist alone / C limit, CPU seconds"}
         if "kernel_nohist" in warm else set())
     if "AVX-512" in rep["comparator"]["kernel"]:  # the route without the histogram ran, on the same pairs
         assert warm["kernel_nohist"]["max_abs"] == warm["kernel"]["max_abs"]
         assert warm["ratio_kernel_to_kernel_nohist"] > 0
+    # every chunk in the full histogram (no cuts), on the same pairs
+    assert warm["kernel_fullhist"]["max_abs"] == warm["kernel"]["max_abs"]
+    assert warm["ratio_kernel_fullhist_to_kernel"] > 0 and warm["cpu_ratio_kernel_fullhist_to_kernel"] >= 0
 
 
 def test_bench_tiny_other_cases(tmp_path):
