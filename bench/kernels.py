@@ -239,7 +239,7 @@ def cases(g: torch.Generator):
     return out
 
 
-SWEEP_ROWS = (1024, 2048, 4096, 8192, 16384, 32768, 65536)
+SWEEP_ROWS = (1024, 2048, 4096, 8192, 16384, 24576, 32768, 49152, 65536)
 SWEEP_ROUTES = ("filter", "filter_redux", "filter_g16", "default")
 
 
