@@ -239,6 +239,47 @@ def cases(g: torch.Generator):
     return out
 
 
+SWEEP_ROWS = (1024, 2048, 4096, 8192, 16384, 24576, 32768, 49152, 65536)
+SWEEP_ROUTES = ("filter", "filter_redux", "filter_g16", "default")
+
+
+def router_bytes(rows: int, es: int) -> int:
+    """The fewest bytes a router call moves: logits, both biases, the image flags, weights and ids."""
+    return rows * 384 * es + 2 * 384 * 4 + rows + rows * 6 * (4 + 8)
+
+
+def router_sweep(g: torch.Generator, bw: float, reps: int, rows_list=SWEEP_ROWS, routes=SWEEP_ROUTES) -> dict:
+    """The router's routes over row counts (384 experts, top-6, both dtypes), the hip side only,
+    each as a share of the copy roofline measured in this run: where the default's choice by row
+    count should switch (`crossover`: per dtype, the fastest named route at each row count)."""
+    table: dict = {}
+    for dt, tag in ((torch.float32, "f32"), (torch.bfloat16, "bf16")):
+        es = torch.finfo(dt).bits // 8
+        for rows in rows_list:
+            nbytes = router_bytes(rows, es)
+            n_sets = sets_for(nbytes)
+            sets = [((torch.randn(rows, 384, generator=g, device="cuda") * 2.0).to(dt),
+                     torch.randn(384, generator=g, device="cuda"), torch.randn(384, generator=g, device="cuda"),
+                     torch.arange(rows, device="cuda") % 2 == 1) for _ in range(n_sets)]
+            roof_us = nbytes / (bw * 1e9) * 1e6
+            wave = variant(router_threads="wave").moe_route(*sets[0], 6, 1.5)
+            for route in routes:
+                be = variant(router_threads=0 if route == "default" else route)
+                us = graph_us(lambda i, be=be, s=sets: be.moe_route(*s[i], 6, 1.5), n_sets, reps)
+                w, ids = be.moe_route(*sets[0], 6, 1.5)
+                table.setdefault(f"{tag}/{rows}", {})[route] = {
+                    "us": us, "pct_roofline": 100 * roof_us / us, "roofline_us": roof_us,
+                    "bitwise_equal_wave_route": bool(torch.equal(ids, wave[1])
+                                                     and torch.equal(w.view(torch.int32), wave[0].view(torch.int32)))}
+            del sets
+            torch.cuda.empty_cache()
+    crossover = {}
+    for key, by in table.items():
+        named = {r: v["us"] for r, v in by.items() if r != "default"}
+        crossover[key] = min(named, key=named.get)
+    return {"rows": list(rows_list), "routes": list(routes), "table": table, "fastest": crossover}
+
+
 def router_best(rows: list) -> dict:
     """Per router size and dtype ("f32/65536rows"): the fastest named route and every route's us."""
     by: dict = {}
@@ -271,6 +312,8 @@ def main(argv=None) -> int:
     ap.add_argument("--out", default="bench-kernels.json")
     ap.add_argument("--reps", type=int, default=20)
     ap.add_argument("--only", default=None, help="substring of the kernel names to run")
+    ap.add_argument("--router-sweep", action="store_true",
+                    help="also time the router's filter routes and the default at 1k..64k rows (router_sweep)")
     ap.add_argument("--profile", action="store_true",
                     help="run each case a few times untimed (for a profiler such as ncu) and exit")
     args = ap.parse_args(argv)
@@ -332,6 +375,8 @@ def main(argv=None) -> int:
     result = {"device": torch.cuda.get_device_name(), "torch": torch.__version__,
               "copy_GBps": bw, "launch_floor_us": floor_us, "reps": args.reps, "kernels": rows,
               "router_best": router_best(rows)}
+    if args.router_sweep:
+        result["router_sweep"] = router_sweep(g, bw, args.reps)
     Path(args.out).write_text(json.dumps(result, indent=2))
     print(f"{result['device']}  torch {result['torch']}  copy {bw:.0f} GB/s (read+write), "
           f"one graph-replayed launch of a 1-element kernel {floor_us:.2f} us")
@@ -349,6 +394,13 @@ def main(argv=None) -> int:
         if r["kernel"].startswith("moe_route/") and (r["rows_differing_from_torch"] or not r["bitwise_equal_wave_route"]):
             print(f"  {r['kernel']}: {r['rows_differing_from_torch']} rows' ids differ from torch's; bit for bit "
                   f"the wave route's: {r['bitwise_equal_wave_route']}")
+    sweep = result.get("router_sweep")
+    if sweep:
+        print(f"router sweep (us, % of the copy roofline): {'':10}" + "".join(f"{r:>22}" for r in sweep["routes"]))
+        for key, by in sweep["table"].items():
+            print(f"  {key:12} fastest {sweep['fastest'][key]:13}" + "".join(
+                f"{v['us']:10.2f} {v['pct_roofline']:5.1f}%{'' if v['bitwise_equal_wave_route'] else ' !='}"
+                for v in by.values()))
     for r in rows:
         if r["bound"] == "launch latency":
             print(f"  {r['kernel']}: its copy roofline ({r['roofline_us']:.2f} us) is below one launch "

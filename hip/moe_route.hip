@@ -3,7 +3,8 @@
 // ids are ranked by s + bias; their weights come from the UNBIASED s, normalised
 // (sum + 1e-20) and multiplied by route_scale.
 //
-// Routes (`threads_per_row`; 0 is kDefaultRoute below, the one line to flip after a measurement):
+// Routes (`threads_per_row`; 0 is default_route below: filter_redux, filter_g16 from a
+// dtype's row count on, the thresholds measured on the H200):
 //  - wave (-1): one row per wave, k rounds of wave maxima over packed (key, id) values (main's);
 //  - wave_lb (-2): the same kernel with more resident blocks asked of the compiler
 //    (__launch_bounds__'s second argument: at most 64 registers a thread);
@@ -158,6 +159,16 @@ moe_route_wave(const void* __restrict__ logits, const float* __restrict__ bias, 
   const float* b = (image && !fault_text_bias_for_images) ? bias_vl : bias;
   const typename E::raw* lr = static_cast<const typename E::raw*>(logits) + row * experts;
 
+  // every slot's logit loaded first, unconditionally (a slot past the row reads the row's last
+  // expert and is ignored): the PT loads in flight together, not one behind each branch (the
+  // filter routes' 1.4x, round 5)
+  const int n_exp = (int)experts;  // <= 1,024
+  float lv[PT];
+#pragma unroll
+  for (int p = 0; p < PT; ++p) {  // consecutive lanes read consecutive experts: coalesced
+    const int e = lane + p * ws;
+    lv[p] = E::get(lr[e < n_exp ? e : n_exp - 1]);
+  }
   float s[PT];
   unsigned long long packed[PT];  // 0: no such expert, or already chosen
   unsigned long long mine = 0;    // this lane's best remaining
@@ -166,8 +177,8 @@ moe_route_wave(const void* __restrict__ logits, const float* __restrict__ bias, 
     const int64_t e = lane + (int64_t)p * ws;
     s[p] = 0.f;
     packed[p] = 0;
-    if (e < experts) {  // consecutive lanes read consecutive experts: coalesced
-      const float l = E::get(lr[e]);
+    if (e < experts) {
+      const float l = lv[p];
       s[p] = exact_score(l);
       packed[p] = pack(s[p] + b[e], (int)e);
     }
@@ -285,7 +296,9 @@ void launch_wave(int64_t rows, int64_t experts, hipStream_t s, const void* logit
 // filter_redux 77.1 / 76.9, filter 87.5 / 87.2; wave_lb 229.5; at 1,024 rows filter_redux 5.07 /
 // 4.94, filter 5.9 / 5.6, filter_g16 8.0 / 7.4, wave 14.1. Until every slot's load was hoisted out
 // of its branch (step 1) all of them measured ~115-143 us: the time was each lane waiting on one
-// memory latency per slot, not the instruction counts above.
+// memory latency per slot, not the instruction counts above. Session 6 (H200): the crossover
+// and the default by rows are at default_route below; the wave routes got the same hoisted loads
+// (65,536 rows: wave 269.0 -> 213.4 us, wave_lb 230.2 -> 201.7; 1,024 rows: wave 14.1 -> 11.3).
 constexpr float kFilterRel = 0x1p-10f;  // the margin's relative part (60x the fast functions')
 constexpr float kFilterAbs = 0x1p-8f;   // and its absolute part (5x the log's error under a root)
 #ifdef TD_ROUTER_FILTER_FAULT_NO_MARGIN
@@ -540,9 +553,8 @@ constexpr int kRouteFilterG16 = -11;  // filter's fast bound, a row a group of 1
 // 13% of the fastest at 65,536. Round 5's final run (every route, one process) at 65,536 rows x 384:
 // filter_g16 68.2 us f32 / 61.9 bf16, filter_redux 77.1 / 76.9 (33.0% / 17.3% of the copy
 // roofline), filter 87.5 / 87.2, wave_lb 229.5 / 229.6; at 1,024 rows (launch bound) filter_redux
-// 5.07 / 4.94, filter 5.9 / 5.6, filter_g16 8.0 / 7.4, wave 14.1. A default by row count
-// (filter_g16 for many rows) is the next step, once the crossover is measured. Round 4's default
-// was wave_lb (229.2 us; wave 269.0).
+// 5.07 / 4.94, filter 5.9 / 5.6, filter_g16 8.0 / 7.4, wave 14.1. Round 4's default was wave_lb
+// (229.2 us; wave 269.0). Since session 6 the default chooses by row count (default_route below).
 // Removed (2026-12-01, round 5): filter_table (-8), filter_table_g16 (-9), filter_table_g16_count
 // (-10) and filter_g16_count (-12): a table of exact scores as the bound (persistent blocks) and
 // the threshold by counting. Each lost to filter_redux or filter_g16 at both sizes in the final
@@ -555,12 +567,37 @@ constexpr int kRouteFilterG16 = -11;  // filter's fast bound, a row a group of 1
 // bounds x 2 dtypes) took ~94 s of hipcc and ~102 s of nvcc against ~2 s for any other kernel
 // file. Their codes stay unused: td_moe_route refuses them (TD_BAD_SHAPE).
 constexpr int kDefaultRoute = kRouteFilterRedux;
+// The default by row count (session 6, H200 at 7c6e4ff, 384 experts top-6, one sweep, us):
+// filter_g16 has the better throughput, filter_redux the shorter row (g16's lane walks 24 slots
+// to redux's 12: 12.9 against 5.4 us at 1,024 rows, launch-latency bound). f32: redux 41.7 /
+// g16 44.1 at 32,768 rows, 79.1 / 75.2 at 65,536; bf16 (the same instructions, half the bytes, so
+// g16's throughput pays sooner): 22.5 / 24.7 at 16,384, 41.3 / 40.3 at 32,768. filter_g16 from
+// the midpoint of each bracket on (bench/kernels.py --router-sweep measures it again). The choice
+// changes no number: every route is the wave route bit for bit. (The CPU tests build other
+// thresholds to run both sides on a few rows.)
+#ifndef TD_ROUTER_G16_FROM_ROWS_F32
+#define TD_ROUTER_G16_FROM_ROWS_F32 49152
+#endif
+#ifndef TD_ROUTER_G16_FROM_ROWS_BF16
+#define TD_ROUTER_G16_FROM_ROWS_BF16 24576
+#endif
+constexpr int64_t kG16FromRowsF32 = TD_ROUTER_G16_FROM_ROWS_F32;
+constexpr int64_t kG16FromRowsBf16 = TD_ROUTER_G16_FROM_ROWS_BF16;
+
+// What threads_per_row 0 runs: kDefaultRoute, or filter_g16 from the dtype's row count on
+template <int DT>
+constexpr int default_route(int64_t rows) {
+  return rows >= (DT == TD_BF16 ? kG16FromRowsBf16 : kG16FromRowsF32) ? kRouteFilterG16 : kDefaultRoute;
+}
 
 template <int DT>
 int launch(const void* logits, const float* bias, const float* bias_vl, const uint8_t* image_rows, float* weights,
            int64_t* ids, int64_t rows, int64_t experts, int topk, float route_scale, int fault, int tpr,
            hipStream_t s) {
-  if (tpr == 0) tpr = kDefaultRoute;
+  if (tpr == 0) tpr = default_route<DT>(rows);
+#ifdef TD_ROUTER_ROUTE_PROBE
+  TD_ROUTER_ROUTE_PROBE(tpr);  // the CPU tests' record of the route a call ran
+#endif
   if (tpr < 0) {
 #define TD_ARGS rows, experts, s, logits, bias, bias_vl, image_rows, weights, ids, topk, route_scale, fault
     switch (tpr) {

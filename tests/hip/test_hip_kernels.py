@@ -331,6 +331,30 @@ def test_moe_route_filter_is_the_wave_route_bit_for_bit(gen, route, dtype):
         assert torch.equal(w.view(torch.int32), w_wave.view(torch.int32))
 
 
+# hip/moe_route.hip default_route: filter_g16 from these row counts on (f32, bf16), filter_redux below
+DEFAULT_G16_FROM_ROWS = {torch.float32: 49152, torch.bfloat16: 24576}
+
+
+@pytest.mark.parametrize("side", [-1, 0], ids=["below", "at"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["f32", "bf16"])
+def test_moe_route_default_by_rows_is_both_routes_bit_for_bit(hip, gen, dtype, side):
+    # the default picks its route by row count: on each side of the threshold its ids and weights
+    # are filter_redux's, filter_g16's and the wave route's, bit for bit (the CPU stand-in checks
+    # which route it picked: tests/hip/test_hip_moe_route_simt.py)
+    from engine.backend.hip_ops import HipBackend
+
+    rows = DEFAULT_G16_FROM_ROWS[dtype] + side
+    logits = randn(rows, 384, gen=gen, dtype=dtype, scale=2.0)
+    logits[:256] = near_ties(256, 384, 40, gen).to(dtype)
+    bias, bias_vl = randn(384, gen=gen, scale=0.3), randn(384, gen=gen, scale=0.3)
+    image = torch.rand(rows, generator=gen, device="cuda") < 0.5
+    w, ids = hip.moe_route(logits, bias, bias_vl, image, 6, 1.5)
+    for name in ("filter_redux", "filter_g16", "wave"):
+        w_r, ids_r = HipBackend(router_threads=name).moe_route(logits, bias, bias_vl, image, 6, 1.5)
+        assert torch.equal(ids, ids_r), name
+        assert torch.equal(w.view(torch.int32), w_r.view(torch.int32)), name
+
+
 def test_router_score_bound_holds_for_every_fp32_bit_pattern():
     # the filters' bound on sqrt(softplus(l)) (fast functions and a margin) against the exact
     # score on this GPU, for all 2^32 logits: none outside; with no margin, many: the check has teeth

@@ -37,8 +37,13 @@ HARNESS = """#include <atomic>
 static std::atomic<long> simt_candidates[1025];
 static void simt_probe(int n) { simt_candidates[n < 1024 ? n : 1024]++; }
 #define TD_ROUTER_FILTER_PROBE simt_probe
+// the dispatcher's probe: the route code the last call ran (threads_per_row 0 resolved)
+static std::atomic<int> simt_route{1};
+static void simt_route_probe(int code) { simt_route = code; }
+#define TD_ROUTER_ROUTE_PROBE simt_route_probe
 #include "moe_route.hip"
 extern "C" void simt_set_warp_size(int ws) { simt::warp_size = ws; }
+extern "C" int simt_last_route() { return simt_route.exchange(1); }
 extern "C" void simt_take_candidates(long* out) {
   for (int i = 0; i < 1025; ++i) out[i] = simt_candidates[i].exchange(0);
 }
@@ -82,6 +87,14 @@ def lib_no_margin(module_tmp):
 def lib_slow(module_tmp):
     """The filter routes with every row on the slow path (a list of 0 candidates)."""
     return build(module_tmp("simt-slow"), "-DTD_ROUTER_FILTER_CAP=0")
+
+
+@pytest.fixture(scope="module")
+def lib_few_rows_g16(module_tmp):
+    """The default's row thresholds lowered (filter_g16 from 8 f32 rows, from 4 bf16 rows), so
+    both sides of each run on a few rows."""
+    return build(module_tmp("simt-few-rows-g16"), "-DTD_ROUTER_G16_FROM_ROWS_F32=8",
+                 "-DTD_ROUTER_G16_FROM_ROWS_BF16=4")
 
 
 def candidates(lib) -> np.ndarray:
@@ -423,3 +436,31 @@ def test_a_filter_route_mixes_slow_and_fast_rows(lib, route_name, ws):
     bitwise(route(lib, *args, ws=ws, threads=ROUTES[route_name]), route(lib, *args, ws=ws, threads=ROUTES["wave"]))
     n = np.repeat(np.arange(1025), candidates(lib))
     assert (n > 64).sum() == 8 and (n <= 16).sum() == 15  # the case is the one it says
+
+
+def last_route(lib) -> int:
+    """The route code the last td_moe_route call dispatched to (1: no call since the last ask)."""
+    return lib.simt_last_route()
+
+
+# the default by row count and dtype (hip/moe_route.hip default_route): filter_redux below the
+# dtype's threshold, filter_g16 from it on; each side the same numbers as both routes and `wave`
+@pytest.mark.parametrize("ws", [32, 64])
+@pytest.mark.parametrize("dtype,rows,want", [
+    (torch.float32, 7, "filter_redux"), (torch.float32, 8, "filter_g16"), (torch.float32, 13, "filter_g16"),
+    (torch.bfloat16, 3, "filter_redux"), (torch.bfloat16, 4, "filter_g16"), (torch.bfloat16, 7, "filter_g16"),
+], ids=str)
+def test_the_default_chooses_its_route_by_rows_and_dtype(lib_few_rows_g16, ws, dtype, rows, want):
+    args = (*inputs(rows, 384, dtype, seed=rows + 40), 6, 1.5)
+    got = route(lib_few_rows_g16, *args, ws=ws, threads=ROUTES["default"])
+    assert last_route(lib_few_rows_g16) == ROUTES[want]
+    for name in ("filter_redux", "filter_g16", "wave"):
+        bitwise(got, route(lib_few_rows_g16, *args, ws=ws, threads=ROUTES[name]))
+        assert last_route(lib_few_rows_g16) == ROUTES[name]  # a named route runs itself, whatever the rows
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["f32", "bf16"])
+def test_the_default_on_few_rows_is_filter_redux(lib, dtype):
+    """The shipped thresholds (tens of thousands of rows) leave a small call on filter_redux."""
+    route(lib, *inputs(19, 384, dtype), 6, 1.5, threads=ROUTES["default"])
+    assert last_route(lib) == ROUTES["filter_redux"]
