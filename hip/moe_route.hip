@@ -573,8 +573,9 @@ constexpr int kDefaultRoute = kRouteFilterRedux;
 // g16 44.1 at 32,768 rows, 79.1 / 75.2 at 65,536; bf16 (the same instructions, half the bytes, so
 // g16's throughput pays sooner): 22.5 / 24.7 at 16,384, 41.3 / 40.3 at 32,768. filter_g16 from
 // the midpoint of each bracket on (bench/kernels.py --router-sweep measures it again). The final
-// sweep (merged main, 9 row counts) put bf16's bracket at 24,576 (redux 31.8 / g16 32.7) to
-// 32,768 (41.2 / 40.6), so bf16's threshold is 28,672; f32's held (49,152: 59.5 / 58.9). The choice
+// sweep (merged main, 9 row counts) put bf16's bracket between 24,576 rows (redux 31.8 us,
+// g16 32.7) and the next count, 32,768 (41.2 / 40.6), so bf16's threshold is 28,672; f32's held
+// (49,152 rows: 59.5 / 58.9). The choice
 // changes no number: every route is the wave route bit for bit. (The CPU tests build other
 // thresholds to run both sides on a few rows.)
 #ifndef TD_ROUTER_G16_FROM_ROWS_F32
