@@ -44,11 +44,9 @@ def oracle_dump(base, module_tmp):
     return rec.close()
 
 
-@pytest.mark.parametrize("fault,chunk", [(None, 7), (D.ROUTER_TEXT_BIAS_FOR_IMAGES, None),
-                                         (D.ROUTER_BIASED_WEIGHTS, None), (D.ENGRAM_NGRAM_ACROSS_IMAGE, 5)])
-def test_local_origin(base, oracle_dump, tmp_path, fault, chunk):
-    from engine.deepseek_v41_flash.language.stages import make_language_stages
-
+def _engine_run(base, oracle_dump, tmp_path, fault, chunk):
+    """The engine's run of `base` with a fault and chunk, its report against the oracle's dump,
+    and the adapter local error runs the stages through."""
     oracle_run, engine_run = _runners()
     req = dataclasses.replace(base, fault=fault, chunk=chunk)
     rec = Recorder(tmp_path / "engine", model="deepseek-v4.1-flash")
@@ -56,6 +54,15 @@ def test_local_origin(base, oracle_dump, tmp_path, fault, chunk):
     report = compare_dumps(oracle_dump, rec.close(), contract=CONTRACT)
     adapter = ModelAdapter("deepseek-v4.1-flash", CONTRACT, D.LANGUAGE_FAULTS, oracle=lambda: oracle_run,
                            engine=lambda: engine_run)
+    return req, report, adapter
+
+
+@pytest.mark.parametrize("fault,chunk", [(None, 7), (D.ROUTER_TEXT_BIAS_FOR_IMAGES, None),
+                                         (D.ROUTER_BIASED_WEIGHTS, None), (D.ENGRAM_NGRAM_ACROSS_IMAGE, 5)])
+def test_local_origin(base, oracle_dump, tmp_path, fault, chunk):
+    from engine.deepseek_v41_flash.language.stages import make_language_stages
+
+    req, report, adapter = _engine_run(base, oracle_dump, tmp_path, fault, chunk)
     local = local_error(adapter, req, oracle_dump, report, load(None), tmp_path, make_stages=make_language_stages)
     want = None if fault is None else next(f.boundary for f in D.LANGUAGE_FAULTS if f.name == fault)
     assert local.origin == want, local.summary()
@@ -95,13 +102,7 @@ def test_one_pass_down_the_stack_is_the_per_layer_route_bit_for_bit(base, oracle
         monkeypatch.setattr(Attention, "_select", contrary)
     from tensordiff.dump import open_dump
 
-    oracle_run, engine_run = _runners()
-    req = dataclasses.replace(base, fault=fault, chunk=chunk)
-    rec = Recorder(tmp_path / "engine", model="deepseek-v4.1-flash")
-    engine_run(req, rec)
-    report = compare_dumps(oracle_dump, rec.close(), contract=CONTRACT)
-    adapter = ModelAdapter("deepseek-v4.1-flash", CONTRACT, D.LANGUAGE_FAULTS, oracle=lambda: oracle_run,
-                           engine=lambda: engine_run)
+    req, report, adapter = _engine_run(base, oracle_dump, tmp_path, fault, chunk)
     ran = {"chain": 0}
     upto = S._Chain.upto
 
