@@ -199,20 +199,30 @@ def test_in_the_official_numerics_a_rank_finding_is_no_near_tie_cascade(launches
     assert bad[0].ranks["disagree"] == disagree, bad[0].reason
 
 
-def test_bad_input_exits_2_with_one_line(tmp_path):
-    p = subprocess.run([sys.executable, "-m", "engine.deepseek_v41_flash.distributed", "--out", tmp_path / "x",
-                        "--fault", "no-such-fault"], capture_output=True, text=True, cwd=ROOT, env=env(), timeout=120)
-    assert p.returncode == 2 and len(p.stderr.strip().splitlines()) == 1, p.stderr
-    assert "shard-order-reversed" in p.stderr and not (tmp_path / "x").exists()
+def rank_main(argv, monkeypatch, capsys, **env) -> tuple[int, str]:
+    """The rank program's `main` in this process, with the RANK / WORLD_SIZE a launcher would give
+    it: every refusal below happens before the process group starts, so the process itself is not
+    what is tested (the torchrun launch above runs the `-m` entry and its exit status)."""
+    from engine.deepseek_v41_flash.distributed import main
+
+    monkeypatch.delenv("MASTER_ADDR", raising=False)  # a refusal that came too late fails, never waits on a peer
+    for k, v in env.items():
+        monkeypatch.setenv(k, v)
+    code = main(argv)
+    return code, capsys.readouterr().err
 
 
-def test_an_existing_run_is_never_overwritten(tmp_path):
+def test_bad_input_exits_2_with_one_line(tmp_path, monkeypatch, capsys):
+    code, err = rank_main(["--out", str(tmp_path / "x"), "--fault", "no-such-fault"], monkeypatch, capsys)
+    assert code == 2 and len(err.strip().splitlines()) == 1, err
+    assert "shard-order-reversed" in err and not (tmp_path / "x").exists()
+
+
+def test_an_existing_run_is_never_overwritten(tmp_path, monkeypatch, capsys):
     (tmp_path / "run" / "rank1").mkdir(parents=True)
-    e = {**env(), "RANK": "0", "WORLD_SIZE": "2"}  # rank 0 of 2 refuses before it waits on rank 1
-    p = subprocess.run([sys.executable, "-m", "engine.deepseek_v41_flash.distributed", "--out", tmp_path / "run"],
-                       capture_output=True, text=True, cwd=ROOT, env=e, timeout=120)
-    assert p.returncode == 2 and "already holds rank1" in p.stderr and not (tmp_path / "run" / "rank0").exists()
+    e = {"RANK": "0", "WORLD_SIZE": "2"}  # rank 0 of 2 refuses before it waits on rank 1
+    code, err = rank_main(["--out", str(tmp_path / "run")], monkeypatch, capsys, **e)
+    assert code == 2 and "already holds rank1" in err and not (tmp_path / "run" / "rank0").exists()
     (tmp_path / "run" / "rank7").mkdir()
-    p = subprocess.run([sys.executable, "-m", "engine.deepseek_v41_flash.distributed", "--out", tmp_path / "run",
-                        "--force"], capture_output=True, text=True, cwd=ROOT, env=e, timeout=120)
-    assert p.returncode == 2 and "rank7, which is no rank of a 2-rank run" in p.stderr, p.stderr
+    code, err = rank_main(["--out", str(tmp_path / "run"), "--force"], monkeypatch, capsys, **e)
+    assert code == 2 and "rank7, which is no rank of a 2-rank run" in err, err
