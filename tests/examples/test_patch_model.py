@@ -13,10 +13,34 @@ RUN = ROOT / "examples" / "patch_model" / "run.py"
 
 
 def run(tmp_path, *args):
+    """The example as a user runs it: its own process (the test of the clean run)."""
     p = subprocess.run([sys.executable, str(RUN), "--out", str(tmp_path / "out"), "--json", str(tmp_path / "r.json"),
                         *args], capture_output=True, text=True, cwd=tmp_path, timeout=300)
     r = json.loads((tmp_path / "r.json").read_text()) if (tmp_path / "r.json").exists() else None
     return p, r
+
+
+@pytest.fixture(scope="module")
+def example_main():
+    """run.py's `main`, loaded once in this process (not as __main__, so nothing runs on load)."""
+    import runpy
+
+    path = list(sys.path)
+    try:  # run.py puts its own folder first on sys.path for its `import reference`: not for later tests
+        return runpy.run_path(str(RUN), run_name="patch_model_example")["main"]
+    finally:
+        sys.path[:] = path
+
+
+def run_here(example_main, tmp_path, capsys, *args):
+    """The example's `main` in this process: (exit status, stdout, stderr, the JSON report or None).
+    A fresh interpreter a case would cost a torch import each; what differs between the cases is
+    the bug and the output, not the process."""
+    with pytest.raises(SystemExit) as e:
+        example_main(["--out", str(tmp_path / "out"), "--json", str(tmp_path / "r.json"), *args])
+    out, err = capsys.readouterr()
+    r = json.loads((tmp_path / "r.json").read_text()) if (tmp_path / "r.json").exists() else None
+    return e.value.code, out, err, r
 
 
 def test_the_clean_reimplementation_matches(tmp_path):
@@ -28,17 +52,17 @@ def test_the_clean_reimplementation_matches(tmp_path):
 
 
 @pytest.mark.parametrize("bug, hypothesis", [("transposed-grid", "transposed-grid"), ("channels-last", "flatten-order")])
-def test_a_planted_layout_bug_is_named_at_patches_with_its_diagnosis(tmp_path, bug, hypothesis):
-    p, r = run(tmp_path, "--bug", bug)
-    assert p.returncode == 1, p.stdout + p.stderr
-    assert r["earliest"] == ["patches"] and "earliest divergence at `patches`" in p.stdout
+def test_a_planted_layout_bug_is_named_at_patches_with_its_diagnosis(example_main, tmp_path, capsys, bug, hypothesis):
+    code, out, err, r = run_here(example_main, tmp_path, capsys, "--bug", bug)
+    assert code == 1, out + err
+    assert r["earliest"] == ["patches"] and "earliest divergence at `patches`" in out
     assert all(b["status"] == "consequent" for b in r["boundaries"][1:])
     # the layout diagnosis says what kind of wrong, and that it explains (nearly) all of the error
     (found,) = r["diagnosis"]["patches"]
-    assert found["name"] == hypothesis and found["explained"] >= 0.95 and "diagnosis: patches:" in p.stdout
+    assert found["name"] == hypothesis and found["explained"] >= 0.95 and "diagnosis: patches:" in out
 
 
-def test_an_existing_out_is_never_overwritten(tmp_path):
+def test_an_existing_out_is_never_overwritten(example_main, tmp_path, capsys):
     (tmp_path / "out").mkdir()
-    p, _ = run(tmp_path)
-    assert p.returncode == 2 and "already exists" in p.stderr and len(p.stderr.strip().splitlines()) == 1
+    code, _, err, _ = run_here(example_main, tmp_path, capsys)
+    assert code == 2 and "already exists" in err and len(err.strip().splitlines()) == 1
