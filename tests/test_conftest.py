@@ -27,12 +27,15 @@ def test_again(shared):
 
 
 def run(pytester, outcome: bool) -> list[str]:
-    """The files the inner run left in its temp tree (pytester gives it --basetemp=runpytest-0,
-    which pytest itself never removes: only the rules under test remove anything there)."""
+    """The files the inner run left in its temp tree (--basetemp=runpytest-0, which pytest itself
+    never removes: only the rules under test remove anything there)."""
     pytester.makeconftest(CONFTEST)
     pytester.makepyprojecttoml("[tool.pytest.ini_options]" + OPTIONS.replace('addopts = "-p pytester"', ""))
     pytester.makepyfile(test_m=MODULE.replace("OUTCOME", str(outcome)))
-    result = pytester.runpytest_subprocess("-p", "no:cacheprovider")
+    # in this process (the inner run's start-up is most of the cost), with the --basetemp a
+    # subprocess run would get from pytester
+    result = pytester.runpytest_inprocess("-p", "no:cacheprovider", "-p", "no:hypothesispytest",
+                                          f"--basetemp={pytester.path / 'runpytest-0'}")
     result.assert_outcomes(passed=2) if outcome else result.assert_outcomes(passed=1, failed=1)
     base = pytester.path / "runpytest-0"
     assert base.is_dir()
