@@ -157,16 +157,21 @@ class Sequence:
     @torch.inference_mode()
     def decode(self, steps: int, last_logits: torch.Tensor, taps=None) -> list[int]:
         record = taps is not None and taps.enabled
-        nxt = int(last_logits.argmax())
+        row = last_logits.reshape(1, -1)
+        nxt = int(row.argmax())
         self.generated = [nxt]
         for k in range(1, steps + 1):
             if nxt in self.stop_ids:
                 self.stop = "vision-token"
                 break
+            if record:  # the token fed to step k and the logits row it was chosen from (ties are judged on it)
+                taps.record(f"token.step.{k}.ids", torch.tensor([[nxt]]), boundary=f"token.step.{k}")
+                taps.record(f"token.step.{k}.scores", row.float(), boundary=f"token.step.{k}")
             logits = self.step(nxt)
             if record:
                 taps.record(f"logits.step.{k}", logits, boundary=f"logits.step.{k}")
-            nxt = int(logits[-1].argmax())
+            row = logits[-1:]
+            nxt = int(row.argmax())
             self.generated.append(nxt)
         else:
             if nxt in self.stop_ids:

@@ -103,6 +103,10 @@ def run(req, rec) -> None:
                 rec.record(f"deepstack_add.{L}", got[f"deepstack_add.{L}"], boundary=f"deepstack_add.{L}")
         rec.record("logits", logits)
         for k, step in enumerate(steps, 1):
+            # the token fed to step k and the logits row it is the argmax of (ties are judged on it)
+            row = logits[-1:] if k == 1 else steps[k - 2][-1:]
+            rec.record(f"token.step.{k}.ids", torch.tensor([[generated[k - 1]]]), boundary=f"token.step.{k}")
+            rec.record(f"token.step.{k}.scores", row.float(), boundary=f"token.step.{k}")
             rec.record(f"logits.step.{k}", step, boundary=f"logits.step.{k}")
         rec.update_run(outputs={"generated": generated, "stop": stop})
         facts = {"input_ids_sha256": hashlib.sha256(ids[0].numpy().tobytes()).hexdigest()}

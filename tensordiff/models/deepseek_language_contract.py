@@ -16,6 +16,8 @@ import re
 from typing import Sequence
 
 from ..contract import Boundary, TensorRule
+from . import decode_tokens
+from .decode_tokens import scores_source  # noqa: F401 - the contract's `scores_source`
 
 # Both top-k choices are dumped with the key they ranked (`router.L.scores`: the biased router
 # scores [S, experts]; `index.L.scores`: the indexer's scores [S, groups], -inf where a group is not
@@ -29,9 +31,7 @@ from ..contract import Boundary, TensorRule
 # logits within the floor run's error) picks another token on a right route, and every later
 # step is fed something else: that flip is benign and its cascade is judged by local error.
 RULES = (TensorRule("router.*.ids", "topk-sets"), TensorRule("index.*.ids", "topk-sets"),
-         TensorRule("token.step.*.ids", "topk-sets"),
-         TensorRule("router.*.scores", "scores"), TensorRule("index.*.scores", "scores"),
-         TensorRule("token.step.*.scores", "scores"))
+         TensorRule("router.*.scores", "scores"), TensorRule("index.*.scores", "scores")) + decode_tokens.RULES
 # The fp32 logits are a 4096-term reduction (final norm . head): their absolute error is in units
 # of the logits' RMS, as for Qwen3-VL (`tensordiff.tolerance`, `atol_scale`). With the synthetic
 # head (std 1/sqrt(dim)) that RMS is ~1 (H200, tiny: 1.007, error 2.0e-6 of it, max|d| 2.6e-5),
@@ -40,18 +40,6 @@ TOLERANCES: dict = {"logits": {"float32": {"atol_scale": "rms"}}, "logits.step.*
 
 _LAYERED = re.compile(r"^(engram|index|attn|router|hidden)\.(\d+)(?:\.(ids|weights|gate|scores))?$")
 _STEP = re.compile(r"^logits\.step\.(\d+)$")
-_TOKEN = re.compile(r"^token\.step\.(\d+)(?:\.(ids|scores))?$")
-
-
-def scores_source(name: str) -> str | None:
-    """The tensor a choice's scores are a row of: `token.step.K.scores` is the last row of the
-    logits that chose the token. Its verdict in a pass is that tensor's ("the logits pass their
-    own rule"), not the scores' own (a floor-relative pass judges logits against their floor)."""
-    m = _TOKEN.match(name)
-    if not m or m.group(2) != "scores":
-        return None
-    k = int(m.group(1))
-    return "logits" if k == 1 else f"logits.step.{k - 1}"
 
 
 def boundary_of(name: str) -> str:
@@ -61,9 +49,9 @@ def boundary_of(name: str) -> str:
         return f"engram.{m.group(2)}"
     if m and m.group(3) == "scores":  # the key behind a choice belongs to the choice
         return f"{m.group(1)}.{m.group(2)}.ids"
-    t = _TOKEN.match(name)
-    if t:
-        return f"token.step.{t.group(1)}"
+    token = decode_tokens.boundary_of(name)
+    if token:
+        return token
     if "." not in name:
         return name
     if m or _STEP.match(name):
@@ -81,7 +69,7 @@ def language_boundaries(present: Sequence[str], upstream: str | Sequence[str] | 
         m = _LAYERED.match(n)
         if m:
             layers.add(int(m.group(2)))
-        s = _STEP.match(n) or _TOKEN.match(n)
+        s = _STEP.match(n) or decode_tokens.TOKEN.match(n)
         if s:
             steps.add(int(s.group(1)))
     out: list[Boundary] = []
@@ -134,9 +122,7 @@ def language_boundaries(present: Sequence[str], upstream: str | Sequence[str] | 
     for k in sorted(steps):
         token = f"token.step.{k}"
         if token in names:
-            out.append(Boundary(token, (prev,), f"the token fed to decode step {k} [1, 1]: the argmax of the "
-                                f"{'prompt logits’ last row' if k == 1 else f'logits of step {k - 1}'} "
-                                "(token.step.K.scores, the row it ranked)", layout="plain"))
+            out.append(decode_tokens.token_boundary(k, prev))
         if f"logits.step.{k}" in names:
             out.append(Boundary(f"logits.step.{k}", ((token,) if token in names else ()) + (prev,),
                                 f"logits after feeding generated token {k} [1, vocab] "

@@ -12,7 +12,10 @@ With a prompt or decode steps (`--prompt/--chunk/--decode`) the text model follo
 
     aligner ─> embeddings ──────────┐
     positions ─> text_rope ─────────┼─> hidden.0 ─> deepstack_add.0 ─> hidden.1 ─> ... ─> hidden.(n-1) ─> logits
-    deepstack.k ─> deepstack_add.k ─┘                                     logits ─> logits.step.1 ─> ...
+    deepstack.k ─> deepstack_add.k ─┘                  logits ─> token.step.1 ─> logits.step.1 ─> token.step.2 ─> ...
+
+`token.step.K` is the token fed to decode step K beside the logits row it is the argmax of, a
+top-1 choice judged for near-ties (`decode_tokens`, `tensordiff.ties`).
 
 `deepstack_add.L` (L < 3) is the stream after layer L's DeepStack residual add, so a dropped,
 misplaced or wrongly deep injection is named at its layer; every `hidden.L` and `logits.step.K`
@@ -36,6 +39,7 @@ from ..adapter import ModelAdapter, lazy
 from ..contract import Boundary, Contract, TensorRule
 from ..errors import BadInput
 from ..geometry import Rule
+from . import decode_tokens
 from .qwen3_vl_faults import FAULTS
 from .qwen3_vl_options import OPTIONS
 
@@ -75,7 +79,7 @@ def language_boundaries(present: Sequence[str]) -> tuple[Boundary, ...]:
     """The text model's boundaries for the names a run dumped (none without a language run)."""
     names = set(present)
     layers = sorted({int(m.group(2)) for p in names if (m := LAYERED.match(p)) and m.group(1) == "hidden"})
-    steps = sorted({int(m.group(1)) for p in names if (m := STEP.match(p))})
+    steps = sorted({int(m.group(1)) for p in names if (m := STEP.match(p) or decode_tokens.TOKEN.match(p))})
     if not ({"embeddings", "text_rope", "logits"} & names or layers or steps):
         return ()
     out = [Boundary("embeddings", ("aligner",), "token embeddings after the image overlay [S, hidden]: the "
@@ -96,9 +100,14 @@ def language_boundaries(present: Sequence[str]) -> tuple[Boundary, ...]:
                         "the head; tied to the embeddings where the config says so)", layout="tokens"))
     prev = "logits"
     for k in steps:
-        out.append(Boundary(f"logits.step.{k}", (prev, "positions", "text_rope"), f"logits after feeding generated "
-                            f"token {k} [1, vocab] (KV cache; position S+k-1+rope_deltas)", layout="tokens"))
-        prev = f"logits.step.{k}"
+        token = f"token.step.{k}"
+        if token in names:  # the token fed to step k, a top-1 choice (`decode_tokens`)
+            out.append(decode_tokens.token_boundary(k, prev))
+        if f"logits.step.{k}" in names:
+            out.append(Boundary(f"logits.step.{k}", ((token,) if token in names else ()) + (prev, "positions", "text_rope"),
+                                f"logits after feeding generated token {k} [1, vocab] (KV cache; position "
+                                "S+k-1+rope_deltas)", layout="tokens"))
+            prev = f"logits.step.{k}"
     return tuple(out)
 
 
@@ -109,6 +118,9 @@ def boundaries_for(present: Sequence[str]) -> tuple[Boundary, ...]:
 
 
 def boundary_of(tensor: str) -> str:
+    token = decode_tokens.boundary_of(tensor)
+    if token:
+        return token
     if DEEPSTACK.match(tensor) or LAYERED.match(tensor) or STEP.match(tensor):
         return tensor
     return tensor.split(".", 1)[0]
@@ -122,8 +134,10 @@ def boundary_of(tensor: str) -> str:
 SCALED_LOGITS = {"atol_scale": "rms"}
 TOLERANCES = {"logits": {"float32": SCALED_LOGITS}, "logits.step.*": {"float32": SCALED_LOGITS}}
 
-CONTRACT = Contract(NAME, boundaries_for(()), rules=(TensorRule("positions.*", "exact"), TensorRule("plan.*", "exact")),
-                    resolver=boundaries_for, boundary_of=boundary_of, tolerances=TOLERANCES)
+CONTRACT = Contract(NAME, boundaries_for(()),
+                    rules=(TensorRule("positions.*", "exact"), TensorRule("plan.*", "exact")) + decode_tokens.RULES,
+                    resolver=boundaries_for, boundary_of=boundary_of, tolerances=TOLERANCES,
+                    scores_source=decode_tokens.scores_source)
 
 def _side_round_ne_ceil(plan) -> bool:
     """A source side rounds to a different multiple of patch x merge with round and ceil (and no

@@ -26,7 +26,9 @@ PHOTOS = ("astronaut", "chelsea", "coffee", "wide")
 CHUNKS = (1, 7, 16)
 DECODE = 3
 LANGUAGE = {"embeddings", "text_rope", "hidden.0", "deepstack_add.0", "hidden.1", "deepstack_add.1", "hidden.2",
-            "deepstack_add.2", "hidden.3", "logits", "logits.step.1", "logits.step.2", "logits.step.3"}
+            "deepstack_add.2", "hidden.3", "logits", "logits.step.1", "logits.step.2", "logits.step.3",
+            "token.step.1", "token.step.2", "token.step.3"}
+TOKENS = {"token.step.1", "token.step.2", "token.step.3"}  # no stage: each is the argmax of logits a stage judged
 
 
 @pytest.fixture(scope="module")
@@ -70,6 +72,13 @@ def test_clean_engine_matches_transformers(setup, name, chunk):
     run = json.loads((b / "manifest.json").read_text())["run"]
     assert len(run["outputs"]["generated"]) == DECODE + 1 and run["outputs"]["stop"] == "steps"
     assert run["outputs"] == json.loads((a / "manifest.json").read_text())["run"]["outputs"]
+    for d in (a, b):  # both sides: the token fed to each step beside the very row it is the argmax of
+        dd = open_dump(d)
+        for k in range(1, DECODE + 1):
+            row = dd.load("logits")[-1:] if k == 1 else dd.load(f"logits.step.{k - 1}")[-1:]
+            assert (dd.load(f"token.step.{k}.scores") == row).all()
+            assert dd.load(f"token.step.{k}.ids").tolist() == [[run["outputs"]["generated"][k - 1]]]
+    assert report.boundary("logits.step.2").inputs[0] == "token.step.2"
     lo, hi = pad_range(a)
     assert any(lo < c < hi for c in range(chunk, hi, chunk)), (lo, hi, chunk)
 
@@ -107,7 +116,7 @@ def test_clean_local_error_has_no_origin_with_chunks(setup, tmp_path):
     local = local_error(ADAPTER, req, a, report, None, tmp_path)
     assert local.available and local.origin is None, local.summary()
     staged = {r.boundary: r.status for r in local.boundaries}
-    assert all(staged.get(b) == "match" for b in LANGUAGE), staged
+    assert all(staged.get(b) == "match" for b in LANGUAGE - TOKENS), staged
 
 
 def test_cli_check_matches_and_localises(setup, tmp_path, capsys):
