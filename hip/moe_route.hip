@@ -325,27 +325,127 @@ __device__ inline float score_margin(float a, float margin_scale) {
   return (a * kFilterRel + kFilterAbs) * margin_scale;
 }
 
+// ---- exact_bf16 (-13): bf16's exact scores from a table, so every key is exact ----
+//
+// A bf16 logit has 65,536 values, so exact_score can be looked up instead of computed: a table of
+// exact_score over the window |l| in [2^-25, 2^7) (32 binades x 128 mantissas a sign: 8,192 floats,
+// 32 KB of shared memory), filled ON THE GPU by exact_score itself (moe_route_table_fill), so an
+// entry is bit for bit what the wave route computes; a logit outside the window (|l| < 2^-25, |l|
+// >= 128, 0, inf, NaN: rare) takes exact_score directly (divergent, correct). The keys fl(s + b)
+// are then exact: the filter's steps 2-4 run on them as on a bound of width 0 (lo = hi = the key,
+// no margin), and a candidate's s comes from the table again. The fill kernel runs before each
+// launch in the same stream and returns at once after the first (g_score_table_ready); the route's
+// blocks are persistent (as many as are resident, each looping over row blocks), so each copies
+// the 32 KB once. A lane's experts are contiguous quads (one 8-byte load of 4 logits, one 16-byte
+// load of their biases): 384 experts on 16 lanes are 6 quads a lane.
+constexpr uint32_t kTableLoBits = 102u << 7;  // the bf16 bits of 2^-25, the window's lowest
+constexpr int kTableHalf = 4096;              // the window's bf16 values of one sign
+constexpr int kTableSize = 2 * kTableHalf;    // positive, then negative: 8,192 floats
+constexpr uint32_t kTableReady = 0x7ab1e5edu;
+static_assert(kTableHalf == 1 << 12 && kTableLoBits + kTableHalf == 134u << 7, "[2^-25, 2^7), bit 15 -> bit 12");
+__device__ float g_score_table[kTableSize];
+__device__ uint32_t g_score_table_ready;  // kTableReady once g_score_table holds every entry
+
+// The bf16 bits of table entry i.
+__device__ inline uint32_t table_bits(int i) {
+  return ((uint32_t)(i / kTableHalf) << 15) | (kTableLoBits + (uint32_t)(i % kTableHalf));
+}
+
+// exact_score of the bf16 with bits h (the low 16 bits), from `table` inside the window.
+__device__ inline float table_score(uint32_t h, const float* table) {
+  // (h - low) mod 2^16: the positive window is [0, 4096), the negative [0x8000, 0x9000)
+  const uint32_t x = (h - kTableLoBits) & 0xffffu;
+#ifdef TD_ROUTER_TABLE_FAULT_EDGE
+  const bool in = (x & 0x7fffu) <= (uint32_t)kTableHalf;  // planted (CPU tests only): one past the window
+#else
+  const bool in = (x & 0x7fffu) < (uint32_t)kTableHalf;
+#endif
+  float s = table[(x & (kTableHalf - 1)) | ((x >> 3) & kTableHalf)];  // always inside the table
+  if (!in) s = exact_score(td::bf16_bits_to_f32((uint16_t)h));
+  return s;
+}
+
+// One block of 256: g_score_table, once (a later launch sees the flag and returns).
+__global__ void __launch_bounds__(256) moe_route_table_fill() {
+  if (*reinterpret_cast<volatile uint32_t*>(&g_score_table_ready) == kTableReady) return;  // uniform
+  for (int i = threadIdx.x; i < kTableSize; i += blockDim.x) {
+    float s = exact_score(td::bf16_bits_to_f32((uint16_t)table_bits(i)));
+#ifdef TD_ROUTER_TABLE_FAULT_ULP
+    if (((table_bits(i) >> 7) & 0xffu) == 128u) s = __uint_as_float(__float_as_uint(s) + 1u);  // planted: [2, 4) an ulp up
+#endif
+    g_score_table[i] = s;
+  }
+  __threadfence();
+  __syncthreads();
+  if (threadIdx.x == 0) *reinterpret_cast<volatile uint32_t*>(&g_score_table_ready) = kTableReady;
+}
+
+// Every bf16 bit pattern: bad[t] counts thread t's whose table_score (g_score_table) is not
+// exact_score bit for bit, example[t] its last. One block of 256.
+__global__ void __launch_bounds__(256) moe_route_table_check(uint32_t* bad, uint32_t* example) {
+  uint32_t n = 0, last = 0;
+  for (uint32_t h = threadIdx.x; h < 0x10000u; h += blockDim.x) {
+    const float got = table_score(h, g_score_table), want = exact_score(td::bf16_bits_to_f32((uint16_t)h));
+    if (__float_as_uint(got) != __float_as_uint(want)) {
+      ++n;
+      last = h;
+    }
+  }
+  bad[threadIdx.x] = n;
+  example[threadIdx.x] = last;
+}
+
+// Expert of a lane's slot p: lane + p * gw (a slot a row of lanes), or with quads the p % 4-th of
+// the lane's (p / 4)-th quad, quads lane + j * gw.
+template <bool QUADS>
+__device__ inline int slot_expert(int lane, int p, int gw) {
+  return QUADS ? 4 * (lane + (p / 4) * gw) + p % 4 : lane + p * gw;
+}
+// and the lane that holds expert e
+template <bool QUADS>
+__device__ inline int expert_lane(int e, int gw) {
+  return (QUADS ? e / 4 : e) % gw;
+}
+
 // G = 0: a row a wave; G = 16: a row a group of 16 lanes (2 rows a warp32, 4 a wave64), so every
 // per-row step (the threshold's rounds, the prefix count, the exact scores, the ranks) serves
-// several rows with one instruction: filter_g16.
-template <int DT, int PT, bool REDUX, int G>
+// several rows with one instruction: filter_g16. TAB (bf16, G 16): the keys exact from the table
+// (exact_bf16, above), persistent blocks.
+template <int DT, int PT, bool REDUX, int G, bool TAB>
 __global__ void __launch_bounds__(256, 4)
 moe_route_filter(const void* __restrict__ logits, const float* __restrict__ bias, const float* __restrict__ bias_vl,
                  const uint8_t* __restrict__ image_rows, float* __restrict__ weights, int64_t* __restrict__ ids,
                  int64_t rows, int64_t experts, int topk, float route_scale, int fault_text_bias_for_images) {
   typedef td::Elem<DT> E;
   static_assert(G == 0 || (G >= 8 && kNarrowestWave % (G ? G : 1) == 0), "a group divides every wave");
+  static_assert(!TAB || (DT == TD_BF16 && G != 0 && PT % 4 == 0), "the table holds bf16 scores; slots are quads");
   constexpr int kGroups = G ? kWaveBlock / G : kWavesPerBlock;  // rows a block holds at most
   __shared__ unsigned long long cand_key[kGroups][kFilterSlots];
   __shared__ float cand_s[kGroups][kFilterSlots];
   __shared__ float top_s[kGroups][kMaxTopK];
   __shared__ int top_id[kGroups][kMaxTopK];
+  __shared__ float table[TAB ? kTableSize : 1];
+  if constexpr (TAB) {  // the fill kernel's copy (an earlier launch in this stream), 16 bytes a load
+    for (int i = 4 * (int)threadIdx.x; i < kTableSize; i += 4 * (int)blockDim.x)
+      *reinterpret_cast<float4*>(table + i) = *reinterpret_cast<const float4*>(g_score_table + i);
+    __syncthreads();
+  }
   const int ws = warpSize, gw = G ? G : ws;  // the wave, and the lanes of one row
   const int lane = threadIdx.x % gw, group = threadIdx.x / gw;
-  // the wave's first row and this group's place after it, one row a group. A wave whose first
-  // row is past the end leaves whole; otherwise it runs whole (a group past the last row computes
-  // the last row again and writes nothing): every shuffle and wave barrier below sees the full wave
-  const int64_t wave_row = (int64_t)blockIdx.x * (blockDim.x / gw) + (threadIdx.x / ws) * (ws / gw);
+  const float inf = __uint_as_float(0x7f800000u);
+  const int n_exp = (int)experts;  // <= 1,024: 32-bit offsets
+  // the exact score of expert e of row lr (a candidate's, again)
+  auto exact_of = [&](const typename E::raw* lr, int e) -> float {
+    if constexpr (TAB) return table_score(lr[e], table);
+    else return exact_score(E::get(lr[e]));
+  };
+
+  // The rows of row block rb (blockDim.x / gw rows): the wave's first row and this group's place
+  // after it, one row a group. A wave whose first row is past the end skips it whole; otherwise it
+  // runs whole (a group past the last row computes the last row again and writes nothing): every
+  // shuffle and wave barrier below sees the full wave.
+  auto row_block = [&](int64_t rb) {
+  const int64_t wave_row = rb * (blockDim.x / gw) + (threadIdx.x / ws) * (ws / gw);
   if (wave_row < rows) {
     const int64_t mine_row = wave_row + (threadIdx.x % ws) / gw;
     const bool live = mine_row < rows;
@@ -353,48 +453,76 @@ moe_route_filter(const void* __restrict__ logits, const float* __restrict__ bias
     const bool image = image_rows != nullptr && bias_vl != nullptr && image_rows[row] != 0;
     const float* b = (image && !fault_text_bias_for_images) ? bias_vl : bias;
     const typename E::raw* lr = static_cast<const typename E::raw*>(logits) + row * experts;
-    const float inf = __uint_as_float(0x7f800000u);
-    const int n_exp = (int)experts;  // <= 1,024: 32-bit offsets
 
     // 1. a bound on every expert's key: hi kept per slot, the lane's largest lo. Every slot's
     // logit is loaded first, unconditionally (a slot past the row reads the row's last expert
     // and is ignored), so the PT loads from memory are in flight together, not one a branch
-    float lv[PT];
-#pragma unroll
-    for (int p = 0; p < PT; ++p) {  // consecutive lanes read consecutive experts: coalesced
-      const int e = lane + p * gw;
-      lv[p] = E::get(lr[e < n_exp ? e : n_exp - 1]);
-    }
     float hi[PT];
     float lane_lo = -inf;
+    if constexpr (TAB) {  // exact keys: lo = hi = fl(s + b); n_exp % 4 == 0, 8-byte rows (launch_exact)
+      constexpr int Q = PT / 4;
+      const int n_quads = n_exp / 4;
+      uint2 raw[Q];
 #pragma unroll
-    for (int p = 0; p < PT; ++p) {
-      const int e = lane + p * gw;
-      hi[p] = -inf;
-      if (e < n_exp) {
-        const float l = lv[p], be = b[e];
-        const float a = fast_score(l), m = score_margin(a, kFilterMarginScale);
-        const float s_lo = a - m, s_hi = a + m;
-        // a NaN bound (a NaN logit or bias, l = +inf, an infinite bias against an infinite a) is no
-        // bound: fmaxf passes over a NaN lo, and a NaN hi is a candidate (step 3 asks !(hi < T))
-        hi[p] = s_hi + be;
-        lane_lo = fmaxf(lane_lo, s_lo + be);
+      for (int j = 0; j < Q; ++j) {  // a group's lanes read consecutive quads: coalesced
+        const int q = lane + j * gw;
+        raw[j] = *reinterpret_cast<const uint2*>(lr + 4 * (q < n_quads ? q : n_quads - 1));
+      }
+#pragma unroll
+      for (int j = 0; j < Q; ++j) {
+        const int q = lane + j * gw;
+        const float4 bq = *reinterpret_cast<const float4*>(b + 4 * (q < n_quads ? q : n_quads - 1));
+        const uint32_t h[4] = {raw[j].x & 0xffffu, raw[j].x >> 16, raw[j].y & 0xffffu, raw[j].y >> 16};
+        const float be[4] = {bq.x, bq.y, bq.z, bq.w};
+#pragma unroll
+        for (int c = 0; c < 4; ++c) {
+          // a NaN key (a NaN logit or bias, inf - inf) is passed over by fmaxf and is a candidate
+          hi[4 * j + c] = q < n_quads ? table_score(h[c], table) + be[c] : -inf;
+          lane_lo = fmaxf(lane_lo, hi[4 * j + c]);
+        }
+      }
+    } else {
+      float lv[PT];
+#pragma unroll
+      for (int p = 0; p < PT; ++p) {  // consecutive lanes read consecutive experts: coalesced
+        const int e = lane + p * gw;
+        lv[p] = E::get(lr[e < n_exp ? e : n_exp - 1]);
+      }
+#pragma unroll
+      for (int p = 0; p < PT; ++p) {
+        const int e = lane + p * gw;
+        hi[p] = -inf;
+        if (e < n_exp) {
+          const float l = lv[p], be = b[e];
+          const float a = fast_score(l), m = score_margin(a, kFilterMarginScale);
+          const float s_lo = a - m, s_hi = a + m;
+          // a NaN bound (a NaN logit or bias, l = +inf, an infinite bias against an infinite a) is no
+          // bound: fmaxf passes over a NaN lo, and a NaN hi is a candidate (step 3 asks !(hi < T))
+          hi[p] = s_hi + be;
+          lane_lo = fmaxf(lane_lo, s_lo + be);
+        }
       }
     }
-
     // 2. T <= the k-th largest lo (lane_lo is never NaN: 0 is below every ordered value it has)
     uint32_t v = ordered(lane_lo), t = 0;
+    // TAB: exact keys tie exactly (bf16 logits, a zero bias), and a round drops every lane tied on
+    // its maximum: ties over k lanes would leave T = -inf and the whole row as candidates. So the
+    // lane's own number replaces the value's low bits: unique, one lane a round; the value only
+    // comes out lower (safe, as above), by at most gw - 1 steps of the ordered order (a T of ~-inf
+    // becomes a NaN, which !(hi < T) takes as every expert: the same as -inf).
+    const uint32_t low = TAB ? (uint32_t)(gw - 1) : 0u;
+    v = (v & ~low) | ((uint32_t)lane & low);  // never 0: lane_lo is never a NaN
     for (int r = 0; r < topk; ++r) {  // uniform over the wave
       t = (REDUX && G == 0) ? port_wave_max_u32(v, ws) : wave_max(v, gw);
       if (v == t) v = 0;
     }
-    const float thr = t == 0 ? -inf : from_ordered(t);
+    const float thr = t == 0 ? -inf : from_ordered(t & ~low);
 
     // 3. the candidates and their places in the wave's list
     uint32_t mask = 0;
 #pragma unroll
     for (int p = 0; p < PT; ++p)
-      if (lane + p * gw < n_exp && !(hi[p] < thr)) mask |= 1u << p;
+      if (slot_expert<TAB>(lane, p, gw) < n_exp && !(hi[p] < thr)) mask |= 1u << p;
     const int mine = __popc(mask);
     int upto = mine;  // inclusive prefix count over the row's lanes
     for (int o = 1; o < gw; o <<= 1) {
@@ -417,8 +545,8 @@ moe_route_filter(const void* __restrict__ logits, const float* __restrict__ bias
     if (port_ballot(total > kFilterCap) == 0) {
       int at = upto - mine;
       for (uint32_t mm = mask; mm != 0; mm &= mm - 1) {  // divergent, no shuffle inside
-        const int e = lane + (__ffs((int)mm) - 1) * gw;
-        const float s = exact_score(E::get(lr[e]));
+        const int e = slot_expert<TAB>(lane, __ffs((int)mm) - 1, gw);
+        const float s = exact_of(lr, e);
         keys[at] = pack(s + b[e], e);
         ks[at] = s;
         ++at;
@@ -440,8 +568,8 @@ moe_route_filter(const void* __restrict__ logits, const float* __restrict__ bias
         unsigned long long best = 0;
         float best_s = 0.f;
         for (uint32_t mm = mask; mm != 0; mm &= mm - 1) {
-          const int e = lane + (__ffs((int)mm) - 1) * gw;
-          const float s = exact_score(E::get(lr[e]));
+          const int e = slot_expert<TAB>(lane, __ffs((int)mm) - 1, gw);
+          const float s = exact_of(lr, e);
           const unsigned long long kv = pack(s + b[e], e);
           if (kv < prev && kv > best) {
             best = kv;
@@ -450,7 +578,7 @@ moe_route_filter(const void* __restrict__ logits, const float* __restrict__ bias
         }
         best = wave_max(best, gw);
         const int id = unpack_id(best);
-        const float won = port_shfl(best_s, id % gw, gw);  // the owner's unbiased score
+        const float won = port_shfl(best_s, expert_lane<TAB>(id, gw), gw);  // the owner's unbiased score
         if (lane == 0) {
           ts[r] = won;
           ti[r] = id;
@@ -465,6 +593,12 @@ moe_route_filter(const void* __restrict__ logits, const float* __restrict__ bias
       weights[row * topk + lane] = ts[lane] / (sum + 1e-20f) * route_scale;
       ids[row * topk + lane] = ti[lane];
     }
+  }
+  };
+  if constexpr (TAB) {  // persistent: block b takes row blocks b, b + gridDim.x, ...
+    for (int64_t rb = blockIdx.x; rb * (blockDim.x / gw) < rows; rb += gridDim.x) row_block(rb);
+  } else {
+    row_block(blockIdx.x);
   }
 }
 
@@ -481,7 +615,7 @@ void launch_filter(int64_t rows, int64_t experts, hipStream_t s, const void* log
   const int64_t blocks = (rows + per_block - 1) / per_block;
   const dim3 grid((unsigned int)blocks), block(kWaveBlock);
   const int64_t pt = (experts + (G ? G : kNarrowestWave) - 1) / (G ? G : kNarrowestWave);  // slots a lane
-#define TD_FILTER(PT) hipLaunchKernelGGL(HIP_KERNEL_NAME(moe_route_filter<DT, PT, REDUX, G>), grid, \
+#define TD_FILTER(PT) hipLaunchKernelGGL(HIP_KERNEL_NAME(moe_route_filter<DT, PT, REDUX, G, false>), grid, \
                                          block, 0, s, logits, bias, bias_vl, image_rows, weights, ids, rows, \
                                          experts, topk, route_scale, fault)
   if constexpr (G == 0) {
@@ -498,6 +632,39 @@ void launch_filter(int64_t rows, int64_t experts, hipStream_t s, const void* log
     else TD_FILTER(32);
   }
 #undef TD_FILTER
+}
+
+
+// exact_bf16's kernels: 8, 16, 24 or 32 slots (2-8 quads) a lane of 16, persistent blocks (as
+// many as are resident, or a block a row block where that cannot be asked), after the table's
+// fill kernel in the same stream. launch() sends what does not fit to filter_g16.
+void launch_exact(int64_t rows, int64_t experts, hipStream_t s, const void* logits, const float* bias,
+                  const float* bias_vl, const uint8_t* image_rows, float* weights, int64_t* ids, int topk,
+                  float route_scale, int fault) {
+  constexpr int G = 16;
+  const int64_t blocks = (rows + kWaveBlock / G - 1) / (kWaveBlock / G);
+  const int64_t pt = 4 * ((experts + 4 * G - 1) / (4 * G));  // slots a lane, whole quads
+  hipLaunchKernelGGL(moe_route_table_fill, dim3(1), dim3(256), 0, s);
+#define TD_EXACT(PT)                                                                                                  \
+  do {                                                                                                                \
+    const auto k = moe_route_filter<TD_BF16, PT, false, G, true>;                                                     \
+    const int resident = port_resident_blocks(k, kWaveBlock);                                                         \
+    const dim3 grid((unsigned int)(resident > 0 && resident < blocks ? resident : blocks)), block(kWaveBlock);       \
+    hipLaunchKernelGGL(HIP_KERNEL_NAME(moe_route_filter<TD_BF16, PT, false, G, true>), grid, block, 0, s, logits,   \
+                       bias, bias_vl, image_rows, weights, ids, rows, experts, topk, route_scale, fault);             \
+  } while (0)
+  if (pt <= 8) TD_EXACT(8);
+  else if (pt <= 16) TD_EXACT(16);
+  else if (pt <= 24) TD_EXACT(24);
+  else TD_EXACT(32);
+#undef TD_EXACT
+}
+
+// What exact_bf16 takes: bf16 logits of whole quads (experts % 4 == 0, <= 512: 32 slots a lane
+// of 16) in 8-byte aligned rows, 16-byte aligned biases (a quad's biases in one load).
+inline bool exact_fits(int dtype, int64_t experts, const void* logits, const float* bias, const float* bias_vl) {
+  return dtype == TD_BF16 && experts % 4 == 0 && experts <= 512 && (reinterpret_cast<uintptr_t>(logits) & 7u) == 0 &&
+         td::aligned16(bias) && (bias_vl == nullptr || td::aligned16(bias_vl));
 }
 
 // Every fp32 bit pattern start .. start + count - 1 as a logit: bad[i] counts those of thread i
@@ -549,6 +716,7 @@ constexpr int kRouteWaveLb = -2;     // the same, 4 blocks of 256 resident asked
 constexpr int kRouteFilter = -6;     // a fast bound on every expert, the exact score for candidates only
 constexpr int kRouteFilterRedux = -7;  // the same, the threshold's wave maxima one REDUX each (sm_80+)
 constexpr int kRouteFilterG16 = -11;  // filter's fast bound, a row a group of 16 lanes, one launch a row group
+constexpr int kRouteExactBf16 = -13;  // bf16: exact keys from a table of scores, filter_g16's steps, persistent
 // THE DEFAULT ROUTE (threads_per_row 0): the fastest measured on the H200 at 1,024 rows and within
 // 13% of the fastest at 65,536. Round 5's final run (every route, one process) at 65,536 rows x 384:
 // filter_g16 68.2 us f32 / 61.9 bf16, filter_redux 77.1 / 76.9 (33.0% / 17.3% of the copy
@@ -609,6 +777,10 @@ int launch(const void* logits, const float* bias, const float* bias_vl, const ui
       case kRouteFilter: launch_filter<DT, false, 0>(TD_ARGS); break;
       case kRouteFilterRedux: launch_filter<DT, true, 0>(TD_ARGS); break;
       case kRouteFilterG16: launch_filter<DT, false, 16>(TD_ARGS); break;
+      case kRouteExactBf16:  // bf16 logits it fits; anything else filter_g16 (the table is bf16's)
+        if (exact_fits(DT, experts, logits, bias, bias_vl)) launch_exact(TD_ARGS);
+        else launch_filter<DT, false, 16>(TD_ARGS);
+        break;
       default: return TD_BAD_SHAPE;
     }
 #undef TD_ARGS
@@ -647,5 +819,11 @@ extern "C" int td_moe_route_score_bound(uint64_t start, uint64_t count, float ma
   if (threads <= 0 || threads % 256 != 0 || threads > (int64_t)256 << 20) return TD_BAD_SHAPE;
   hipLaunchKernelGGL(moe_route_score_bound, dim3((unsigned int)(threads / 256)), dim3(256), 0,
                      static_cast<hipStream_t>(stream), start, count, margin_scale, (uint64_t)threads, bad, example);
+  return td::launch_status();
+}
+
+extern "C" int td_moe_route_table_check(uint32_t* bad, uint32_t* example, void* stream) {
+  hipLaunchKernelGGL(moe_route_table_fill, dim3(1), dim3(256), 0, static_cast<hipStream_t>(stream));
+  hipLaunchKernelGGL(moe_route_table_check, dim3(1), dim3(256), 0, static_cast<hipStream_t>(stream), bad, example);
   return td::launch_status();
 }
