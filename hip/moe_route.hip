@@ -411,8 +411,17 @@ __device__ inline int expert_lane(int e, int gw) {
 // per-row step (the threshold's rounds, the prefix count, the exact scores, the ranks) serves
 // several rows with one instruction: filter_g16. TAB (bf16, G 16): the keys exact from the table
 // (exact_bf16, above), persistent blocks.
+#ifndef TD_ROUTER_EXACT_PREFETCH
+#define TD_ROUTER_EXACT_PREFETCH 0  // 1: the next row block's quads loaded while this one is ranked
+#endif
+#ifndef TD_ROUTER_EXACT_SHARED_BIAS
+#define TD_ROUTER_EXACT_SHARED_BIAS 0  // 1: both biases in shared memory (needs TD_ROUTER_FILTER_CAP 32)
+#endif
+#ifndef TD_ROUTER_EXACT_MINB
+#define TD_ROUTER_EXACT_MINB 4  // resident blocks asked of the compiler
+#endif
 template <int DT, int PT, bool REDUX, int G, bool TAB>
-__global__ void __launch_bounds__(256, 4)
+__global__ void __launch_bounds__(256, TAB ? TD_ROUTER_EXACT_MINB : 4)
 moe_route_filter(const void* __restrict__ logits, const float* __restrict__ bias, const float* __restrict__ bias_vl,
                  const uint8_t* __restrict__ image_rows, float* __restrict__ weights, int64_t* __restrict__ ids,
                  int64_t rows, int64_t experts, int topk, float route_scale, int fault_text_bias_for_images) {
@@ -425,9 +434,17 @@ moe_route_filter(const void* __restrict__ logits, const float* __restrict__ bias
   __shared__ float top_s[kGroups][kMaxTopK];
   __shared__ int top_id[kGroups][kMaxTopK];
   __shared__ float table[TAB ? kTableSize : 1];
+  constexpr bool kSharedBias = TAB && TD_ROUTER_EXACT_SHARED_BIAS;
+  __shared__ float sbias[kSharedBias ? 2 : 1][kSharedBias ? PT * G : 1];
   if constexpr (TAB) {  // the fill kernel's copy (an earlier launch in this stream), 16 bytes a load
     for (int i = 4 * (int)threadIdx.x; i < kTableSize; i += 4 * (int)blockDim.x)
       *reinterpret_cast<float4*>(table + i) = *reinterpret_cast<const float4*>(g_score_table + i);
+    if constexpr (kSharedBias) {
+      for (int i = threadIdx.x; i < (int)experts; i += blockDim.x) {
+        sbias[0][i] = bias[i];
+        sbias[1][i] = bias_vl != nullptr ? bias_vl[i] : 0.f;
+      }
+    }
     __syncthreads();
   }
   const int ws = warpSize, gw = G ? G : ws;  // the wave, and the lanes of one row
@@ -444,6 +461,22 @@ moe_route_filter(const void* __restrict__ logits, const float* __restrict__ bias
   // after it, one row a group. A wave whose first row is past the end skips it whole; otherwise it
   // runs whole (a group past the last row computes the last row again and writes nothing): every
   // shuffle and wave barrier below sees the full wave.
+  // TAB: the quads of this thread's row in row block rb (the last row for a row past the end)
+  constexpr int kQuads = TAB ? PT / 4 : 1;
+  auto load_quads = [&](int64_t rb, uint2* raw) {
+    int64_t r = rb * (blockDim.x / gw) + threadIdx.x / gw;
+    r = r < rows ? r : rows - 1;
+    const uint16_t* lq = static_cast<const uint16_t*>(logits) + r * experts;
+    const int n_quads = n_exp / 4;
+#pragma unroll
+    for (int j = 0; j < kQuads; ++j) {  // a group's lanes read consecutive quads: coalesced
+      const int q = lane + j * gw;
+      raw[j] = *reinterpret_cast<const uint2*>(lq + 4 * (q < n_quads ? q : n_quads - 1));
+    }
+  };
+  uint2 next[kQuads];  // TD_ROUTER_EXACT_PREFETCH: the block's next row block, loaded early
+  if constexpr (TAB && TD_ROUTER_EXACT_PREFETCH) load_quads(blockIdx.x, next);
+
   auto row_block = [&](int64_t rb) {
   const int64_t wave_row = rb * (blockDim.x / gw) + (threadIdx.x / ws) * (ws / gw);
   if (wave_row < rows) {
@@ -452,6 +485,7 @@ moe_route_filter(const void* __restrict__ logits, const float* __restrict__ bias
     const int64_t row = live ? mine_row : rows - 1;
     const bool image = image_rows != nullptr && bias_vl != nullptr && image_rows[row] != 0;
     const float* b = (image && !fault_text_bias_for_images) ? bias_vl : bias;
+    if constexpr (kSharedBias) b = sbias[(image && !fault_text_bias_for_images) ? 1 : 0];
     const typename E::raw* lr = static_cast<const typename E::raw*>(logits) + row * experts;
 
     // 1. a bound on every expert's key: hi kept per slot, the lane's largest lo. Every slot's
@@ -463,10 +497,11 @@ moe_route_filter(const void* __restrict__ logits, const float* __restrict__ bias
       constexpr int Q = PT / 4;
       const int n_quads = n_exp / 4;
       uint2 raw[Q];
+      if constexpr (TD_ROUTER_EXACT_PREFETCH) {
 #pragma unroll
-      for (int j = 0; j < Q; ++j) {  // a group's lanes read consecutive quads: coalesced
-        const int q = lane + j * gw;
-        raw[j] = *reinterpret_cast<const uint2*>(lr + 4 * (q < n_quads ? q : n_quads - 1));
+        for (int j = 0; j < Q; ++j) raw[j] = next[j];
+      } else {
+        load_quads(rb, raw);
       }
 #pragma unroll
       for (int j = 0; j < Q; ++j) {
@@ -481,6 +516,9 @@ moe_route_filter(const void* __restrict__ logits, const float* __restrict__ bias
           lane_lo = fmaxf(lane_lo, hi[4 * j + c]);
         }
       }
+      // the next row block's quads in flight while this one is ranked (raw is dead)
+      if constexpr (TD_ROUTER_EXACT_PREFETCH)
+        if ((rb + gridDim.x) * (blockDim.x / gw) < rows) load_quads(rb + gridDim.x, next);
     } else {
       float lv[PT];
 #pragma unroll
