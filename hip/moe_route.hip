@@ -328,8 +328,8 @@ __device__ inline float score_margin(float a, float margin_scale) {
 // ---- exact_bf16 (-13): bf16's exact scores from a table, so every key is exact ----
 //
 // A bf16 logit has 65,536 values, so exact_score can be looked up instead of computed: a table of
-// exact_score over the window |l| in [2^-25, 2^7) (32 binades x 128 mantissas a sign: 8,192 floats,
-// 32 KB of shared memory), filled ON THE GPU by exact_score itself (moe_route_table_fill), so an
+// exact_score over the window |l| in [2^-25, 2^7) (32 binades x 128 mantissas a sign: 8,192
+// floats, 32 KB of shared memory), filled ON THE GPU by exact_score itself (moe_route_table_fill), so an
 // entry is bit for bit what the wave route computes; a logit outside the window (|l| < 2^-25, |l|
 // >= 128, 0, inf, NaN: rare) takes exact_score directly (divergent, correct). The keys fl(s + b)
 // are then exact: the filter's steps 2-4 run on them as on a bound of width 0 (lo = hi = the key,
