@@ -83,6 +83,15 @@ EOF
   else
     echo "no ncu on this machine" | tee -a "$log"
   fi
+  if command -v ncu >/dev/null; then  # per-instruction executed counts and stall samples of exact_bf16
+    timeout 150 ncu --clock-control none --kernel-name regex:moe_route_filter --launch-skip 2 --launch-count 1 \
+      --section SourceCounters --section InstructionStats -o "$out/exact" "$py" "$out/profile_run.py" >>"$log" 2>&1
+    ncu -i "$out/exact.ncu-rep" --page source --csv --print-source sass >"$out/exact_sass.csv" 2>>"$log" \
+      || ncu -i "$out/exact.ncu-rep" --page source --csv >"$out/exact_sass.csv" 2>>"$log"
+    echo "exact_sass.csv: $(wc -l <"$out/exact_sass.csv") lines" | tee -a "$log"
+    ncu -i "$out/exact.ncu-rep" --page details --section InstructionStats 2>&1 | sed 's/  */ /g' | head -40 | tee -a "$log"
+    rm -f "$out/exact.ncu-rep"
+  fi
   if command -v cuobjdump >/dev/null; then
     nvcc -x cu -arch=sm_90 -std=c++17 -O3 -cubin -Ihip hip/moe_route.hip -o "$out/moe_route.cubin" 2>>"$log" &&
     cuobjdump -sass "$out/moe_route.cubin" >"$out/moe_route.sass" 2>>"$log" &&

@@ -36,11 +36,12 @@ VARIANTS = {
     "filter_g16": ([], -11),
     "filter_redux": ([], -7),
     "exact_bf16": ([], -13),
-    "exact_bf16+prefetch": (["-DTD_ROUTER_EXACT_PREFETCH=1"], -13),
+    "exact_bf16-branchless": (["-DTD_ROUTER_EXACT_BRANCHLESS=0"], -13),
+    "exact_bf16-unroll": (["-DTD_ROUTER_EXACT_UNROLL=0"], -13),
+    "exact_bf16-both": (["-DTD_ROUTER_EXACT_BRANCHLESS=0", "-DTD_ROUTER_EXACT_UNROLL=0"], -13),
     "exact_bf16+sbias": (["-DTD_ROUTER_EXACT_SHARED_BIAS=1", "-DTD_ROUTER_FILTER_CAP=32"], -13),
-    "exact_bf16+prefetch+sbias": (["-DTD_ROUTER_EXACT_PREFETCH=1", "-DTD_ROUTER_EXACT_SHARED_BIAS=1",
-                                   "-DTD_ROUTER_FILTER_CAP=32"], -13),
-    "exact_bf16+cap32+minb5": (["-DTD_ROUTER_FILTER_CAP=32", "-DTD_ROUTER_EXACT_MINB=5"], -13),
+    "exact_bf16+prefetch": (["-DTD_ROUTER_EXACT_PREFETCH=1"], -13),
+    "exact_bf16+fill_once": (["-DTD_ROUTER_EXACT_FILL_ONCE"], -13),
 }
 
 

@@ -351,16 +351,23 @@ __device__ inline uint32_t table_bits(int i) {
   return ((uint32_t)(i / kTableHalf) << 15) | (kTableLoBits + (uint32_t)(i % kTableHalf));
 }
 
-// exact_score of the bf16 with bits h (the low 16 bits), from `table` inside the window.
-__device__ inline float table_score(uint32_t h, const float* table) {
+// The table's entry for the bf16 with bits h (the low 16 bits), and whether h is inside the
+// window (outside, the entry is another logit's).
+__device__ inline float table_entry(uint32_t h, const float* table, bool& in) {
   // (h - low) mod 2^16: the positive window is [0, 4096), the negative [0x8000, 0x9000)
   const uint32_t x = (h - kTableLoBits) & 0xffffu;
 #ifdef TD_ROUTER_TABLE_FAULT_EDGE
-  const bool in = (x & 0x7fffu) <= (uint32_t)kTableHalf;  // planted (CPU tests only): one past the window
+  in = (x & 0x7fffu) <= (uint32_t)kTableHalf;  // planted (CPU tests only): one past the window
 #else
-  const bool in = (x & 0x7fffu) < (uint32_t)kTableHalf;
+  in = (x & 0x7fffu) < (uint32_t)kTableHalf;
 #endif
-  float s = table[(x & (kTableHalf - 1)) | ((x >> 3) & kTableHalf)];  // always inside the table
+  return table[(x & (kTableHalf - 1)) | ((x >> 3) & kTableHalf)];  // always inside the table
+}
+
+// exact_score of the bf16 with bits h, from `table` inside the window.
+__device__ inline float table_score(uint32_t h, const float* table) {
+  bool in;
+  float s = table_entry(h, table, in);
   if (!in) s = exact_score(td::bf16_bits_to_f32((uint16_t)h));
   return s;
 }
@@ -416,6 +423,12 @@ __device__ inline int expert_lane(int e, int gw) {
 #endif
 #ifndef TD_ROUTER_EXACT_SHARED_BIAS
 #define TD_ROUTER_EXACT_SHARED_BIAS 0  // 1: both biases in shared memory (needs TD_ROUTER_FILTER_CAP 32)
+#endif
+#ifndef TD_ROUTER_EXACT_BRANCHLESS
+#define TD_ROUTER_EXACT_BRANCHLESS 1  // 1: no branch a slot; a logit off the table has no key (a candidate)
+#endif
+#ifndef TD_ROUTER_EXACT_UNROLL
+#define TD_ROUTER_EXACT_UNROLL 1  // 1: the threshold's rounds unrolled (kMaxTopK, guarded by topk)
 #endif
 #ifndef TD_ROUTER_EXACT_MINB
 #define TD_ROUTER_EXACT_MINB 4  // resident blocks asked of the compiler
@@ -503,6 +516,7 @@ moe_route_filter(const void* __restrict__ logits, const float* __restrict__ bias
       } else {
         load_quads(rb, raw);
       }
+      const float nan = __uint_as_float(0x7fc00000u);
 #pragma unroll
       for (int j = 0; j < Q; ++j) {
         const int q = lane + j * gw;
@@ -511,8 +525,18 @@ moe_route_filter(const void* __restrict__ logits, const float* __restrict__ bias
         const float be[4] = {bq.x, bq.y, bq.z, bq.w};
 #pragma unroll
         for (int c = 0; c < 4; ++c) {
+          float key;
+          if constexpr (TD_ROUTER_EXACT_BRANCHLESS) {
+            // a logit off the table (|l| < 2^-25 or >= 128, 0, inf, NaN) gets no key here: NaN, a
+            // candidate whose exact score step 3 computes; fmaxf passes over it
+            bool in;
+            const float s = table_entry(h[c], table, in);
+            key = in ? s + be[c] : nan;
+          } else {
+            key = table_score(h[c], table) + be[c];
+          }
           // a NaN key (a NaN logit or bias, inf - inf) is passed over by fmaxf and is a candidate
-          hi[4 * j + c] = q < n_quads ? table_score(h[c], table) + be[c] : -inf;
+          hi[4 * j + c] = q < n_quads ? key : -inf;
           lane_lo = fmaxf(lane_lo, hi[4 * j + c]);
         }
       }
@@ -550,9 +574,19 @@ moe_route_filter(const void* __restrict__ logits, const float* __restrict__ bias
     // becomes a NaN, which !(hi < T) takes as every expert: the same as -inf).
     const uint32_t low = TAB ? (uint32_t)(gw - 1) : 0u;
     v = (v & ~low) | ((uint32_t)lane & low);  // never 0: lane_lo is never a NaN
-    for (int r = 0; r < topk; ++r) {  // uniform over the wave
-      t = (REDUX && G == 0) ? port_wave_max_u32(v, ws) : wave_max(v, gw);
-      if (v == t) v = 0;
+    if constexpr (TAB && TD_ROUTER_EXACT_UNROLL) {
+#pragma unroll
+      for (int r = 0; r < kMaxTopK; ++r) {
+        if (r < topk) {  // uniform over the wave
+          t = wave_max(v, gw);
+          if (v == t) v = 0;
+        }
+      }
+    } else {
+      for (int r = 0; r < topk; ++r) {  // uniform over the wave
+        t = (REDUX && G == 0) ? port_wave_max_u32(v, ws) : wave_max(v, gw);
+        if (v == t) v = 0;
+      }
     }
     const float thr = t == 0 ? -inf : from_ordered(t & ~low);
 
@@ -682,7 +716,13 @@ void launch_exact(int64_t rows, int64_t experts, hipStream_t s, const void* logi
   constexpr int G = 16;
   const int64_t blocks = (rows + kWaveBlock / G - 1) / (kWaveBlock / G);
   const int64_t pt = 4 * ((experts + 4 * G - 1) / (4 * G));  // slots a lane, whole quads
+#ifdef TD_ROUTER_EXACT_FILL_ONCE  // measurement only (bench/router_variants.py): the fill's cost a call
+  static bool filled = false;
+  if (!filled) hipLaunchKernelGGL(moe_route_table_fill, dim3(1), dim3(256), 0, s);
+  filled = true;
+#else
   hipLaunchKernelGGL(moe_route_table_fill, dim3(1), dim3(256), 0, s);
+#endif
 #define TD_EXACT(PT)                                                                                                  \
   do {                                                                                                                \
     const auto k = moe_route_filter<TD_BF16, PT, false, G, true>;                                                     \
