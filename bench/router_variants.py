@@ -5,8 +5,8 @@ shipped routes in one run: which knob pays at 65,536 and 1,024 rows x 384 expert
 
 Each variant is hip/moe_route.hip compiled by nvcc alone into a shared library (its C entry
 point td_moe_route, called through ctypes on torch's current stream), with -D flags of
-moe_route.hip (TD_ROUTER_EXACT_PREFETCH, TD_ROUTER_EXACT_SHARED_BIAS, TD_ROUTER_EXACT_MINB,
-TD_ROUTER_FILTER_CAP); the timing is bench/kernels.py's (CUDA-graph replay after a warm-up,
+moe_route.hip (session 7 measured prefetching the next row block, biases in shared memory,
+a branch-free lookup and unrolled rounds this way; VARIANTS holds what is left to compare); the timing is bench/kernels.py's (CUDA-graph replay after a warm-up,
 inputs rotated over >= 256 MB). Every variant's ids and weights are held bit for bit to the wave
 route of the same library: a variant is only worth its time if it computes the same thing.
 Writes OUTDIR/router_variants.json and prints one line a variant and size.
@@ -36,12 +36,6 @@ VARIANTS = {
     "filter_g16": ([], -11),
     "filter_redux": ([], -7),
     "exact_bf16": ([], -13),
-    "exact_bf16-branchless": (["-DTD_ROUTER_EXACT_BRANCHLESS=0"], -13),
-    "exact_bf16-unroll": (["-DTD_ROUTER_EXACT_UNROLL=0"], -13),
-    "exact_bf16-both": (["-DTD_ROUTER_EXACT_BRANCHLESS=0", "-DTD_ROUTER_EXACT_UNROLL=0"], -13),
-    "exact_bf16+sbias": (["-DTD_ROUTER_EXACT_SHARED_BIAS=1", "-DTD_ROUTER_FILTER_CAP=32"], -13),
-    "exact_bf16+prefetch": (["-DTD_ROUTER_EXACT_PREFETCH=1"], -13),
-    "exact_bf16+fill_once": (["-DTD_ROUTER_EXACT_FILL_ONCE"], -13),
 }
 
 

@@ -312,7 +312,7 @@ constexpr float kFilterMarginScale = 1.f;
 // Candidates a wave ranks through shared memory; more take the slow path (the CPU tests also
 // build 0: every row the slow path, which must give the same result).
 constexpr int kFilterCap = TD_ROUTER_FILTER_CAP;
-constexpr int kFilterSlots = kFilterCap > 0 ? kFilterCap : 1;
+constexpr int kExactCap = 32;  // exact_bf16's (random rows have ~k + 2 candidates)
 constexpr int kWavesPerBlock = kWaveBlock / kNarrowestWave;
 
 // The fast score a (NaN for a NaN logit, +inf for +inf: no bound) and its margin m: exact_score(l)
@@ -351,15 +351,16 @@ __device__ inline uint32_t table_bits(int i) {
   return ((uint32_t)(i / kTableHalf) << 15) | (kTableLoBits + (uint32_t)(i % kTableHalf));
 }
 
-// The table's entry for the bf16 with bits h (the low 16 bits), and whether h is inside the
-// window (outside, the entry is another logit's).
-__device__ inline float table_entry(uint32_t h, const float* table, bool& in) {
-  // (h - low) mod 2^16: the positive window is [0, 4096), the negative [0x8000, 0x9000)
-  const uint32_t x = (h - kTableLoBits) & 0xffffu;
+// The table's entry for the bf16 with bits h, given as x = h - (the window's lowest bits): only
+// x's low 16 bits count, (h - low) mod 2^16, so a caller may leave a carry above them. The
+// positive window is x in [0, 4096), the negative [0x8000, 0x9000); `in` says whether h is in it
+// (outside, the entry is another logit's).
+constexpr uint32_t kTableMinusLo = 0x10000u - kTableLoBits;  // x = h + this
+__device__ inline float table_entry(uint32_t x, const float* table, bool& in) {
 #ifdef TD_ROUTER_TABLE_FAULT_EDGE
   in = (x & 0x7fffu) <= (uint32_t)kTableHalf;  // planted (CPU tests only): one past the window
 #else
-  in = (x & 0x7fffu) < (uint32_t)kTableHalf;
+  in = (x & 0x7000u) == 0;  // (x & 0x7fff) < 4096
 #endif
   return table[(x & (kTableHalf - 1)) | ((x >> 3) & kTableHalf)];  // always inside the table
 }
@@ -367,24 +368,64 @@ __device__ inline float table_entry(uint32_t h, const float* table, bool& in) {
 // exact_score of the bf16 with bits h, from `table` inside the window.
 __device__ inline float table_score(uint32_t h, const float* table) {
   bool in;
-  float s = table_entry(h, table, in);
+  float s = table_entry(h + kTableMinusLo, table, in);
   if (!in) s = exact_score(td::bf16_bits_to_f32((uint16_t)h));
   return s;
 }
 
-// One block of 256: g_score_table, once (a later launch sees the flag and returns).
-__global__ void __launch_bounds__(256) moe_route_table_fill() {
-  if (*reinterpret_cast<volatile uint32_t*>(&g_score_table_ready) == kTableReady) return;  // uniform
-  for (int i = threadIdx.x; i < kTableSize; i += blockDim.x) {
-    float s = exact_score(td::bf16_bits_to_f32((uint16_t)table_bits(i)));
+// Table entry i: exact_score itself, on this GPU.
+__device__ inline float table_value(int i) {
+  float s = exact_score(td::bf16_bits_to_f32((uint16_t)table_bits(i)));
 #ifdef TD_ROUTER_TABLE_FAULT_ULP
-    if (((table_bits(i) >> 7) & 0xffu) == 128u) s = __uint_as_float(__float_as_uint(s) + 1u);  // planted: [2, 4) an ulp up
+  if (((table_bits(i) >> 7) & 0xffu) == 128u) s = __uint_as_float(__float_as_uint(s) + 1u);  // planted: [2, 4) an ulp up
 #endif
-    g_score_table[i] = s;
-  }
+  return s;
+}
+
+__device__ inline bool score_table_filled() {
+  return *reinterpret_cast<volatile uint32_t*>(&g_score_table_ready) == kTableReady;
+}
+
+// g_score_table from the block's copy `table`, then the flag (the block's threads all call it)
+__device__ inline void publish_score_table(const float* table) {
+  for (int i = threadIdx.x; i < kTableSize; i += blockDim.x) g_score_table[i] = table[i];
   __threadfence();
   __syncthreads();
   if (threadIdx.x == 0) *reinterpret_cast<volatile uint32_t*>(&g_score_table_ready) = kTableReady;
+}
+
+// One block of 256: g_score_table, once (a later launch sees the flag and returns). The check's;
+// the route fills it itself (load_score_table).
+__global__ void __launch_bounds__(256) moe_route_table_fill() {
+  __shared__ float table[kTableSize];
+  if (score_table_filled()) return;  // uniform
+  for (int i = threadIdx.x; i < kTableSize; i += blockDim.x) table[i] = table_value(i);
+  __syncthreads();
+  publish_score_table(table);
+}
+
+// A block's shared copy of the table and of both biases (bias_vl 0 where there is none). From
+// g_score_table once it is filled; before that (a process's first launch) each block computes
+// its own, and block 0 publishes it for the launches after. All of a block's threads call it.
+__device__ inline void load_score_table(float* table, float* sb, float* sbvl, const float* bias, const float* bias_vl,
+                                        int experts) {
+  __shared__ uint32_t filled;
+  if (threadIdx.x == 0) filled = score_table_filled() ? 1u : 0u;
+  __syncthreads();
+  const bool copy = filled != 0;  // uniform over the block
+  if (copy) {
+    __threadfence();  // the flag seen, then the entries written before it
+    for (int i = 4 * (int)threadIdx.x; i < kTableSize; i += 4 * (int)blockDim.x)
+      *reinterpret_cast<float4*>(table + i) = *reinterpret_cast<const float4*>(g_score_table + i);
+  } else {
+    for (int i = threadIdx.x; i < kTableSize; i += blockDim.x) table[i] = table_value(i);
+  }
+  for (int i = threadIdx.x; i < experts; i += blockDim.x) {
+    sb[i] = bias[i];
+    sbvl[i] = bias_vl != nullptr ? bias_vl[i] : 0.f;
+  }
+  __syncthreads();
+  if (!copy && blockIdx.x == 0) publish_score_table(table);
 }
 
 // Every bf16 bit pattern: bad[t] counts thread t's whose table_score (g_score_table) is not
@@ -402,6 +443,8 @@ __global__ void __launch_bounds__(256) moe_route_table_check(uint32_t* bad, uint
   example[threadIdx.x] = last;
 }
 
+template <bool B> struct Flag { static constexpr bool value = B; };  // a compile-time choice, as a value
+
 // Expert of a lane's slot p: lane + p * gw (a slot a row of lanes), or with quads the p % 4-th of
 // the lane's (p / 4)-th quad, quads lane + j * gw.
 template <bool QUADS>
@@ -418,23 +461,8 @@ __device__ inline int expert_lane(int e, int gw) {
 // per-row step (the threshold's rounds, the prefix count, the exact scores, the ranks) serves
 // several rows with one instruction: filter_g16. TAB (bf16, G 16): the keys exact from the table
 // (exact_bf16, above), persistent blocks.
-#ifndef TD_ROUTER_EXACT_PREFETCH
-#define TD_ROUTER_EXACT_PREFETCH 0  // 1: the next row block's quads loaded while this one is ranked
-#endif
-#ifndef TD_ROUTER_EXACT_SHARED_BIAS
-#define TD_ROUTER_EXACT_SHARED_BIAS 0  // 1: both biases in shared memory (needs TD_ROUTER_FILTER_CAP 32)
-#endif
-#ifndef TD_ROUTER_EXACT_BRANCHLESS
-#define TD_ROUTER_EXACT_BRANCHLESS 1  // 1: no branch a slot; a logit off the table has no key (a candidate)
-#endif
-#ifndef TD_ROUTER_EXACT_UNROLL
-#define TD_ROUTER_EXACT_UNROLL 1  // 1: the threshold's rounds unrolled (kMaxTopK, guarded by topk)
-#endif
-#ifndef TD_ROUTER_EXACT_MINB
-#define TD_ROUTER_EXACT_MINB 4  // resident blocks asked of the compiler
-#endif
 template <int DT, int PT, bool REDUX, int G, bool TAB>
-__global__ void __launch_bounds__(256, TAB ? TD_ROUTER_EXACT_MINB : 4)
+__global__ void __launch_bounds__(256, 4)
 moe_route_filter(const void* __restrict__ logits, const float* __restrict__ bias, const float* __restrict__ bias_vl,
                  const uint8_t* __restrict__ image_rows, float* __restrict__ weights, int64_t* __restrict__ ids,
                  int64_t rows, int64_t experts, int topk, float route_scale, int fault_text_bias_for_images) {
@@ -442,24 +470,16 @@ moe_route_filter(const void* __restrict__ logits, const float* __restrict__ bias
   static_assert(G == 0 || (G >= 8 && kNarrowestWave % (G ? G : 1) == 0), "a group divides every wave");
   static_assert(!TAB || (DT == TD_BF16 && G != 0 && PT % 4 == 0), "the table holds bf16 scores; slots are quads");
   constexpr int kGroups = G ? kWaveBlock / G : kWavesPerBlock;  // rows a block holds at most
-  __shared__ unsigned long long cand_key[kGroups][kFilterSlots];
-  __shared__ float cand_s[kGroups][kFilterSlots];
+  // TAB: a shorter list (its table and biases take 35 KB of the 48 KB a block may declare)
+  constexpr int kCap = TAB && kFilterCap > kExactCap ? kExactCap : kFilterCap;
+  constexpr int kSlots = kCap > 0 ? kCap : 1;
+  __shared__ unsigned long long cand_key[kGroups][kSlots];
+  __shared__ float cand_s[kGroups][kSlots];
   __shared__ float top_s[kGroups][kMaxTopK];
   __shared__ int top_id[kGroups][kMaxTopK];
-  __shared__ float table[TAB ? kTableSize : 1];
-  constexpr bool kSharedBias = TAB && TD_ROUTER_EXACT_SHARED_BIAS;
-  __shared__ float sbias[kSharedBias ? 2 : 1][kSharedBias ? PT * G : 1];
-  if constexpr (TAB) {  // the fill kernel's copy (an earlier launch in this stream), 16 bytes a load
-    for (int i = 4 * (int)threadIdx.x; i < kTableSize; i += 4 * (int)blockDim.x)
-      *reinterpret_cast<float4*>(table + i) = *reinterpret_cast<const float4*>(g_score_table + i);
-    if constexpr (kSharedBias) {
-      for (int i = threadIdx.x; i < (int)experts; i += blockDim.x) {
-        sbias[0][i] = bias[i];
-        sbias[1][i] = bias_vl != nullptr ? bias_vl[i] : 0.f;
-      }
-    }
-    __syncthreads();
-  }
+  alignas(16) __shared__ float table[TAB ? kTableSize : 1];  // 16-byte loads and stores
+  alignas(16) __shared__ float sbias[TAB ? 2 : 1][TAB ? PT * G : 1];  // TAB: bias and bias_vl (0 without it)
+  if constexpr (TAB) load_score_table(table, sbias[0], sbias[1], bias, bias_vl, (int)experts);
   const int ws = warpSize, gw = G ? G : ws;  // the wave, and the lanes of one row
   const int lane = threadIdx.x % gw, group = threadIdx.x / gw;
   const float inf = __uint_as_float(0x7f800000u);
@@ -473,32 +493,22 @@ moe_route_filter(const void* __restrict__ logits, const float* __restrict__ bias
   // The rows of row block rb (blockDim.x / gw rows): the wave's first row and this group's place
   // after it, one row a group. A wave whose first row is past the end skips it whole; otherwise it
   // runs whole (a group past the last row computes the last row again and writes nothing): every
-  // shuffle and wave barrier below sees the full wave.
-  // TAB: the quads of this thread's row in row block rb (the last row for a row past the end)
-  constexpr int kQuads = TAB ? PT / 4 : 1;
-  auto load_quads = [&](int64_t rb, uint2* raw) {
-    int64_t r = rb * (blockDim.x / gw) + threadIdx.x / gw;
-    r = r < rows ? r : rows - 1;
-    const uint16_t* lq = static_cast<const uint16_t*>(logits) + r * experts;
-    const int n_quads = n_exp / 4;
-#pragma unroll
-    for (int j = 0; j < kQuads; ++j) {  // a group's lanes read consecutive quads: coalesced
-      const int q = lane + j * gw;
-      raw[j] = *reinterpret_cast<const uint2*>(lq + 4 * (q < n_quads ? q : n_quads - 1));
-    }
-  };
-  uint2 next[kQuads];  // TD_ROUTER_EXACT_PREFETCH: the block's next row block, loaded early
-  if constexpr (TAB && TD_ROUTER_EXACT_PREFETCH) load_quads(blockIdx.x, next);
+  // shuffle and wave barrier below sees the full wave. (What does not change from one row block to
+  // the next is worked out once, here.)
+  const int per_block = blockDim.x / gw, wave_first = (threadIdx.x / ws) * (ws / gw), my_row = threadIdx.x / gw;
+  constexpr int Q = TAB ? PT / 4 : 1;  // TAB: a lane's quads
+  const int n_quads = n_exp / 4;
+  const bool full = TAB && n_quads == Q * gw;  // every slot of every lane an expert (384 on 16 lanes)
 
   auto row_block = [&](int64_t rb) {
-  const int64_t wave_row = rb * (blockDim.x / gw) + (threadIdx.x / ws) * (ws / gw);
+  const int64_t wave_row = rb * per_block + wave_first;
   if (wave_row < rows) {
-    const int64_t mine_row = wave_row + (threadIdx.x % ws) / gw;
+    const int64_t mine_row = rb * per_block + my_row;
     const bool live = mine_row < rows;
     const int64_t row = live ? mine_row : rows - 1;
     const bool image = image_rows != nullptr && bias_vl != nullptr && image_rows[row] != 0;
-    const float* b = (image && !fault_text_bias_for_images) ? bias_vl : bias;
-    if constexpr (kSharedBias) b = sbias[(image && !fault_text_bias_for_images) ? 1 : 0];
+    const bool use_vl = image && !fault_text_bias_for_images;
+    const float* b = TAB ? sbias[use_vl ? 1 : 0] : use_vl ? bias_vl : bias;
     const typename E::raw* lr = static_cast<const typename E::raw*>(logits) + row * experts;
 
     // 1. a bound on every expert's key: hi kept per slot, the lane's largest lo. Every slot's
@@ -507,42 +517,38 @@ moe_route_filter(const void* __restrict__ logits, const float* __restrict__ bias
     float hi[PT];
     float lane_lo = -inf;
     if constexpr (TAB) {  // exact keys: lo = hi = fl(s + b); n_exp % 4 == 0, 8-byte rows (launch_exact)
-      constexpr int Q = PT / 4;
-      const int n_quads = n_exp / 4;
-      uint2 raw[Q];
-      if constexpr (TD_ROUTER_EXACT_PREFETCH) {
+      auto keys = [&](auto full_rows) {
+        constexpr bool kFull = decltype(full_rows)::value;
+        const uint2* rq = reinterpret_cast<const uint2*>(lr);
+        uint2 raw[Q];
 #pragma unroll
-        for (int j = 0; j < Q; ++j) raw[j] = next[j];
-      } else {
-        load_quads(rb, raw);
-      }
-      const float nan = __uint_as_float(0x7fc00000u);
-#pragma unroll
-      for (int j = 0; j < Q; ++j) {
-        const int q = lane + j * gw;
-        const float4 bq = *reinterpret_cast<const float4*>(b + 4 * (q < n_quads ? q : n_quads - 1));
-        const uint32_t h[4] = {raw[j].x & 0xffffu, raw[j].x >> 16, raw[j].y & 0xffffu, raw[j].y >> 16};
-        const float be[4] = {bq.x, bq.y, bq.z, bq.w};
-#pragma unroll
-        for (int c = 0; c < 4; ++c) {
-          float key;
-          if constexpr (TD_ROUTER_EXACT_BRANCHLESS) {
-            // a logit off the table (|l| < 2^-25 or >= 128, 0, inf, NaN) gets no key here: NaN, a
-            // candidate whose exact score step 3 computes; fmaxf passes over it
-            bool in;
-            const float s = table_entry(h[c], table, in);
-            key = in ? s + be[c] : nan;
-          } else {
-            key = table_score(h[c], table) + be[c];
-          }
-          // a NaN key (a NaN logit or bias, inf - inf) is passed over by fmaxf and is a candidate
-          hi[4 * j + c] = q < n_quads ? key : -inf;
-          lane_lo = fmaxf(lane_lo, hi[4 * j + c]);
+        for (int j = 0; j < Q; ++j) {  // a group's lanes read consecutive quads: coalesced
+          const int q = lane + j * gw;
+          raw[j] = rq[kFull || q < n_quads ? q : n_quads - 1];
         }
-      }
-      // the next row block's quads in flight while this one is ranked (raw is dead)
-      if constexpr (TD_ROUTER_EXACT_PREFETCH)
-        if ((rb + gridDim.x) * (blockDim.x / gw) < rows) load_quads(rb + gridDim.x, next);
+        const float nan = __uint_as_float(0x7fc00000u);
+#pragma unroll
+        for (int j = 0; j < Q; ++j) {
+          const int q = lane + j * gw;
+          const float4 bq = *reinterpret_cast<const float4*>(b + 4 * (kFull || q < n_quads ? q : n_quads - 1));
+          const uint32_t x[4] = {raw[j].x + kTableMinusLo, (raw[j].x >> 16) + kTableMinusLo, raw[j].y + kTableMinusLo,
+                                 (raw[j].y >> 16) + kTableMinusLo};
+          const float be[4] = {bq.x, bq.y, bq.z, bq.w};
+#pragma unroll
+          for (int c = 0; c < 4; ++c) {
+            // a logit off the table (|l| < 2^-25 or >= 128, 0, inf, NaN) gets no key here: NaN, a
+            // candidate whose exact score step 3 computes, passed over by fmaxf (as a NaN logit or
+            // bias). The entry is added either way (k + -0 is k, -0 too): no branch a slot
+            bool in;
+            const float s = table_entry(x[c], table, in);
+            const float key = (s + be[c]) + (in ? -0.f : nan);
+            hi[4 * j + c] = kFull || q < n_quads ? key : -inf;
+            lane_lo = fmaxf(lane_lo, hi[4 * j + c]);
+          }
+        }
+      };
+      if (full) keys(Flag<true>{});
+      else keys(Flag<false>{});
     } else {
       float lv[PT];
 #pragma unroll
@@ -574,27 +580,27 @@ moe_route_filter(const void* __restrict__ logits, const float* __restrict__ bias
     // becomes a NaN, which !(hi < T) takes as every expert: the same as -inf).
     const uint32_t low = TAB ? (uint32_t)(gw - 1) : 0u;
     v = (v & ~low) | ((uint32_t)lane & low);  // never 0: lane_lo is never a NaN
-    if constexpr (TAB && TD_ROUTER_EXACT_UNROLL) {
-#pragma unroll
-      for (int r = 0; r < kMaxTopK; ++r) {
-        if (r < topk) {  // uniform over the wave
-          t = wave_max(v, gw);
-          if (v == t) v = 0;
-        }
-      }
-    } else {
-      for (int r = 0; r < topk; ++r) {  // uniform over the wave
-        t = (REDUX && G == 0) ? port_wave_max_u32(v, ws) : wave_max(v, gw);
-        if (v == t) v = 0;
-      }
+    for (int r = 0; r < topk; ++r) {  // uniform over the wave
+      t = (REDUX && G == 0) ? port_wave_max_u32(v, ws) : wave_max(v, gw);
+      if (v == t) v = 0;
     }
     const float thr = t == 0 ? -inf : from_ordered(t & ~low);
 
     // 3. the candidates and their places in the wave's list
     uint32_t mask = 0;
+    if constexpr (TAB) {  // a quad is in the row or not
+      auto candidates = [&](auto full_rows) {
 #pragma unroll
-    for (int p = 0; p < PT; ++p)
-      if (slot_expert<TAB>(lane, p, gw) < n_exp && !(hi[p] < thr)) mask |= 1u << p;
+        for (int p = 0; p < PT; ++p)
+          if ((decltype(full_rows)::value || lane + (p / 4) * gw < n_quads) && !(hi[p] < thr)) mask |= 1u << p;
+      };
+      if (full) candidates(Flag<true>{});
+      else candidates(Flag<false>{});
+    } else {
+#pragma unroll
+      for (int p = 0; p < PT; ++p)
+        if (lane + p * gw < n_exp && !(hi[p] < thr)) mask |= 1u << p;
+    }
     const int mine = __popc(mask);
     int upto = mine;  // inclusive prefix count over the row's lanes
     for (int o = 1; o < gw; o <<= 1) {
@@ -614,7 +620,7 @@ moe_route_filter(const void* __restrict__ logits, const float* __restrict__ bias
 
     // uniform over the wave (its barriers and shuffles): a row of too many candidates sends every
     // row of its wave to the slow path
-    if (port_ballot(total > kFilterCap) == 0) {
+    if (port_ballot(total > kCap) == 0) {
       int at = upto - mine;
       for (uint32_t mm = mask; mm != 0; mm &= mm - 1) {  // divergent, no shuffle inside
         const int e = slot_expert<TAB>(lane, __ffs((int)mm) - 1, gw);
@@ -661,7 +667,13 @@ moe_route_filter(const void* __restrict__ logits, const float* __restrict__ bias
     port_wave_sync();
     if (live && lane < topk) {
       float sum = 0.f;
-      for (int r = 0; r < topk; ++r) sum += ts[r];  // in rank order, as the other routes
+      if constexpr (TAB) {  // (no loop of topk trips)
+#pragma unroll
+        for (int r = 0; r < kMaxTopK; ++r)
+          if (r < topk) sum += ts[r];  // in rank order, as the other routes
+      } else {
+        for (int r = 0; r < topk; ++r) sum += ts[r];  // in rank order, as the other routes
+      }
       weights[row * topk + lane] = ts[lane] / (sum + 1e-20f) * route_scale;
       ids[row * topk + lane] = ti[lane];
     }
@@ -716,13 +728,6 @@ void launch_exact(int64_t rows, int64_t experts, hipStream_t s, const void* logi
   constexpr int G = 16;
   const int64_t blocks = (rows + kWaveBlock / G - 1) / (kWaveBlock / G);
   const int64_t pt = 4 * ((experts + 4 * G - 1) / (4 * G));  // slots a lane, whole quads
-#ifdef TD_ROUTER_EXACT_FILL_ONCE  // measurement only (bench/router_variants.py): the fill's cost a call
-  static bool filled = false;
-  if (!filled) hipLaunchKernelGGL(moe_route_table_fill, dim3(1), dim3(256), 0, s);
-  filled = true;
-#else
-  hipLaunchKernelGGL(moe_route_table_fill, dim3(1), dim3(256), 0, s);
-#endif
 #define TD_EXACT(PT)                                                                                                  \
   do {                                                                                                                \
     const auto k = moe_route_filter<TD_BF16, PT, false, G, true>;                                                     \
@@ -827,16 +832,18 @@ constexpr int kDefaultRoute = kRouteFilterRedux;
 #ifndef TD_ROUTER_G16_FROM_ROWS_F32
 #define TD_ROUTER_G16_FROM_ROWS_F32 49152
 #endif
-#ifndef TD_ROUTER_G16_FROM_ROWS_BF16
-#define TD_ROUTER_G16_FROM_ROWS_BF16 28672
+#ifndef TD_ROUTER_EXACT_FROM_ROWS_BF16
+#define TD_ROUTER_EXACT_FROM_ROWS_BF16 16384
 #endif
 constexpr int64_t kG16FromRowsF32 = TD_ROUTER_G16_FROM_ROWS_F32;
-constexpr int64_t kG16FromRowsBf16 = TD_ROUTER_G16_FROM_ROWS_BF16;
+constexpr int64_t kExactFromRowsBf16 = TD_ROUTER_EXACT_FROM_ROWS_BF16;
 
-// What threads_per_row 0 runs: kDefaultRoute, or filter_g16 from the dtype's row count on
+// What threads_per_row 0 runs: kDefaultRoute, or from the dtype's row count on filter_g16 (f32) /
+// exact_bf16 (bf16; filter_g16 where the table route does not fit)
 template <int DT>
 constexpr int default_route(int64_t rows) {
-  return rows >= (DT == TD_BF16 ? kG16FromRowsBf16 : kG16FromRowsF32) ? kRouteFilterG16 : kDefaultRoute;
+  if constexpr (DT == TD_BF16) return rows >= kExactFromRowsBf16 ? kRouteExactBf16 : kDefaultRoute;
+  return rows >= kG16FromRowsF32 ? kRouteFilterG16 : kDefaultRoute;
 }
 
 template <int DT>

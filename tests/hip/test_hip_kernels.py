@@ -332,8 +332,9 @@ def test_moe_route_filter_is_the_wave_route_bit_for_bit(gen, route, dtype):
         assert torch.equal(w.view(torch.int32), w_wave.view(torch.int32))
 
 
-# hip/moe_route.hip default_route: filter_g16 from these row counts on (f32, bf16), filter_redux below
-DEFAULT_G16_FROM_ROWS = {torch.float32: 49152, torch.bfloat16: 28672}
+# hip/moe_route.hip default_route: from these row counts on filter_g16 (f32) / exact_bf16 (bf16),
+# filter_redux below
+DEFAULT_FROM_ROWS = {torch.float32: 49152, torch.bfloat16: 16384}
 
 
 @pytest.mark.parametrize("side", [-1, 0], ids=["below", "at"])
@@ -344,13 +345,13 @@ def test_moe_route_default_by_rows_is_both_routes_bit_for_bit(hip, gen, dtype, s
     # which route it picked: tests/hip/test_hip_moe_route_simt.py)
     from engine.backend.hip_ops import HipBackend
 
-    rows = DEFAULT_G16_FROM_ROWS[dtype] + side
+    rows = DEFAULT_FROM_ROWS[dtype] + side
     logits = randn(rows, 384, gen=gen, dtype=dtype, scale=2.0)
     logits[:256] = near_ties(256, 384, 40, gen).to(dtype)
     bias, bias_vl = randn(384, gen=gen, scale=0.3), randn(384, gen=gen, scale=0.3)
     image = torch.rand(rows, generator=gen, device="cuda") < 0.5
     w, ids = hip.moe_route(logits, bias, bias_vl, image, 6, 1.5)
-    for name in ("filter_redux", "filter_g16", "wave"):
+    for name in ("filter_redux", "filter_g16", "exact_bf16", "wave"):
         w_r, ids_r = HipBackend(router_threads=name).moe_route(logits, bias, bias_vl, image, 6, 1.5)
         assert torch.equal(ids, ids_r), name
         assert torch.equal(w.view(torch.int32), w_r.view(torch.int32)), name

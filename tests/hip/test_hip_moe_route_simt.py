@@ -93,10 +93,10 @@ def lib_slow(module_tmp):
 
 @pytest.fixture(scope="module")
 def lib_few_rows_g16(module_tmp):
-    """The default's row thresholds lowered (filter_g16 from 8 f32 rows, from 4 bf16 rows), so
-    both sides of each run on a few rows."""
+    """The default's row thresholds lowered (filter_g16 from 8 f32 rows, exact_bf16 from 4 bf16
+    rows), so both sides of each run on a few rows."""
     return build(module_tmp("simt-few-rows-g16"), "-DTD_ROUTER_G16_FROM_ROWS_F32=8",
-                 "-DTD_ROUTER_G16_FROM_ROWS_BF16=4")
+                 "-DTD_ROUTER_EXACT_FROM_ROWS_BF16=4")
 
 
 def candidates(lib) -> np.ndarray:
@@ -554,17 +554,18 @@ def last_route(lib) -> int:
 
 
 # the default by row count and dtype (hip/moe_route.hip default_route): filter_redux below the
-# dtype's threshold, filter_g16 from it on; each side the same numbers as both routes and `wave`
+# dtype's threshold, from it on filter_g16 (f32) / exact_bf16 (bf16); each side the same numbers as
+# the routes and `wave`
 @pytest.mark.parametrize("ws", [32, 64])
 @pytest.mark.parametrize("dtype,rows,want", [
     (torch.float32, 7, "filter_redux"), (torch.float32, 8, "filter_g16"), (torch.float32, 13, "filter_g16"),
-    (torch.bfloat16, 3, "filter_redux"), (torch.bfloat16, 4, "filter_g16"), (torch.bfloat16, 7, "filter_g16"),
+    (torch.bfloat16, 3, "filter_redux"), (torch.bfloat16, 4, "exact_bf16"), (torch.bfloat16, 7, "exact_bf16"),
 ], ids=str)
 def test_the_default_chooses_its_route_by_rows_and_dtype(lib_few_rows_g16, ws, dtype, rows, want):
     args = (*inputs(rows, 384, dtype, seed=rows + 40), 6, 1.5)
     got = route(lib_few_rows_g16, *args, ws=ws, threads=ROUTES["default"])
     assert last_route(lib_few_rows_g16) == ROUTES[want]
-    for name in ("filter_redux", "filter_g16", "wave"):
+    for name in ("filter_redux", "filter_g16", "exact_bf16", "wave"):
         bitwise(got, route(lib_few_rows_g16, *args, ws=ws, threads=ROUTES[name]))
         assert last_route(lib_few_rows_g16) == ROUTES[name]  # a named route runs itself, whatever the rows
 
