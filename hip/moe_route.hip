@@ -328,21 +328,25 @@ __device__ inline float score_margin(float a, float margin_scale) {
 // ---- exact_bf16 (-13): bf16's exact scores from a table, so every key is exact ----
 //
 // A bf16 logit has 65,536 values, so exact_score can be looked up instead of computed: a table of
-// exact_score over the window |l| in [2^-25, 2^7) (32 binades x 128 mantissas a sign: 8,192
-// floats, 32 KB of shared memory), filled ON THE GPU by exact_score itself (moe_route_table_fill), so an
-// entry is bit for bit what the wave route computes; a logit outside the window (|l| < 2^-25, |l|
-// >= 128, 0, inf, NaN: rare) takes exact_score directly (divergent, correct). The keys fl(s + b)
-// are then exact: the filter's steps 2-4 run on them as on a bound of width 0 (lo = hi = the key,
-// no margin), and a candidate's s comes from the table again. The fill kernel runs before each
-// launch in the same stream and returns at once after the first (g_score_table_ready); the route's
-// blocks are persistent (as many as are resident, each looping over row blocks), so each copies
-// the 32 KB once. A lane's experts are contiguous quads (one 8-byte load of 4 logits, one 16-byte
-// load of their biases): 384 experts on 16 lanes are 6 quads a lane.
+// exact_score over the window |l| in [2^-25, 127.5) (4,095 values a sign, each sign's block closed
+// by a NaN entry: 8,192 floats, 32 KB of shared memory), computed ON THE GPU by exact_score itself,
+// so an entry is bit for bit what the wave route computes. A logit off the window (|l| < 2^-25 or
+// >= 127.5, 0, inf, NaN: rare) reads the NaN entry: no key, so it is a candidate (as a NaN bound
+// is in the filter), and step 3 computes its exact score (table_score: exact_score there). The
+// keys fl(s + b) are otherwise exact: the filter's steps 2-4 run on them as on a bound of width 0
+// (lo = hi = the key, no margin), a candidate's s comes from the table again, and no slot
+// branches. The blocks are persistent (as many as are resident, each looping over row blocks):
+// each copies the table from g_score_table and both biases into shared memory once; a process's
+// first launch computes the table in every block and block 0 publishes it (g_score_table_ready).
+// A lane's experts are contiguous quads (one 8-byte load of 4 logits, one 16-byte shared load of
+// their biases): 384 experts on 16 lanes are 6 quads a lane. The threshold's group maxima are one
+// REDUX each on sm_80+ (port_group_max_u32), and T is taken below the lane's number in the low
+// bits so that ties drop one lane a round (step 2).
 constexpr uint32_t kTableLoBits = 102u << 7;  // the bf16 bits of 2^-25, the window's lowest
-constexpr int kTableHalf = 4096;              // the window's bf16 values of one sign
+constexpr int kTableHalf = 4096;              // a sign's entries: the window's 4,095 values, then a NaN
 constexpr int kTableSize = 2 * kTableHalf;    // positive, then negative: 8,192 floats
 constexpr uint32_t kTableReady = 0x7ab1e5edu;
-static_assert(kTableHalf == 1 << 12 && kTableLoBits + kTableHalf == 134u << 7, "[2^-25, 2^7), bit 15 -> bit 12");
+static_assert(kTableHalf == 1 << 12 && kTableLoBits + kTableHalf == 134u << 7, "[2^-25, 2^7) a sign; bit 15 -> bit 12");
 __device__ float g_score_table[kTableSize];
 __device__ uint32_t g_score_table_ready;  // kTableReady once g_score_table holds every entry
 
@@ -353,16 +357,17 @@ __device__ inline uint32_t table_bits(int i) {
 
 // The table's entry for the bf16 with bits h, given as x = h - (the window's lowest bits): only
 // x's low 16 bits count, (h - low) mod 2^16, so a caller may leave a carry above them. The
-// positive window is x in [0, 4096), the negative [0x8000, 0x9000); `in` says whether h is in it
-// (outside, the entry is another logit's).
+// positive window is x in [0, 4095), the negative [0x8000, 0x8fff); a logit off it reads its
+// sign's last entry, NaN. `in` says whether h is in the window.
 constexpr uint32_t kTableMinusLo = 0x10000u - kTableLoBits;  // x = h + this
 __device__ inline float table_entry(uint32_t x, const float* table, bool& in) {
+  const uint32_t m = x & 0x7fffu;
 #ifdef TD_ROUTER_TABLE_FAULT_EDGE
-  in = (x & 0x7fffu) <= (uint32_t)kTableHalf;  // planted (CPU tests only): one past the window
+  in = m <= (uint32_t)kTableHalf - 1;  // planted (CPU tests only): the NaN entry taken as a score
 #else
-  in = (x & 0x7000u) == 0;  // (x & 0x7fff) < 4096
+  in = m < (uint32_t)kTableHalf - 1;
 #endif
-  return table[(x & (kTableHalf - 1)) | ((x >> 3) & kTableHalf)];  // always inside the table
+  return table[(m < kTableHalf - 1 ? m : kTableHalf - 1) | ((x >> 3) & kTableHalf)];
 }
 
 // exact_score of the bf16 with bits h, from `table` inside the window.
@@ -373,8 +378,10 @@ __device__ inline float table_score(uint32_t h, const float* table) {
   return s;
 }
 
-// Table entry i: exact_score itself, on this GPU.
+// Table entry i: exact_score itself, on this GPU; a sign's last entry NaN (what a logit off the
+// window reads: no key, a candidate).
 __device__ inline float table_value(int i) {
+  if (i % kTableHalf == kTableHalf - 1) return __uint_as_float(0x7fc00000u);
   float s = exact_score(td::bf16_bits_to_f32((uint16_t)table_bits(i)));
 #ifdef TD_ROUTER_TABLE_FAULT_ULP
   if (((table_bits(i) >> 7) & 0xffu) == 128u) s = __uint_as_float(__float_as_uint(s) + 1u);  // planted: [2, 4) an ulp up
@@ -526,7 +533,6 @@ moe_route_filter(const void* __restrict__ logits, const float* __restrict__ bias
           const int q = lane + j * gw;
           raw[j] = rq[kFull || q < n_quads ? q : n_quads - 1];
         }
-        const float nan = __uint_as_float(0x7fc00000u);
 #pragma unroll
         for (int j = 0; j < Q; ++j) {
           const int q = lane + j * gw;
@@ -536,12 +542,11 @@ moe_route_filter(const void* __restrict__ logits, const float* __restrict__ bias
           const float be[4] = {bq.x, bq.y, bq.z, bq.w};
 #pragma unroll
           for (int c = 0; c < 4; ++c) {
-            // a logit off the table (|l| < 2^-25 or >= 128, 0, inf, NaN) gets no key here: NaN, a
-            // candidate whose exact score step 3 computes, passed over by fmaxf (as a NaN logit or
-            // bias). The entry is added either way (k + -0 is k, -0 too): no branch a slot
+            // a logit off the table (|l| < 2^-25 or >= 127.5, 0, inf, NaN) reads the NaN entry: no
+            // key here, a candidate whose exact score step 3 computes, passed over by fmaxf (as a
+            // NaN logit or bias). No branch a slot
             bool in;
-            const float s = table_entry(x[c], table, in);
-            const float key = (s + be[c]) + (in ? -0.f : nan);
+            const float key = table_entry(x[c], table, in) + be[c];
             hi[4 * j + c] = kFull || q < n_quads ? key : -inf;
             lane_lo = fmaxf(lane_lo, hi[4 * j + c]);
           }
@@ -581,7 +586,7 @@ moe_route_filter(const void* __restrict__ logits, const float* __restrict__ bias
     const uint32_t low = TAB ? (uint32_t)(gw - 1) : 0u;
     v = (v & ~low) | ((uint32_t)lane & low);  // never 0: lane_lo is never a NaN
     for (int r = 0; r < topk; ++r) {  // uniform over the wave
-      t = (REDUX && G == 0) ? port_wave_max_u32(v, ws) : wave_max(v, gw);
+      t = TAB ? port_group_max_u32(v, gw) : (REDUX && G == 0) ? port_wave_max_u32(v, ws) : wave_max(v, gw);
       if (v == t) v = 0;
     }
     const float thr = t == 0 ? -inf : from_ordered(t & ~low);
@@ -833,7 +838,7 @@ constexpr int kDefaultRoute = kRouteFilterRedux;
 #define TD_ROUTER_G16_FROM_ROWS_F32 49152
 #endif
 #ifndef TD_ROUTER_EXACT_FROM_ROWS_BF16
-#define TD_ROUTER_EXACT_FROM_ROWS_BF16 16384
+#define TD_ROUTER_EXACT_FROM_ROWS_BF16 6144
 #endif
 constexpr int64_t kG16FromRowsF32 = TD_ROUTER_G16_FROM_ROWS_F32;
 constexpr int64_t kExactFromRowsBf16 = TD_ROUTER_EXACT_FROM_ROWS_BF16;
