@@ -339,9 +339,10 @@ __device__ inline float score_margin(float a, float margin_scale) {
 // each copies the table from g_score_table and both biases into shared memory once; a process's
 // first launch computes the table in every block and block 0 publishes it (g_score_table_ready).
 // A lane's experts are contiguous quads (one 8-byte load of 4 logits, one 16-byte shared load of
-// their biases): 384 experts on 16 lanes are 6 quads a lane. The threshold's group maxima are one
-// REDUX each on sm_80+ (port_group_max_u32), and T is taken below the lane's number in the low
-// bits so that ties drop one lane a round (step 2).
+// their biases): 384 experts on 16 lanes are 6 quads a lane. T is taken below the lane's number
+// in the low bits so that ties drop one lane a round (step 2). (A REDUX a round with each group's
+// lane mask does not pay: nvcc checks the mask for uniformity and, the two groups of a warp
+// naming different masks, always takes its divergent fallback; measured, session 7.)
 constexpr uint32_t kTableLoBits = 102u << 7;  // the bf16 bits of 2^-25, the window's lowest
 constexpr int kTableHalf = 4096;              // a sign's entries: the window's 4,095 values, then a NaN
 constexpr int kTableSize = 2 * kTableHalf;    // positive, then negative: 8,192 floats
@@ -456,7 +457,7 @@ template <bool B> struct Flag { static constexpr bool value = B; };  // a compil
 // the lane's (p / 4)-th quad, quads lane + j * gw.
 template <bool QUADS>
 __device__ inline int slot_expert(int lane, int p, int gw) {
-  return QUADS ? 4 * (lane + (p / 4) * gw) + p % 4 : lane + p * gw;
+  return QUADS ? 4 * (lane + (int)((unsigned)p / 4u) * gw) + (int)((unsigned)p % 4u) : lane + p * gw;
 }
 // and the lane that holds expert e
 template <bool QUADS>
@@ -586,7 +587,7 @@ moe_route_filter(const void* __restrict__ logits, const float* __restrict__ bias
     const uint32_t low = TAB ? (uint32_t)(gw - 1) : 0u;
     v = (v & ~low) | ((uint32_t)lane & low);  // never 0: lane_lo is never a NaN
     for (int r = 0; r < topk; ++r) {  // uniform over the wave
-      t = TAB ? port_group_max_u32(v, gw) : (REDUX && G == 0) ? port_wave_max_u32(v, ws) : wave_max(v, gw);
+      t = (REDUX && G == 0) ? port_wave_max_u32(v, ws) : wave_max(v, gw);
       if (v == t) v = 0;
     }
     const float thr = t == 0 ? -inf : from_ordered(t & ~low);

@@ -42,8 +42,6 @@
     }
     return v;
   }
-  // The same over each aligned group of `width` lanes (a power of two dividing the wave).
-  __device__ inline uint32_t port_group_max_u32(uint32_t v, int width) { return port_wave_max_u32(v, width); }
 #elif defined(__CUDACC__)
   #include <cuda_runtime.h>
   // cuda_fp16.h / cuda_bf16.h declare their own shuffles: include them before any macro.
@@ -105,18 +103,6 @@
       v = other > v ? other : v;
     }
     return v;
-  }
-  // The same over each aligned group of `width` lanes (a power of two dividing the warp), every
-  // lane gets its group's: one REDUX with the group's lane mask on sm_80+ (each group's lanes
-  // name their own group, as a tiled partition's reduction does), xor shuffles otherwise.
-  __device__ inline uint32_t port_group_max_u32(uint32_t v, int width) {
-  #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-    const unsigned lane = threadIdx.x & 31u;  // blocks are one-dimensional
-    const unsigned group = width >= 32 ? 0xffffffffu : ((1u << width) - 1u) << (lane & ~(unsigned)(width - 1));
-    return __reduce_max_sync(group, v);
-  #else
-    return port_wave_max_u32(v, width);
-  #endif
   }
 #else
   #error "compile with hipcc (-x hip) or nvcc (-x cu)"

@@ -163,9 +163,6 @@ inline uint32_t port_wave_max_u32(uint32_t v, int width, int line = __builtin_LI
   }
   return v;
 }
-inline uint32_t port_group_max_u32(uint32_t v, int width, int line = __builtin_LINE()) {
-  return port_wave_max_u32(v, width, line);  // xor shuffles stay inside an aligned group
-}
 inline int __ffs(int x) { return __builtin_ffs(x); }
 inline int __popc(unsigned int x) { return __builtin_popcount(x); }
 
