@@ -57,8 +57,8 @@ int td_aligner_gather(const void* x, const int32_t* index, void* y, int64_t t, i
 // threads_per_row is 64, 128, 256 (one row per block of that many threads), a named route's
 // negative code (-1 wave, -2 wave_lb, -6 filter, -7 filter_redux, -11 filter_g16, -13 exact_bf16:
 // bf16 only, other calls run filter_g16) or 0 (the
-// default route, moe_route.hip default_route: filter_redux, filter_g16 from a dtype's row count
-// on); any other code (a removed route's included: see
+// default route, moe_route.hip default_route: filter_redux, from a dtype's row count on
+// filter_g16 (fp32) / exact_bf16 (bf16)); any other code (a removed route's included: see
 // hip/README.md) returns TD_BAD_SHAPE.
 int td_moe_route(const void* logits, const float* bias, const float* bias_vl,
                  const uint8_t* image_rows, float* weights, int64_t* ids, int64_t rows,

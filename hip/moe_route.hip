@@ -3,8 +3,8 @@
 // ids are ranked by s + bias; their weights come from the UNBIASED s, normalised
 // (sum + 1e-20) and multiplied by route_scale.
 //
-// Routes (`threads_per_row`; 0 is default_route below: filter_redux, filter_g16 from a
-// dtype's row count on, the thresholds measured on the H200):
+// Routes (`threads_per_row`; 0 is default_route below: filter_redux, and from a dtype's row count
+// on filter_g16 (f32) / exact_bf16 (bf16), the thresholds measured on the H200):
 //  - wave (-1): one row per wave, k rounds of wave maxima over packed (key, id) values (main's);
 //  - wave_lb (-2): the same kernel with more resident blocks asked of the compiler
 //    (__launch_bounds__'s second argument: at most 64 registers a thread);
@@ -12,6 +12,9 @@
 //    exact score and an exact ranking for the few candidates only (the same ids and weights as
 //    wave, bit for bit; "The filter routes" below says why and how); filter_g16 (-11): a row per
 //    16 lanes (2 rows a warp32, 4 a wave64);
+//  - exact_bf16 (-13, bf16; fp32 calls and shapes it does not take run filter_g16): filter_g16's
+//    steps on EXACT keys, a bf16 logit's exact score looked up in a shared table built on the GPU
+//    by the exact score itself; persistent blocks ("exact_bf16" below);
 //  - 64 / 128 / 256: one row per block of that many threads, k block-wide maxima (the oldest).
 // The wave and filter routes exchange through shuffles (and a wave's own shared list); no lane
 // leaves a shuffle early (tests/hip/simt runs every route on warp32 and wave64). Planted fault
@@ -343,6 +346,18 @@ __device__ inline float score_margin(float a, float margin_scale) {
 // in the low bits so that ties drop one lane a round (step 2). (A REDUX a round with each group's
 // lane mask does not pay: nvcc checks the mask for uniformity and, the two groups of a warp
 // naming different masks, always takes its divergent fallback; measured, session 7.)
+// Measured (H200, session 7, 65,536 rows x 384 bf16 top-6; filter_g16 70-72 us throughout): the
+// first form (a branch a slot for the off-window exact score, biases from global memory, a fill
+// kernel a call) 72.2 us, no gain: the time is issue slots (ncu: 0.65 issued a scheduler-cycle,
+// 1,280 warp instructions a warp's 2 rows), and the per-slot branch (BSSY/BRA/BSYNC and the shared
+// window's address again, ~20 instructions a slot) ate the table's savings. Then, by ncu's
+// per-instruction counts: no branch a slot 63.2; biases in shared memory (one 16-byte shared load
+// a quad) -6.6 us; the fill kernel a call 1.4 us (now inside the route); whole-lane rows
+// specialised and the per-row invariants out of the loop; 52.6 (946 instructions a warp's rows);
+// the NaN entry in place of a select a slot 50.3-50.9 (26.2% of the copy roofline). Lost: loading
+// the next row block's quads during this one (spills at 64 registers: 68.4 against 63.2), unrolling
+// the threshold's rounds (63.0 against 63.2), the REDUX above; 5 blocks a multiprocessor (a list
+// of 32, 48 registers) measured 71.1 against 72.2 in the first form, with spills, and left no room.
 constexpr uint32_t kTableLoBits = 102u << 7;  // the bf16 bits of 2^-25, the window's lowest
 constexpr int kTableHalf = 4096;              // a sign's entries: the window's 4,095 values, then a NaN
 constexpr int kTableSize = 2 * kTableHalf;    // positive, then negative: 8,192 floats
@@ -835,6 +850,10 @@ constexpr int kDefaultRoute = kRouteFilterRedux;
 // (49,152 rows: 59.5 / 58.9). The choice
 // changes no number: every route is the wave route bit for bit. (The CPU tests build other
 // thresholds to run both sides on a few rows.)
+// Session 7 (H200, this file's final form, bench/router_session7.sh, us): bf16 from 6,144 rows on is
+// exact_bf16's, the midpoint of its bracket: 4,096 rows redux 6.93 / exact 8.89 (its persistent
+// blocks copy the table and biases first), 8,192: 12.08 / 11.55, 16,384: 21.54 / 17.04, 65,536:
+// 75.90 / 50.92 (filter_g16 69.69); fp32 unchanged.
 #ifndef TD_ROUTER_G16_FROM_ROWS_F32
 #define TD_ROUTER_G16_FROM_ROWS_F32 49152
 #endif

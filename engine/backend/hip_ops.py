@@ -36,7 +36,7 @@ _FLOATS = (torch.float32, torch.bfloat16)
 _MAX_TOPK = 8
 _MAX_EXPERTS = 1024
 # the router kernel's named routes, as hip/moe_route.hip codes them (threads_per_row < 0); 0 is its
-# default (default_route: filter_redux, filter_g16 from a dtype's row count on), 64 / 128 / 256 one row per block of that many threads. The codes are what the
+# default (default_route: filter_redux, from a dtype's row count on filter_g16 (f32) / exact_bf16 (bf16)), 64 / 128 / 256 one row per block of that many threads. The codes are what the
 # kernel dispatches on: a removed route's code stays unused, never reassigned (hip/README.md).
 # filter / filter_redux: a fast bound on every expert, the exact score for the candidates only;
 # filter_g16: the same, a row a group of 16 lanes
