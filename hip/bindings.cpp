@@ -128,6 +128,15 @@ std::vector<at::Tensor> moe_route_score_bound(int64_t start, int64_t count, doub
   return {bad, example};
 }
 
+std::vector<at::Tensor> moe_route_table_check(int64_t stream) {
+  const auto opts = at::TensorOptions().device(at::kCUDA).dtype(at::kInt);
+  at::Tensor bad = at::empty({256}, opts), example = at::empty({256}, opts);
+  check(td_moe_route_table_check(reinterpret_cast<uint32_t*>(bad.data_ptr<int32_t>()),
+                                 reinterpret_cast<uint32_t*>(example.data_ptr<int32_t>()), as_stream(stream)),
+        "moe_route_table_check");
+  return {bad, example};
+}
+
 at::Tensor embed_scatter(at::Tensor emb, const at::Tensor& rows, const at::Tensor& src, int64_t stream) {
   require(emb, "emb");
   require(rows, "rows", at::kLong);
@@ -150,5 +159,6 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("aligner_gather", &aligner_gather);
   m.def("moe_route", &moe_route);
   m.def("moe_route_score_bound", &moe_route_score_bound);
+  m.def("moe_route_table_check", &moe_route_table_check);
   m.def("embed_scatter", &embed_scatter);
 }

@@ -55,9 +55,10 @@ int td_aligner_gather(const void* x, const int32_t* index, void* y, int64_t t, i
 // [rows, topk] in descending biased score (ties to the lower id). topk <= 8, experts <= 1024.
 // fault_text_bias_for_images != 0 plants the fault `router-text-bias-for-images`;
 // threads_per_row is 64, 128, 256 (one row per block of that many threads), a named route's
-// negative code (-1 wave, -2 wave_lb, -6 filter, -7 filter_redux, -11 filter_g16) or 0 (the
-// default route, moe_route.hip default_route: filter_redux, filter_g16 from a dtype's row count
-// on); any other code (a removed route's included: see
+// negative code (-1 wave, -2 wave_lb, -6 filter, -7 filter_redux, -11 filter_g16, -13 exact_bf16:
+// bf16 only, other calls run filter_g16) or 0 (the
+// default route, moe_route.hip default_route: filter_redux, from a dtype's row count on
+// filter_g16 (fp32) / exact_bf16 (bf16)); any other code (a removed route's included: see
 // hip/README.md) returns TD_BAD_SHAPE.
 int td_moe_route(const void* logits, const float* bias, const float* bias_vl,
                  const uint8_t* image_rows, float* weights, int64_t* ids, int64_t rows,
@@ -70,6 +71,11 @@ int td_moe_route(const void* logits, const float* bias, const float* bias_vl,
 // last of them. bad, example: uint32 [threads], threads a multiple of 256.
 int td_moe_route_score_bound(uint64_t start, uint64_t count, float margin_scale, uint32_t* bad, uint32_t* example,
                              int64_t threads, void* stream);
+
+// exact_bf16's table of scores, checked for every bf16 bit pattern: bad[i] counts thread i's
+// patterns whose looked-up score is not the exact score bit for bit, example[i] the last of them.
+// bad, example: uint32 [256].
+int td_moe_route_table_check(uint32_t* bad, uint32_t* example, void* stream);
 
 // emb[rows[i]] = src[i] (converted to emb's dtype) for rows[i] in [0, n_emb); others skipped.
 // emb: [n_emb, d]; src: [m, d]; rows: int64 [m].

@@ -3,8 +3,8 @@
 // ids are ranked by s + bias; their weights come from the UNBIASED s, normalised
 // (sum + 1e-20) and multiplied by route_scale.
 //
-// Routes (`threads_per_row`; 0 is default_route below: filter_redux, filter_g16 from a
-// dtype's row count on, the thresholds measured on the H200):
+// Routes (`threads_per_row`; 0 is default_route below: filter_redux, and from a dtype's row count
+// on filter_g16 (f32) / exact_bf16 (bf16), the thresholds measured on the H200):
 //  - wave (-1): one row per wave, k rounds of wave maxima over packed (key, id) values (main's);
 //  - wave_lb (-2): the same kernel with more resident blocks asked of the compiler
 //    (__launch_bounds__'s second argument: at most 64 registers a thread);
@@ -12,6 +12,9 @@
 //    exact score and an exact ranking for the few candidates only (the same ids and weights as
 //    wave, bit for bit; "The filter routes" below says why and how); filter_g16 (-11): a row per
 //    16 lanes (2 rows a warp32, 4 a wave64);
+//  - exact_bf16 (-13, bf16; fp32 calls and shapes it does not take run filter_g16): filter_g16's
+//    steps on EXACT keys, a bf16 logit's exact score looked up in a shared table built on the GPU
+//    by the exact score itself; persistent blocks ("exact_bf16" below);
 //  - 64 / 128 / 256: one row per block of that many threads, k block-wide maxima (the oldest).
 // The wave and filter routes exchange through shuffles (and a wave's own shared list); no lane
 // leaves a shuffle early (tests/hip/simt runs every route on warp32 and wave64). Planted fault
@@ -312,7 +315,7 @@ constexpr float kFilterMarginScale = 1.f;
 // Candidates a wave ranks through shared memory; more take the slow path (the CPU tests also
 // build 0: every row the slow path, which must give the same result).
 constexpr int kFilterCap = TD_ROUTER_FILTER_CAP;
-constexpr int kFilterSlots = kFilterCap > 0 ? kFilterCap : 1;
+constexpr int kExactCap = 32;  // exact_bf16's (random rows have ~k + 2 candidates)
 constexpr int kWavesPerBlock = kWaveBlock / kNarrowestWave;
 
 // The fast score a (NaN for a NaN logit, +inf for +inf: no bound) and its margin m: exact_score(l)
@@ -325,76 +328,300 @@ __device__ inline float score_margin(float a, float margin_scale) {
   return (a * kFilterRel + kFilterAbs) * margin_scale;
 }
 
+// ---- exact_bf16 (-13): bf16's exact scores from a table, so every key is exact ----
+//
+// A bf16 logit has 65,536 values, so exact_score can be looked up instead of computed: a table of
+// exact_score over the window |l| in [2^-25, 127.5) (4,095 values a sign, each sign's block closed
+// by a NaN entry: 8,192 floats, 32 KB of shared memory), computed ON THE GPU by exact_score itself,
+// so an entry is bit for bit what the wave route computes. A logit off the window (|l| < 2^-25 or
+// >= 127.5, 0, inf, NaN: rare) reads the NaN entry: no key, so it is a candidate (as a NaN bound
+// is in the filter), and step 3 computes its exact score (table_score: exact_score there). The
+// keys fl(s + b) are otherwise exact: the filter's steps 2-4 run on them as on a bound of width 0
+// (lo = hi = the key, no margin), a candidate's s comes from the table again, and no slot
+// branches. The blocks are persistent (as many as are resident, each looping over row blocks):
+// each copies the table from g_score_table and both biases into shared memory once; a process's
+// first launch computes the table in every block and block 0 publishes it (g_score_table_ready).
+// A lane's experts are contiguous quads (one 8-byte load of 4 logits, one 16-byte shared load of
+// their biases): 384 experts on 16 lanes are 6 quads a lane. T is taken below the lane's number
+// in the low bits so that ties drop one lane a round (step 2). (A REDUX a round with each group's
+// lane mask does not pay: nvcc checks the mask for uniformity and, the two groups of a warp
+// naming different masks, always takes its divergent fallback; measured, session 7.)
+// Measured (H200, session 7, 65,536 rows x 384 bf16 top-6; filter_g16 70-72 us throughout): the
+// first form (a branch a slot for the off-window exact score, biases from global memory, a fill
+// kernel a call) 72.2 us, no gain: the time is issue slots (ncu: 0.65 issued a scheduler-cycle,
+// 1,280 warp instructions a warp's 2 rows), and the per-slot branch (BSSY/BRA/BSYNC and the shared
+// window's address again, ~20 instructions a slot) ate the table's savings. Then, by ncu's
+// per-instruction counts: no branch a slot 63.2; biases in shared memory (one 16-byte shared load
+// a quad) -6.6 us; the fill kernel a call 1.4 us (now inside the route); whole-lane rows
+// specialised and the per-row invariants out of the loop; 52.6 (946 instructions a warp's rows);
+// the NaN entry in place of a select a slot 50.3-50.9 (26.2% of the copy roofline). Lost: loading
+// the next row block's quads during this one (spills at 64 registers: 68.4 against 63.2), unrolling
+// the threshold's rounds (63.0 against 63.2), the REDUX above; 5 blocks a multiprocessor (a list
+// of 32, 48 registers) measured 71.1 against 72.2 in the first form, with spills, and left no room.
+constexpr uint32_t kTableLoBits = 102u << 7;  // the bf16 bits of 2^-25, the window's lowest
+constexpr int kTableHalf = 4096;              // a sign's entries: the window's 4,095 values, then a NaN
+constexpr int kTableSize = 2 * kTableHalf;    // positive, then negative: 8,192 floats
+constexpr uint32_t kTableReady = 0x7ab1e5edu;
+static_assert(kTableHalf == 1 << 12 && kTableLoBits + kTableHalf == 134u << 7, "[2^-25, 2^7) a sign; bit 15 -> bit 12");
+__device__ float g_score_table[kTableSize];
+__device__ uint32_t g_score_table_ready;  // kTableReady once g_score_table holds every entry
+
+// The bf16 bits of table entry i.
+__device__ inline uint32_t table_bits(int i) {
+  return ((uint32_t)(i / kTableHalf) << 15) | (kTableLoBits + (uint32_t)(i % kTableHalf));
+}
+
+// The table's entry for the bf16 with bits h, given as x = h - (the window's lowest bits): only
+// x's low 16 bits count, (h - low) mod 2^16, so a caller may leave a carry above them. The
+// positive window is x in [0, 4095), the negative [0x8000, 0x8fff); a logit off it reads its
+// sign's last entry, NaN. `in` says whether h is in the window.
+constexpr uint32_t kTableMinusLo = 0x10000u - kTableLoBits;  // x = h + this
+__device__ inline float table_entry(uint32_t x, const float* table, bool& in) {
+  const uint32_t m = x & 0x7fffu;
+#ifdef TD_ROUTER_TABLE_FAULT_EDGE
+  in = m <= (uint32_t)kTableHalf - 1;  // planted (CPU tests only): the NaN entry taken as a score
+#else
+  in = m < (uint32_t)kTableHalf - 1;
+#endif
+  return table[(m < kTableHalf - 1 ? m : kTableHalf - 1) | ((x >> 3) & kTableHalf)];
+}
+
+// exact_score of the bf16 with bits h, from `table` inside the window.
+__device__ inline float table_score(uint32_t h, const float* table) {
+  bool in;
+  float s = table_entry(h + kTableMinusLo, table, in);
+  if (!in) s = exact_score(td::bf16_bits_to_f32((uint16_t)h));
+  return s;
+}
+
+// Table entry i: exact_score itself, on this GPU; a sign's last entry NaN (what a logit off the
+// window reads: no key, a candidate).
+__device__ inline float table_value(int i) {
+  if (i % kTableHalf == kTableHalf - 1) return __uint_as_float(0x7fc00000u);
+  float s = exact_score(td::bf16_bits_to_f32((uint16_t)table_bits(i)));
+#ifdef TD_ROUTER_TABLE_FAULT_ULP
+  if (((table_bits(i) >> 7) & 0xffu) == 128u) s = __uint_as_float(__float_as_uint(s) + 1u);  // planted: [2, 4) an ulp up
+#endif
+  return s;
+}
+
+__device__ inline bool score_table_filled() {
+  return *reinterpret_cast<volatile uint32_t*>(&g_score_table_ready) == kTableReady;
+}
+
+// g_score_table from the block's copy `table`, then the flag (the block's threads all call it)
+__device__ inline void publish_score_table(const float* table) {
+  for (int i = threadIdx.x; i < kTableSize; i += blockDim.x) g_score_table[i] = table[i];
+  __threadfence();
+  __syncthreads();
+  if (threadIdx.x == 0) *reinterpret_cast<volatile uint32_t*>(&g_score_table_ready) = kTableReady;
+}
+
+// One block of 256: g_score_table, once (a later launch sees the flag and returns). The check's;
+// the route fills it itself (load_score_table).
+__global__ void __launch_bounds__(256) moe_route_table_fill() {
+  __shared__ float table[kTableSize];
+  if (score_table_filled()) return;  // uniform
+  for (int i = threadIdx.x; i < kTableSize; i += blockDim.x) table[i] = table_value(i);
+  __syncthreads();
+  publish_score_table(table);
+}
+
+// A block's shared copy of the table and of both biases (bias_vl 0 where there is none). From
+// g_score_table once it is filled; before that (a process's first launch) each block computes
+// its own, and block 0 publishes it for the launches after. All of a block's threads call it.
+__device__ inline void load_score_table(float* table, float* sb, float* sbvl, const float* bias, const float* bias_vl,
+                                        int experts) {
+  __shared__ uint32_t filled;
+  if (threadIdx.x == 0) filled = score_table_filled() ? 1u : 0u;
+  __syncthreads();
+  const bool copy = filled != 0;  // uniform over the block
+  if (copy) {
+    __threadfence();  // the flag seen, then the entries written before it
+    for (int i = 4 * (int)threadIdx.x; i < kTableSize; i += 4 * (int)blockDim.x)
+      *reinterpret_cast<float4*>(table + i) = *reinterpret_cast<const float4*>(g_score_table + i);
+  } else {
+    for (int i = threadIdx.x; i < kTableSize; i += blockDim.x) table[i] = table_value(i);
+  }
+  for (int i = threadIdx.x; i < experts; i += blockDim.x) {
+    sb[i] = bias[i];
+    sbvl[i] = bias_vl != nullptr ? bias_vl[i] : 0.f;
+  }
+  __syncthreads();
+  if (!copy && blockIdx.x == 0) publish_score_table(table);
+}
+
+// Every bf16 bit pattern: bad[t] counts thread t's whose table_score (g_score_table) is not
+// exact_score bit for bit, example[t] its last. One block of 256.
+__global__ void __launch_bounds__(256) moe_route_table_check(uint32_t* bad, uint32_t* example) {
+  uint32_t n = 0, last = 0;
+  for (uint32_t h = threadIdx.x; h < 0x10000u; h += blockDim.x) {
+    const float got = table_score(h, g_score_table), want = exact_score(td::bf16_bits_to_f32((uint16_t)h));
+    if (__float_as_uint(got) != __float_as_uint(want)) {
+      ++n;
+      last = h;
+    }
+  }
+  bad[threadIdx.x] = n;
+  example[threadIdx.x] = last;
+}
+
+template <bool B> struct Flag { static constexpr bool value = B; };  // a compile-time choice, as a value
+
+// Expert of a lane's slot p: lane + p * gw (a slot a row of lanes), or with quads the p % 4-th of
+// the lane's (p / 4)-th quad, quads lane + j * gw.
+template <bool QUADS>
+__device__ inline int slot_expert(int lane, int p, int gw) {
+  return QUADS ? 4 * (lane + (int)((unsigned)p / 4u) * gw) + (int)((unsigned)p % 4u) : lane + p * gw;
+}
+// and the lane that holds expert e
+template <bool QUADS>
+__device__ inline int expert_lane(int e, int gw) {
+  return (QUADS ? e / 4 : e) % gw;
+}
+
 // G = 0: a row a wave; G = 16: a row a group of 16 lanes (2 rows a warp32, 4 a wave64), so every
 // per-row step (the threshold's rounds, the prefix count, the exact scores, the ranks) serves
-// several rows with one instruction: filter_g16.
-template <int DT, int PT, bool REDUX, int G>
+// several rows with one instruction: filter_g16. TAB (bf16, G 16): the keys exact from the table
+// (exact_bf16, above), persistent blocks.
+template <int DT, int PT, bool REDUX, int G, bool TAB>
 __global__ void __launch_bounds__(256, 4)
 moe_route_filter(const void* __restrict__ logits, const float* __restrict__ bias, const float* __restrict__ bias_vl,
                  const uint8_t* __restrict__ image_rows, float* __restrict__ weights, int64_t* __restrict__ ids,
                  int64_t rows, int64_t experts, int topk, float route_scale, int fault_text_bias_for_images) {
   typedef td::Elem<DT> E;
   static_assert(G == 0 || (G >= 8 && kNarrowestWave % (G ? G : 1) == 0), "a group divides every wave");
+  static_assert(!TAB || (DT == TD_BF16 && G != 0 && PT % 4 == 0), "the table holds bf16 scores; slots are quads");
   constexpr int kGroups = G ? kWaveBlock / G : kWavesPerBlock;  // rows a block holds at most
-  __shared__ unsigned long long cand_key[kGroups][kFilterSlots];
-  __shared__ float cand_s[kGroups][kFilterSlots];
+  // TAB: a shorter list (its table and biases take 35 KB of the 48 KB a block may declare)
+  constexpr int kCap = TAB && kFilterCap > kExactCap ? kExactCap : kFilterCap;
+  constexpr int kSlots = kCap > 0 ? kCap : 1;
+  __shared__ unsigned long long cand_key[kGroups][kSlots];
+  __shared__ float cand_s[kGroups][kSlots];
   __shared__ float top_s[kGroups][kMaxTopK];
   __shared__ int top_id[kGroups][kMaxTopK];
+  alignas(16) __shared__ float table[TAB ? kTableSize : 1];  // 16-byte loads and stores
+  alignas(16) __shared__ float sbias[TAB ? 2 : 1][TAB ? PT * G : 1];  // TAB: bias and bias_vl (0 without it)
+  if constexpr (TAB) load_score_table(table, sbias[0], sbias[1], bias, bias_vl, (int)experts);
   const int ws = warpSize, gw = G ? G : ws;  // the wave, and the lanes of one row
   const int lane = threadIdx.x % gw, group = threadIdx.x / gw;
-  // the wave's first row and this group's place after it, one row a group. A wave whose first
-  // row is past the end leaves whole; otherwise it runs whole (a group past the last row computes
-  // the last row again and writes nothing): every shuffle and wave barrier below sees the full wave
-  const int64_t wave_row = (int64_t)blockIdx.x * (blockDim.x / gw) + (threadIdx.x / ws) * (ws / gw);
+  const float inf = __uint_as_float(0x7f800000u);
+  const int n_exp = (int)experts;  // <= 1,024: 32-bit offsets
+  // the exact score of expert e of row lr (a candidate's, again)
+  auto exact_of = [&](const typename E::raw* lr, int e) -> float {
+    if constexpr (TAB) return table_score(lr[e], table);
+    else return exact_score(E::get(lr[e]));
+  };
+
+  // The rows of row block rb (blockDim.x / gw rows): the wave's first row and this group's place
+  // after it, one row a group. A wave whose first row is past the end skips it whole; otherwise it
+  // runs whole (a group past the last row computes the last row again and writes nothing): every
+  // shuffle and wave barrier below sees the full wave. (What does not change from one row block to
+  // the next is worked out once, here.)
+  const int per_block = blockDim.x / gw, wave_first = (threadIdx.x / ws) * (ws / gw), my_row = threadIdx.x / gw;
+  constexpr int Q = TAB ? PT / 4 : 1;  // TAB: a lane's quads
+  const int n_quads = n_exp / 4;
+  const bool full = TAB && n_quads == Q * gw;  // every slot of every lane an expert (384 on 16 lanes)
+
+  auto row_block = [&](int64_t rb) {
+  const int64_t wave_row = rb * per_block + wave_first;
   if (wave_row < rows) {
-    const int64_t mine_row = wave_row + (threadIdx.x % ws) / gw;
+    const int64_t mine_row = rb * per_block + my_row;
     const bool live = mine_row < rows;
     const int64_t row = live ? mine_row : rows - 1;
     const bool image = image_rows != nullptr && bias_vl != nullptr && image_rows[row] != 0;
-    const float* b = (image && !fault_text_bias_for_images) ? bias_vl : bias;
+    const bool use_vl = image && !fault_text_bias_for_images;
+    const float* b = TAB ? sbias[use_vl ? 1 : 0] : use_vl ? bias_vl : bias;
     const typename E::raw* lr = static_cast<const typename E::raw*>(logits) + row * experts;
-    const float inf = __uint_as_float(0x7f800000u);
-    const int n_exp = (int)experts;  // <= 1,024: 32-bit offsets
 
     // 1. a bound on every expert's key: hi kept per slot, the lane's largest lo. Every slot's
     // logit is loaded first, unconditionally (a slot past the row reads the row's last expert
     // and is ignored), so the PT loads from memory are in flight together, not one a branch
-    float lv[PT];
-#pragma unroll
-    for (int p = 0; p < PT; ++p) {  // consecutive lanes read consecutive experts: coalesced
-      const int e = lane + p * gw;
-      lv[p] = E::get(lr[e < n_exp ? e : n_exp - 1]);
-    }
     float hi[PT];
     float lane_lo = -inf;
+    if constexpr (TAB) {  // exact keys: lo = hi = fl(s + b); n_exp % 4 == 0, 8-byte rows (launch_exact)
+      auto keys = [&](auto full_rows) {
+        constexpr bool kFull = decltype(full_rows)::value;
+        const uint2* rq = reinterpret_cast<const uint2*>(lr);
+        uint2 raw[Q];
 #pragma unroll
-    for (int p = 0; p < PT; ++p) {
-      const int e = lane + p * gw;
-      hi[p] = -inf;
-      if (e < n_exp) {
-        const float l = lv[p], be = b[e];
-        const float a = fast_score(l), m = score_margin(a, kFilterMarginScale);
-        const float s_lo = a - m, s_hi = a + m;
-        // a NaN bound (a NaN logit or bias, l = +inf, an infinite bias against an infinite a) is no
-        // bound: fmaxf passes over a NaN lo, and a NaN hi is a candidate (step 3 asks !(hi < T))
-        hi[p] = s_hi + be;
-        lane_lo = fmaxf(lane_lo, s_lo + be);
+        for (int j = 0; j < Q; ++j) {  // a group's lanes read consecutive quads: coalesced
+          const int q = lane + j * gw;
+          raw[j] = rq[kFull || q < n_quads ? q : n_quads - 1];
+        }
+#pragma unroll
+        for (int j = 0; j < Q; ++j) {
+          const int q = lane + j * gw;
+          const float4 bq = *reinterpret_cast<const float4*>(b + 4 * (kFull || q < n_quads ? q : n_quads - 1));
+          const uint32_t x[4] = {raw[j].x + kTableMinusLo, (raw[j].x >> 16) + kTableMinusLo, raw[j].y + kTableMinusLo,
+                                 (raw[j].y >> 16) + kTableMinusLo};
+          const float be[4] = {bq.x, bq.y, bq.z, bq.w};
+#pragma unroll
+          for (int c = 0; c < 4; ++c) {
+            // a logit off the table (|l| < 2^-25 or >= 127.5, 0, inf, NaN) reads the NaN entry: no
+            // key here, a candidate whose exact score step 3 computes, passed over by fmaxf (as a
+            // NaN logit or bias). No branch a slot
+            bool in;
+            const float key = table_entry(x[c], table, in) + be[c];
+            hi[4 * j + c] = kFull || q < n_quads ? key : -inf;
+            lane_lo = fmaxf(lane_lo, hi[4 * j + c]);
+          }
+        }
+      };
+      if (full) keys(Flag<true>{});
+      else keys(Flag<false>{});
+    } else {
+      float lv[PT];
+#pragma unroll
+      for (int p = 0; p < PT; ++p) {  // consecutive lanes read consecutive experts: coalesced
+        const int e = lane + p * gw;
+        lv[p] = E::get(lr[e < n_exp ? e : n_exp - 1]);
+      }
+#pragma unroll
+      for (int p = 0; p < PT; ++p) {
+        const int e = lane + p * gw;
+        hi[p] = -inf;
+        if (e < n_exp) {
+          const float l = lv[p], be = b[e];
+          const float a = fast_score(l), m = score_margin(a, kFilterMarginScale);
+          const float s_lo = a - m, s_hi = a + m;
+          // a NaN bound (a NaN logit or bias, l = +inf, an infinite bias against an infinite a) is no
+          // bound: fmaxf passes over a NaN lo, and a NaN hi is a candidate (step 3 asks !(hi < T))
+          hi[p] = s_hi + be;
+          lane_lo = fmaxf(lane_lo, s_lo + be);
+        }
       }
     }
-
     // 2. T <= the k-th largest lo (lane_lo is never NaN: 0 is below every ordered value it has)
     uint32_t v = ordered(lane_lo), t = 0;
+    // TAB: exact keys tie exactly (bf16 logits, a zero bias), and a round drops every lane tied on
+    // its maximum: ties over k lanes would leave T = -inf and the whole row as candidates. So the
+    // lane's own number replaces the value's low bits: unique, one lane a round; the value only
+    // comes out lower (safe, as above), by at most gw - 1 steps of the ordered order (a T of ~-inf
+    // becomes a NaN, which !(hi < T) takes as every expert: the same as -inf).
+    const uint32_t low = TAB ? (uint32_t)(gw - 1) : 0u;
+    v = (v & ~low) | ((uint32_t)lane & low);  // never 0: lane_lo is never a NaN
     for (int r = 0; r < topk; ++r) {  // uniform over the wave
       t = (REDUX && G == 0) ? port_wave_max_u32(v, ws) : wave_max(v, gw);
       if (v == t) v = 0;
     }
-    const float thr = t == 0 ? -inf : from_ordered(t);
+    const float thr = t == 0 ? -inf : from_ordered(t & ~low);
 
     // 3. the candidates and their places in the wave's list
     uint32_t mask = 0;
+    if constexpr (TAB) {  // a quad is in the row or not
+      auto candidates = [&](auto full_rows) {
 #pragma unroll
-    for (int p = 0; p < PT; ++p)
-      if (lane + p * gw < n_exp && !(hi[p] < thr)) mask |= 1u << p;
+        for (int p = 0; p < PT; ++p)
+          if ((decltype(full_rows)::value || lane + (p / 4) * gw < n_quads) && !(hi[p] < thr)) mask |= 1u << p;
+      };
+      if (full) candidates(Flag<true>{});
+      else candidates(Flag<false>{});
+    } else {
+#pragma unroll
+      for (int p = 0; p < PT; ++p)
+        if (lane + p * gw < n_exp && !(hi[p] < thr)) mask |= 1u << p;
+    }
     const int mine = __popc(mask);
     int upto = mine;  // inclusive prefix count over the row's lanes
     for (int o = 1; o < gw; o <<= 1) {
@@ -414,11 +641,11 @@ moe_route_filter(const void* __restrict__ logits, const float* __restrict__ bias
 
     // uniform over the wave (its barriers and shuffles): a row of too many candidates sends every
     // row of its wave to the slow path
-    if (port_ballot(total > kFilterCap) == 0) {
+    if (port_ballot(total > kCap) == 0) {
       int at = upto - mine;
       for (uint32_t mm = mask; mm != 0; mm &= mm - 1) {  // divergent, no shuffle inside
-        const int e = lane + (__ffs((int)mm) - 1) * gw;
-        const float s = exact_score(E::get(lr[e]));
+        const int e = slot_expert<TAB>(lane, __ffs((int)mm) - 1, gw);
+        const float s = exact_of(lr, e);
         keys[at] = pack(s + b[e], e);
         ks[at] = s;
         ++at;
@@ -440,8 +667,8 @@ moe_route_filter(const void* __restrict__ logits, const float* __restrict__ bias
         unsigned long long best = 0;
         float best_s = 0.f;
         for (uint32_t mm = mask; mm != 0; mm &= mm - 1) {
-          const int e = lane + (__ffs((int)mm) - 1) * gw;
-          const float s = exact_score(E::get(lr[e]));
+          const int e = slot_expert<TAB>(lane, __ffs((int)mm) - 1, gw);
+          const float s = exact_of(lr, e);
           const unsigned long long kv = pack(s + b[e], e);
           if (kv < prev && kv > best) {
             best = kv;
@@ -450,7 +677,7 @@ moe_route_filter(const void* __restrict__ logits, const float* __restrict__ bias
         }
         best = wave_max(best, gw);
         const int id = unpack_id(best);
-        const float won = port_shfl(best_s, id % gw, gw);  // the owner's unbiased score
+        const float won = port_shfl(best_s, expert_lane<TAB>(id, gw), gw);  // the owner's unbiased score
         if (lane == 0) {
           ts[r] = won;
           ti[r] = id;
@@ -461,10 +688,22 @@ moe_route_filter(const void* __restrict__ logits, const float* __restrict__ bias
     port_wave_sync();
     if (live && lane < topk) {
       float sum = 0.f;
-      for (int r = 0; r < topk; ++r) sum += ts[r];  // in rank order, as the other routes
+      if constexpr (TAB) {  // (no loop of topk trips)
+#pragma unroll
+        for (int r = 0; r < kMaxTopK; ++r)
+          if (r < topk) sum += ts[r];  // in rank order, as the other routes
+      } else {
+        for (int r = 0; r < topk; ++r) sum += ts[r];  // in rank order, as the other routes
+      }
       weights[row * topk + lane] = ts[lane] / (sum + 1e-20f) * route_scale;
       ids[row * topk + lane] = ti[lane];
     }
+  }
+  };
+  if constexpr (TAB) {  // persistent: block b takes row blocks b, b + gridDim.x, ...
+    for (int64_t rb = blockIdx.x; rb * (blockDim.x / gw) < rows; rb += gridDim.x) row_block(rb);
+  } else {
+    row_block(blockIdx.x);
   }
 }
 
@@ -481,7 +720,7 @@ void launch_filter(int64_t rows, int64_t experts, hipStream_t s, const void* log
   const int64_t blocks = (rows + per_block - 1) / per_block;
   const dim3 grid((unsigned int)blocks), block(kWaveBlock);
   const int64_t pt = (experts + (G ? G : kNarrowestWave) - 1) / (G ? G : kNarrowestWave);  // slots a lane
-#define TD_FILTER(PT) hipLaunchKernelGGL(HIP_KERNEL_NAME(moe_route_filter<DT, PT, REDUX, G>), grid, \
+#define TD_FILTER(PT) hipLaunchKernelGGL(HIP_KERNEL_NAME(moe_route_filter<DT, PT, REDUX, G, false>), grid, \
                                          block, 0, s, logits, bias, bias_vl, image_rows, weights, ids, rows, \
                                          experts, topk, route_scale, fault)
   if constexpr (G == 0) {
@@ -498,6 +737,38 @@ void launch_filter(int64_t rows, int64_t experts, hipStream_t s, const void* log
     else TD_FILTER(32);
   }
 #undef TD_FILTER
+}
+
+
+// exact_bf16's kernels: 8, 16, 24 or 32 slots (2-8 quads) a lane of 16, persistent blocks (as
+// many as are resident, or a block a row block where that cannot be asked), after the table's
+// fill kernel in the same stream. launch() sends what does not fit to filter_g16.
+void launch_exact(int64_t rows, int64_t experts, hipStream_t s, const void* logits, const float* bias,
+                  const float* bias_vl, const uint8_t* image_rows, float* weights, int64_t* ids, int topk,
+                  float route_scale, int fault) {
+  constexpr int G = 16;
+  const int64_t blocks = (rows + kWaveBlock / G - 1) / (kWaveBlock / G);
+  const int64_t pt = 4 * ((experts + 4 * G - 1) / (4 * G));  // slots a lane, whole quads
+#define TD_EXACT(PT)                                                                                                  \
+  do {                                                                                                                \
+    const auto k = moe_route_filter<TD_BF16, PT, false, G, true>;                                                     \
+    const int resident = port_resident_blocks(k, kWaveBlock);                                                         \
+    const dim3 grid((unsigned int)(resident > 0 && resident < blocks ? resident : blocks)), block(kWaveBlock);       \
+    hipLaunchKernelGGL(HIP_KERNEL_NAME(moe_route_filter<TD_BF16, PT, false, G, true>), grid, block, 0, s, logits,   \
+                       bias, bias_vl, image_rows, weights, ids, rows, experts, topk, route_scale, fault);             \
+  } while (0)
+  if (pt <= 8) TD_EXACT(8);
+  else if (pt <= 16) TD_EXACT(16);
+  else if (pt <= 24) TD_EXACT(24);
+  else TD_EXACT(32);
+#undef TD_EXACT
+}
+
+// What exact_bf16 takes: bf16 logits of whole quads (experts % 4 == 0, <= 512: 32 slots a lane
+// of 16) in 8-byte aligned rows, 16-byte aligned biases (a quad's biases in one load).
+inline bool exact_fits(int dtype, int64_t experts, const void* logits, const float* bias, const float* bias_vl) {
+  return dtype == TD_BF16 && experts % 4 == 0 && experts <= 512 && (reinterpret_cast<uintptr_t>(logits) & 7u) == 0 &&
+         td::aligned16(bias) && (bias_vl == nullptr || td::aligned16(bias_vl));
 }
 
 // Every fp32 bit pattern start .. start + count - 1 as a logit: bad[i] counts those of thread i
@@ -549,6 +820,7 @@ constexpr int kRouteWaveLb = -2;     // the same, 4 blocks of 256 resident asked
 constexpr int kRouteFilter = -6;     // a fast bound on every expert, the exact score for candidates only
 constexpr int kRouteFilterRedux = -7;  // the same, the threshold's wave maxima one REDUX each (sm_80+)
 constexpr int kRouteFilterG16 = -11;  // filter's fast bound, a row a group of 16 lanes, one launch a row group
+constexpr int kRouteExactBf16 = -13;  // bf16: exact keys from a table of scores, filter_g16's steps, persistent
 // THE DEFAULT ROUTE (threads_per_row 0): the fastest measured on the H200 at 1,024 rows and within
 // 13% of the fastest at 65,536. Round 5's final run (every route, one process) at 65,536 rows x 384:
 // filter_g16 68.2 us f32 / 61.9 bf16, filter_redux 77.1 / 76.9 (33.0% / 17.3% of the copy
@@ -578,19 +850,25 @@ constexpr int kDefaultRoute = kRouteFilterRedux;
 // (49,152 rows: 59.5 / 58.9). The choice
 // changes no number: every route is the wave route bit for bit. (The CPU tests build other
 // thresholds to run both sides on a few rows.)
+// Session 7 (H200, this file's final form, bench/router_session7.sh, us): bf16 from 6,144 rows on is
+// exact_bf16's, the midpoint of its bracket: 4,096 rows redux 6.93 / exact 8.89 (its persistent
+// blocks copy the table and biases first), 8,192: 12.08 / 11.55, 16,384: 21.54 / 17.04, 65,536:
+// 75.90 / 50.92 (filter_g16 69.69); fp32 unchanged.
 #ifndef TD_ROUTER_G16_FROM_ROWS_F32
 #define TD_ROUTER_G16_FROM_ROWS_F32 49152
 #endif
-#ifndef TD_ROUTER_G16_FROM_ROWS_BF16
-#define TD_ROUTER_G16_FROM_ROWS_BF16 28672
+#ifndef TD_ROUTER_EXACT_FROM_ROWS_BF16
+#define TD_ROUTER_EXACT_FROM_ROWS_BF16 6144
 #endif
 constexpr int64_t kG16FromRowsF32 = TD_ROUTER_G16_FROM_ROWS_F32;
-constexpr int64_t kG16FromRowsBf16 = TD_ROUTER_G16_FROM_ROWS_BF16;
+constexpr int64_t kExactFromRowsBf16 = TD_ROUTER_EXACT_FROM_ROWS_BF16;
 
-// What threads_per_row 0 runs: kDefaultRoute, or filter_g16 from the dtype's row count on
+// What threads_per_row 0 runs: kDefaultRoute, or from the dtype's row count on filter_g16 (f32) /
+// exact_bf16 (bf16; filter_g16 where the table route does not fit)
 template <int DT>
 constexpr int default_route(int64_t rows) {
-  return rows >= (DT == TD_BF16 ? kG16FromRowsBf16 : kG16FromRowsF32) ? kRouteFilterG16 : kDefaultRoute;
+  if constexpr (DT == TD_BF16) return rows >= kExactFromRowsBf16 ? kRouteExactBf16 : kDefaultRoute;
+  return rows >= kG16FromRowsF32 ? kRouteFilterG16 : kDefaultRoute;
 }
 
 template <int DT>
@@ -609,6 +887,10 @@ int launch(const void* logits, const float* bias, const float* bias_vl, const ui
       case kRouteFilter: launch_filter<DT, false, 0>(TD_ARGS); break;
       case kRouteFilterRedux: launch_filter<DT, true, 0>(TD_ARGS); break;
       case kRouteFilterG16: launch_filter<DT, false, 16>(TD_ARGS); break;
+      case kRouteExactBf16:  // bf16 logits it fits; anything else filter_g16 (the table is bf16's)
+        if (exact_fits(DT, experts, logits, bias, bias_vl)) launch_exact(TD_ARGS);
+        else launch_filter<DT, false, 16>(TD_ARGS);
+        break;
       default: return TD_BAD_SHAPE;
     }
 #undef TD_ARGS
@@ -647,5 +929,11 @@ extern "C" int td_moe_route_score_bound(uint64_t start, uint64_t count, float ma
   if (threads <= 0 || threads % 256 != 0 || threads > (int64_t)256 << 20) return TD_BAD_SHAPE;
   hipLaunchKernelGGL(moe_route_score_bound, dim3((unsigned int)(threads / 256)), dim3(256), 0,
                      static_cast<hipStream_t>(stream), start, count, margin_scale, (uint64_t)threads, bad, example);
+  return td::launch_status();
+}
+
+extern "C" int td_moe_route_table_check(uint32_t* bad, uint32_t* example, void* stream) {
+  hipLaunchKernelGGL(moe_route_table_fill, dim3(1), dim3(256), 0, static_cast<hipStream_t>(stream));
+  hipLaunchKernelGGL(moe_route_table_check, dim3(1), dim3(256), 0, static_cast<hipStream_t>(stream), bad, example);
   return td::launch_status();
 }

@@ -58,6 +58,8 @@
   #define hipGetDevice         cudaGetDevice
   #define hipDeviceGetAttribute cudaDeviceGetAttribute
   #define hipDeviceAttributeWarpSize cudaDevAttrWarpSize
+  #define hipDeviceAttributeMultiprocessorCount cudaDevAttrMultiProcessorCount
+  #define hipOccupancyMaxActiveBlocksPerMultiprocessor cudaOccupancyMaxActiveBlocksPerMultiprocessor
   #define HIP_KERNEL_NAME(...) __VA_ARGS__
   #define hipLaunchKernelGGL(k, grid, block, shmem, stream, ...) \
     do { k<<<(grid), (block), (shmem), (stream)>>>(__VA_ARGS__); } while (0)
@@ -122,6 +124,20 @@ inline int port_device_warp_size() {
     known[dev] = (hipDeviceGetAttribute(&ws, hipDeviceAttributeWarpSize, dev) == hipSuccess && ws > 0) ? ws : 64;
   }
   return known[dev];
+}
+
+// How many blocks of `kernel` (`threads` a block, no dynamic shared memory) the current device
+// holds at once: the grid of a persistent launch. 0 when it cannot be asked (the caller then
+// launches a block per unit of work).
+template <typename K>
+inline int port_resident_blocks(K kernel, int threads) {
+  int dev = 0, sms = 0, per_sm = 0;
+  if (hipGetDevice(&dev) != hipSuccess || hipDeviceGetAttribute(&sms, hipDeviceAttributeMultiprocessorCount, dev) !=
+      hipSuccess || hipOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, threads, 0) != hipSuccess) {
+    (void)hipGetLastError();  // not the launch's error
+    return 0;
+  }
+  return sms * per_sm;
 }
 
 // IEEE single-rounding multiply and add: keeps the compiler from contracting a*b + c*d into an

@@ -36,11 +36,13 @@ _FLOATS = (torch.float32, torch.bfloat16)
 _MAX_TOPK = 8
 _MAX_EXPERTS = 1024
 # the router kernel's named routes, as hip/moe_route.hip codes them (threads_per_row < 0); 0 is its
-# default (default_route: filter_redux, filter_g16 from a dtype's row count on), 64 / 128 / 256 one row per block of that many threads. The codes are what the
+# default (default_route: filter_redux, from a dtype's row count on filter_g16 (f32) / exact_bf16 (bf16)), 64 / 128 / 256 one row per block of that many threads. The codes are what the
 # kernel dispatches on: a removed route's code stays unused, never reassigned (hip/README.md).
 # filter / filter_redux: a fast bound on every expert, the exact score for the candidates only;
 # filter_g16: the same, a row a group of 16 lanes
-ROUTER_ROUTES = {"wave": -1, "wave_lb": -2, "filter": -6, "filter_redux": -7, "filter_g16": -11}
+# exact_bf16: bf16 only (fp32 logits run filter_g16): exact keys from a table of the scores of bf16's
+# values, filter_g16's steps on them, persistent blocks
+ROUTER_ROUTES = {"wave": -1, "wave_lb": -2, "filter": -6, "filter_redux": -7, "filter_g16": -11, "exact_bf16": -13}
 _ROUTER_BLOCK_THREADS = (64, 128, 256)
 
 _lock = threading.Lock()
@@ -246,6 +248,14 @@ class HipBackend:
                                                      torch.cuda.current_stream(dev).cuda_stream)
         n = int(bad.sum())
         return n, (int(example[bad.argmax()]) & 0xFFFFFFFF) if n else 0
+
+    def router_table_mismatches(self) -> tuple[int, int]:
+        """exact_bf16's table of scores against the exact score for every bf16 bit pattern, on the
+        current GPU: (how many differ bit for bit, the bits of one of them)."""
+        dev = torch.device("cuda", torch.cuda.current_device())
+        bad, example = self._k.moe_route_table_check(torch.cuda.current_stream(dev).cuda_stream)
+        n = int(bad.sum())
+        return n, (int(example[bad.argmax()]) & 0xFFFF) if n else 0
 
     def embed_scatter(self, emb, rows, src):
         _gpu(emb, "emb")

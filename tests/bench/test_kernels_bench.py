@@ -19,8 +19,13 @@ BENCH = Path(K.__file__).resolve()
 
 def test_every_route_is_measured_at_both_sizes_and_dtypes():
     names = {c[0] for c in K.cases(torch.Generator())}
-    want = {f"moe_route/{t}/{rows}rows@{r}" for r in ROUTER_ROUTES for rows in (1024, 65536) for t in ("f32", "bf16")}
-    assert want <= names and len(want) == 4 * len(ROUTER_ROUTES)
+    # a bf16-only route (exact_bf16: on fp32 it runs filter_g16) is measured in bf16 alone
+    dtypes = {r: ("bf16",) if r in K.BF16_ONLY_ROUTES else ("f32", "bf16") for r in ROUTER_ROUTES}
+    want = {f"moe_route/{t}/{rows}rows@{r}" for r in ROUTER_ROUTES for rows in (1024, 65536) for t in dtypes[r]}
+    assert want <= names and len(want) == 2 * sum(map(len, dtypes.values()))
+    assert not any(n.startswith("moe_route/f32/") and n.endswith(tuple(f"@{r}" for r in K.BF16_ONLY_ROUTES))
+                   for n in names)
+    assert set(K.SWEEP_ROUTES) >= set(ROUTER_ROUTES) - {"wave", "wave_lb"}  # every filter-like route swept
 
 
 def test_router_best_is_the_fastest_route_per_size():

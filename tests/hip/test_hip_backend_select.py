@@ -84,6 +84,6 @@ def test_the_named_routes_are_the_kernels_and_no_removed_code_is_reused():
               for n, c in re.findall(r"constexpr int kRoute(\w+) = (-\d+);", src)}
     # the values recorded runs used
     assert kernel == hip_ops.ROUTER_ROUTES == {"wave": -1, "wave_lb": -2, "filter": -6, "filter_redux": -7,
-                                               "filter_g16": -11}
+                                               "filter_g16": -11, "exact_bf16": -13}
     assert not {c for _, c in REMOVED} & set(kernel.values())
     assert not {n for n, _ in REMOVED} & set(kernel)

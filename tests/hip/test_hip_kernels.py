@@ -290,7 +290,8 @@ def test_moe_route_every_named_route(ref, gen, route, dtype, experts):
     assert torch.equal(ids_f, ids_text)
 
 
-FILTER_ROUTES = [r for r in ROUTER_ROUTES if r.startswith("filter")]
+# exact_bf16 runs the filter's steps on exact keys (a table of bf16 scores): the same checks
+FILTER_ROUTES = [r for r in ROUTER_ROUTES if r.startswith("filter")] + ["exact_bf16"]
 
 
 def near_ties(rows, experts, group, gen):
@@ -331,8 +332,9 @@ def test_moe_route_filter_is_the_wave_route_bit_for_bit(gen, route, dtype):
         assert torch.equal(w.view(torch.int32), w_wave.view(torch.int32))
 
 
-# hip/moe_route.hip default_route: filter_g16 from these row counts on (f32, bf16), filter_redux below
-DEFAULT_G16_FROM_ROWS = {torch.float32: 49152, torch.bfloat16: 28672}
+# hip/moe_route.hip default_route: from these row counts on filter_g16 (f32) / exact_bf16 (bf16),
+# filter_redux below
+DEFAULT_FROM_ROWS = {torch.float32: 49152, torch.bfloat16: 6144}
 
 
 @pytest.mark.parametrize("side", [-1, 0], ids=["below", "at"])
@@ -343,13 +345,13 @@ def test_moe_route_default_by_rows_is_both_routes_bit_for_bit(hip, gen, dtype, s
     # which route it picked: tests/hip/test_hip_moe_route_simt.py)
     from engine.backend.hip_ops import HipBackend
 
-    rows = DEFAULT_G16_FROM_ROWS[dtype] + side
+    rows = DEFAULT_FROM_ROWS[dtype] + side
     logits = randn(rows, 384, gen=gen, dtype=dtype, scale=2.0)
     logits[:256] = near_ties(256, 384, 40, gen).to(dtype)
     bias, bias_vl = randn(384, gen=gen, scale=0.3), randn(384, gen=gen, scale=0.3)
     image = torch.rand(rows, generator=gen, device="cuda") < 0.5
     w, ids = hip.moe_route(logits, bias, bias_vl, image, 6, 1.5)
-    for name in ("filter_redux", "filter_g16", "wave"):
+    for name in ("filter_redux", "filter_g16", "exact_bf16", "wave"):
         w_r, ids_r = HipBackend(router_threads=name).moe_route(logits, bias, bias_vl, image, 6, 1.5)
         assert torch.equal(ids, ids_r), name
         assert torch.equal(w.view(torch.int32), w_r.view(torch.int32)), name
@@ -365,6 +367,39 @@ def test_router_score_bound_holds_for_every_fp32_bit_pattern():
     assert n == 0, f"{n} logits outside the bound, e.g. bits {example:#010x}"
     n_tight, _ = be.router_score_bound_violations(margin_scale=0.0)
     assert n_tight > 1000
+
+
+def test_router_table_is_exact_for_every_bf16_value():
+    # exact_bf16's table (filled on this GPU by the exact score itself) and its window: every bf16
+    # bit pattern's looked-up score is the exact score bit for bit (the CPU stand-in plants a wrong
+    # entry and a wrong edge and sees this check fail)
+    from engine.backend.hip_ops import HipBackend
+
+    n, example = HipBackend().router_table_mismatches()
+    assert n == 0, f"{n} bf16 logits whose table score is not exact, e.g. bits {example:#06x}"
+
+
+@pytest.mark.parametrize("offset", [1, 2, 4])
+def test_moe_route_exact_bf16_takes_unaligned_rows_elsewhere(gen, offset):
+    # exact_bf16 loads 4 logits (8 bytes) and 4 biases (16 bytes) at once: logits or biases not so
+    # aligned (a view into a larger buffer) go to filter_g16, the same numbers, no fault
+    from engine.backend.hip_ops import HipBackend
+
+    rows = 1027
+    logits = randn(rows, 384, gen=gen, dtype=torch.bfloat16, scale=2.0)
+    buf = torch.zeros(rows * 384 + 8, dtype=torch.bfloat16, device="cuda")
+    buf[offset:offset + rows * 384] = logits.reshape(-1)
+    shifted = buf[offset:offset + rows * 384].view(rows, 384)
+    bias, bias_vl = randn(384, gen=gen, scale=0.3), randn(384, gen=gen, scale=0.3)
+    bbuf = torch.zeros(384 + 4, device="cuda")
+    bbuf[offset:offset + 384] = bias_vl
+    image = torch.arange(rows, device="cuda") % 2 == 1
+    w_wave, ids_wave = HipBackend(router_threads="wave").moe_route(logits, bias, bias_vl, image, 6, 1.5)
+    exact = HipBackend(router_threads="exact_bf16")
+    for args in [(shifted, bias, bias_vl), (logits, bias, bbuf[offset:offset + 384])]:
+        w, ids = exact.moe_route(*args, image, 6, 1.5)
+        assert torch.equal(ids, ids_wave)
+        assert torch.equal(w.view(torch.int32), w_wave.view(torch.int32))
 
 
 def test_moe_route_unknown_route_is_refused():

@@ -66,6 +66,8 @@ def build(d: Path, *defines: str):
     so.td_moe_route.argtypes = [ctypes.c_void_p] * 6 + [ctypes.c_int64, ctypes.c_int64, ctypes.c_int, ctypes.c_float,
                                                          ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_void_p]
     so.simt_take_candidates.argtypes = [ctypes.c_void_p]
+    so.td_moe_route_table_check.restype = ctypes.c_int
+    so.td_moe_route_table_check.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p]
     so.td_moe_route_score_bound.restype = ctypes.c_int
     so.td_moe_route_score_bound.argtypes = [ctypes.c_uint64, ctypes.c_uint64, ctypes.c_float, ctypes.c_void_p,
                                             ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p]
@@ -91,10 +93,10 @@ def lib_slow(module_tmp):
 
 @pytest.fixture(scope="module")
 def lib_few_rows_g16(module_tmp):
-    """The default's row thresholds lowered (filter_g16 from 8 f32 rows, from 4 bf16 rows), so
-    both sides of each run on a few rows."""
+    """The default's row thresholds lowered (filter_g16 from 8 f32 rows, exact_bf16 from 4 bf16
+    rows), so both sides of each run on a few rows."""
     return build(module_tmp("simt-few-rows-g16"), "-DTD_ROUTER_G16_FROM_ROWS_F32=8",
-                 "-DTD_ROUTER_G16_FROM_ROWS_BF16=4")
+                 "-DTD_ROUTER_EXACT_FROM_ROWS_BF16=4")
 
 
 def candidates(lib) -> np.ndarray:
@@ -148,7 +150,14 @@ CASES = [(1, 8, 1), (5, 64, 2), (9, 100, 6), (19, 384, 6), (11, 384, 8), (6, 100
 
 
 # the named routes' codes (threads_per_row < 0, hip/moe_route.hip kRoute*; 0 is the default among them)
-ROUTES = {"default": 0, "wave": -1, "wave_lb": -2, "filter": -6, "filter_redux": -7, "filter_g16": -11}
+ROUTES = {"default": 0, "wave": -1, "wave_lb": -2, "filter": -6, "filter_redux": -7, "filter_g16": -11,
+          "exact_bf16": -13}
+
+
+
+def in_route_dtype(route_name: str, logits: torch.Tensor) -> torch.Tensor:
+    """exact_bf16 ranks bf16 logits (on fp32 it runs filter_g16): an fp32 case, in bf16 for it."""
+    return logits.to(torch.bfloat16) if route_name == "exact_bf16" else logits
 
 
 # Against the reference: the wave routes and the default (a filter route); every filter route is
@@ -169,6 +178,7 @@ def test_every_route_matches_the_reference(lib, ws, dtype, rows, experts, k, rou
 @pytest.mark.parametrize("mode", ["text-only", "no-bias-vl"])
 def test_every_route_without_image_rows(lib, ws, mode, route_name):
     logits, bias, bias_vl, image = inputs(21, 384, torch.float32, seed=7)
+    logits = in_route_dtype(route_name, logits)
     args = (logits, bias, None if mode == "no-bias-vl" else bias_vl, None if mode == "text-only" else image, 6, 2.5)
     same(route(lib, *args, ws=ws, threads=ROUTES[route_name]), REF.moe_route(*args))
 
@@ -194,10 +204,10 @@ def test_exact_ties_go_to_the_lower_expert_id(lib, route_name, ws):
     """Saturated logits of a few integer values and a zero bias: dozens of experts per row share
     each key; the kernel must pick the lowest ids among equal keys, in id order."""
     g = torch.Generator().manual_seed(3)
-    logits = torch.randint(21, 25, (13, 384), generator=g).float()
+    logits = in_route_dtype(route_name, torch.randint(21, 25, (13, 384), generator=g).float())  # bf16: exact
     bias = torch.zeros(384)
     got = route(lib, logits, bias, None, None, 8, 1.0, ws=ws, threads=ROUTES[route_name])
-    s = np.sqrt(logits.numpy())
+    s = np.sqrt(logits.float().numpy())
     same(got, ranked_by_key_then_id(s, s, 8, 1.0))
 
 
@@ -224,6 +234,7 @@ def test_winners_crowded_in_few_lanes_on_every_other_row(lib, route_name, ws, dt
 @pytest.mark.parametrize("route_name", list(ROUTES))
 def test_the_planted_fault_ranks_image_rows_with_the_text_bias(lib, route_name, ws):
     logits, bias, _, _ = inputs(24, 384, torch.float32, seed=5)
+    logits = in_route_dtype(route_name, logits)
     bias_vl = -bias + torch.randn(384, generator=torch.Generator().manual_seed(6))
     image = torch.arange(24) % 3 == 0
     _, ids = route(lib, logits, bias, bias_vl, image, 6, 1.5, ws=ws, fault=True, threads=ROUTES[route_name])
@@ -246,7 +257,9 @@ def test_the_block_route_under_the_same_stand_in(lib, threads):
 # candidates only): the same ids AND weights, bit for bit, as the wave route that ranks every
 # expert exactly; the stand-in's fast functions are worse than the GPUs' (simt/portable.h) ----
 
-FILTERS = [name for name in ROUTES if name.startswith("filter")]
+# exact_bf16 is filter_g16's steps on exact keys (a table of bf16 scores): held to the same tests
+FILTERS = [name for name in ROUTES if name.startswith("filter")] + ["exact_bf16"]
+FAST_BOUND_FILTERS = [name for name in FILTERS if name != "exact_bf16"]  # a margin to plant too tight
 
 
 def near_ties(rows: int, experts: int, group: int, seed: int):
@@ -286,6 +299,7 @@ def test_a_filter_route_is_the_wave_route_bit_for_bit(lib, route_name, dtype, ws
 @pytest.mark.parametrize("k", range(1, 9))
 def test_a_filter_route_takes_every_topk(lib, route_name, ws, k):
     logits, bias, bias_vl, image = inputs(9, 384, torch.float32, seed=40 + k)
+    logits = in_route_dtype(route_name, logits)
     same(route(lib, logits, bias, bias_vl, image, k, 1.5, ws=ws, threads=ROUTES[route_name]),
          REF.moe_route(logits, bias, bias_vl, image, k, 1.5))
 
@@ -296,16 +310,17 @@ def test_a_filter_route_near_ties(lib, route_name, ws):
     """40 near-equal keys a row: more candidates than a warp32 has lanes (a lane ranks two), all
     on the list (fewer than kFilterCap): the exact ranks still decide, ties to the lower id."""
     logits, bias = near_ties(12, 384, 40, seed=21)
+    logits = in_route_dtype(route_name, logits)  # bf16: the 40 near ties are 40 exact ties at 30
     candidates(lib)
     got = route(lib, logits, bias, None, None, 8, 1.5, ws=ws, threads=ROUTES[route_name])
     seen = candidates(lib)
-    same(got, sqrt_ranked(logits, 8, 1.5))
+    same(got, sqrt_ranked(logits.float(), 8, 1.5))
     n = np.repeat(np.arange(1025), seen)
     assert len(n) == 12 and (n >= 40).all() and (n <= 64).all(), n  # the case is the one it says
 
 
 @pytest.mark.parametrize("ws", [32, 64])
-@pytest.mark.parametrize("route_name", FILTERS)
+@pytest.mark.parametrize("route_name", FAST_BOUND_FILTERS)
 def test_a_filter_route_without_a_margin_misses_near_ties(lib_no_margin, route_name, ws):
     """Planted: the bound made too tight. The near ties' fast scores disorder the top keys, so an
     expert of the exact top-k falls below the threshold: some row's ids are wrong."""
@@ -320,6 +335,7 @@ def test_a_filter_route_on_random_rows_ranks_few_candidates(lib, route_name, ws)
     """The reason the route is fast: random rows of 384 have about k + a few candidates. With the
     stand-in's worse fast functions, still: none above 2k, the mean under k + 3."""
     logits, bias, bias_vl, image = inputs(64, 384, torch.float32, seed=17)
+    logits = in_route_dtype(route_name, logits)
     candidates(lib)
     route(lib, logits, bias, bias_vl, image, 6, 1.5, ws=ws, threads=ROUTES[route_name])
     n = np.repeat(np.arange(1025), candidates(lib))
@@ -332,11 +348,11 @@ def test_a_filter_route_takes_the_slow_path_for_mass_ties(lib, route_name, ws):
     """Saturated logits of four values: ~96 experts a row share a key, more than kFilterCap
     candidates: the rows take k rounds of wave maxima, with the same result."""
     g = torch.Generator().manual_seed(3)
-    logits = torch.randint(21, 25, (13, 384), generator=g).float()
+    logits = in_route_dtype(route_name, torch.randint(21, 25, (13, 384), generator=g).float())
     candidates(lib)
     got = route(lib, logits, torch.zeros(384), None, None, 8, 1.0, ws=ws, threads=ROUTES[route_name])
     assert (np.repeat(np.arange(1025), candidates(lib)) > 64).all()
-    s = np.sqrt(logits.numpy())
+    s = np.sqrt(logits.float().numpy())
     same(got, ranked_by_key_then_id(s, s, 8, 1.0))
 
 
@@ -348,7 +364,7 @@ def test_the_slow_path_alone_is_the_wave_route(lib, lib_slow, route_name, ws):
     cases = [inputs(9, 384, torch.float32, seed=1), inputs(6, 1000, torch.bfloat16, seed=2)]
     cases += [(*near_ties(5, 384, 40, seed=4), None, None)]
     for logits, bias, bias_vl, image in cases:
-        args = (logits, bias, bias_vl, image, 8, 1.5)
+        args = (in_route_dtype(route_name, logits), bias, bias_vl, image, 8, 1.5)
         bitwise(route(lib_slow, *args, ws=ws, threads=ROUTES[route_name]),
                 route(lib, *args, ws=ws, threads=ROUTES["wave"]))
 
@@ -399,6 +415,100 @@ def test_the_score_bound_holds_and_a_tighter_one_does_not(lib):
     assert sum(score_bound_violations(lib, s, 4096, 1 / 16) for s in BOUND_STARTS) > 0
 
 
+# --- exact_bf16's table of exact scores over the bf16 window [2^-25, 2^7) (hip/moe_route.hip) ------
+
+@pytest.fixture(scope="module")
+def lib_table_ulp(module_tmp):
+    """Planted: the table's entries for logits in [2, 4) (both signs) an ulp up."""
+    return build(module_tmp("simt-table-ulp"), "-DTD_ROUTER_TABLE_FAULT_ULP")
+
+
+@pytest.fixture(scope="module")
+def lib_table_edge(module_tmp):
+    """Planted: the window one bf16 too wide at the top: 127.5 and -127.5 take the NaN entry as a score."""
+    return build(module_tmp("simt-table-edge"), "-DTD_ROUTER_TABLE_FAULT_EDGE")
+
+
+def table_mismatches(lib) -> tuple[int, set[int]]:
+    """td_moe_route_table_check: how many bf16 bit patterns' looked-up scores are not exact_score
+    bit for bit, and the bits of each thread's last one."""
+    bad, example = np.zeros(256, np.uint32), np.zeros(256, np.uint32)
+    lib.simt_set_warp_size(32)
+    assert lib.td_moe_route_table_check(bad.ctypes.data, example.ctypes.data, None) == 0
+    return int(bad.sum()), {int(x) for x in example[bad > 0]}
+
+
+def test_the_score_table_is_exact_for_every_bf16_value(lib, lib_table_ulp, lib_table_edge):
+    """All 65,536 bf16 patterns: the table route's score is exact_score's, bit for bit; the planted
+    tables are caught where they are wrong, and only there."""
+    assert table_mismatches(lib) == (0, set())
+    n, where = table_mismatches(lib_table_ulp)
+    assert n == 2 * 128 and all((h >> 7) & 0xFF == 128 for h in where), (n, sorted(map(hex, where)))
+    n, where = table_mismatches(lib_table_edge)
+    assert n == 2 and where and where <= {0x42FF, 0xC2FF}, (n, where)  # 127.5 and -127.5 (one thread's)
+
+
+def bf16_from_bits(bits) -> torch.Tensor:
+    return torch.tensor(bits, dtype=torch.int32).to(torch.int16).view(torch.bfloat16)
+
+
+# bf16 bit patterns at and around the table's window edges (2^-25 = 0x3300; 127.5 = 0x42FF, the
+# first off it at the top; both signs), zeros, infinities, NaNs, and [2, 4)
+EDGE_BITS = [0x32FF, 0x3300, 0x3301, 0x42FF, 0x4300, 0x4301, 0xB2FF, 0xB300, 0xB301, 0xC2FF, 0xC300, 0xC301,
+             0x0000, 0x8000, 0x0001, 0x7F80, 0xFF80, 0x7FC0, 0x4000, 0x4040, 0x407F, 0xC040, 0x3F80, 0x4F00]
+
+
+def edge_rows(seed: int):
+    """Six edge logits a row at experts 5..10, lifted by the bias above every other expert (small
+    random logits), so each edge value's score is a weight: the table's every edge is seen."""
+    g = torch.Generator().manual_seed(seed)
+    n = len(EDGE_BITS) // 6
+    logits = (torch.randn(n, 384, generator=g) * 2).to(torch.bfloat16)
+    logits[:, 5:11] = bf16_from_bits(EDGE_BITS).view(n, 6)
+    bias = 0.3 * torch.randn(384, generator=g)
+    bias[5:11] = 30.0
+    return logits, bias
+
+
+@pytest.mark.parametrize("ws", [32, 64])
+def test_exact_bf16_at_the_table_window_edges(lib, ws):
+    """Logits at the window's edges (in, out, either side), +-0, +-inf, NaN: exact_bf16 is the wave
+    route bit for bit, with a finite bias and with an infinite and a NaN one."""
+    logits, bias = edge_rows(seed=50)
+    for b in (bias, torch.cat([bias[:12], torch.tensor([float("inf"), float("nan")]), bias[14:]])):
+        args = (logits, b, None, None, 6, 1.5)
+        bitwise(route(lib, *args, ws=ws, threads=ROUTES["exact_bf16"]), route(lib, *args, ws=ws, threads=ROUTES["wave"]))
+
+
+@pytest.mark.parametrize("planted", ["lib_table_ulp", "lib_table_edge"])
+def test_exact_bf16_with_a_wrong_table_entry_fails(lib, planted, request):
+    """Planted: an entry an ulp off, the window's edge one too wide: the edge rows' weights (or ids)
+    are no longer the wave route's."""
+    bad = request.getfixturevalue(planted)
+    args = (*edge_rows(seed=50), None, None, 6, 1.5)
+    w, ids = route(bad, *args, threads=ROUTES["exact_bf16"])
+    w_ok, ids_ok = route(lib, *args, threads=ROUTES["wave"])
+    assert not (torch.equal(ids, ids_ok) and torch.equal(w.view(torch.int32), w_ok.view(torch.int32)))
+
+
+@pytest.mark.parametrize("ws", [32, 64])
+def test_exact_bf16_off_its_table_is_filter_g16(lib, ws):
+    """What the table route does not take (fp32 logits, experts not whole quads or over 512, a row
+    not 8-byte aligned) runs filter_g16: bit for bit the wave route still."""
+    for logits, bias, bias_vl, image in [inputs(9, 384, torch.float32, seed=61), inputs(7, 66, torch.bfloat16, seed=62),
+                                         inputs(5, 516, torch.bfloat16, seed=63)]:
+        args = (logits, bias, bias_vl, image, 6, 1.5)
+        bitwise(route(lib, *args, ws=ws, threads=ROUTES["exact_bf16"]), route(lib, *args, ws=ws, threads=ROUTES["wave"]))
+    # a row 2 bytes off 8-byte alignment: the logits one bf16 into a larger buffer
+    logits, bias, bias_vl, image = inputs(6, 384, torch.bfloat16, seed=64)
+    buf = torch.zeros(6 * 384 + 4, dtype=torch.bfloat16)
+    buf[1:1 + 6 * 384] = logits.reshape(-1)
+    shifted = buf[1:1 + 6 * 384].view(6, 384)
+    assert shifted.data_ptr() % 8 != 0
+    bitwise(route(lib, shifted, bias, bias_vl, image, 6, 1.5, ws=ws, threads=ROUTES["exact_bf16"]),
+            route(lib, logits, bias, bias_vl, image, 6, 1.5, ws=ws, threads=ROUTES["wave"]))
+
+
 def clustered_keys(rows: int, experts: int, group: int, seed: int):
     """Logits in [1, 5] and a bias that brings `group` experts' keys within 0.002 of each other,
     the rest far below: the keys' order inside the cluster is finer than the fast bound's width,
@@ -418,7 +528,7 @@ def clustered_keys(rows: int, experts: int, group: int, seed: int):
 def test_a_filter_route_clustered_keys(lib, route_name, ws):
     """40 keys within 0.002 (coarser than the fast functions' error): as the wave route, bit for bit."""
     logits, bias = clustered_keys(16, 384, 40, seed=31)
-    args = (logits, bias, None, None, 8, 1.5)
+    args = (in_route_dtype(route_name, logits), bias, None, None, 8, 1.5)
     bitwise(route(lib, *args, ws=ws, threads=ROUTES[route_name]), route(lib, *args, ws=ws, threads=ROUTES["wave"]))
 
 
@@ -431,7 +541,7 @@ def test_a_filter_route_mixes_slow_and_fast_rows(lib, route_name, ws):
     g = torch.Generator().manual_seed(12)
     logits = torch.randn(23, 384, generator=g) * 2
     logits[::3] = torch.randint(21, 25, (8, 384), generator=g).float()
-    args = (logits, torch.zeros(384), None, None, 8, 1.5)
+    args = (in_route_dtype(route_name, logits), torch.zeros(384), None, None, 8, 1.5)
     candidates(lib)
     bitwise(route(lib, *args, ws=ws, threads=ROUTES[route_name]), route(lib, *args, ws=ws, threads=ROUTES["wave"]))
     n = np.repeat(np.arange(1025), candidates(lib))
@@ -444,17 +554,18 @@ def last_route(lib) -> int:
 
 
 # the default by row count and dtype (hip/moe_route.hip default_route): filter_redux below the
-# dtype's threshold, filter_g16 from it on; each side the same numbers as both routes and `wave`
+# dtype's threshold, from it on filter_g16 (f32) / exact_bf16 (bf16); each side the same numbers as
+# the routes and `wave`
 @pytest.mark.parametrize("ws", [32, 64])
 @pytest.mark.parametrize("dtype,rows,want", [
     (torch.float32, 7, "filter_redux"), (torch.float32, 8, "filter_g16"), (torch.float32, 13, "filter_g16"),
-    (torch.bfloat16, 3, "filter_redux"), (torch.bfloat16, 4, "filter_g16"), (torch.bfloat16, 7, "filter_g16"),
+    (torch.bfloat16, 3, "filter_redux"), (torch.bfloat16, 4, "exact_bf16"), (torch.bfloat16, 7, "exact_bf16"),
 ], ids=str)
 def test_the_default_chooses_its_route_by_rows_and_dtype(lib_few_rows_g16, ws, dtype, rows, want):
     args = (*inputs(rows, 384, dtype, seed=rows + 40), 6, 1.5)
     got = route(lib_few_rows_g16, *args, ws=ws, threads=ROUTES["default"])
     assert last_route(lib_few_rows_g16) == ROUTES[want]
-    for name in ("filter_redux", "filter_g16", "wave"):
+    for name in ("filter_redux", "filter_g16", "exact_bf16", "wave"):
         bitwise(got, route(lib_few_rows_g16, *args, ws=ws, threads=ROUTES[name]))
         assert last_route(lib_few_rows_g16) == ROUTES[name]  # a named route runs itself, whatever the rows
 

@@ -29,6 +29,7 @@ struct dim3 {
 struct uint4 { unsigned int x, y, z, w; };
 struct float4 { float x, y, z, w; };
 struct float2 { float x, y; };
+struct uint2 { unsigned int x, y; };
 inline uint4 make_uint4(unsigned int a, unsigned int b, unsigned int c, unsigned int d) { return {a, b, c, d}; }
 
 #define __global__
@@ -52,7 +53,8 @@ struct Ctx {
   int* left = nullptr;                // lanes of this wave that have returned
 };
 inline int warp_size = 32;
-inline dim3 block_dim;
+inline int resident_blocks = 3;  // a persistent launch's grid: few, so blocks loop over row blocks
+inline dim3 block_dim, grid_dim;
 inline thread_local Ctx ctx;
 inline std::atomic<int> diverged{0};  // the first source line where a wave's lanes disagreed
 
@@ -60,6 +62,7 @@ template <typename K, typename... A>
 void launch(K kernel, dim3 grid, dim3 block, A... args) {
   if (block.x % (unsigned)warp_size) throw std::runtime_error("block not a multiple of the wave");
   block_dim = block;
+  grid_dim = grid;
   const int waves = (int)block.x / warp_size;
   for (unsigned int b = 0; b < grid.x; ++b) {
     std::barrier<> block_bar((std::ptrdiff_t)block.x);
@@ -92,9 +95,10 @@ void launch(K kernel, dim3 grid, dim3 block, A... args) {
 #define threadIdx (simt::ctx.tid)
 #define blockIdx (simt::ctx.bid)
 #define blockDim (simt::block_dim)
+#define gridDim (simt::grid_dim)
 #define warpSize (simt::warp_size)
 #define __syncthreads() (simt::ctx.block->arrive_and_wait())
-#define hipLaunchKernelGGL(k, grid, block, shmem, stream, ...) simt::launch(k, grid, block, __VA_ARGS__)
+#define hipLaunchKernelGGL(k, grid, block, shmem, stream, ...) simt::launch(k, grid, block __VA_OPT__(,) __VA_ARGS__)
 
 inline uint32_t __float_as_uint(float f) { uint32_t u; memcpy(&u, &f, 4); return u; }
 inline float __uint_as_float(uint32_t u) { float f; memcpy(&f, &u, 4); return f; }
@@ -183,5 +187,7 @@ inline float port_fast_sqrt(float x) { return simt_ftz(sqrtf(simt_ftz(x)) * (1.f
 #define PORT_MAX_WARPS_PER_BLOCK 32
 constexpr int kNarrowestWave = 1024 / PORT_MAX_WARPS_PER_BLOCK;
 inline int port_device_warp_size() { return simt::warp_size; }
+template <typename K> inline int port_resident_blocks(K, int) { return simt::resident_blocks; }
+inline void __threadfence() { std::atomic_thread_fence(std::memory_order_seq_cst); }
 inline float port_mul_rn(float a, float b) { return a * b; }
 inline float port_add_rn(float a, float b) { return a + b; }
