@@ -1,7 +1,8 @@
 """bench/profile_spread.py in its CPU smoke mode (synthetic:tiny, two small pictures), called in
 this process: every step runs and writes its part of the JSON. No timing is asserted; the verdicts
 are: the eager profile is refused on the compiled engine, the compiled gate passes clean and
-catches each numeric fault. The shell wrapper the H200 run uses is checked to parse."""
+catches each numeric fault (on the first picture: the clean gate runs on both). The shell wrapper
+the H200 run uses is checked to parse."""
 import json
 import signal
 import subprocess
@@ -20,7 +21,7 @@ def test_the_wrapper_parses():
 def test_profile_spread_smoke_runs_every_step(tmp_path, bench, capsys):
     alarm = signal.getsignal(signal.SIGALRM)  # the bench's step budget takes SIGALRM: given back after
     try:
-        rc = bench("profile_spread").main([str(tmp_path / "out"), "--smoke"])
+        rc = bench("profile_spread").main([str(tmp_path / "out"), "--smoke", "--fault-images", "1"])
     finally:
         signal.signal(signal.SIGALRM, alarm)
     assert rc == 0, capsys.readouterr().out[-3000:]
@@ -41,6 +42,8 @@ def test_profile_spread_smoke_runs_every_step(tmp_path, bench, capsys):
     assert g["eager_profile_on_compiled"].startswith("refused:") and "fuse off (calibrated)" in g["eager_profile_on_compiled"]
     assert g["clean_passes"] and g["faults_caught"] == {f: True for f in (RESIDUAL_SCALE, NORM_EPS, SPLITK_BF16,
                                                                          TAIL_ROW_SCALE)}
+    assert res["fault_images"] == 1 and len(g["clean"]["cases"]) == 2 and all(
+        len(g[f]["cases"]) == 1 for f in g["faults_caught"])  # the faults on the first picture only
     # what the "compiled" engine really ran is recorded (on the CPU: eager, with the reason)
     assert any(sp["vision"]["block"]["asked"] == "on" for sp in g["speed_path"])
     assert not (tmp_path / "out" / "gate-work").exists()  # the gate's dumps are not left in OUTDIR
