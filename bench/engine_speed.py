@@ -489,6 +489,9 @@ def main(argv=None) -> int:
                     help="bench/attention_sweep.py's JSON: its best Triton config per shape joins the configs "
                          "the Triton kernel chooses from at its first call (triton_attention.CONFIGS)")
     args = ap.parse_args(argv)
+    if args.warmup is not None and args.warmup < 0:
+        print(f"engine_speed: --warmup must be 0 or more, not {args.warmup}", file=sys.stderr)
+        return 2
     args.dtype = "float32" if args.small else "bfloat16"
     args.qwen_weights = "synthetic:tiny" if args.small else "synthetic:full"
     args.deepseek_weights = "synthetic:tiny" if args.small else "synthetic:full"

@@ -140,6 +140,9 @@ def main(argv=None) -> int:
     ap.add_argument("--budget", type=float, default=270.0, help="seconds for all steps (a step that would "
                                                                  "not fit in what is left is skipped)")
     a = ap.parse_args(argv)
+    if a.fault_images < 1:
+        print(f"profile_spread: --fault-images must be at least 1, not {a.fault_images}", file=sys.stderr)
+        return 2
     from tensordiff.calibrate import calibrate, write
     from tensordiff.errors import BadInput
     from tensordiff.gate import from_mapping, run_gate

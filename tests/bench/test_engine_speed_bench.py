@@ -58,6 +58,13 @@ def test_the_run_exits_0_when_every_section_passes(report):
     assert rc == 0 and rep["checks"] and all(rep["checks"].values()), output
 
 
+def test_a_negative_warmup_is_refused(tmp_path, bench, capsys):
+    assert bench("engine_speed").main([str(tmp_path / "out"), "--device", "cpu", "--small", "--warmup", "-1"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "--warmup must be 0 or more" in err[0]
+    assert not (tmp_path / "out").exists()
+
+
 def _tiny_tower_outputs(tmp_path):
     """The tiny DeepSeek tower + aligner on the CPU: fp32 eager, bf16 eager, bf16 through the
     compiled block (Inductor's CPU code; the engine itself compiles on CUDA only) and bf16 with

@@ -18,6 +18,13 @@ def test_the_wrapper_parses():
     assert r.returncode == 0, r.stderr
 
 
+def test_no_fault_picture_is_refused(tmp_path, bench, capsys):
+    assert bench("profile_spread").main([str(tmp_path / "out"), "--smoke", "--fault-images", "0"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "--fault-images must be at least 1" in err[0]
+    assert not (tmp_path / "out").exists()  # refused before anything was written
+
+
 def test_profile_spread_smoke_runs_every_step(tmp_path, bench, capsys):
     alarm = signal.getsignal(signal.SIGALRM)  # the bench's step budget takes SIGALRM: given back after
     try:
