@@ -61,7 +61,7 @@ def pictures(d: Path, quick: bool) -> list[Path]:
     return out + [wide, tall]
 
 
-def main() -> int:
+def main(argv=None) -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", required=True)
     ap.add_argument("--weights", default="synthetic:tiny")
@@ -72,7 +72,7 @@ def main() -> int:
     ap.add_argument("--fault-images", type=int, default=FAULT_IMAGES, help="pictures the faults run on")
     ap.add_argument("--budget", type=float, default=420.0,
                     help="seconds: past it, remaining fault runs are skipped (and listed) so the table is written")
-    a = ap.parse_args()
+    a = ap.parse_args(argv)
     from tensordiff.floor import DEFAULT_RULE, RATIOS
     from tensordiff.pipeline import CaseSpec, run_case
 

@@ -143,7 +143,8 @@ def _bench(args, work: Path) -> int:
     # frozen. The commands' excess over this one is their own work; over the plain import it also
     # counts the ~0.3 s the collector spends in a plain import of torch and at its exit.
     frozen = [py, "-c", "import gc; gc.disable(); import torch; gc.freeze(); gc.enable()"]
-    subprocess.run(baseline, env=env, check=True)  # the baseline's own bytecode, cached like the commands'
+    if not args.as_is:  # the baseline's own bytecode, cached like the commands' (--as-is: the environment's)
+        subprocess.run(baseline, env=env, check=True)
 
     for name, (cli, _, rc) in cmds.items():  # fills the oracle cache; any failure is a broken bench
         _, r, _ = _wall([py, "-m", "tensordiff.cli", *cli], env)

@@ -64,6 +64,13 @@ def sync(device) -> None:
         torch.cuda.synchronize(device)
 
 
+def warm(args, default: int, made: int = 0) -> int:
+    """Untimed calls to make before a measurement: the section's own count (what the real runs
+    use: a route's compile, capture and first replay, then settling calls), or with --warmup N (a
+    smoke run) what is left of N after the `made` calls just before."""
+    return default if args.warmup is None else max(0, args.warmup - made)
+
+
 def timed(fn, device, iters: int, warmup: int) -> float:
     """Median wall milliseconds of fn() (device synchronised around each call)."""
     for _ in range(warmup):
@@ -160,11 +167,12 @@ def qwen(args, work: Path, order: list[str] | None = None) -> dict:
         tower = load_tower(r, cfg, speed, fuse=policy["block"], graphs=policy["cuda_graphs"], attention_prefer=prefer)
         with torch.inference_mode():
             t0 = time.perf_counter()
-            for _ in range(3):  # compile (from pass 1 with 'on'), capture, first replay
+            pre = warm(args, 3)
+            for _ in range(pre):  # compile (from pass 1 with 'on'), capture, first replay
                 tower(pv, grid, null)
             sync(args.device)
             warm_s = time.perf_counter() - t0
-            ms = timed(lambda: tower(pv, grid, null), args.device, args.iters, 2)
+            ms = timed(lambda: tower(pv, grid, null), args.device, args.iters, warm(args, 2, made=pre))
             o = tower(pv, grid, null)
         results[name] = o
         out.setdefault("engine", {})[name] = {"ms": ms, "warm_s": warm_s, "backend": backend, "prefer": prefer,
@@ -193,7 +201,7 @@ def qwen(args, work: Path, order: list[str] | None = None) -> dict:
                         attn="sdpa")
     g = torch.tensor([grid], device=args.device)
     with torch.inference_mode():
-        ms_hf = timed(lambda: hf(pv, grid_thw=g), args.device, args.iters, 3)
+        ms_hf = timed(lambda: hf(pv, grid_thw=g), args.device, args.iters, warm(args, 3))
         ref = hf(pv, grid_thw=g)
     out["transformers"] = {"ms": ms_hf, "attn": "sdpa"}
     for name, e in out["engine"].items():
@@ -275,7 +283,7 @@ def attention(args, work: Path, shape=None) -> dict:
         try:
             with torch.inference_mode():
                 o = fn()
-                ms = timed(fn, args.device, args.iters, 3)
+                ms = timed(fn, args.device, args.iters, warm(args, 3, made=1))
             outputs[name] = o
             out["kernels"][name] = {"ms": ms, "tflops": flop / ms / 1e9}
         except Exception as e:  # noqa: BLE001 - a kernel that declines this call is recorded
@@ -375,9 +383,10 @@ def deepseek(args, work: Path, order: list[str] | None) -> dict:
             eng.tower._fused = ds_fused.FusedBlock(eng.tower.block, heads_major=True)  # taken when the block is due
         plan, patches = eng.preprocess(path)
         with torch.inference_mode():
-            for _ in range(3):  # eager pass, compile + capture, first replay
+            pre = warm(args, 3)
+            for _ in range(pre):  # eager pass, compile + capture, first replay
                 eng.encode(patches, plan, null)
-            ms = timed(lambda: eng.encode(patches, plan, null), args.device, args.iters, 2)
+            ms = timed(lambda: eng.encode(patches, plan, null), args.device, args.iters, warm(args, 2, made=pre))
             outputs[name] = eng.encode(patches, plan, null)
         out["routes"][name] = {"ms": ms, "backend": backend, "prefer": prefer, "speed_path": eng.speed_path()}
         eng = None  # noqa: F841 - freed before the next route
@@ -473,11 +482,16 @@ def main(argv=None) -> int:
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     ap.add_argument("--small", action="store_true", help="tiny weights and small shapes (a CPU smoke run)")
     ap.add_argument("--iters", type=int, default=20)
+    ap.add_argument("--warmup", type=int, default=None,
+                    help="untimed calls before each measurement (default: each section's own, 3 to 5; smoke runs: 1)")
     ap.add_argument("--only", action="append", choices=["qwen", "attention", "deepseek"], default=[])
     ap.add_argument("--attention-sweep", type=Path, default=None,
                     help="bench/attention_sweep.py's JSON: its best Triton config per shape joins the configs "
                          "the Triton kernel chooses from at its first call (triton_attention.CONFIGS)")
     args = ap.parse_args(argv)
+    if args.warmup is not None and args.warmup < 0:
+        print(f"engine_speed: --warmup must be 0 or more, not {args.warmup}", file=sys.stderr)
+        return 2
     args.dtype = "float32" if args.small else "bfloat16"
     args.qwen_weights = "synthetic:tiny" if args.small else "synthetic:full"
     args.deepseek_weights = "synthetic:tiny" if args.small else "synthetic:full"

@@ -108,13 +108,13 @@ def main() -> None:
         weights = str(write_checkpoint(a.out / "ckpt", parse_ids(a.layers or "2")))
         result["write_checkpoint_s"] = time.perf_counter() - t0
         a.layers = a.layers or "2"
-    try:
-        import torch
+    if a.device == "cuda":  # this driver imports torch for nothing else: a CPU run leaves it to the ranks
+        try:
+            import torch
 
-        if a.device == "cuda":
             result["gpus"] = [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())]
-    except Exception as e:  # noqa: BLE001 - only a fact for the report
-        result["gpus"] = f"unknown ({e})"
+        except Exception as e:  # noqa: BLE001 - only a fact for the report
+            result["gpus"] = f"unknown ({e})"
     oracle = dumps / "oracle"
     rc, secs = run([sys.executable, "-m", "tensordiff.cli", "dump", "deepseek-v4.1-flash", "--side", "oracle",
                     "--out", oracle, *common(a, weights)], logs / "oracle.txt", a.timeout)

@@ -135,9 +135,14 @@ def main(argv=None) -> int:
     ap.add_argument("--weights", default=None)
     ap.add_argument("--device", default=None)
     ap.add_argument("--repeats", type=int, default=None)
+    ap.add_argument("--fault-images", type=int, default=FAULT_IMAGES,
+                    help=f"pictures the gate's faults run on (default {FAULT_IMAGES}; the clean gate runs on all)")
     ap.add_argument("--budget", type=float, default=270.0, help="seconds for all steps (a step that would "
                                                                  "not fit in what is left is skipped)")
     a = ap.parse_args(argv)
+    if a.fault_images < 1:
+        print(f"profile_spread: --fault-images must be at least 1, not {a.fault_images}", file=sys.stderr)
+        return 2
     from tensordiff.calibrate import calibrate, write
     from tensordiff.errors import BadInput
     from tensordiff.gate import from_mapping, run_gate
@@ -148,6 +153,7 @@ def main(argv=None) -> int:
     a.out.mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()
     res: dict = {"model": MODEL, "weights": weights, "device": device, "dtype": "bfloat16", "repeats": repeats,
+                 "fault_images": a.fault_images,
                  "smoke": a.smoke, "steps": {}, "skipped": []}
     imgs = pictures(a.out / "pictures", a.smoke)
     res["images"] = [p.name for p in imgs]
@@ -223,7 +229,7 @@ def main(argv=None) -> int:
             except BadInput as e:
                 out["eager_profile_on_compiled"] = f"refused: {e}"
             cfg = from_mapping(gate_table(a.out / "calibration-compiled.toml"), a.out / "gate.toml")
-            few = from_mapping(gate_table(a.out / "calibration-compiled.toml", imgs=imgs[:FAULT_IMAGES]),
+            few = from_mapping(gate_table(a.out / "calibration-compiled.toml", imgs=imgs[:a.fault_images]),
                                a.out / "gate.toml")
             res["gate"] = out
             for fault in (None, *FAULTS):

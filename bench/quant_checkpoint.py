@@ -46,14 +46,14 @@ def timed(fn, device, repeat):
     return (time.perf_counter() - t) / repeat
 
 
-def main() -> int:
+def main(argv=None) -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--tokens", type=int, default=512)
     ap.add_argument("--repeat", type=int, default=5)
     ap.add_argument("--small", action="store_true", help="shapes / 8 (a CPU smoke run)")
     ap.add_argument("--json", type=Path)
-    a = ap.parse_args()
+    a = ap.parse_args(argv)
     dev = torch.device(a.device)
     shrink = 8 if a.small else 1
     rows = []

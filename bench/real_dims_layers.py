@@ -114,7 +114,7 @@ def _tiny_config() -> dict:
     return CONFIGS["tiny"]()
 
 
-def main():
+def main(argv=None):
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", required=True, type=Path)
     ap.add_argument("--config", choices=["full", "tiny"], default="full")
@@ -130,7 +130,7 @@ def main():
     ap.add_argument("-o", "--option", dest="extra", action="append", default=[],
                     help="KEY=VALUE run option for both sides, e.g. kernel_quant=1")
     ap.add_argument("--work", type=Path, default=None, help="where the checkpoint goes (default: a temp dir, removed)")
-    a = ap.parse_args()
+    a = ap.parse_args(argv)
     a.out.mkdir(parents=True, exist_ok=True)
     layers = a.layers or ("2" if a.config == "full" else "2-5")
 

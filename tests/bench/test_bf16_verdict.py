@@ -1,23 +1,18 @@
 """bench/bf16_verdict.py runs on the CPU (tiny, one picture) and writes its table: the clean
 engine passes the numeric pass, each numeric fault is caught there at its boundary and the
-approximation fault by the semantic pass (it is a smoke test of the H200 script)."""
+approximation fault by the semantic pass (it is a smoke test of the H200 script, called in this
+process: its command line is argparse's)."""
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
-from pathlib import Path
 
 from tensordiff.models import deepseek_faults as D
 
-BENCH = Path(__file__).resolve().parents[2] / "bench" / "bf16_verdict.py"
 
-
-def test_bf16_verdict_tiny_writes_its_table(tmp_path):
-    r = subprocess.run([sys.executable, str(BENCH), "--out", str(tmp_path), "--models", "deepseek-v4.1-flash",
-                        "--quick", "--pictures", "1", "--fault-images", "1"], capture_output=True, text=True,
-                       timeout=600)
-    assert r.returncode == 0, r.stdout + r.stderr
+def test_bf16_verdict_tiny_writes_its_table(tmp_path, bench, capsys):
+    rc = bench("bf16_verdict").main(["--out", str(tmp_path), "--models", "deepseek-v4.1-flash", "--quick",
+                                     "--pictures", "1", "--fault-images", "1"])
+    assert rc == 0, capsys.readouterr().out[-3000:]
     res = json.loads((tmp_path / "bf16_verdict.json").read_text())
     m = res["models"]["deepseek-v4.1-flash"]
     (clean,) = m["clean"].values()

@@ -3,8 +3,9 @@ small shapes and writes its sections; no timing is asserted. The attention secti
 here in full (the tower sections compile and are exercised by tests/engine)."""
 from __future__ import annotations
 
+import contextlib
+import io
 import json
-import subprocess
 import sys
 from pathlib import Path
 
@@ -17,15 +18,17 @@ STRUCTURAL = (D.ROPE_INTERLEAVED, D.PATCH_PAD_NONZERO)  # a wrong op in the rout
 
 
 @pytest.fixture(scope="module")
-def report(module_tmp):
-    """One bench run with both sections the tests below read (one Python, torch and transformers
-    start-up instead of two): (exit status, output, the JSON report). On the CPU the DeepSeek
-    section takes nothing from the attention one (the measured SDPA order is CUDA's only)."""
+def report(module_tmp, bench):
+    """One bench run, in this process, with both sections the tests below read, one timed call
+    after one warm-up per route and kernel: (exit status, output, the JSON report). On the CPU the
+    DeepSeek section takes nothing from the attention one (the measured SDPA order is CUDA's only)."""
     out = module_tmp("engine-speed")
-    r = subprocess.run([sys.executable, str(BENCH), str(out), "--device", "cpu", "--small", "--iters", "1",
-                        "--only", "attention", "--only", "deepseek"], capture_output=True, text=True, timeout=300)
+    printed = io.StringIO()
+    with contextlib.redirect_stdout(printed), contextlib.redirect_stderr(printed):
+        rc = bench("engine_speed").main([str(out), "--device", "cpu", "--small", "--iters", "1", "--warmup", "1",
+                                         "--only", "attention", "--only", "deepseek"])
     path = out / "engine_speed.json"
-    return r, r.stdout + r.stderr, json.loads(path.read_text()) if path.is_file() else {}
+    return rc, printed.getvalue(), json.loads(path.read_text()) if path.is_file() else {}
 
 
 def _section(report, name: str) -> dict:
@@ -51,8 +54,15 @@ def test_the_attention_section_on_the_cpu(report):
 
 
 def test_the_run_exits_0_when_every_section_passes(report):
-    r, output, rep = report
-    assert r.returncode == 0 and rep["checks"] and all(rep["checks"].values()), output
+    rc, output, rep = report
+    assert rc == 0 and rep["checks"] and all(rep["checks"].values()), output
+
+
+def test_a_negative_warmup_is_refused(tmp_path, bench, capsys):
+    assert bench("engine_speed").main([str(tmp_path / "out"), "--device", "cpu", "--small", "--warmup", "-1"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "--warmup must be 0 or more" in err[0]
+    assert not (tmp_path / "out").exists()
 
 
 def _tiny_tower_outputs(tmp_path):

@@ -1,23 +1,14 @@
 """bench/quant_checkpoint.py runs on a CPU at small shapes and writes its report; the engine's
 dequantising matmul is within one bf16 ulp of the official block order everywhere (no timing is
-asserted: speed only as ratios, on the GPU)."""
+asserted: speed only as ratios, on the GPU). Called in this process."""
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
-from pathlib import Path
-
-BENCH = Path(__file__).resolve().parents[2] / "bench" / "quant_checkpoint.py"
 
 
-def test_quant_gemm_bench_small(tmp_path):
+def test_quant_gemm_bench_small(tmp_path, bench):
     out = tmp_path / "q.json"
-    env = {**os.environ, "PYTHONPATH": str(BENCH.parents[1])}
-    r = subprocess.run([sys.executable, str(BENCH), "--small", "--repeat", "1", "--tokens", "128", "--json", str(out)],
-                       capture_output=True, text=True, timeout=300, env=env)
-    assert r.returncode == 0, r.stderr[-2000:]
+    assert bench("quant_checkpoint").main(["--small", "--repeat", "1", "--tokens", "128", "--json", str(out)]) == 0
     rep = json.loads(out.read_text())
     assert {row["format"] for row in rep["rows"]} == {"fp8", "fp4"} and len(rep["rows"]) == 6
     for row in rep["rows"]:

@@ -1,25 +1,15 @@
-"""bench/real_dims_layers.py on the tiny config: it writes a layer-subset checkpoint (vision
-symlinked, only the chosen language layers written), both sides agree in fp32, the planted
-fault is caught, and the report has the fields the closing note quotes."""
+"""bench/real_dims_layers.py on the tiny config (called in this process): it writes a
+layer-subset checkpoint (vision symlinked, only the chosen language layers written), both sides
+agree in fp32, the planted fault is caught, and the report has the fields the closing note quotes."""
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
-from pathlib import Path
-
-ROOT = Path(__file__).resolve().parents[2]
 
 
-def test_tiny_layer_subset_report(tmp_path):
+def test_tiny_layer_subset_report(tmp_path, bench):
     out, work = tmp_path / "out", tmp_path / "work"
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    r = subprocess.run([sys.executable, str(ROOT / "bench" / "real_dims_layers.py"), "--out", str(out),
-                        "--config", "tiny", "--layers", "2-5", "--dtype", "float32", "--cells", "4", "6",
-                        "-o", "language_numerics=semantic", "--work", str(work)],
-                       capture_output=True, text=True, timeout=600, env=env)
-    assert r.returncode == 0, r.stderr[-2000:]
+    bench("real_dims_layers").main(["--out", str(out), "--config", "tiny", "--layers", "2-5", "--dtype", "float32",
+                                    "--cells", "4", "6", "-o", "language_numerics=semantic", "--work", str(work)])
     rep = json.loads((out / "real_dims_layers.json").read_text())
     assert rep["verdict"] == "match" and rep["not_matching"] == [] and rep["boundaries"] > 10
     assert rep["fault_caught"] and rep["fault_earliest"] == ["router.2.weights"]

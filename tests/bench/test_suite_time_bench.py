@@ -1,6 +1,7 @@
 """bench/suite_time.py times a pytest run against torch's import in the same run and records each
 test's wall and CPU seconds (bench/suite_cpu.py); no timing is asserted. The run here is a few
-fast tests, enough to show every field is filled from the real run."""
+fast tests, enough to show every field is filled from the real run; without the suite's conftest
+(its session fixtures import torch, which the baseline already measures twice)."""
 from __future__ import annotations
 
 import json
@@ -10,7 +11,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 BENCH = ROOT / "bench" / "suite_time.py"
-SUBSET = ["tests/hip/test_hip_build.py", "-q", "-k", "lint", "-p", "no:cacheprovider"]
+SUBSET = ["tests/hip/test_hip_build.py", "-q", "-k", "lint", "-p", "no:cacheprovider", "--noconftest"]
 
 
 def test_a_small_run_against_the_torch_import(tmp_path):
