@@ -18,7 +18,9 @@ with a fresh KV cache (the request's `chunk`); `deepstack_add.L` adds the refere
 `deepstack.*` to the reference's `hidden.L`; `logits` reads the reference's last stream;
 `logits.step.K` decodes the reference's generated tokens against a KV cache filled by running
 every layer on the reference's prefill streams (teacher forced), so a decode-only bug is named
-at the first step.
+at the first step. That prefill is the `hidden.L` stages' own calls (their caches are kept), and
+the steps share one decode, run once each in order: the numbers are those of decoding each K
+afresh, bit for bit (tests/engine/qwen3_vl/test_qwen3vl_stages.py).
 """
 from __future__ import annotations
 
@@ -124,12 +126,21 @@ def language_stages(req, run: dict, cfg, grid_thw) -> dict:
         cos, sin = sequence(i).rope(i["positions.ids"])
         return {"text_rope.cos": cos, "text_rope.sin": sin}
 
+    # layer -> its KV cache after the prompt, as `hidden.L`'s stage filled it on the reference's
+    # stream: the decode steps' teacher-forced prefill is those same calls, so it is not run again
+    prefill: dict[int, KVCache] = {}
+
+    def prefill_layer(i, L: int) -> tuple[torch.Tensor, KVCache]:
+        """Layer L on the reference's stream entering it, chunk by chunk into a fresh cache."""
+        x, (cos, sin), cache = entering(i, L), tables(i), KVCache()
+        out = torch.cat([dec.layer(L, x[lo:hi], cos[lo:hi], sin[lo:hi], lo, cache) for lo, hi in chunks])
+        prefill[L] = cache  # only once every chunk ran: a stage that raised leaves none
+        return out, cache
+
     def hidden(L: int):
         @torch.inference_mode()
         def stage(i):
-            x, (cos, sin), cache = entering(i, L), tables(i), KVCache()
-            return {f"hidden.{L}": torch.cat([dec.layer(L, x[lo:hi], cos[lo:hi], sin[lo:hi], lo, cache)
-                                             for lo, hi in chunks])}
+            return {f"hidden.{L}": prefill_layer(i, L)[0]}
         return stage
 
     def inject(L: int):
@@ -143,22 +154,27 @@ def language_stages(req, run: dict, cfg, grid_thw) -> dict:
     def logits(i):
         return {"logits": dec.logits(entering(i, tc.num_hidden_layers))}
 
+    # the one teacher-forced decode the steps share: step K continues the sequence steps 1..K-1
+    # left (the same calls, in the same order, as decoding K steps afresh), each step run once
+    decoding: dict = {}
+
     def decode_step(K: int):
         @torch.inference_mode()
         def stage(i):
-            seq = sequence(i)
-            cos, sin = tables(i)
-            for L in range(tc.num_hidden_layers):  # the prefill KV cache from the reference's streams
-                x = entering(i, L)
-                for lo, hi in chunks:
-                    dec.layer(L, x[lo:hi], cos[lo:hi], sin[lo:hi], lo, seq.cache)
-            seq.pos = n
             generated = run.get("outputs", {}).get("generated") or []
             if len(generated) < K:
                 raise RuntimeError(f"the reference generated {len(generated)} tokens; step {K} needs {K}")
-            for k in range(1, K + 1):
-                got = seq.step(int(generated[k - 1]))
-            return {f"logits.step.{K}": got}
+            if "seq" not in decoding:
+                seq = sequence(i)
+                for L in range(tc.num_hidden_layers):  # the prefill KV cache from the reference's streams
+                    cache = prefill[L] if L in prefill else prefill_layer(i, L)[1]
+                    seq.cache.k[L], seq.cache.v[L] = cache.k[L], cache.v[L]  # extend() never writes in place
+                seq.pos = n
+                decoding.update(seq=seq, steps={})
+            steps = decoding["steps"]
+            for k in range(len(steps) + 1, K + 1):
+                steps[k] = decoding["seq"].step(int(generated[k - 1]))
+            return {f"logits.step.{K}": steps[K]}
         return stage
 
     out = {"embeddings": embeddings, "text_rope": text_rope, "logits": logits}

@@ -43,3 +43,22 @@ def test_the_manifest_names_the_sdpa_kernel_and_a_forced_math_fallback(case, own
     assert sp["fallbacks"] == [{"what": "sdpa flash -> math",
                                 "why": "flash is disabled (torch.backends.cuda.flash_sdp_enabled() is False)"}]
     assert set(rec.run) >= {"inputs", "speed_path"}  # model facts only: the core writes the provenance
+
+
+@pytest.mark.parametrize("fault", [None, Q.DECODE_NO_DELTA])
+def test_decode_steps_sharing_the_prefill_give_each_step_decoded_afresh(own_run, fault):
+    """The decode stages reuse the `hidden.L` stages' KV caches and one decode stepped in order;
+    each step K is what a stage decoding K steps from its own teacher-forced prefill gives (the
+    route before the sharing), bit for bit, clean and with a decode fault planted."""
+    req, rec = own_run("qwen3-vl", prompt="Describe <image> in one sentence.", chunk=12, decode=2)
+    req = dataclasses.replace(req, fault=fault)
+    inputs = dict(rec.tensors)
+    shared = {}
+    for stage in make_stages(req, rec.run).values():  # in the order local error runs them
+        shared.update(stage(inputs))
+    for k in (2, 1):  # each alone, on stages of its own (no hidden stage ran first); 2 before 1
+        alone = make_stages(req, rec.run)[f"logits.step.{k}"](inputs)[f"logits.step.{k}"]
+        assert alone.equal(shared[f"logits.step.{k}"]), k
+    if fault is None:  # fed the run's own tensors, the steps are the run's own
+        for k in (1, 2):
+            assert shared[f"logits.step.{k}"].equal(rec.tensors[f"logits.step.{k}"]), k
