@@ -24,6 +24,8 @@ afresh, bit for bit (tests/engine/qwen3_vl/test_qwen3vl_stages.py).
 """
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 import torch
 
 from .. import backend as backends
@@ -126,15 +128,17 @@ def language_stages(req, run: dict, cfg, grid_thw) -> dict:
         cos, sin = sequence(i).rope(i["positions.ids"])
         return {"text_rope.cos": cos, "text_rope.sin": sin}
 
-    # layer -> its KV cache after the prompt, as `hidden.L`'s stage filled it on the reference's
-    # stream: the decode steps' teacher-forced prefill is those same calls, so it is not run again
-    prefill: dict[int, KVCache] = {}
+    # layer -> (its KV cache after the prompt, what it read), as `hidden.L`'s stage filled it on
+    # the reference's stream: the decode steps' teacher-forced prefill is those same calls, so on
+    # the same inputs (a diagnosis replay feeds others) it is not run again
+    prefill: dict[int, tuple[KVCache, dict]] = {}
 
     def prefill_layer(i, L: int) -> tuple[torch.Tensor, KVCache]:
         """Layer L on the reference's stream entering it, chunk by chunk into a fresh cache."""
-        x, (cos, sin), cache = entering(i, L), tables(i), KVCache()
+        r = _Reads(i)
+        x, (cos, sin), cache = entering(r, L), tables(r), KVCache()
         out = torch.cat([dec.layer(L, x[lo:hi], cos[lo:hi], sin[lo:hi], lo, cache) for lo, hi in chunks])
-        prefill[L] = cache  # only once every chunk ran: a stage that raised leaves none
+        prefill[L] = (cache, r.seen)  # only once every chunk ran: a stage that raised leaves none
         return out, cache
 
     def hidden(L: int):
@@ -164,13 +168,17 @@ def language_stages(req, run: dict, cfg, grid_thw) -> dict:
             generated = run.get("outputs", {}).get("generated") or []
             if len(generated) < K:
                 raise RuntimeError(f"the reference generated {len(generated)} tokens; step {K} needs {K}")
-            if "seq" not in decoding:
-                seq = sequence(i)
+            if "seq" not in decoding or not _same(decoding["seen"], i):
+                r = _Reads(i)
+                seq = sequence(r)
                 for L in range(tc.num_hidden_layers):  # the prefill KV cache from the reference's streams
-                    cache = prefill[L] if L in prefill else prefill_layer(i, L)[1]
+                    if L not in prefill or not _same(prefill[L][1], i):
+                        prefill_layer(i, L)
+                    cache, seen = prefill[L]
+                    r.seen.update(seen)
                     seq.cache.k[L], seq.cache.v[L] = cache.k[L], cache.v[L]  # extend() never writes in place
                 seq.pos = n
-                decoding.update(seq=seq, steps={})
+                decoding.update(seq=seq, steps={}, seen=r.seen)
             steps = decoding["steps"]
             for k in range(len(steps) + 1, K + 1):
                 steps[k] = decoding["seq"].step(int(generated[k - 1]))
@@ -185,3 +193,41 @@ def language_stages(req, run: dict, cfg, grid_thw) -> dict:
     for K in range(1, req.decode + 1):
         out[f"logits.step.{K}"] = decode_step(K)
     return out
+
+
+class _Reads(Mapping):
+    """A stage's inputs, noting what a memoised computation read of them (name -> tensor, None
+    for a name it found absent), so the memo is reused only where those inputs are the same."""
+
+    def __init__(self, inputs):
+        self.inputs, self.seen = inputs, {}
+
+    def __getitem__(self, k):
+        if k not in self.inputs:
+            self.seen[k] = None
+            raise KeyError(k)
+        self.seen[k] = v = self.inputs[k]
+        return v
+
+    def __contains__(self, k) -> bool:
+        there = k in self.inputs
+        self.seen[k] = self.inputs[k] if there else None
+        return there
+
+    def __iter__(self):
+        return iter(self.inputs)
+
+    def __len__(self) -> int:
+        return len(self.inputs)
+
+
+def _same(seen: dict, inputs) -> bool:
+    """Every input in `seen` is in `inputs` with the same dtype, shape and values (or absent there too)."""
+    for k, v in seen.items():
+        if (k in inputs) != (v is not None):
+            return False
+        if v is not None:
+            w = inputs[k]
+            if w is not v and (w.dtype != v.dtype or w.shape != v.shape or not torch.equal(w, v)):
+                return False
+    return True
