@@ -284,7 +284,8 @@ def local_error(adapter, req, oracle_dir: str | Path, report: Report, tolerances
         if lacking:
             lr.status, lr.reason = "no-input", f"the oracle dump lacks input boundary {', '.join(lacking)}"
             continue
-        upstream = [x.name for x in bounds if x.name in ancestors(bounds, b.name) and x.name in ents]
+        anc = ancestors(bounds, b.name)  # once, not once per boundary it is tested against
+        upstream = [x.name for x in bounds if x.name in anc and x.name in ents]
         fed = [e for i in upstream for e in ents[i]]
         if getattr(stage, "replays_run", False) and _as_the_engine_had(fed, engine):
             _from_end_to_end(lr, report, "its inputs are bit for bit the engine's own: the stage's output is the "
@@ -345,7 +346,8 @@ def decode_three_way(adapter, req, ref_dir: str | Path, floor_dir: str | Path, l
         stage = stages.get(lr.boundary)
         if stage is None or lr.boundary not in by:
             continue
-        upstream = [x.name for x in bounds if x.name in ancestors(bounds, lr.boundary) and x.name in ents]
+        anc = ancestors(bounds, lr.boundary)
+        upstream = [x.name for x in bounds if x.name in anc and x.name in ents]
         lr.tensors = []
         names = _run_stage(stage, _Fed(rd, [e for i in upstream for e in ents[i]]), lr, rec)
         if names is not None:
