@@ -23,7 +23,7 @@ A is the reference (the oracle), B the candidate (the engine or its stage).
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Callable, Iterable, Mapping
 
 from . import scale, stream, ties
@@ -52,6 +52,9 @@ class Judge:
     contract: Contract
     tolerances: Tolerances  # the contract's tables already merged beneath the user's
     run_dtypes: tuple[str, ...] = ()  # the compute dtypes of the two runs (float names only count)
+    # reference tensor -> its measured scale (`scale.scaled`): the pipeline hands one judge to a
+    # case's comparison and to its local error, which judge the same oracle tensors
+    scales: dict = field(default_factory=dict, compare=False, repr=False)
 
     @classmethod
     def build(cls, contract: Contract, tolerances: Tolerances | str | None = None,
@@ -123,7 +126,7 @@ class Judge:
             res.reason = "the scores behind this boundary's choice (read by the tie rule)"
             return res, None, None, None
         if mode == "values" and tol.atol_scale:
-            tol = scale.scaled(tol, ea.stored)  # a magnitude-aware atol: the reference's RMS first
+            tol = scale.scaled(tol, ea.stored, self.scales, ea.sha256)  # magnitude-aware: the reference's RMS
             tol_dict = None
         res.tolerance = tol.as_dict() if tol_dict is None else dict(tol_dict)
         return res, mode, unit, tol

@@ -22,7 +22,8 @@ patches and RoPE tables: half the local error's compute on the CPU).
 `run` is the oracle dump's run record (`inputs.grid`, `inputs.cells`, ...). The dict is keyed by
 the boundary a stage PRODUCES; `inputs` holds every oracle tensor of the boundary's contract
 inputs AND of everything upstream of them (a tower's later blocks still consume the RoPE
-tables), by tensor name, as stored (dtype kept, on the CPU); the stage
+tables), by tensor name, as stored (dtype kept, on the CPU; a read-only mapping whose tensors
+are read from the dump as the stage reads them, each stage its own copies); the stage
 casts and moves them as the engine would under `req` (device, dtype, backend, fault) and returns
 the engine's tensors of its boundary, by tensor name. A boundary with no inputs has no stage:
 its local error is its end-to-end error.
@@ -31,6 +32,7 @@ from __future__ import annotations
 
 import time
 import traceback
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -149,6 +151,30 @@ def _to_torch(d: Dump, entry):
     return torch.from_numpy(raw.copy())
 
 
+class _Fed(Mapping):
+    """The oracle's tensors offered to one stage (everything upstream of its boundary), each read
+    and converted (`_to_torch`) when the stage first reads it: a stage reads a few of them (a
+    decode step is offered the prompt's logits and reads the streams). Every stage gets its own
+    copies, as before: what one stage does to its inputs never reaches another."""
+
+    def __init__(self, d: Dump, entries):
+        self._d, self._entries, self._made = d, {e.name: e for e in entries}, {}
+
+    def __getitem__(self, name: str):
+        if name not in self._made:
+            self._made[name] = _to_torch(self._d, self._entries[name])
+        return self._made[name]
+
+    def __contains__(self, name) -> bool:
+        return name in self._entries
+
+    def __iter__(self):
+        return iter(self._entries)
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+
 def _identical_inputs(b, report: Report) -> bool:
     """Every input of `b` matched end to end and is compared exactly (integer decisions such as
     the preprocessing plan): the engine's stage then saw the reference's own inputs already."""
@@ -258,13 +284,14 @@ def local_error(adapter, req, oracle_dir: str | Path, report: Report, tolerances
         if lacking:
             lr.status, lr.reason = "no-input", f"the oracle dump lacks input boundary {', '.join(lacking)}"
             continue
-        upstream = [x.name for x in bounds if x.name in ancestors(bounds, b.name) and x.name in ents]
+        anc = ancestors(bounds, b.name)  # once, not once per boundary it is tested against
+        upstream = [x.name for x in bounds if x.name in anc and x.name in ents]
         fed = [e for i in upstream for e in ents[i]]
         if getattr(stage, "replays_run", False) and _as_the_engine_had(fed, engine):
             _from_end_to_end(lr, report, "its inputs are bit for bit the engine's own: the stage's output is the "
                                          "engine's end-to-end one, local error = end-to-end error")
             continue
-        names = _run_stage(stage, {e.name: _to_torch(od, e) for e in fed}, lr, rec)
+        names = _run_stage(stage, _Fed(od, fed), lr, rec)
         if names is not None:
             produced[b.name] = names
     rec.close()
@@ -319,9 +346,10 @@ def decode_three_way(adapter, req, ref_dir: str | Path, floor_dir: str | Path, l
         stage = stages.get(lr.boundary)
         if stage is None or lr.boundary not in by:
             continue
-        upstream = [x.name for x in bounds if x.name in ancestors(bounds, lr.boundary) and x.name in ents]
+        anc = ancestors(bounds, lr.boundary)
+        upstream = [x.name for x in bounds if x.name in anc and x.name in ents]
         lr.tensors = []
-        names = _run_stage(stage, {e.name: _to_torch(rd, e) for i in upstream for e in ents[i]}, lr, rec)
+        names = _run_stage(stage, _Fed(rd, [e for i in upstream for e in ents[i]]), lr, rec)
         if names is not None:
             ran[lr.boundary] = names
     rec.close()

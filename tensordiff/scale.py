@@ -38,10 +38,17 @@ def rms(stored: StoredTensor) -> float:
     return math.sqrt(total / count) if count else 0.0
 
 
-def scaled(tol: Tolerance, reference: StoredTensor) -> Tolerance:
-    """`tol` with its scale measured on the reference, when it declares one; else `tol` itself."""
+def scaled(tol: Tolerance, reference: StoredTensor, memo: dict | None = None, sha256: str | None = None) -> Tolerance:
+    """`tol` with its scale measured on the reference, when it declares one; else `tol` itself.
+    `memo` (with the reference's manifest `sha256`): scales already measured, by tensor, so one
+    reference judged twice (a case's comparison, then its local error) is read once."""
     if tol.atol_scale == "rms":
-        return replace(tol, scale=rms(reference))
+        if memo is None or sha256 is None:
+            return replace(tol, scale=rms(reference))
+        k = (str(reference.file), reference.key, reference.offset, sha256)
+        if k not in memo:
+            memo[k] = rms(reference)
+        return replace(tol, scale=memo[k])
     if tol.atol_scale:
         raise ValueError(f"unknown atol_scale {tol.atol_scale!r}")  # refused when a table is read
     return tol

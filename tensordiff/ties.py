@@ -173,7 +173,7 @@ def settle(tensors: list[TensorResult], ents_a: dict[str, Entry], ents_b: dict[s
         for j, r in enumerate(rows):
             f = classify_row(int(r), ia[r], ib[r], sa[j], sb[j], unit, ok, None if fa is None else fa[j],
                              (min_err or {}).get(sname, 0.0))
-            flips.append(Flip(**{**asdict(f), "meaning": describe(layout, (int(r),), run)}))
+            flips.append(replace(f, meaning=describe(layout, (int(r),), run)))  # (asdict deep-copied every row)
         bad = [f for f in flips if not f.benign]
         t.metrics = replace(t.metrics, ties={
             "rows_differ": len(flips), "benign": len(flips) - len(bad),

@@ -3,6 +3,14 @@ import shutil
 
 import pytest
 
+from tensordiff.openmp import passive_waits
+
+# Idle OpenMP workers sleep, as in every CLI process (tensordiff/openmp.py): set before any test
+# module imports torch. Results are the same (thread counts and partitioning do not change); on a
+# shared or loaded machine spinning workers cost the suite a large share of its CPU and wall time.
+# `PASSIVE_WAITS` says whether it reached torch (False: a user's own policy, or torch came first).
+PASSIVE_WAITS = passive_waits()
+
 
 # Dumps a test module shares live in directories that go when the module's tests are done
 # (kept only when one of them failed, for the post-mortem). The suite writes about 8 GB of dumps

@@ -49,3 +49,17 @@ def test_a_passing_module_leaves_no_dumps(pytester):
 def test_a_failing_module_keeps_its_dumps(pytester):
     # the module's shared dumps stay for the post-mortem; the passing test's own tmp_path does not
     assert run(pytester, False) == ["big.bin"]
+
+
+
+def test_the_suite_runs_torch_with_sleeping_openmp_workers(request):
+    """Set by tests/conftest.py before torch was imported (a user's own policy is kept)."""
+    import os
+
+    from tensordiff.openmp import VARIABLE
+
+    root = Path(__file__).parent / "conftest.py"
+    (conftest,) = [p for p in request.config.pluginmanager.get_plugins()
+                   if getattr(p, "__file__", None) and Path(p.__file__) == root]
+    # passive_waits() sets the variable only before torch's import; a user's own stays as it is
+    assert VARIABLE in os.environ, "torch was imported before tests/conftest.py asked for passive waits"

@@ -72,6 +72,14 @@ def test_local_origin(base, oracle_dump, tmp_path, fault, chunk):
     assert {r.boundary for r in local.boundaries if r.status == "derived"} == {"token.step.1"}
 
 
+def _prefilled_per_layer(self):
+    """The decode steps' caches as they were made before the chain served them: every layer's
+    attention run again down the stack on the reference's streams."""
+    state: dict = {}
+    self._attention(self.last, False, state)
+    return state["caches"], state["key_owner"]
+
+
 @pytest.mark.parametrize("fault,chunk,own_indexer", [(None, 7, False), (D.ENGRAM_NGRAM_ACROSS_IMAGE, 5, False),
                                                      (None, 3, True)])
 def test_one_pass_down_the_stack_is_the_per_layer_route_bit_for_bit(base, oracle_dump, tmp_path, monkeypatch,
@@ -111,11 +119,14 @@ def test_one_pass_down_the_stack_is_the_per_layer_route_bit_for_bit(base, oracle
         return upto(self, L)
 
     monkeypatch.setattr(S._Chain, "upto", counted)
+    copy = S._copy
+    monkeypatch.setattr(S, "_copy", lambda c: (ran.__setitem__("steps", ran.get("steps", 0) + 1), copy(c))[1])
     new = local_error(adapter, req, oracle_dump, report, load(None), tmp_path / "new",
                       make_stages=S.make_language_stages)
-    assert ran["chain"] > 0  # the new route is the one that ran
-    # the old route: layers 0..L chunk by chunk for every L
+    assert ran["chain"] > 0 and ran["steps"] > 0  # the new route is the one that ran, decode steps too
+    # the old route: layers 0..L chunk by chunk for every L, and again for the decode steps' caches
     monkeypatch.setattr(S.TeacherForced, "attention", lambda self, L, own_choice=False: self._attention(L, own_choice))
+    monkeypatch.setattr(S.TeacherForced, "_prefilled", _prefilled_per_layer)
     old = local_error(adapter, req, oracle_dump, report, load(None), tmp_path / "old",
                       make_stages=S.make_language_stages)
 
@@ -127,3 +138,29 @@ def test_one_pass_down_the_stack_is_the_per_layer_route_bit_for_bit(base, oracle
     print("NAMES", sorted(want)); assert got == want
     assert [(r.boundary, r.status, [t.metrics for t in r.tensors]) for r in new.boundaries] == \
            [(r.boundary, r.status, [t.metrics for t in r.tensors]) for r in old.boundaries]
+
+
+@pytest.mark.parametrize("fault,numerics", [(None, "semantic"), (D.DECODE_ENGRAM_WINDOW_RESET, "semantic"),
+                                            (None, "official")])
+def test_decode_steps_on_the_chains_caches_are_the_old_route_bit_for_bit(base, module_tmp, tmp_path, monkeypatch,
+                                                                        fault, numerics):
+    """Two decode steps continue from the attention stages' chain (copies of its caches and the
+    index-key owner the last chunk published), where the prefill ran again for them: each step,
+    the one that continues the first included, is bit for bit the old route's. The official
+    numerics' decode reads the index keys through the owner the prefill published."""
+    from engine.deepseek_v41_flash.language import stages as S
+    from tensordiff.dump import open_dump
+
+    two = dataclasses.replace(base, decode=2, options={**base.options, "language_numerics": numerics})
+    odir = module_tmp("lang-local-2") / f"oracle-{fault}-{numerics}"
+    rec = Recorder(odir, model="deepseek-v4.1-flash")
+    _runners()[0](two, rec)
+    rec.close()
+    req, report, adapter = _engine_run(two, odir, tmp_path, fault, 5)
+    routes = {}
+    for route in ("new", "old"):
+        if route == "old":
+            monkeypatch.setattr(S.TeacherForced, "_prefilled", _prefilled_per_layer)
+        local_error(adapter, req, odir, report, load(None), tmp_path / route, make_stages=S.make_language_stages)
+        routes[route] = {e.name: e.sha256 for e in open_dump(tmp_path / route / "local").entries}
+    assert {"logits.step.1", "logits.step.2"} <= set(routes["new"]) and routes["new"] == routes["old"]

@@ -317,3 +317,55 @@ def test_a_choice_taken_from_another_boundarys_output_has_no_stage_of_its_own(tm
     r = loc.get("token.step.1")
     assert r.status == "derived" and "chosen from `logits`" in r.reason and not r.failing
     assert "no stage for" not in loc.summary(), loc.summary()
+
+
+def test_a_stage_converts_only_the_inputs_it_reads(tmp_path, monkeypatch):
+    """Offered everything upstream, a stage reads a few: only those are read from the dump and
+    converted (a decode step is offered the prompt's logits and never reads them)."""
+    import tensordiff.local_error as le
+
+    made, real = [], le._to_torch
+    monkeypatch.setattr(le, "_to_torch", lambda d, e: made.append(e.name) or real(d, e))
+    offered, read = {}, []
+
+    def make(req, run):
+        st = toy.engine_stages(req, run)
+        inner = st["final_norm"]
+
+        def spy(i):
+            offered.update({k: k in i for k in i})
+            made.clear()
+            out = inner(i)
+            read.extend(made)
+            return out
+
+        st["final_norm"] = spy
+        return st
+
+    report, local = _case(tmp_path, make_stages=make)
+    assert set(offered) == {"patches", "rope.cos", "rope.sin", "block0"} and all(offered.values())
+    assert read == ["block0"]  # the toy's final_norm reads block0 alone
+    assert local.origin is None and local.get("final_norm").status == "match"
+
+
+def test_what_a_stage_does_to_its_inputs_never_reaches_another_stage(tmp_path):
+    import torch
+
+    later = {}
+
+    def make(req, run):
+        st = toy.engine_stages(req, run)
+        b0, fn = st["block0"], st["final_norm"]
+
+        def scribbler(i):
+            out = b0(i)
+            i["patches"].mul_(0)  # an engine bug writing into what it was handed
+            return out
+
+        st["block0"] = scribbler
+        st["final_norm"] = lambda i: (later.update(patches=i["patches"].clone()), fn(i))[1]
+        return st
+
+    _, local = _case(tmp_path, make_stages=make)
+    assert later["patches"].abs().sum() > 0 and not torch.equal(later["patches"], torch.zeros_like(later["patches"]))
+    assert local.origin is None

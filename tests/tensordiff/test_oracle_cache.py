@@ -137,3 +137,55 @@ def test_two_processes_sharing_one_cache_stay_correct(tmp_path):
     assert paths == {str(oracle_cache.root() / key)}
     assert oracle_cache.verify(oracle_cache.root() / key) is None
     assert json.loads((oracle_cache.root() / key / "manifest.json").read_text())["tensors"]
+
+
+def _counting_verify(monkeypatch) -> list:
+    calls = []
+    real = oracle_cache.verify
+    monkeypatch.setattr(oracle_cache, "verify", lambda p: calls.append(p) or real(p))
+    return calls
+
+
+def _later(monkeypatch, seconds: float) -> None:
+    """The verification clock `seconds` ahead: the entry's files look that old to it."""
+    import time
+
+    real = time.time_ns
+    monkeypatch.setattr(oracle_cache.time, "time_ns", lambda: real() + int(seconds * 1e9))
+
+
+def test_a_process_hashes_an_unchanged_entry_once(monkeypatch):
+    _later(monkeypatch, 10)
+    calls = _counting_verify(monkeypatch)
+    spec = CaseSpec(toy.NAME)
+    first = check(spec)
+    assert first.oracle_cache == "miss" and calls == []  # stored, not read back
+    assert [check(spec).oracle_cache for _ in range(3)] == ["hit"] * 3
+    assert len(calls) == 1  # verified by the first hit; the next two found its files unchanged
+
+
+def test_an_entry_changed_after_its_verification_is_hashed_again_and_rejected(monkeypatch):
+    import time
+
+    _later(monkeypatch, 10)
+    spec = CaseSpec(toy.NAME)
+    check(spec)
+    assert check(spec).oracle_cache == "hit"  # verified and remembered
+    (key,) = _entries()
+    f = oracle_cache.root() / key / "block0.safetensors"
+    st = f.stat()
+    data = bytearray(f.read_bytes())
+    data[-1] ^= 0xFF  # same size, same mtime: only the ctime tells the write
+    time.sleep(0.05)  # past the clock tick the entry was written in
+    f.write_bytes(bytes(data))
+    os.utime(f, ns=(st.st_atime_ns, st.st_mtime_ns))
+    case = check(spec)
+    assert case.oracle_cache == "rejected" and any("block0" in n for n in case.report.notes)
+
+
+def test_files_written_within_the_racy_window_are_hashed_on_every_lookup(monkeypatch):
+    calls = _counting_verify(monkeypatch)
+    spec = CaseSpec(toy.NAME)
+    check(spec)  # the entry's files were written just now: one clock tick could hide a later write
+    assert [check(spec).oracle_cache for _ in range(2)] == ["hit", "hit"]
+    assert len(calls) == 2

@@ -151,16 +151,37 @@ class TeacherForced:
         """`logits.step.k` [1, vocab]: the engine's decode step k on the teacher-forced cache and
         the reference's tokens (see the module doc). Steps run in order, each once."""
         if self._decoding is None:
-            state: dict = {}
-            self._attention(self.last, False, state)  # every layer's cache, on the reference's streams
+            caches, owner = self._prefilled()
             seq = self._sequence()
-            seq.caches.update(state["caches"])
-            seq.pos, seq.key_owner = self.chunks[-1][1] if self.chunks else 0, state["key_owner"]
+            seq.caches.update(caches)
+            seq.pos, seq.key_owner = self.chunks[-1][1] if self.chunks else 0, owner
             self._decoding = seq
         for j in range(len(self._steps) + 1, k + 1):
             prev = self.ref["logits"] if j == 1 else self.ref[f"logits.step.{j - 1}"]
             self._steps[j] = self._decoding.step(int(prev[-1].argmax()), j)
         return self._steps[k]
+
+
+    def _prefilled(self) -> tuple[dict, object]:
+        """(layer -> its KV cache after the prompt, the index-key owner the last chunk left
+        published), every layer's attention on the reference's streams: what a decode step
+        continues from. Taken from the attention stages' chain when it ran every layer as
+        `_attention(last)` would (copies: a decode step writes into its caches), else run."""
+        chain = self._chains.get(False)
+        if chain is None or any(L not in chain.out for L in self.lm.stack) or chain.stale(self.last) is not None:
+            state: dict = {}
+            self._attention(self.last, False, state)
+            return state["caches"], state["key_owner"]
+        own = {j: _copy(c) for j, c in chain.caches.items()}
+        published = chain.shared[-1].key_cache if self.chunks else None
+        return own, (None if published is None else own[chain.snapshot_of[id(published)]])
+
+
+def _copy(c: LayerCache) -> LayerCache:
+    """A layer's cache its own: a decode step writes into the window and appends to the lists."""
+    return dataclasses.replace(c, window_kv=c.window_kv.clone(), latents=list(c.latents), index_k=list(c.index_k),
+                               pending_kv=None if c.pending_kv is None else c.pending_kv.clone(),
+                               pending_score=None if c.pending_score is None else c.pending_score.clone())
 
 
 class _Chain:
@@ -179,6 +200,7 @@ class _Chain:
         self.caches: dict = {}
         self.out: dict[int, tuple] = {}
         self.marks: dict[int, list[ChunkShared]] = {}  # layer -> the chunks' state before it ran
+        self.snapshot_of: dict[int, int] = {}  # id(a snapshot it published) -> the layer whose cache it is
 
     def _forcing(self, j: int) -> tuple[bool, bool, bool]:
         """Which reference tensors steer layer j's attention: its forced selection, the router
@@ -235,6 +257,7 @@ class _Chain:
             outs.append(layer.attn(x[lo:hi], lo, cache, shared))
             # the source's lists as this chunk left them: a later layer of this chunk reads no further
             snap = LayerCache(cache.window_kv, list(cache.latents), list(cache.index_k))
+            self.snapshot_of[id(snap)] = j
             shared.kv_cache = snap if shared.kv_cache is cache else shared.kv_cache
             shared.key_cache = snap if shared.key_cache is cache else shared.key_cache
             if layer.attn.index_source and self.own:
