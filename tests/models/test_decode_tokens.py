@@ -6,40 +6,20 @@ it a cascade; a token its own logits do not rank first is named at the token."""
 from __future__ import annotations
 
 import pytest
-import torch
+from token_dumps import token_dumps
 
 from tensordiff import registry
-from tensordiff.capture import Recorder
 from tensordiff.floor import three_way
 from tensordiff.models import decode_tokens
 
 MODELS = ["deepseek-v4.1-flash", "qwen3-vl"]
 
 
-def dumps(tmp_path, model: str, cand_token=None, width=4096):
-    """Reference (fp32), floor run and candidate (bf16) of the prompt logits [4, width], the token
-    fed to step 1 with the row it was chosen from, and step 1's logits. The reference leads token 5
-    over 9 by 0.02, the floor run errs by 0.05, the candidate leads 9 over 5 by 0.01 and feeds
-    `cand_token` (its argmax by default): its step 1 is another token's logits entirely."""
-    g = torch.Generator().manual_seed(0)
-    lg = torch.randn(4, width, generator=g)
-    lg[-1, 5], lg[-1, 9] = 6.0, 5.98
-    noise = lambda x, s: x + s * torch.randn(x.shape, generator=g).clamp(-1, 1)  # noqa: E731
-    fl, cl = noise(lg, 0.05), noise(lg, 0.05)
-    fl[-1, 5], fl[-1, 9] = 6.05, 5.93
-    cl[-1, 5], cl[-1, 9] = 6.0, 6.01
-    tok = int(cl[-1].argmax()) if cand_token is None else cand_token
-    step = torch.randn(1, width, generator=g)
-    out = []
-    for name, logits, t, s, dt in (("ref", lg, 5, step, "float32"), ("floor", fl, 5, noise(step, 0.05), "bfloat16"),
-                                   ("cand", cl, tok, torch.randn(1, width, generator=g), "bfloat16")):
-        rec = Recorder(tmp_path / name, model=model, producer={"name": name}, run={"dtype": dt})
-        rec.record("logits", logits)
-        rec.record("token.step.1.ids", torch.tensor([[t]]), boundary="token.step.1")
-        rec.record("token.step.1.scores", logits[-1:].clone(), boundary="token.step.1")
-        rec.record("logits.step.1", s, boundary="logits.step.1")
-        out.append(rec.close())
-    return out
+def dumps(tmp_path, model: str, cand_token=None):
+    """Reference, floor run and candidate (`token_dumps`): the reference leads token 5 over 9 by
+    0.02, the floor run errs by 0.05, the candidate leads 9 over 5 by 0.01 and feeds `cand_token`
+    (its argmax by default): its step 1 is another token's logits entirely."""
+    return token_dumps(tmp_path, 0.01, cand_token=cand_token, model=model)
 
 
 def contract(model: str):

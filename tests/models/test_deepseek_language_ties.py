@@ -15,6 +15,7 @@ from tensordiff.models import deepseek_faults as F
 from tensordiff.models import deepseek_language_contract as C
 from tensordiff.synthetic.deepseek_v41_flash_language import tiny_language_checkpoint
 from tensordiff.tolerance import load
+from token_dumps import token_dumps
 
 CONTRACT = Contract("deepseek-v4.1-flash", (), C.RULES, resolver=C.make_resolver(()), boundary_of=C.boundary_of)
 PROMPT = "A picture: <image> What does it show?"
@@ -246,38 +247,6 @@ def test_both_sides_record_the_token_fed_to_each_step_and_the_row_it_ranked(orac
 CONTRACT_TOKENS = dataclasses.replace(CONTRACT, scores_source=C.scores_source)
 
 
-def _token_dumps(tmp_path, cand_margin: float, floor_err: float = 0.05, cand_token=None, lead=0.02, width=4096,
-                 worst_row_err: float = 0.0):
-    """Three dumps (reference fp32, floor run and candidate bf16) of prompt logits [4, width], the
-    token fed to step 1 and step 1's logits. The reference leads token 5 over token 9 by `lead`;
-    the floor run errs by `floor_err` (max |F - R| over the row); the candidate's row leads 9
-    over 5 by `cand_margin` and feeds `cand_token` (its argmax by default), its step 1 therefore
-    another token's logits entirely; the floor run's prompt row 0 errs by `worst_row_err` more;
-    another token's logits entirely. (Wide rows: two elements off are within the logits' own rule
-    there, as they are in a real vocabulary of 129k.)"""
-    g = torch.Generator().manual_seed(0)
-    lg = torch.randn(4, width, generator=g)
-    lg[-1, 5], lg[-1, 9] = 6.0, 6.0 - lead
-    step = torch.randn(1, width, generator=g)
-    noise = lambda x, s: x + s * torch.randn(x.shape, generator=g).clamp(-1, 1)  # noqa: E731
-    fl = noise(lg, floor_err)
-    fl[0] = noise(fl[0], worst_row_err) if worst_row_err else fl[0]
-    fl[-1, 5], fl[-1, 9] = 6.0 + floor_err, 6.0 - lead - floor_err
-    cl = noise(lg, floor_err)
-    cl[-1, 5], cl[-1, 9] = 6.0, 6.0 + cand_margin
-    tok = int(cl[-1].argmax()) if cand_token is None else cand_token
-    out = []
-    for name, logits, t, s, dt in (("ref", lg, 5, step, "float32"), ("floor", fl, 5, noise(step, floor_err), "bfloat16"),
-                                   ("cand", cl, tok, torch.randn(1, width, generator=g), "bfloat16")):
-        rec = Recorder(tmp_path / name, model="deepseek-v4.1-flash", producer={"name": name}, run={"dtype": dt})
-        rec.record("logits", logits)
-        rec.record("token.step.1.ids", torch.tensor([[t]]), boundary="token.step.1")
-        rec.record("token.step.1.scores", logits[-1:].clone(), boundary="token.step.1")
-        rec.record("logits.step.1", s, boundary="logits.step.1")
-        out.append(rec.close())
-    return out
-
-
 def _tok(rep):
     return next(t for t in rep.boundary("token.step.1").tensors if t.name == "token.step.1.ids")
 
@@ -287,7 +256,7 @@ def test_a_token_flip_on_a_near_tie_is_benign_and_the_steps_after_it_a_cascade(t
     on a right bf16 route. The step it feeds differs entirely: a cascade, judged by local error."""
     from tensordiff.floor import three_way
 
-    rep = three_way(*_token_dumps(tmp_path, 0.01), contract=CONTRACT_TOKENS)
+    rep = three_way(*token_dumps(tmp_path, 0.01), contract=CONTRACT_TOKENS)
     t = _tok(rep)
     assert rep.boundary("token.step.1").status == "benign", str(rep)
     assert rep.boundary("logits.step.1").status == "cascade" and rep.verdict == "match", str(rep)
@@ -303,12 +272,12 @@ def test_a_token_flip_the_logits_do_not_explain_is_named_at_the_token(tmp_path):
     both diverge at `token.step.1`, the step after it consequent, never its root."""
     from tensordiff.floor import three_way
 
-    rep = three_way(*_token_dumps(tmp_path / "a", 0.01, floor_err=0.0025, lead=0.2, width=65536),
+    rep = three_way(*token_dumps(tmp_path / "a", 0.01, floor_err=0.0025, lead=0.2, width=65536),
                     contract=CONTRACT_TOKENS)
     assert rep.earliest == ["token.step.1"], str(rep)
     assert rep.boundary("logits.step.1").status == "consequent"
     assert "exceeds the tie floor" in _tok(rep).reason
-    rep = three_way(*_token_dumps(tmp_path / "b", 0.01, cand_token=5 + 1), contract=CONTRACT_TOKENS)
+    rep = three_way(*token_dumps(tmp_path / "b", 0.01, cand_token=5 + 1), contract=CONTRACT_TOKENS)
     assert rep.earliest == ["token.step.1"] and "ignores them" in _tok(rep).reason, _tok(rep).reason
 
 
@@ -317,7 +286,7 @@ def test_a_token_flip_is_not_benign_when_the_logits_fail_their_own_rule(tmp_path
     is theirs, not a tie; `logits` is the root."""
     from tensordiff.floor import three_way
 
-    r, f, c = _token_dumps(tmp_path / "a", 0.01)
+    r, f, c = token_dumps(tmp_path / "a", 0.01)
     from tensordiff.dump import open_dump
 
     bad = torch.from_numpy(open_dump(c).load("logits").copy())
@@ -340,10 +309,10 @@ def test_a_token_tie_is_judged_within_the_row_floor_its_logits_were_judged_by(tm
     from tensordiff.floor import three_way
 
     kw = dict(floor_err=0.0025, lead=0.15, width=4096)
-    rep = three_way(*_token_dumps(tmp_path / "a", 0.01, worst_row_err=0.2, **kw), contract=CONTRACT_TOKENS)
+    rep = three_way(*token_dumps(tmp_path / "a", 0.01, worst_row_err=0.2, **kw), contract=CONTRACT_TOKENS)
     assert rep.boundary("logits").status == "match" and rep.boundary("token.step.1").status == "benign", str(rep)
     assert rep.verdict == "match"
     flip = _tok(rep).metrics.ties["flips"][0]
     assert flip["margin"] < flip["floor"] and flip["floor"] > 0.4, flip
-    strict = three_way(*_token_dumps(tmp_path / "b", 0.01, **{**kw, "width": 65536}), contract=CONTRACT_TOKENS)
+    strict = three_way(*token_dumps(tmp_path / "b", 0.01, **{**kw, "width": 65536}), contract=CONTRACT_TOKENS)
     assert strict.earliest == ["token.step.1"], str(strict)
