@@ -1,13 +1,11 @@
 #!/usr/bin/env bash
 # Issue 15, the router's bf16 target, session 7: one script, one H200, about 6 minutes.
 #
-#   bench/router_session7.sh OUTDIR [STAGES]     (STAGES: a subset of "tests variants kernels sweep profile")
+#   bench/router_session7.sh OUTDIR [STAGES]     (STAGES: a subset of "tests kernels sweep profile")
 #
 # Stages (each logs to OUTDIR/router7.log; a failing stage is logged and the next still runs):
 #   tests     build the hip backend, the router's GPU tests (every route against wave and torch,
 #             exact_bf16's table for every bf16 value, unaligned rows) -> router_tests.txt
-#   variants  bench/router_variants.py: exact_bf16's compile-time knobs beside filter_g16 and
-#             filter_redux, each its own nvcc build -> router_variants.json
 #   kernels   bench/kernels.py --only moe_route: every named route at 1,024 and 65,536 rows -> kernels_router.json
 #   sweep     the same with --router-sweep (1k..64k rows: where the default switches) -> kernels_sweep.json
 #   profile   where exact_bf16 and filter_g16 spend their time at 65,536 bf16 rows: ncu's warp
@@ -15,7 +13,7 @@
 #             counts (cuobjdump) -> profile.txt
 set -u -o pipefail
 out="${1:?usage: bench/router_session7.sh OUTDIR [STAGES]}"
-stages="${2:-tests variants kernels profile}"
+stages="${2:-tests kernels profile}"
 mkdir -p "$out"
 out="$(cd "$out" && pwd)"
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
@@ -36,12 +34,6 @@ if has tests; then
   rc=$?
   echo "router tests: exit $rc, $(tail -1 "$out/router_tests.txt")" | tee -a "$log"
   [ $rc -eq 0 ] || { status=1; grep -E "^(FAILED|ERROR)|Error" "$out/router_tests.txt" | head -20 | tee -a "$log"; }
-fi
-
-if has variants; then
-  stage "variants: bench/router_variants.py"
-  timeout 240 "$py" bench/router_variants.py "$out" 2>&1 | tee -a "$log"
-  [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
 fi
 
 if has kernels; then
