@@ -1,6 +1,7 @@
 """hip/moe_route.hip itself, run on the CPU: the kernel source compiled by the host compiler
-against tests/hip/simt/portable.h (one std::thread per GPU thread, one barrier per wave, a
-shuffle that not every lane of a wave reaches deadlocks instead of passing), on warp32 and wave64,
+against tests/hip/simt/portable.h (a fiber per GPU thread, one barrier per wave, a shuffle that
+not every lane of a wave reaches an error instead of a pass; tests/hip/test_simt_portable.py proves
+the stand-in itself), on warp32 and wave64,
 held to the torch reference op. It proves the router's logic and its wave-uniformity on a machine
 without a GPU; tests/hip/test_hip_kernels.py holds the GPU build to the same op on the GPU.
 

@@ -1,10 +1,13 @@
 // A stand-in for hip/portable.h that runs a kernel source on the CPU: every GPU thread of a block
-// is a std::thread, blocks run one after another, and a wave (warpSize lanes, 32 or 64: chosen
-// at run time with simt_set_warp_size) shares one barrier. A shuffle is "each lane publishes its
-// value and where it is in the source, barrier, each lane reads its source, barrier". Shuffles
-// are full-mask (as on NVIDIA): when the lanes of a wave are not all at the same shuffle of the
-// source, or a lane has already left, the launch reports an error (hipGetLastError) instead of
-// the results; a barrier never reached deadlocks (the harness runs under a time limit).
+// is a fiber (its own stack, switched with ucontext on the calling thread: no OS thread a GPU
+// thread, so no scheduler or futex traffic; the lanes interleave only at barriers, the one place
+// lanes meet on a GPU too), blocks run one after another, and a wave (warpSize lanes, 32 or 64:
+// chosen at run time with simt_set_warp_size) shares one barrier. A shuffle is "each lane
+// publishes its value and where it is in the source, barrier, each lane reads its source,
+// barrier". Shuffles are full-mask (as on NVIDIA): when the lanes of a wave are not all at the
+// same shuffle of the source, or a lane has already left, the launch reports an error
+// (hipGetLastError) instead of the results; so does a barrier that not every lane reaches (no
+// fiber can run on: the launch stops there), and an exception inside the kernel.
 // __shared__ is a static (one block at a time); __syncthreads is a barrier over the block.
 //
 // Only for tests (tests/hip/test_hip_moe_route_simt.py): it checks the kernel's logic and its
@@ -14,12 +17,11 @@
 #include <math.h>
 #include <stdint.h>
 #include <string.h>
-
+#include <ucontext.h>
 #include <atomic>
-#include <barrier>
+#include <functional>
 #include <memory>
 #include <stdexcept>
-#include <thread>
 #include <vector>
 
 struct dim3 {
@@ -31,7 +33,6 @@ struct float4 { float x, y, z, w; };
 struct float2 { float x, y; };
 struct uint2 { unsigned int x, y; };
 inline uint4 make_uint4(unsigned int a, unsigned int b, unsigned int c, unsigned int d) { return {a, b, c, d}; }
-
 #define __global__
 #define __device__
 #define __host__
@@ -43,20 +44,71 @@ typedef int hipError_t;
 #define hipSuccess 0
 
 namespace simt {
+// A barrier of `expected` fibers: the last to arrive opens the next phase; the others yield
+// until it has. Dropping (a lane that returns) lowers `expected` for this phase and the next.
+struct Barrier {
+  int expected = 0, arrived = 0;
+  uint64_t phase = 0;
+};
 struct Ctx {
   dim3 tid, bid;
-  int lane = 0;                       // lane in its wave
-  std::barrier<>* wave = nullptr;     // this thread's wave
-  std::barrier<>* block = nullptr;
-  uint64_t* slots = nullptr;          // one per lane of this thread's wave
-  int* sites = nullptr;               // the source line of each lane's current shuffle
-  int* left = nullptr;                // lanes of this wave that have returned
+  int lane = 0;               // lane in its wave
+  Barrier* wave = nullptr;    // this thread's wave
+  Barrier* block = nullptr;
+  uint64_t* slots = nullptr;  // one per lane of this thread's wave
+  int* sites = nullptr;       // the source line of each lane's current shuffle
+  int* left = nullptr;        // lanes of this wave that have returned
+};
+struct Fiber {
+  ucontext_t uc;
+  Ctx ctx;
+  bool done = false;
 };
 inline int warp_size = 32;
 inline int resident_blocks = 3;  // a persistent launch's grid: few, so blocks loop over row blocks
 inline dim3 block_dim, grid_dim;
-inline thread_local Ctx ctx;
-inline std::atomic<int> diverged{0};  // the first source line where a wave's lanes disagreed
+inline thread_local Ctx ctx;  // the running fiber's (the scheduler sets it before each switch)
+inline std::atomic<int> diverged{0};  // the first source line where a wave's lanes disagreed (-1: stuck)
+inline thread_local ucontext_t scheduler;
+inline thread_local Fiber* running = nullptr;
+inline thread_local uint64_t progress = 0;  // arrivals, phases opened and exits: a pass without any is stuck
+inline thread_local std::function<void()>* body = nullptr;
+constexpr size_t kStack = 256 * 1024;  // a fiber's stack (pages touched only as deep as a kernel goes)
+inline thread_local std::vector<std::unique_ptr<char[]>> stacks;  // reused from launch to launch
+
+inline void report(int line) {
+  int none = 0;
+  diverged.compare_exchange_strong(none, line);
+}
+inline void yield() { swapcontext(&running->uc, &scheduler); }
+inline void wait(Barrier* b) {
+  const uint64_t mine = b->phase;
+  ++progress;
+  if (++b->arrived == b->expected) {
+    b->arrived = 0;
+    ++b->phase;
+    return;
+  }
+  while (b->phase == mine) yield();
+}
+inline void drop(Barrier* b) {
+  ++progress;
+  if (--b->expected > 0 && b->arrived == b->expected) {
+    b->arrived = 0;
+    ++b->phase;
+  }
+}
+inline void fiber_entry() {
+  try {
+    (*body)();
+  } catch (...) {
+    report(-2);  // (the threads' stand-in ended the process here)
+  }
+  // a lane that returns leaves its wave's barrier, so the others do not wait for it
+  __atomic_add_fetch(ctx.left, 1, __ATOMIC_SEQ_CST);
+  drop(ctx.wave);
+  running->done = true;
+}  // uc_link: back to the scheduler
 
 template <typename K, typename... A>
 void launch(K kernel, dim3 grid, dim3 block, A... args) {
@@ -64,47 +116,65 @@ void launch(K kernel, dim3 grid, dim3 block, A... args) {
   block_dim = block;
   grid_dim = grid;
   const int waves = (int)block.x / warp_size;
+  while (stacks.size() < block.x) stacks.emplace_back(new char[kStack]);
+  std::function<void()> run = [&] { kernel(args...); };
+  body = &run;
+  std::vector<Fiber> fibers(block.x);
   for (unsigned int b = 0; b < grid.x; ++b) {
-    std::barrier<> block_bar((std::ptrdiff_t)block.x);
-    std::vector<std::unique_ptr<std::barrier<>>> wave_bars;
-    for (int w = 0; w < waves; ++w) wave_bars.emplace_back(new std::barrier<>(warp_size));
+    Barrier block_bar{(int)block.x};
+    std::vector<Barrier> wave_bars(waves, Barrier{warp_size});
     std::vector<uint64_t> slots(block.x);
     std::vector<int> sites(block.x), left(waves);
-    std::vector<std::thread> threads;
     for (unsigned int t = 0; t < block.x; ++t) {
-      threads.emplace_back([&, t] {
-        ctx.tid = dim3(t);
-        ctx.bid = dim3(b);
-        ctx.lane = (int)t % warp_size;
-        ctx.wave = wave_bars[t / warp_size].get();
-        ctx.block = &block_bar;
-        ctx.slots = slots.data() + (t / warp_size) * warp_size;
-        ctx.sites = sites.data() + (t / warp_size) * warp_size;
-        ctx.left = left.data() + t / warp_size;
-        kernel(args...);
-        // a lane that returns leaves its wave's barrier, so the others do not wait for it
-        __atomic_add_fetch(ctx.left, 1, __ATOMIC_SEQ_CST);
-        ctx.wave->arrive_and_drop();
-      });
+      Fiber& f = fibers[t];
+      f.done = false;
+      f.ctx.tid = dim3(t);
+      f.ctx.bid = dim3(b);
+      f.ctx.lane = (int)t % warp_size;
+      f.ctx.wave = &wave_bars[t / warp_size];
+      f.ctx.block = &block_bar;
+      f.ctx.slots = slots.data() + (t / warp_size) * warp_size;
+      f.ctx.sites = sites.data() + (t / warp_size) * warp_size;
+      f.ctx.left = left.data() + t / warp_size;
+      getcontext(&f.uc);
+      f.uc.uc_stack.ss_sp = stacks[t].get();
+      f.uc.uc_stack.ss_size = kStack;
+      f.uc.uc_link = &scheduler;
+      makecontext(&f.uc, fiber_entry, 0);
     }
-    for (auto& th : threads) th.join();
+    // round robin until every fiber has returned; a pass in which none moved is a barrier that
+    // not every lane reaches (on a GPU: a hang), reported, and the launch stops
+    for (bool live = true; live;) {
+      live = false;
+      const uint64_t before = progress;
+      for (Fiber& f : fibers) {
+        if (f.done) continue;
+        running = &f;
+        ctx = f.ctx;
+        swapcontext(&scheduler, &f.uc);
+        live = live || !f.done;
+      }
+      if (live && progress == before) {
+        report(-1);
+        return;
+      }
+    }
   }
 }
 }  // namespace simt
-
 #define threadIdx (simt::ctx.tid)
 #define blockIdx (simt::ctx.bid)
 #define blockDim (simt::block_dim)
 #define gridDim (simt::grid_dim)
 #define warpSize (simt::warp_size)
-#define __syncthreads() (simt::ctx.block->arrive_and_wait())
+#define __syncthreads() (simt::wait(simt::ctx.block))
 #define hipLaunchKernelGGL(k, grid, block, shmem, stream, ...) simt::launch(k, grid, block __VA_OPT__(,) __VA_ARGS__)
 
 inline uint32_t __float_as_uint(float f) { uint32_t u; memcpy(&u, &f, 4); return u; }
 inline float __uint_as_float(uint32_t u) { float f; memcpy(&f, &u, 4); return f; }
 
 inline hipError_t hipGetLastError() { return simt::diverged.exchange(0) ? 98 : 0; }
-inline const char* hipGetErrorString(hipError_t) { return "simt: lanes of a wave at different shuffles"; }
+inline const char* hipGetErrorString(hipError_t) { return "simt: lanes of a wave at different shuffles, a barrier not every lane reaches, or an exception"; }
 
 template <typename T> inline T simt_exchange(T v, int src_in_wave, int line) {
   static_assert(sizeof(T) <= 8, "shuffle of at most 8 bytes");
@@ -112,7 +182,7 @@ template <typename T> inline T simt_exchange(T v, int src_in_wave, int line) {
   memcpy(&u, &v, sizeof(T));
   simt::ctx.slots[simt::ctx.lane] = u;
   simt::ctx.sites[simt::ctx.lane] = line;
-  simt::ctx.wave->arrive_and_wait();
+  simt::wait(simt::ctx.wave);
   bool together = __atomic_load_n(simt::ctx.left, __ATOMIC_SEQ_CST) == 0;
   for (int l = 0; l < warpSize; ++l) together = together && simt::ctx.sites[l] == line;
   if (!together) {
@@ -120,7 +190,7 @@ template <typename T> inline T simt_exchange(T v, int src_in_wave, int line) {
     simt::diverged.compare_exchange_strong(none, line);
   }
   const uint64_t r = simt::ctx.slots[src_in_wave];
-  simt::ctx.wave->arrive_and_wait();
+  simt::wait(simt::ctx.wave);
   T out;
   memcpy(&out, &r, sizeof(T));
   return out;
@@ -139,7 +209,7 @@ template <typename T> inline T port_shfl(T v, int src_lane, int width, int line 
 inline uint64_t port_ballot(int pred, int line = __builtin_LINE()) {
   simt::ctx.slots[simt::ctx.lane] = pred ? 1 : 0;
   simt::ctx.sites[simt::ctx.lane] = line;
-  simt::ctx.wave->arrive_and_wait();
+  simt::wait(simt::ctx.wave);
   bool together = __atomic_load_n(simt::ctx.left, __ATOMIC_SEQ_CST) == 0;
   uint64_t mask = 0;
   for (int l = 0; l < warpSize; ++l) {
@@ -150,7 +220,7 @@ inline uint64_t port_ballot(int pred, int line = __builtin_LINE()) {
     int none = 0;
     simt::diverged.compare_exchange_strong(none, line);
   }
-  simt::ctx.wave->arrive_and_wait();
+  simt::wait(simt::ctx.wave);
   return mask;
 }
 // Shared memory between the lanes of a wave: a barrier of the wave, at one site of the source
