@@ -75,7 +75,9 @@ def main(argv=None) -> int:
     a.outdir.mkdir(parents=True, exist_ok=True)
     args = a.pytest_args or ["-q"]
 
-    env = dict(os.environ)
+    # the run is a pytest session of its own: a caller's xdist worker identity (this bench run by a
+    # test under xdist) would make its controller write as that worker, over its workers' records
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PYTEST_XDIST_")}
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), env.get("PYTHONPATH", "")) if p)
     cache = tempfile.mkdtemp(prefix="suite-time-cache-")  # a clean cache, as on CI
     env["TENSORDIFF_CACHE"] = cache

@@ -5,6 +5,17 @@ import pytest
 
 from tensordiff.openmp import passive_waits
 
+# Under pytest-xdist (the default: pyproject's addopts) the workers share the cores: each one's
+# torch gets its share of threads (1 a worker with `-n auto`), set before any test module imports
+# torch and inherited by the CLI processes the tests start. Two workers of two threads each on two
+# cores ran the suite in 425 s, of one thread each in 345 s: oversubscribed threads wait on each
+# other at every parallel op. A user's own OMP_NUM_THREADS is kept; serial runs keep torch's default.
+# `WORKER_THREADS`: the share set here (None: not a worker, or the user's own).
+WORKER_THREADS = None
+if os.environ.get("PYTEST_XDIST_WORKER") and "OMP_NUM_THREADS" not in os.environ:
+    WORKER_THREADS = max(1, (os.cpu_count() or 1) // max(1, int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))))
+    os.environ["OMP_NUM_THREADS"] = str(WORKER_THREADS)
+
 # Idle OpenMP workers sleep, as in every CLI process (tensordiff/openmp.py): set before any test
 # module imports torch. Results are the same (thread counts and partitioning do not change); on a
 # shared or loaded machine spinning workers cost the suite a large share of its CPU and wall time.
