@@ -371,25 +371,40 @@ __device__ inline uint32_t table_bits(int i) {
   return ((uint32_t)(i / kTableHalf) << 15) | (kTableLoBits + (uint32_t)(i % kTableHalf));
 }
 
-// The table's entry for the bf16 with bits h, given as x = h - (the window's lowest bits): only
-// x's low 16 bits count, (h - low) mod 2^16, so a caller may leave a carry above them. The
-// positive window is x in [0, 4095), the negative [0x8000, 0x8fff); a logit off it reads its
-// sign's last entry, NaN. `in` says whether h is in the window.
-constexpr uint32_t kTableMinusLo = 0x10000u - kTableLoBits;  // x = h + this
-__device__ inline float table_entry(uint32_t x, const float* table, bool& in) {
-  const uint32_t m = x & 0x7fffu;
-#ifdef TD_ROUTER_TABLE_FAULT_EDGE
-  in = m <= (uint32_t)kTableHalf - 1;  // planted (CPU tests only): the NaN entry taken as a score
+// The table's indices of the two bf16 logits of a 32-bit word (bits h0 in the low half, h1 in the
+// high), i0 | i1 << 16, both halves at once (16-bit lanes in one register: a bf16 row's words as
+// loaded, one VIADD.16x2 and one VIMNMX.U16x2 on sm_90 for two logits; session 8). Per half:
+// x = h - (the window's lowest bits) mod 2^16, so the positive window is x in [0, 4095) and the
+// negative one [0x8000, 0x8fff); the index min(x & 0x7fff, 4095) | x's bit 15 moved to bit 12. A
+// logit off the window reads its sign's last entry, NaN.
+constexpr uint32_t kTableMinusLo = 0x10000u - kTableLoBits;  // x = h + this, mod 2^16
+constexpr uint32_t kHalves = 0x10001u;                       // a 16-bit constant in both halves
+__device__ inline uint32_t table_index2(uint32_t w) {
+  const uint32_t x = port_vadd2_u16(w, kTableMinusLo * kHalves);
+  const uint32_t m = port_vmin2_u16(x & 0x7fffu * kHalves, (uint32_t)(kTableHalf - 1) * kHalves);
+#ifdef TD_ROUTER_TABLE_FAULT_PAIR
+  return m | ((x >> 3) & (uint32_t)kTableHalf) | ((x << 13) & (uint32_t)kTableHalf << 16);  // planted: the high half's sign from the low's
 #else
-  in = m < (uint32_t)kTableHalf - 1;
+  return m | ((x >> 3) & (uint32_t)kTableHalf * kHalves);
 #endif
-  return table[(m < kTableHalf - 1 ? m : kTableHalf - 1) | ((x >> 3) & kTableHalf)];
+}
+
+// The table's entry for the bf16 with bits h (the low half of table_index2), and whether h is in
+// the window (its entry a score, not the NaN that closes each sign's block).
+__device__ inline float table_entry(uint32_t h, const float* table, bool& in) {
+  const uint32_t i = table_index2(h & 0xffffu) & 0xffffu;
+#ifdef TD_ROUTER_TABLE_FAULT_EDGE
+  in = ((h + kTableMinusLo) & 0x7fffu) <= (uint32_t)kTableHalf - 1;  // planted (CPU tests only): the NaN entry taken as a score
+#else
+  in = (i & (kTableHalf - 1)) < (uint32_t)kTableHalf - 1;
+#endif
+  return table[i];
 }
 
 // exact_score of the bf16 with bits h, from `table` inside the window.
 __device__ inline float table_score(uint32_t h, const float* table) {
   bool in;
-  float s = table_entry(h + kTableMinusLo, table, in);
+  float s = table_entry(h, table, in);
   if (!in) s = exact_score(td::bf16_bits_to_f32((uint16_t)h));
   return s;
 }
@@ -452,12 +467,15 @@ __device__ inline void load_score_table(float* table, float* sb, float* sbvl, co
 }
 
 // Every bf16 bit pattern: bad[t] counts thread t's whose table_score (g_score_table) is not
-// exact_score bit for bit, example[t] its last. One block of 256.
+// exact_score bit for bit, or whose table_index2 in a word's high half (beside its sign-flipped
+// self in the low half) is not its index alone, example[t] its last. One block of 256.
 __global__ void __launch_bounds__(256) moe_route_table_check(uint32_t* bad, uint32_t* example) {
   uint32_t n = 0, last = 0;
   for (uint32_t h = threadIdx.x; h < 0x10000u; h += blockDim.x) {
     const float got = table_score(h, g_score_table), want = exact_score(td::bf16_bits_to_f32((uint16_t)h));
-    if (__float_as_uint(got) != __float_as_uint(want)) {
+    const uint32_t pair = table_index2(h << 16 | (h ^ 0x8000u));
+    const bool halves = pair >> 16 == (table_index2(h) & 0xffffu) && (pair & 0xffffu) == (table_index2(h ^ 0x8000u) & 0xffffu);
+    if (__float_as_uint(got) != __float_as_uint(want) || !halves) {
       ++n;
       last = h;
     }
@@ -484,8 +502,12 @@ __device__ inline int expert_lane(int e, int gw) {
 // per-row step (the threshold's rounds, the prefix count, the exact scores, the ranks) serves
 // several rows with one instruction: filter_g16. TAB (bf16, G 16): the keys exact from the table
 // (exact_bf16, above), persistent blocks.
+#ifndef TD_ROUTER_EXACT_MINB
+#define TD_ROUTER_EXACT_MINB 4
+#endif
+constexpr int kExactMinBlocks = TD_ROUTER_EXACT_MINB;  // exact_bf16's resident blocks asked of the compiler
 template <int DT, int PT, bool REDUX, int G, bool TAB>
-__global__ void __launch_bounds__(256, 4)
+__global__ void __launch_bounds__(256, TAB ? kExactMinBlocks : 4)
 moe_route_filter(const void* __restrict__ logits, const float* __restrict__ bias, const float* __restrict__ bias_vl,
                  const uint8_t* __restrict__ image_rows, float* __restrict__ weights, int64_t* __restrict__ ids,
                  int64_t rows, int64_t experts, int topk, float route_scale, int fault_text_bias_for_images) {
@@ -498,7 +520,7 @@ moe_route_filter(const void* __restrict__ logits, const float* __restrict__ bias
   constexpr int kSlots = kCap > 0 ? kCap : 1;
   __shared__ unsigned long long cand_key[kGroups][kSlots];
   __shared__ float cand_s[kGroups][kSlots];
-  __shared__ float top_s[kGroups][kMaxTopK];
+  alignas(16) __shared__ float top_s[kGroups][kMaxTopK];  // TAB: a group's read as two 16-byte loads
   __shared__ int top_id[kGroups][kMaxTopK];
   alignas(16) __shared__ float table[TAB ? kTableSize : 1];  // 16-byte loads and stores
   alignas(16) __shared__ float sbias[TAB ? 2 : 1][TAB ? PT * G : 1];  // TAB: bias and bias_vl (0 without it)
@@ -553,16 +575,17 @@ moe_route_filter(const void* __restrict__ logits, const float* __restrict__ bias
         for (int j = 0; j < Q; ++j) {
           const int q = lane + j * gw;
           const float4 bq = *reinterpret_cast<const float4*>(b + 4 * (kFull || q < n_quads ? q : n_quads - 1));
-          const uint32_t x[4] = {raw[j].x + kTableMinusLo, (raw[j].x >> 16) + kTableMinusLo, raw[j].y + kTableMinusLo,
-                                 (raw[j].y >> 16) + kTableMinusLo};
+          // both logits of a word indexed at once (table_index2), as byte offsets: an index is
+          // under 2^13, so the high one's is the word shifted right by 14 (one instruction)
+          const uint32_t i01 = table_index2(raw[j].x), i23 = table_index2(raw[j].y);
+          const uint32_t off[4] = {(i01 << 2) & 0xffffu, i01 >> 14, (i23 << 2) & 0xffffu, i23 >> 14};
           const float be[4] = {bq.x, bq.y, bq.z, bq.w};
 #pragma unroll
           for (int c = 0; c < 4; ++c) {
             // a logit off the table (|l| < 2^-25 or >= 127.5, 0, inf, NaN) reads the NaN entry: no
             // key here, a candidate whose exact score step 3 computes, passed over by fmaxf (as a
             // NaN logit or bias). No branch a slot
-            bool in;
-            const float key = table_entry(x[c], table, in) + be[c];
+            const float key = *reinterpret_cast<const float*>(reinterpret_cast<const char*>(table) + off[c]) + be[c];
             hi[4 * j + c] = kFull || q < n_quads ? key : -inf;
             lane_lo = fmaxf(lane_lo, hi[4 * j + c]);
           }
@@ -688,10 +711,12 @@ moe_route_filter(const void* __restrict__ logits, const float* __restrict__ bias
     port_wave_sync();
     if (live && lane < topk) {
       float sum = 0.f;
-      if constexpr (TAB) {  // (no loop of topk trips)
+      if constexpr (TAB) {  // the group's scores in registers (two 16-byte loads), no branch a term
+        static_assert(kMaxTopK == 8, "two float4");
+        const float4 t03 = *reinterpret_cast<const float4*>(ts), t47 = *reinterpret_cast<const float4*>(ts + 4);
+        const float t[kMaxTopK] = {t03.x, t03.y, t03.z, t03.w, t47.x, t47.y, t47.z, t47.w};
 #pragma unroll
-        for (int r = 0; r < kMaxTopK; ++r)
-          if (r < topk) sum += ts[r];  // in rank order, as the other routes
+        for (int r = 0; r < kMaxTopK; ++r) sum = r < topk ? sum + t[r] : sum;  // in rank order, as the other routes
       } else {
         for (int r = 0; r < topk; ++r) sum += ts[r];  // in rank order, as the other routes
       }

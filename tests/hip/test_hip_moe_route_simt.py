@@ -429,6 +429,12 @@ def lib_table_edge(module_tmp):
     return build(module_tmp("simt-table-edge"), "-DTD_ROUTER_TABLE_FAULT_EDGE")
 
 
+@pytest.fixture(scope="module")
+def lib_table_pair(module_tmp):
+    """Planted: table_index2 gives a word's high logit the low one's sign (the keys' two-at-once index)."""
+    return build(module_tmp("simt-table-pair"), "-DTD_ROUTER_TABLE_FAULT_PAIR")
+
+
 def table_mismatches(lib) -> tuple[int, set[int]]:
     """td_moe_route_table_check: how many bf16 bit patterns' looked-up scores are not exact_score
     bit for bit, and the bits of each thread's last one."""
@@ -438,14 +444,16 @@ def table_mismatches(lib) -> tuple[int, set[int]]:
     return int(bad.sum()), {int(x) for x in example[bad > 0]}
 
 
-def test_the_score_table_is_exact_for_every_bf16_value(lib, lib_table_ulp, lib_table_edge):
-    """All 65,536 bf16 patterns: the table route's score is exact_score's, bit for bit; the planted
-    tables are caught where they are wrong, and only there."""
+def test_the_score_table_is_exact_for_every_bf16_value(lib, lib_table_ulp, lib_table_edge, lib_table_pair):
+    """All 65,536 bf16 patterns: the table route's score is exact_score's, bit for bit, and its index
+    in a word's high half (beside its sign-flipped self) the same as alone; the planted tables are
+    caught where they are wrong, and only there."""
     assert table_mismatches(lib) == (0, set())
     n, where = table_mismatches(lib_table_ulp)
     assert n == 2 * 128 and all((h >> 7) & 0xFF == 128 for h in where), (n, sorted(map(hex, where)))
     n, where = table_mismatches(lib_table_edge)
     assert n == 2 and where and where <= {0x42FF, 0xC2FF}, (n, where)  # 127.5 and -127.5 (one thread's)
+    assert table_mismatches(lib_table_pair)[0] == 65536  # each pattern's partner has the other sign
 
 
 def bf16_from_bits(bits) -> torch.Tensor:
@@ -489,6 +497,14 @@ def test_exact_bf16_with_a_wrong_table_entry_fails(lib, planted, request):
     w, ids = route(bad, *args, threads=ROUTES["exact_bf16"])
     w_ok, ids_ok = route(lib, *args, threads=ROUTES["wave"])
     assert not (torch.equal(ids, ids_ok) and torch.equal(w.view(torch.int32), w_ok.view(torch.int32)))
+
+
+def test_exact_bf16_with_a_wrong_key_index_fails(lib, lib_table_pair):
+    """Planted: a word's high logit keyed with the low one's sign (the keys' two-at-once index; the
+    candidates' exact scores are still right): random rows' ids are no longer the wave route's."""
+    args = (*inputs(24, 384, torch.bfloat16, seed=65), 6, 1.5)
+    assert not torch.equal(route(lib_table_pair, *args, threads=ROUTES["exact_bf16"])[1],
+                           route(lib, *args, threads=ROUTES["wave"])[1])
 
 
 @pytest.mark.parametrize("ws", [32, 64])
