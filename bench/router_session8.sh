@@ -4,6 +4,7 @@
 #   bench/router_session8.sh OUTDIR [STAGES] [OLD_SOURCE]
 #
 # STAGES: a subset of "tests kernels sweep variants profile" (default "tests kernels variants profile").
+# ROUTER8_VARIANTS (environment): more exact_bf16 builds for the variants stage, "name=-DFLAG=V ...;name2=...".
 # OLD_SOURCE: another moe_route.hip (e.g. session 7's, `git show a80c49f:hip/moe_route.hip`) timed
 # beside this tree's in the variants stage, in the same process (the lead's A/B on one GPU).
 #
@@ -61,7 +62,7 @@ fi
 if has variants; then
   stage "variants: exact_bf16 with its compile-time knobs${old_source:+, and $old_source}"
   cat >"$work/variants.py" <<'PY'
-import ctypes, json, subprocess, sys
+import ctypes, json, os, subprocess, sys
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 import torch
@@ -70,9 +71,11 @@ from bench.kernels import copy_bandwidth, graph_us, router_bytes, sets_for
 HIP = Path("hip").resolve()
 out, work, old = Path(sys.argv[1]), Path(sys.argv[2]), sys.argv[3]
 # name -> (source, -D flags, route code)
-VARIANTS = {"exact_bf16": (HIP / "moe_route.hip", [], -13),
-            "exact_bf16_minb5": (HIP / "moe_route.hip", ["-DTD_ROUTER_EXACT_MINB=5"], -13),
-            "filter_g16": (HIP / "moe_route.hip", [], -11)}
+VARIANTS = {"exact_bf16": (HIP / "moe_route.hip", [], -13), "filter_g16": (HIP / "moe_route.hip", [], -11)}
+# more: ROUTER8_VARIANTS="name=-DFLAG=1 -DOTHER=2;name2=..." (exact_bf16 built with those flags)
+for spec in filter(None, os.environ.get("ROUTER8_VARIANTS", "").split(";")):
+    name, _, flags = spec.partition("=")
+    VARIANTS[name.strip()] = (HIP / "moe_route.hip", flags.split(), -13)
 if old:
     VARIANTS["old_exact_bf16"] = (Path(old), [], -13)
 arch = "sm_%d%d" % torch.cuda.get_device_capability()

@@ -58,6 +58,28 @@ __device__ inline T wave_max(T v, int ws) {
   return v;
 }
 
+// The k-th largest (1 <= k <= G) of G UNIQUE values, one a lane of a group of G lanes (lane its
+// number in the group); every lane gets it. A bitonic sort of the group by xor shuffles,
+// descending (lane 0 the largest): log2(G) (log2(G) + 1) / 2 dependent steps, 10 for 16, against
+// k rounds of log2(G) for k maxima (24 for top-6: exact_bf16's threshold, session 8), then lane
+// k - 1's value. Unique values make it the same number as the rounds of maxima.
+template <int G>
+__device__ inline uint32_t group_kth_largest(uint32_t v, int k, int lane) {
+#pragma unroll
+  for (int size = 2; size <= G; size <<= 1) {
+#pragma unroll
+    for (int j = size / 2; j > 0; j >>= 1) {
+#ifdef TD_ROUTER_EXACT_FAULT_SORT
+      if (size == G && j == 1) break;  // planted (CPU tests only): the last step left out
+#endif
+      const uint32_t o = port_shfl_xor(v, j, G);
+      const bool keep_max = ((lane & size) == 0) == ((lane & j) == 0);  // blocks with lane & size 0 descend
+      v = keep_max ? (o > v ? o : v) : (o < v ? o : v);
+    }
+  }
+  return port_shfl(v, k - 1, G);
+}
+
 // Maximum over the TPR threads of the block; every thread gets it. Shuffles inside each wave
 // (width min(warpSize, TPR)), then the waves' results through shared memory.
 template <int TPR>
@@ -506,6 +528,18 @@ __device__ inline int expert_lane(int e, int gw) {
 #define TD_ROUTER_EXACT_MINB 4
 #endif
 constexpr int kExactMinBlocks = TD_ROUTER_EXACT_MINB;  // exact_bf16's resident blocks asked of the compiler
+#ifndef TD_ROUTER_EXACT_SORT
+#define TD_ROUTER_EXACT_SORT 1
+#endif
+constexpr bool kExactSort = TD_ROUTER_EXACT_SORT;  // exact_bf16's threshold by a sort, not k rounds
+#ifndef TD_ROUTER_EXACT_PREFETCH
+#define TD_ROUTER_EXACT_PREFETCH 1
+#endif
+constexpr bool kExactPrefetch = TD_ROUTER_EXACT_PREFETCH;  // the next row block's quads loaded ahead
+#ifndef TD_ROUTER_EXACT_RANK_UNROLL
+#define TD_ROUTER_EXACT_RANK_UNROLL 16
+#endif
+constexpr int kExactRankUnroll = TD_ROUTER_EXACT_RANK_UNROLL;  // the ranks' inner loop
 template <int DT, int PT, bool REDUX, int G, bool TAB>
 __global__ void __launch_bounds__(256, TAB ? kExactMinBlocks : 4)
 moe_route_filter(const void* __restrict__ logits, const float* __restrict__ bias, const float* __restrict__ bias_vl,
@@ -524,7 +558,6 @@ moe_route_filter(const void* __restrict__ logits, const float* __restrict__ bias
   __shared__ int top_id[kGroups][kMaxTopK];
   alignas(16) __shared__ float table[TAB ? kTableSize : 1];  // 16-byte loads and stores
   alignas(16) __shared__ float sbias[TAB ? 2 : 1][TAB ? PT * G : 1];  // TAB: bias and bias_vl (0 without it)
-  if constexpr (TAB) load_score_table(table, sbias[0], sbias[1], bias, bias_vl, (int)experts);
   const int ws = warpSize, gw = G ? G : ws;  // the wave, and the lanes of one row
   const int lane = threadIdx.x % gw, group = threadIdx.x / gw;
   const float inf = __uint_as_float(0x7f800000u);
@@ -544,6 +577,19 @@ moe_route_filter(const void* __restrict__ logits, const float* __restrict__ bias
   constexpr int Q = TAB ? PT / 4 : 1;  // TAB: a lane's quads
   const int n_quads = n_exp / 4;
   const bool full = TAB && n_quads == Q * gw;  // every slot of every lane an expert (384 on 16 lanes)
+  // TAB: the quads of this thread's row in row block rb, loaded into `pre` one row block ahead
+  // (issued once a row's keys are consumed, so the loads' latency hides behind its candidates,
+  // ranks and weights; session 8). A row past the end loads the last row (valid memory, unused).
+  uint2 pre[Q];
+  auto load_quads = [&](int64_t rb) {
+    const int64_t r = rb * per_block + my_row < rows ? rb * per_block + my_row : rows - 1;
+    const uint2* rq = reinterpret_cast<const uint2*>(static_cast<const typename E::raw*>(logits) + r * experts);
+#pragma unroll
+    for (int j = 0; j < Q; ++j) {  // a group's lanes read consecutive quads: coalesced
+      const int q = lane + j * gw;
+      pre[j] = rq[q < n_quads ? q : n_quads - 1];
+    }
+  };
 
   auto row_block = [&](int64_t rb) {
   const int64_t wave_row = rb * per_block + wave_first;
@@ -564,13 +610,8 @@ moe_route_filter(const void* __restrict__ logits, const float* __restrict__ bias
     if constexpr (TAB) {  // exact keys: lo = hi = fl(s + b); n_exp % 4 == 0, 8-byte rows (launch_exact)
       auto keys = [&](auto full_rows) {
         constexpr bool kFull = decltype(full_rows)::value;
-        const uint2* rq = reinterpret_cast<const uint2*>(lr);
-        uint2 raw[Q];
-#pragma unroll
-        for (int j = 0; j < Q; ++j) {  // a group's lanes read consecutive quads: coalesced
-          const int q = lane + j * gw;
-          raw[j] = rq[kFull || q < n_quads ? q : n_quads - 1];
-        }
+        if constexpr (!kExactPrefetch) load_quads(rb);
+        const uint2* raw = pre;  // this row's quads (load_quads)
 #pragma unroll
         for (int j = 0; j < Q; ++j) {
           const int q = lane + j * gw;
@@ -624,9 +665,13 @@ moe_route_filter(const void* __restrict__ logits, const float* __restrict__ bias
     // becomes a NaN, which !(hi < T) takes as every expert: the same as -inf).
     const uint32_t low = TAB ? (uint32_t)(gw - 1) : 0u;
     v = (v & ~low) | ((uint32_t)lane & low);  // never 0: lane_lo is never a NaN
-    for (int r = 0; r < topk; ++r) {  // uniform over the wave
-      t = (REDUX && G == 0) ? port_wave_max_u32(v, ws) : wave_max(v, gw);
-      if (v == t) v = 0;
+    if constexpr (TAB && kExactSort) {  // unique values: their k-th largest by a sort (group_kth_largest)
+      t = group_kth_largest<G>(v, topk, lane);
+    } else {
+      for (int r = 0; r < topk; ++r) {  // uniform over the wave
+        t = (REDUX && G == 0) ? port_wave_max_u32(v, ws) : wave_max(v, gw);
+        if (v == t) v = 0;
+      }
     }
     const float thr = t == 0 ? -inf : from_ordered(t & ~low);
 
@@ -645,6 +690,11 @@ moe_route_filter(const void* __restrict__ logits, const float* __restrict__ bias
       for (int p = 0; p < PT; ++p)
         if (lane + p * gw < n_exp && !(hi[p] < thr)) mask |= 1u << p;
     }
+#ifdef TD_ROUTER_EXACT_FAULT_PREFETCH
+    if constexpr (TAB && kExactPrefetch) load_quads(rb);  // planted (CPU tests only): this row block's quads again
+#else
+    if constexpr (TAB && kExactPrefetch) load_quads(rb + gridDim.x);  // keys consumed: the next row block's quads
+#endif
     const int mine = __popc(mask);
     int upto = mine;  // inclusive prefix count over the row's lanes
     for (int o = 1; o < gw; o <<= 1) {
@@ -678,7 +728,12 @@ moe_route_filter(const void* __restrict__ logits, const float* __restrict__ bias
       for (int i = lane; i < total; i += gw) {
         const unsigned long long ki = keys[i];
         int rank = 0;
-        for (int j = 0; j < total; ++j) rank += keys[j] > ki ? 1 : 0;
+        if constexpr (TAB) {
+#pragma unroll kExactRankUnroll
+          for (int j = 0; j < total; ++j) rank += keys[j] > ki ? 1 : 0;
+        } else {
+          for (int j = 0; j < total; ++j) rank += keys[j] > ki ? 1 : 0;
+        }
         if (rank < topk) {
           ts[rank] = ks[i];
           ti[rank] = unpack_id(ki);
@@ -726,6 +781,8 @@ moe_route_filter(const void* __restrict__ logits, const float* __restrict__ bias
   }
   };
   if constexpr (TAB) {  // persistent: block b takes row blocks b, b + gridDim.x, ...
+    if constexpr (kExactPrefetch) load_quads(blockIdx.x);  // the first row block's quads in flight while the table is copied
+    load_score_table(table, sbias[0], sbias[1], bias, bias_vl, (int)experts);
     for (int64_t rb = blockIdx.x; rb * (blockDim.x / gw) < rows; rb += gridDim.x) row_block(rb);
   } else {
     row_block(blockIdx.x);

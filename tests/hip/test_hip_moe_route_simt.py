@@ -499,12 +499,27 @@ def test_exact_bf16_with_a_wrong_table_entry_fails(lib, planted, request):
     assert not (torch.equal(ids, ids_ok) and torch.equal(w.view(torch.int32), w_ok.view(torch.int32)))
 
 
-def test_exact_bf16_with_a_wrong_key_index_fails(lib, lib_table_pair):
-    """Planted: a word's high logit keyed with the low one's sign (the keys' two-at-once index; the
-    candidates' exact scores are still right): random rows' ids are no longer the wave route's."""
-    args = (*inputs(24, 384, torch.bfloat16, seed=65), 6, 1.5)
-    assert not torch.equal(route(lib_table_pair, *args, threads=ROUTES["exact_bf16"])[1],
-                           route(lib, *args, threads=ROUTES["wave"])[1])
+@pytest.fixture(scope="module")
+def lib_exact_sort(module_tmp):
+    """Planted: exact_bf16's threshold sort without its last step (lane k - 1 not the k-th largest)."""
+    return build(module_tmp("simt-exact-sort"), "-DTD_ROUTER_EXACT_FAULT_SORT")
+
+
+@pytest.fixture(scope="module")
+def lib_exact_prefetch(module_tmp):
+    """Planted: exact_bf16's persistent blocks load the row block they just ranked, not the next one."""
+    return build(module_tmp("simt-exact-prefetch"), "-DTD_ROUTER_EXACT_FAULT_PREFETCH")
+
+
+@pytest.mark.parametrize("planted", ["lib_table_pair", "lib_exact_sort", "lib_exact_prefetch"])
+def test_exact_bf16_with_a_planted_step_fault_fails(lib, planted, request):
+    """Planted, each a step of exact_bf16 made wrong while the candidates' exact scores stay right: a
+    word's high logit keyed with the low one's sign; the threshold's sort a step short (T above
+    the k-th largest key); the next row block's quads not loaded (70 rows: the stand-in's 3
+    persistent blocks take 2 row blocks each). Random rows' ids are no longer the wave route's."""
+    bad = request.getfixturevalue(planted)
+    args = (*inputs(70, 384, torch.bfloat16, seed=65), 6, 1.5)
+    assert not torch.equal(route(bad, *args, threads=ROUTES["exact_bf16"])[1], route(lib, *args, threads=ROUTES["wave"])[1])
 
 
 @pytest.mark.parametrize("ws", [32, 64])
