@@ -537,7 +537,7 @@ constexpr bool kExactSort = TD_ROUTER_EXACT_SORT;  // exact_bf16's threshold by 
 #endif
 constexpr bool kExactPrefetch = TD_ROUTER_EXACT_PREFETCH;  // the next row block's quads loaded ahead
 #ifndef TD_ROUTER_EXACT_RANK_UNROLL
-#define TD_ROUTER_EXACT_RANK_UNROLL 16
+#define TD_ROUTER_EXACT_RANK_UNROLL 4
 #endif
 constexpr int kExactRankUnroll = TD_ROUTER_EXACT_RANK_UNROLL;  // the ranks' inner loop
 template <int DT, int PT, bool REDUX, int G, bool TAB>
@@ -552,12 +552,24 @@ moe_route_filter(const void* __restrict__ logits, const float* __restrict__ bias
   // TAB: a shorter list (its table and biases take 35 KB of the 48 KB a block may declare)
   constexpr int kCap = TAB && kFilterCap > kExactCap ? kExactCap : kFilterCap;
   constexpr int kSlots = kCap > 0 ? kCap : 1;
-  __shared__ unsigned long long cand_key[kGroups][kSlots];
-  __shared__ float cand_s[kGroups][kSlots];
-  alignas(16) __shared__ float top_s[kGroups][kMaxTopK];  // TAB: a group's read as two 16-byte loads
-  __shared__ int top_id[kGroups][kMaxTopK];
-  alignas(16) __shared__ float table[TAB ? kTableSize : 1];  // 16-byte loads and stores
-  alignas(16) __shared__ float sbias[TAB ? 2 : 1][TAB ? PT * G : 1];  // TAB: bias and bias_vl (0 without it)
+  // One shared object, so that every array is its base plus a constant (separate arrays had
+  // their shared-window addresses rebuilt inside the candidates' loop: ~14 instructions a
+  // candidate, session 8's profile)
+  struct Shared {
+    unsigned long long cand_key[kGroups][kSlots];
+    float cand_s[kGroups][kSlots];
+    alignas(16) float top_s[kGroups][kMaxTopK];  // TAB: a group's read as two 16-byte loads
+    int top_id[kGroups][kMaxTopK];
+    alignas(16) float table[TAB ? kTableSize : 1];  // 16-byte loads and stores
+    alignas(16) float sbias[TAB ? 2 : 1][TAB ? PT * G : 1];  // TAB: bias and bias_vl (0 without it)
+  };
+  __shared__ Shared sm;
+  auto& cand_key = sm.cand_key;
+  auto& cand_s = sm.cand_s;
+  auto& top_s = sm.top_s;
+  auto& top_id = sm.top_id;
+  auto& table = sm.table;
+  auto& sbias = sm.sbias;
   const int ws = warpSize, gw = G ? G : ws;  // the wave, and the lanes of one row
   const int lane = threadIdx.x % gw, group = threadIdx.x / gw;
   const float inf = __uint_as_float(0x7f800000u);
@@ -695,6 +707,11 @@ moe_route_filter(const void* __restrict__ logits, const float* __restrict__ bias
 #else
     if constexpr (TAB && kExactPrefetch) load_quads(rb + gridDim.x);  // keys consumed: the next row block's quads
 #endif
+    // TAB: the first candidate's logit loaded now, behind the prefix count (in the candidates'
+    // loop its load was the kernel's largest stall; session 8's profile). No candidate: expert 0
+    const int first_e = mask != 0 ? slot_expert<TAB>(lane, __ffs((int)mask) - 1, gw) : 0;
+    typename E::raw first_raw = 0;
+    if constexpr (TAB) first_raw = lr[first_e];
     const int mine = __popc(mask);
     int upto = mine;  // inclusive prefix count over the row's lanes
     for (int o = 1; o < gw; o <<= 1) {
@@ -716,12 +733,30 @@ moe_route_filter(const void* __restrict__ logits, const float* __restrict__ bias
     // row of its wave to the slow path
     if (port_ballot(total > kCap) == 0) {
       int at = upto - mine;
-      for (uint32_t mm = mask; mm != 0; mm &= mm - 1) {  // divergent, no shuffle inside
-        const int e = slot_expert<TAB>(lane, __ffs((int)mm) - 1, gw);
-        const float s = exact_of(lr, e);
-        keys[at] = pack(s + b[e], e);
-        ks[at] = s;
-        ++at;
+      if constexpr (TAB) {  // each candidate's logit loaded one candidate ahead
+        int e = first_e;
+        typename E::raw raw = first_raw;
+        for (uint32_t mm = mask; mm != 0;) {  // divergent, no shuffle inside
+          const int e_now = e;
+          const typename E::raw raw_now = raw;
+          mm &= mm - 1;
+          if (mm != 0) {
+            e = slot_expert<TAB>(lane, __ffs((int)mm) - 1, gw);
+            raw = lr[e];
+          }
+          const float s = table_score(raw_now, table);
+          keys[at] = pack(s + b[e_now], e_now);
+          ks[at] = s;
+          ++at;
+        }
+      } else {
+        for (uint32_t mm = mask; mm != 0; mm &= mm - 1) {  // divergent, no shuffle inside
+          const int e = slot_expert<TAB>(lane, __ffs((int)mm) - 1, gw);
+          const float s = exact_of(lr, e);
+          keys[at] = pack(s + b[e], e);
+          ks[at] = s;
+          ++at;
+        }
       }
       port_wave_sync();
       // 4. ranks: how many candidates are larger
