@@ -540,6 +540,10 @@ constexpr bool kExactPrefetch = TD_ROUTER_EXACT_PREFETCH;  // the next row block
 #define TD_ROUTER_EXACT_RANK_UNROLL 4
 #endif
 constexpr int kExactRankUnroll = TD_ROUTER_EXACT_RANK_UNROLL;  // the ranks' inner loop
+#ifndef TD_ROUTER_EXACT_AHEAD
+#define TD_ROUTER_EXACT_AHEAD 1
+#endif
+constexpr bool kExactAhead = TD_ROUTER_EXACT_AHEAD;  // each candidate's logit loaded one candidate ahead
 template <int DT, int PT, bool REDUX, int G, bool TAB>
 __global__ void __launch_bounds__(256, TAB ? kExactMinBlocks : 4)
 moe_route_filter(const void* __restrict__ logits, const float* __restrict__ bias, const float* __restrict__ bias_vl,
@@ -709,9 +713,10 @@ moe_route_filter(const void* __restrict__ logits, const float* __restrict__ bias
 #endif
     // TAB: the first candidate's logit loaded now, behind the prefix count (in the candidates'
     // loop its load was the kernel's largest stall; session 8's profile). No candidate: expert 0
+    // (widened to 32 bits at the load: a 16-bit register half would be merged, and waited for, at once)
     const int first_e = mask != 0 ? slot_expert<TAB>(lane, __ffs((int)mask) - 1, gw) : 0;
-    typename E::raw first_raw = 0;
-    if constexpr (TAB) first_raw = lr[first_e];
+    uint32_t first_raw = 0;
+    if constexpr (TAB && kExactAhead) first_raw = lr[first_e];
     const int mine = __popc(mask);
     int upto = mine;  // inclusive prefix count over the row's lanes
     for (int o = 1; o < gw; o <<= 1) {
@@ -733,12 +738,12 @@ moe_route_filter(const void* __restrict__ logits, const float* __restrict__ bias
     // row of its wave to the slow path
     if (port_ballot(total > kCap) == 0) {
       int at = upto - mine;
-      if constexpr (TAB) {  // each candidate's logit loaded one candidate ahead
+      if constexpr (TAB && kExactAhead) {  // each candidate's logit loaded one candidate ahead
         int e = first_e;
-        typename E::raw raw = first_raw;
+        uint32_t raw = first_raw;
         for (uint32_t mm = mask; mm != 0;) {  // divergent, no shuffle inside
           const int e_now = e;
-          const typename E::raw raw_now = raw;
+          const uint32_t raw_now = raw;
           mm &= mm - 1;
           if (mm != 0) {
             e = slot_expert<TAB>(lane, __ffs((int)mm) - 1, gw);
