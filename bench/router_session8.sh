@@ -12,8 +12,9 @@
 #   kernels   bench/kernels.py --only moe_route: every named route at 1,024 and 65,536 rows
 #   sweep     the same with --router-sweep (where the default switches)
 #   variants  moe_route.hip compiled by nvcc alone into shared libraries (this tree's, with each
-#             -D knob of VARIANTS below, and OLD_SOURCE's), exact_bf16 timed at 65,536 and 1,024
+#             ROUTER8_VARIANTS flag set, and OLD_SOURCE's), exact_bf16 timed at 65,536 and 1,024
 #             bf16 rows by bench/kernels.py's graph replay; each held bit for bit to the wave route
+#             (session 8 compared its knobs this way; the ones that lost left the kernel with them)
 #   profile   ncu on exact_bf16 at 65,536 bf16 rows: warp states, scheduler statistics, and the
 #             executed warp instructions by SASS opcode and by source line (SourceCounters)
 # Everything is printed (a stage's key lines) and logged to OUTDIR/router8.log.

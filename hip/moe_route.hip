@@ -26,6 +26,16 @@ namespace {
 
 constexpr int kMaxTopK = 8;
 
+// Faults planted at run time by the CPU tests (one build for all of session 8's: a build a fault
+// cost the CPU suite ~4 s each): TD_ROUTER_PLANTED(n) is whether fault n is planted now. Builds
+// that do not define it (every GPU build) plant nothing and compile the checks away.
+#ifndef TD_ROUTER_PLANTED
+#define TD_ROUTER_PLANTED(n) ((void)(n), false)
+#endif
+constexpr int kPlantPairSign = 1;  // table_index2: a word's high logit indexed with the low one's sign
+constexpr int kPlantSortShort = 2;  // group_kth_largest: the sort's last step left out
+constexpr int kPlantPrefetchSame = 3;  // exact_bf16: the row block just ranked loaded again, not the next
+
 // The score every route ranks and weighs by: sqrt(torch's softplus (beta 1, threshold 20)), with
 // the accurate library functions torch's own kernel uses, so ids and weights stay bit-faithful.
 __device__ inline float exact_score(float l) { return sqrtf(l > 20.f ? l : log1pf(expf(l))); }
@@ -69,9 +79,7 @@ __device__ inline uint32_t group_kth_largest(uint32_t v, int k, int lane) {
   for (int size = 2; size <= G; size <<= 1) {
 #pragma unroll
     for (int j = size / 2; j > 0; j >>= 1) {
-#ifdef TD_ROUTER_EXACT_FAULT_SORT
-      if (size == G && j == 1) break;  // planted (CPU tests only): the last step left out
-#endif
+      if (TD_ROUTER_PLANTED(kPlantSortShort) && size == G && j == 1) break;
       const uint32_t o = port_shfl_xor(v, j, G);
       const bool keep_max = ((lane & size) == 0) == ((lane & j) == 0);  // blocks with lane & size 0 descend
       v = keep_max ? (o > v ? o : v) : (o < v ? o : v);
@@ -380,6 +388,22 @@ __device__ inline float score_margin(float a, float margin_scale) {
 // the next row block's quads during this one (spills at 64 registers: 68.4 against 63.2), unrolling
 // the threshold's rounds (63.0 against 63.2), the REDUX above; 5 blocks a multiprocessor (a list
 // of 32, 48 registers) measured 71.1 against 72.2 in the first form, with spills, and left no room.
+// Session 8 (H200, bench/router_session8.sh: each form beside session 7's source in one process,
+// bench/kernels.py's graph replay; ncu's executed warp instructions a warp's 2 rows): session 7's
+// 51.2-51.6 us there (930 instructions). Both logits of a word indexed at once (table_index2, 16-bit
+// lanes: keys 244 -> 197 static instructions a lane) and the weights' sum from two 16-byte loads
+// (the unrolled sum had rebuilt its shared address in a branch a term: 132 -> 70): 48.4 (820).
+// The threshold by a sort of the group's 16 unique values (group_kth_largest: 10 dependent
+// shuffle steps, not 24) 47.2 against 48.1 with the rounds; the next row block's quads loaded once
+// the keys are consumed (the profile's largest stall was the first use of a row's loads) 47.2
+// against 47.7; the ranks' loop unrolled 4: 46.1 (the compiler's 16: 47.2; 1 / 2 / 8: 46.5 / 46.3 /
+// 47.5); the filter kernel's shared arrays one object (the candidates' loop rebuilt each array's
+// shared address). Final: 45.36 us (29.3% of the copy roofline in that run; bench/kernels.py's
+// exact_bf16 reads ~1.5% lower than the harness in one run), 7.2 us at 1,024 rows. Lost: each
+// candidate's logit loaded one candidate ahead (46.6 against 45.4: 5 more registers, no gain), 5
+// blocks a multiprocessor (48 registers: 47.0 against 47.2 before the ranks' unroll, 47.8 against
+// 47.2 once it spilled). Kept: the prefetch (without it 46.1 against 45.4). ncu: 0.59-0.60 issued
+// a scheduler-cycle at 44% achieved occupancy in every form; 798-806 instructions a warp's 2 rows.
 constexpr uint32_t kTableLoBits = 102u << 7;  // the bf16 bits of 2^-25, the window's lowest
 constexpr int kTableHalf = 4096;              // a sign's entries: the window's 4,095 values, then a NaN
 constexpr int kTableSize = 2 * kTableHalf;    // positive, then negative: 8,192 floats
@@ -404,11 +428,8 @@ constexpr uint32_t kHalves = 0x10001u;                       // a 16-bit constan
 __device__ inline uint32_t table_index2(uint32_t w) {
   const uint32_t x = port_vadd2_u16(w, kTableMinusLo * kHalves);
   const uint32_t m = port_vmin2_u16(x & 0x7fffu * kHalves, (uint32_t)(kTableHalf - 1) * kHalves);
-#ifdef TD_ROUTER_TABLE_FAULT_PAIR
-  return m | ((x >> 3) & (uint32_t)kTableHalf) | ((x << 13) & (uint32_t)kTableHalf << 16);  // planted: the high half's sign from the low's
-#else
+  if (TD_ROUTER_PLANTED(kPlantPairSign)) return m | ((x >> 3) & (uint32_t)kTableHalf) | ((x << 13) & (uint32_t)kTableHalf << 16);
   return m | ((x >> 3) & (uint32_t)kTableHalf * kHalves);
-#endif
 }
 
 // The table's entry for the bf16 with bits h (the low half of table_index2), and whether h is in
@@ -688,11 +709,7 @@ moe_route_filter(const void* __restrict__ logits, const float* __restrict__ bias
       for (int p = 0; p < PT; ++p)
         if (lane + p * gw < n_exp && !(hi[p] < thr)) mask |= 1u << p;
     }
-#ifdef TD_ROUTER_EXACT_FAULT_PREFETCH
-    if constexpr (TAB) load_quads(rb);  // planted (CPU tests only): this row block's quads again
-#else
-    if constexpr (TAB) load_quads(rb + gridDim.x);  // keys consumed: the next row block's quads
-#endif
+    if constexpr (TAB) load_quads(TD_ROUTER_PLANTED(kPlantPrefetchSame) ? rb : rb + gridDim.x);  // keys consumed: the next row block's
     const int mine = __popc(mask);
     int upto = mine;  // inclusive prefix count over the row's lanes
     for (int o = 1; o < gw; o <<= 1) {
@@ -934,6 +951,9 @@ constexpr int kDefaultRoute = kRouteFilterRedux;
 // exact_bf16's, the midpoint of its bracket: 4,096 rows redux 6.93 / exact 8.89 (its persistent
 // blocks copy the table and biases first), 8,192: 12.08 / 11.55, 16,384: 21.54 / 17.04, 65,536:
 // 75.90 / 50.92 (filter_g16 69.69); fp32 unchanged.
+// Session 8's sweep (bench/router_session8.sh, exact_bf16 one step before its final form, us):
+// 4,096 rows redux 6.66 / exact 8.68, 8,192: 11.60 / 11.70 (a tie, under 1%), 16,384: 20.76 /
+// 16.38, 65,536: 73.09 / 46.37; the threshold stays at 6,144 (the final form is faster again).
 #ifndef TD_ROUTER_G16_FROM_ROWS_F32
 #define TD_ROUTER_G16_FROM_ROWS_F32 49152
 #endif

@@ -41,6 +41,9 @@ static void simt_probe(int n) { simt_candidates[n < 1024 ? n : 1024]++; }
 static std::atomic<int> simt_route{1};
 static void simt_route_probe(int code) { simt_route = code; }
 #define TD_ROUTER_ROUTE_PROBE simt_route_probe
+// the fault planted now (lib_planted's build defines TD_ROUTER_PLANTED(n) to ask it; 0: none)
+static std::atomic<int> simt_planted{0};
+extern "C" void simt_plant(int n) { simt_planted = n; }
 #include "moe_route.hip"
 extern "C" void simt_set_warp_size(int ws) { simt::warp_size = ws; }
 extern "C" int simt_last_route() { return simt_route.exchange(1); }
@@ -66,6 +69,7 @@ def build(d: Path, *defines: str):
     so.td_moe_route.argtypes = [ctypes.c_void_p] * 6 + [ctypes.c_int64, ctypes.c_int64, ctypes.c_int, ctypes.c_float,
                                                          ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_void_p]
     so.simt_take_candidates.argtypes = [ctypes.c_void_p]
+    so.simt_plant.argtypes = [ctypes.c_int]
     so.td_moe_route_table_check.restype = ctypes.c_int
     so.td_moe_route_table_check.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p]
     so.td_moe_route_score_bound.restype = ctypes.c_int
@@ -430,9 +434,19 @@ def lib_table_edge(module_tmp):
 
 
 @pytest.fixture(scope="module")
-def lib_table_pair(module_tmp):
-    """Planted: table_index2 gives a word's high logit the low one's sign (the keys' two-at-once index)."""
-    return build(module_tmp("simt-table-pair"), "-DTD_ROUTER_TABLE_FAULT_PAIR")
+def lib_planted(module_tmp):
+    """Faults planted at run time, one build for all (hip/moe_route.hip TD_ROUTER_PLANTED, kPlant*):
+    plant(lib_planted, n) plants fault n, 0 none."""
+    return build(module_tmp("simt-planted"), "-DTD_ROUTER_PLANTED(n)=(simt_planted.load() == (n))")
+
+
+# hip/moe_route.hip kPlant*: a word's high logit indexed with the low one's sign; the threshold's
+# sort a step short; the row block just ranked loaded again instead of the next
+PLANTED = {"pair_sign": 1, "sort_short": 2, "prefetch_same": 3}
+
+
+def plant(lib, name: str | None):
+    lib.simt_plant(PLANTED[name] if name else 0)
 
 
 def table_mismatches(lib) -> tuple[int, set[int]]:
@@ -444,7 +458,7 @@ def table_mismatches(lib) -> tuple[int, set[int]]:
     return int(bad.sum()), {int(x) for x in example[bad > 0]}
 
 
-def test_the_score_table_is_exact_for_every_bf16_value(lib, lib_table_ulp, lib_table_edge, lib_table_pair):
+def test_the_score_table_is_exact_for_every_bf16_value(lib, lib_table_ulp, lib_table_edge, lib_planted):
     """All 65,536 bf16 patterns: the table route's score is exact_score's, bit for bit, and its index
     in a word's high half (beside its sign-flipped self) the same as alone; the planted tables are
     caught where they are wrong, and only there."""
@@ -453,7 +467,13 @@ def test_the_score_table_is_exact_for_every_bf16_value(lib, lib_table_ulp, lib_t
     assert n == 2 * 128 and all((h >> 7) & 0xFF == 128 for h in where), (n, sorted(map(hex, where)))
     n, where = table_mismatches(lib_table_edge)
     assert n == 2 and where and where <= {0x42FF, 0xC2FF}, (n, where)  # 127.5 and -127.5 (one thread's)
-    assert table_mismatches(lib_table_pair)[0] == 65536  # each pattern's partner has the other sign
+    plant(lib_planted, None)
+    assert table_mismatches(lib_planted) == (0, set())  # planted, but none now
+    plant(lib_planted, "pair_sign")
+    try:
+        assert table_mismatches(lib_planted)[0] == 65536  # each pattern's partner has the other sign
+    finally:
+        plant(lib_planted, None)
 
 
 def bf16_from_bits(bits) -> torch.Tensor:
@@ -499,27 +519,24 @@ def test_exact_bf16_with_a_wrong_table_entry_fails(lib, planted, request):
     assert not (torch.equal(ids, ids_ok) and torch.equal(w.view(torch.int32), w_ok.view(torch.int32)))
 
 
-@pytest.fixture(scope="module")
-def lib_exact_sort(module_tmp):
-    """Planted: exact_bf16's threshold sort without its last step (lane k - 1 not the k-th largest)."""
-    return build(module_tmp("simt-exact-sort"), "-DTD_ROUTER_EXACT_FAULT_SORT")
-
-
-@pytest.fixture(scope="module")
-def lib_exact_prefetch(module_tmp):
-    """Planted: exact_bf16's persistent blocks load the row block they just ranked, not the next one."""
-    return build(module_tmp("simt-exact-prefetch"), "-DTD_ROUTER_EXACT_FAULT_PREFETCH")
-
-
-@pytest.mark.parametrize("planted", ["lib_table_pair", "lib_exact_sort", "lib_exact_prefetch"])
-def test_exact_bf16_with_a_planted_step_fault_fails(lib, planted, request):
+@pytest.mark.parametrize("planted", [None, *PLANTED])
+def test_exact_bf16_with_a_planted_step_fault_fails(lib, lib_planted, planted):
     """Planted, each a step of exact_bf16 made wrong while the candidates' exact scores stay right: a
     word's high logit keyed with the low one's sign; the threshold's sort a step short (T above
     the k-th largest key); the next row block's quads not loaded (70 rows: the stand-in's 3
-    persistent blocks take 2 row blocks each). Random rows' ids are no longer the wave route's."""
-    bad = request.getfixturevalue(planted)
+    persistent blocks take 2 row blocks each). Random rows' ids are no longer the wave route's;
+    with none planted the same build is the wave route bit for bit."""
     args = (*inputs(70, 384, torch.bfloat16, seed=65), 6, 1.5)
-    assert not torch.equal(route(bad, *args, threads=ROUTES["exact_bf16"])[1], route(lib, *args, threads=ROUTES["wave"])[1])
+    plant(lib_planted, planted)
+    try:
+        got = route(lib_planted, *args, threads=ROUTES["exact_bf16"])
+    finally:
+        plant(lib_planted, None)
+    want = route(lib, *args, threads=ROUTES["wave"])
+    if planted is None:
+        bitwise(got, want)
+    else:
+        assert not torch.equal(got[1], want[1])
 
 
 @pytest.mark.parametrize("ws", [32, 64])
