@@ -26,9 +26,9 @@ namespace {
 
 constexpr int kMaxTopK = 8;
 
-// Faults planted at run time by the CPU tests (one build for all of session 8's: a build a fault
-// cost the CPU suite ~4 s each): TD_ROUTER_PLANTED(n) is whether fault n is planted now. Builds
-// that do not define it (every GPU build) plant nothing and compile the checks away.
+// Faults planted at run time by the CPU tests, in their main build (a build a fault costs the CPU
+// suite ~4 s): TD_ROUTER_PLANTED(n) is whether fault n is planted now. Builds that do not define
+// it (every GPU build) plant nothing and compile the checks away (the same SASS).
 #ifndef TD_ROUTER_PLANTED
 #define TD_ROUTER_PLANTED(n) ((void)(n), false)
 #endif
