@@ -44,6 +44,11 @@ static void simt_route_probe(int code) { simt_route = code; }
 // the fault planted now (the main build defines TD_ROUTER_PLANTED(n) to ask it; 0: none)
 static std::atomic<int> simt_planted{0};
 extern "C" void simt_plant(int n) { simt_planted = n; }
+// the default's row thresholds as the tests set them (f32, bf16; 0: the shipped one)
+static std::atomic<long> simt_from_rows[2] = {0, 0};
+static void simt_from_rows_probe(int dtype, int64_t& from) { if (simt_from_rows[dtype] != 0) from = simt_from_rows[dtype]; }
+#define TD_ROUTER_FROM_ROWS_PROBE simt_from_rows_probe
+extern "C" void simt_set_from_rows(long f32, long bf16) { simt_from_rows[0] = f32; simt_from_rows[1] = bf16; }
 #include "moe_route.hip"
 extern "C" void simt_set_warp_size(int ws) { simt::warp_size = ws; }
 extern "C" int simt_last_route() { return simt_route.exchange(1); }
@@ -70,6 +75,7 @@ def build(d: Path, *defines: str):
                                                          ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_void_p]
     so.simt_take_candidates.argtypes = [ctypes.c_void_p]
     so.simt_plant.argtypes = [ctypes.c_int]
+    so.simt_set_from_rows.argtypes = [ctypes.c_long, ctypes.c_long]
     so.td_moe_route_table_check.restype = ctypes.c_int
     so.td_moe_route_table_check.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p]
     so.td_moe_route_score_bound.restype = ctypes.c_int
@@ -100,12 +106,13 @@ def lib_slow(module_tmp):
     return build(module_tmp("simt-slow"), "-DTD_ROUTER_FILTER_CAP=0")
 
 
-@pytest.fixture(scope="module")
-def lib_few_rows_g16(module_tmp):
-    """The default's row thresholds lowered (filter_g16 from 8 f32 rows, exact_bf16 from 4 bf16
-    rows), so both sides of each run on a few rows."""
-    return build(module_tmp("simt-few-rows-g16"), "-DTD_ROUTER_G16_FROM_ROWS_F32=8",
-                 "-DTD_ROUTER_EXACT_FROM_ROWS_BF16=4")
+@pytest.fixture
+def lib_few_rows_g16(lib):
+    """The default's row thresholds lowered at run time (filter_g16 from 8 f32 rows, exact_bf16 from
+    4 bf16 rows), so both sides of each run on a few rows; the shipped ones again after."""
+    lib.simt_set_from_rows(8, 4)
+    yield lib
+    lib.simt_set_from_rows(0, 0)
 
 
 def candidates(lib) -> np.ndarray:
