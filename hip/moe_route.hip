@@ -26,6 +26,16 @@ namespace {
 
 constexpr int kMaxTopK = 8;
 
+// Faults planted at run time by the CPU tests, in their main build (a build a fault costs the CPU
+// suite ~4 s): TD_ROUTER_PLANTED(n) is whether fault n is planted now. Builds that do not define
+// it (every GPU build) plant nothing and compile the checks away (the same SASS).
+#ifndef TD_ROUTER_PLANTED
+#define TD_ROUTER_PLANTED(n) ((void)(n), false)
+#endif
+constexpr int kPlantPairSign = 1;  // table_index2: a word's high logit indexed with the low one's sign
+constexpr int kPlantSortShort = 2;  // group_kth_largest: the sort's last step left out
+constexpr int kPlantPrefetchSame = 3;  // exact_bf16: the row block just ranked loaded again, not the next
+
 // The score every route ranks and weighs by: sqrt(torch's softplus (beta 1, threshold 20)), with
 // the accurate library functions torch's own kernel uses, so ids and weights stay bit-faithful.
 __device__ inline float exact_score(float l) { return sqrtf(l > 20.f ? l : log1pf(expf(l))); }
@@ -56,6 +66,26 @@ __device__ inline T wave_max(T v, int ws) {
     v = other > v ? other : v;
   }
   return v;
+}
+
+// The k-th largest (1 <= k <= G) of G UNIQUE values, one a lane of a group of G lanes (lane its
+// number in the group); every lane gets it. A bitonic sort of the group by xor shuffles,
+// descending (lane 0 the largest): log2(G) (log2(G) + 1) / 2 dependent steps, 10 for 16, against
+// k rounds of log2(G) for k maxima (24 for top-6: exact_bf16's threshold, session 8), then lane
+// k - 1's value. Unique values make it the same number as the rounds of maxima.
+template <int G>
+__device__ inline uint32_t group_kth_largest(uint32_t v, int k, int lane) {
+#pragma unroll
+  for (int size = 2; size <= G; size <<= 1) {
+#pragma unroll
+    for (int j = size / 2; j > 0; j >>= 1) {
+      if (TD_ROUTER_PLANTED(kPlantSortShort) && size == G && j == 1) break;
+      const uint32_t o = port_shfl_xor(v, j, G);
+      const bool keep_max = ((lane & size) == 0) == ((lane & j) == 0);  // blocks with lane & size 0 descend
+      v = keep_max ? (o > v ? o : v) : (o < v ? o : v);
+    }
+  }
+  return port_shfl(v, k - 1, G);
 }
 
 // Maximum over the TPR threads of the block; every thread gets it. Shuffles inside each wave
@@ -358,6 +388,22 @@ __device__ inline float score_margin(float a, float margin_scale) {
 // the next row block's quads during this one (spills at 64 registers: 68.4 against 63.2), unrolling
 // the threshold's rounds (63.0 against 63.2), the REDUX above; 5 blocks a multiprocessor (a list
 // of 32, 48 registers) measured 71.1 against 72.2 in the first form, with spills, and left no room.
+// Session 8 (H200, bench/router_session8.sh: each form beside session 7's source in one process,
+// bench/kernels.py's graph replay; ncu's executed warp instructions a warp's 2 rows): session 7's
+// 51.2-51.6 us there (930 instructions). Both logits of a word indexed at once (table_index2, 16-bit
+// lanes: keys 244 -> 197 static instructions a lane) and the weights' sum from two 16-byte loads
+// (the unrolled sum had rebuilt its shared address in a branch a term: 132 -> 70): 48.4 (820).
+// The threshold by a sort of the group's 16 unique values (group_kth_largest: 10 dependent
+// shuffle steps, not 24) 47.2 against 48.1 with the rounds; the next row block's quads loaded once
+// the keys are consumed (the profile's largest stall was the first use of a row's loads) 47.2
+// against 47.7; the ranks' loop unrolled 4: 46.1 (the compiler's 16: 47.2; 1 / 2 / 8: 46.5 / 46.3 /
+// 47.5); the filter kernel's shared arrays one object (the candidates' loop rebuilt each array's
+// shared address). Final: 45.36 us (29.3% of the copy roofline in that run; bench/kernels.py's
+// exact_bf16 reads ~1.5% lower than the harness in one run), 7.2 us at 1,024 rows. Lost: each
+// candidate's logit loaded one candidate ahead (46.6 against 45.4: 5 more registers, no gain), 5
+// blocks a multiprocessor (48 registers: 47.0 against 47.2 before the ranks' unroll, 47.8 against
+// 47.2 once it spilled). Kept: the prefetch (without it 46.1 against 45.4). ncu: 0.59-0.60 issued
+// a scheduler-cycle at 44% achieved occupancy in every form; 798-806 instructions a warp's 2 rows.
 constexpr uint32_t kTableLoBits = 102u << 7;  // the bf16 bits of 2^-25, the window's lowest
 constexpr int kTableHalf = 4096;              // a sign's entries: the window's 4,095 values, then a NaN
 constexpr int kTableSize = 2 * kTableHalf;    // positive, then negative: 8,192 floats
@@ -371,25 +417,37 @@ __device__ inline uint32_t table_bits(int i) {
   return ((uint32_t)(i / kTableHalf) << 15) | (kTableLoBits + (uint32_t)(i % kTableHalf));
 }
 
-// The table's entry for the bf16 with bits h, given as x = h - (the window's lowest bits): only
-// x's low 16 bits count, (h - low) mod 2^16, so a caller may leave a carry above them. The
-// positive window is x in [0, 4095), the negative [0x8000, 0x8fff); a logit off it reads its
-// sign's last entry, NaN. `in` says whether h is in the window.
-constexpr uint32_t kTableMinusLo = 0x10000u - kTableLoBits;  // x = h + this
-__device__ inline float table_entry(uint32_t x, const float* table, bool& in) {
-  const uint32_t m = x & 0x7fffu;
+// The table's indices of the two bf16 logits of a 32-bit word (bits h0 in the low half, h1 in the
+// high), i0 | i1 << 16, both halves at once (16-bit lanes in one register: a bf16 row's words as
+// loaded, one VIADD.16x2 and one VIMNMX.U16x2 on sm_90 for two logits; session 8). Per half:
+// x = h - (the window's lowest bits) mod 2^16, so the positive window is x in [0, 4095) and the
+// negative one [0x8000, 0x8fff); the index min(x & 0x7fff, 4095) | x's bit 15 moved to bit 12. A
+// logit off the window reads its sign's last entry, NaN.
+constexpr uint32_t kTableMinusLo = 0x10000u - kTableLoBits;  // x = h + this, mod 2^16
+constexpr uint32_t kHalves = 0x10001u;                       // a 16-bit constant in both halves
+__device__ inline uint32_t table_index2(uint32_t w) {
+  const uint32_t x = port_vadd2_u16(w, kTableMinusLo * kHalves);
+  const uint32_t m = port_vmin2_u16(x & 0x7fffu * kHalves, (uint32_t)(kTableHalf - 1) * kHalves);
+  if (TD_ROUTER_PLANTED(kPlantPairSign)) return m | ((x >> 3) & (uint32_t)kTableHalf) | ((x << 13) & (uint32_t)kTableHalf << 16);
+  return m | ((x >> 3) & (uint32_t)kTableHalf * kHalves);
+}
+
+// The table's entry for the bf16 with bits h (the low half of table_index2), and whether h is in
+// the window (its entry a score, not the NaN that closes each sign's block).
+__device__ inline float table_entry(uint32_t h, const float* table, bool& in) {
+  const uint32_t i = table_index2(h & 0xffffu) & 0xffffu;
 #ifdef TD_ROUTER_TABLE_FAULT_EDGE
-  in = m <= (uint32_t)kTableHalf - 1;  // planted (CPU tests only): the NaN entry taken as a score
+  in = ((h + kTableMinusLo) & 0x7fffu) <= (uint32_t)kTableHalf - 1;  // planted (CPU tests only): the NaN entry taken as a score
 #else
-  in = m < (uint32_t)kTableHalf - 1;
+  in = (i & (kTableHalf - 1)) < (uint32_t)kTableHalf - 1;
 #endif
-  return table[(m < kTableHalf - 1 ? m : kTableHalf - 1) | ((x >> 3) & kTableHalf)];
+  return table[i];
 }
 
 // exact_score of the bf16 with bits h, from `table` inside the window.
 __device__ inline float table_score(uint32_t h, const float* table) {
   bool in;
-  float s = table_entry(h + kTableMinusLo, table, in);
+  float s = table_entry(h, table, in);
   if (!in) s = exact_score(td::bf16_bits_to_f32((uint16_t)h));
   return s;
 }
@@ -452,12 +510,15 @@ __device__ inline void load_score_table(float* table, float* sb, float* sbvl, co
 }
 
 // Every bf16 bit pattern: bad[t] counts thread t's whose table_score (g_score_table) is not
-// exact_score bit for bit, example[t] its last. One block of 256.
+// exact_score bit for bit, or whose table_index2 in a word's high half (beside its sign-flipped
+// self in the low half) is not its index alone, example[t] its last. One block of 256.
 __global__ void __launch_bounds__(256) moe_route_table_check(uint32_t* bad, uint32_t* example) {
   uint32_t n = 0, last = 0;
   for (uint32_t h = threadIdx.x; h < 0x10000u; h += blockDim.x) {
     const float got = table_score(h, g_score_table), want = exact_score(td::bf16_bits_to_f32((uint16_t)h));
-    if (__float_as_uint(got) != __float_as_uint(want)) {
+    const uint32_t pair = table_index2(h << 16 | (h ^ 0x8000u));
+    const bool halves = pair >> 16 == (table_index2(h) & 0xffffu) && (pair & 0xffffu) == (table_index2(h ^ 0x8000u) & 0xffffu);
+    if (__float_as_uint(got) != __float_as_uint(want) || !halves) {
       ++n;
       last = h;
     }
@@ -484,6 +545,9 @@ __device__ inline int expert_lane(int e, int gw) {
 // per-row step (the threshold's rounds, the prefix count, the exact scores, the ranks) serves
 // several rows with one instruction: filter_g16. TAB (bf16, G 16): the keys exact from the table
 // (exact_bf16, above), persistent blocks.
+// exact_bf16's ranks: the inner loop unrolled 4 (session 8, H200: 46.1 us at 65,536 rows against
+// 47.2 at the compiler's 16 and 46.5 / 46.3 at 1 / 2)
+constexpr int kExactRankUnroll = 4;
 template <int DT, int PT, bool REDUX, int G, bool TAB>
 __global__ void __launch_bounds__(256, 4)
 moe_route_filter(const void* __restrict__ logits, const float* __restrict__ bias, const float* __restrict__ bias_vl,
@@ -496,13 +560,24 @@ moe_route_filter(const void* __restrict__ logits, const float* __restrict__ bias
   // TAB: a shorter list (its table and biases take 35 KB of the 48 KB a block may declare)
   constexpr int kCap = TAB && kFilterCap > kExactCap ? kExactCap : kFilterCap;
   constexpr int kSlots = kCap > 0 ? kCap : 1;
-  __shared__ unsigned long long cand_key[kGroups][kSlots];
-  __shared__ float cand_s[kGroups][kSlots];
-  __shared__ float top_s[kGroups][kMaxTopK];
-  __shared__ int top_id[kGroups][kMaxTopK];
-  alignas(16) __shared__ float table[TAB ? kTableSize : 1];  // 16-byte loads and stores
-  alignas(16) __shared__ float sbias[TAB ? 2 : 1][TAB ? PT * G : 1];  // TAB: bias and bias_vl (0 without it)
-  if constexpr (TAB) load_score_table(table, sbias[0], sbias[1], bias, bias_vl, (int)experts);
+  // One shared object, so that every array is its base plus a constant (separate arrays had
+  // their shared-window addresses rebuilt inside the candidates' loop: ~14 instructions a
+  // candidate, session 8's profile)
+  struct Shared {
+    unsigned long long cand_key[kGroups][kSlots];
+    float cand_s[kGroups][kSlots];
+    alignas(16) float top_s[kGroups][kMaxTopK];  // TAB: a group's read as two 16-byte loads
+    int top_id[kGroups][kMaxTopK];
+    alignas(16) float table[TAB ? kTableSize : 1];  // 16-byte loads and stores
+    alignas(16) float sbias[TAB ? 2 : 1][TAB ? PT * G : 1];  // TAB: bias and bias_vl (0 without it)
+  };
+  __shared__ Shared sm;
+  auto& cand_key = sm.cand_key;
+  auto& cand_s = sm.cand_s;
+  auto& top_s = sm.top_s;
+  auto& top_id = sm.top_id;
+  auto& table = sm.table;
+  auto& sbias = sm.sbias;
   const int ws = warpSize, gw = G ? G : ws;  // the wave, and the lanes of one row
   const int lane = threadIdx.x % gw, group = threadIdx.x / gw;
   const float inf = __uint_as_float(0x7f800000u);
@@ -522,6 +597,19 @@ moe_route_filter(const void* __restrict__ logits, const float* __restrict__ bias
   constexpr int Q = TAB ? PT / 4 : 1;  // TAB: a lane's quads
   const int n_quads = n_exp / 4;
   const bool full = TAB && n_quads == Q * gw;  // every slot of every lane an expert (384 on 16 lanes)
+  // TAB: the quads of this thread's row in row block rb, loaded into `pre` one row block ahead
+  // (issued once a row's keys are consumed, so the loads' latency hides behind its candidates,
+  // ranks and weights; session 8). A row past the end loads the last row (valid memory, unused).
+  uint2 pre[Q];
+  auto load_quads = [&](int64_t rb) {
+    const int64_t r = rb * per_block + my_row < rows ? rb * per_block + my_row : rows - 1;
+    const uint2* rq = reinterpret_cast<const uint2*>(static_cast<const typename E::raw*>(logits) + r * experts);
+#pragma unroll
+    for (int j = 0; j < Q; ++j) {  // a group's lanes read consecutive quads: coalesced
+      const int q = lane + j * gw;
+      pre[j] = rq[q < n_quads ? q : n_quads - 1];
+    }
+  };
 
   auto row_block = [&](int64_t rb) {
   const int64_t wave_row = rb * per_block + wave_first;
@@ -542,27 +630,22 @@ moe_route_filter(const void* __restrict__ logits, const float* __restrict__ bias
     if constexpr (TAB) {  // exact keys: lo = hi = fl(s + b); n_exp % 4 == 0, 8-byte rows (launch_exact)
       auto keys = [&](auto full_rows) {
         constexpr bool kFull = decltype(full_rows)::value;
-        const uint2* rq = reinterpret_cast<const uint2*>(lr);
-        uint2 raw[Q];
-#pragma unroll
-        for (int j = 0; j < Q; ++j) {  // a group's lanes read consecutive quads: coalesced
-          const int q = lane + j * gw;
-          raw[j] = rq[kFull || q < n_quads ? q : n_quads - 1];
-        }
+        const uint2* raw = pre;  // this row's quads (load_quads)
 #pragma unroll
         for (int j = 0; j < Q; ++j) {
           const int q = lane + j * gw;
           const float4 bq = *reinterpret_cast<const float4*>(b + 4 * (kFull || q < n_quads ? q : n_quads - 1));
-          const uint32_t x[4] = {raw[j].x + kTableMinusLo, (raw[j].x >> 16) + kTableMinusLo, raw[j].y + kTableMinusLo,
-                                 (raw[j].y >> 16) + kTableMinusLo};
+          // both logits of a word indexed at once (table_index2), as byte offsets: an index is
+          // under 2^13, so the high one's is the word shifted right by 14 (one instruction)
+          const uint32_t i01 = table_index2(raw[j].x), i23 = table_index2(raw[j].y);
+          const uint32_t off[4] = {(i01 << 2) & 0xffffu, i01 >> 14, (i23 << 2) & 0xffffu, i23 >> 14};
           const float be[4] = {bq.x, bq.y, bq.z, bq.w};
 #pragma unroll
           for (int c = 0; c < 4; ++c) {
             // a logit off the table (|l| < 2^-25 or >= 127.5, 0, inf, NaN) reads the NaN entry: no
             // key here, a candidate whose exact score step 3 computes, passed over by fmaxf (as a
             // NaN logit or bias). No branch a slot
-            bool in;
-            const float key = table_entry(x[c], table, in) + be[c];
+            const float key = *reinterpret_cast<const float*>(reinterpret_cast<const char*>(table) + off[c]) + be[c];
             hi[4 * j + c] = kFull || q < n_quads ? key : -inf;
             lane_lo = fmaxf(lane_lo, hi[4 * j + c]);
           }
@@ -601,9 +684,13 @@ moe_route_filter(const void* __restrict__ logits, const float* __restrict__ bias
     // becomes a NaN, which !(hi < T) takes as every expert: the same as -inf).
     const uint32_t low = TAB ? (uint32_t)(gw - 1) : 0u;
     v = (v & ~low) | ((uint32_t)lane & low);  // never 0: lane_lo is never a NaN
-    for (int r = 0; r < topk; ++r) {  // uniform over the wave
-      t = (REDUX && G == 0) ? port_wave_max_u32(v, ws) : wave_max(v, gw);
-      if (v == t) v = 0;
+    if constexpr (TAB) {  // unique values: their k-th largest by a sort (group_kth_largest)
+      t = group_kth_largest<G>(v, topk, lane);
+    } else {
+      for (int r = 0; r < topk; ++r) {  // uniform over the wave
+        t = (REDUX && G == 0) ? port_wave_max_u32(v, ws) : wave_max(v, gw);
+        if (v == t) v = 0;
+      }
     }
     const float thr = t == 0 ? -inf : from_ordered(t & ~low);
 
@@ -622,6 +709,7 @@ moe_route_filter(const void* __restrict__ logits, const float* __restrict__ bias
       for (int p = 0; p < PT; ++p)
         if (lane + p * gw < n_exp && !(hi[p] < thr)) mask |= 1u << p;
     }
+    if constexpr (TAB) load_quads(TD_ROUTER_PLANTED(kPlantPrefetchSame) ? rb : rb + gridDim.x);  // keys consumed: the next row block's
     const int mine = __popc(mask);
     int upto = mine;  // inclusive prefix count over the row's lanes
     for (int o = 1; o < gw; o <<= 1) {
@@ -655,7 +743,12 @@ moe_route_filter(const void* __restrict__ logits, const float* __restrict__ bias
       for (int i = lane; i < total; i += gw) {
         const unsigned long long ki = keys[i];
         int rank = 0;
-        for (int j = 0; j < total; ++j) rank += keys[j] > ki ? 1 : 0;
+        if constexpr (TAB) {
+#pragma unroll kExactRankUnroll
+          for (int j = 0; j < total; ++j) rank += keys[j] > ki ? 1 : 0;
+        } else {
+          for (int j = 0; j < total; ++j) rank += keys[j] > ki ? 1 : 0;
+        }
         if (rank < topk) {
           ts[rank] = ks[i];
           ti[rank] = unpack_id(ki);
@@ -688,10 +781,12 @@ moe_route_filter(const void* __restrict__ logits, const float* __restrict__ bias
     port_wave_sync();
     if (live && lane < topk) {
       float sum = 0.f;
-      if constexpr (TAB) {  // (no loop of topk trips)
+      if constexpr (TAB) {  // the group's scores in registers (two 16-byte loads), no branch a term
+        static_assert(kMaxTopK == 8, "two float4");
+        const float4 t03 = *reinterpret_cast<const float4*>(ts), t47 = *reinterpret_cast<const float4*>(ts + 4);
+        const float t[kMaxTopK] = {t03.x, t03.y, t03.z, t03.w, t47.x, t47.y, t47.z, t47.w};
 #pragma unroll
-        for (int r = 0; r < kMaxTopK; ++r)
-          if (r < topk) sum += ts[r];  // in rank order, as the other routes
+        for (int r = 0; r < kMaxTopK; ++r) sum = r < topk ? sum + t[r] : sum;  // in rank order, as the other routes
       } else {
         for (int r = 0; r < topk; ++r) sum += ts[r];  // in rank order, as the other routes
       }
@@ -701,6 +796,8 @@ moe_route_filter(const void* __restrict__ logits, const float* __restrict__ bias
   }
   };
   if constexpr (TAB) {  // persistent: block b takes row blocks b, b + gridDim.x, ...
+    load_quads(blockIdx.x);  // the first row block's quads in flight while the table is copied
+    load_score_table(table, sbias[0], sbias[1], bias, bias_vl, (int)experts);
     for (int64_t rb = blockIdx.x; rb * (blockDim.x / gw) < rows; rb += gridDim.x) row_block(rb);
   } else {
     row_block(blockIdx.x);
@@ -854,6 +951,9 @@ constexpr int kDefaultRoute = kRouteFilterRedux;
 // exact_bf16's, the midpoint of its bracket: 4,096 rows redux 6.93 / exact 8.89 (its persistent
 // blocks copy the table and biases first), 8,192: 12.08 / 11.55, 16,384: 21.54 / 17.04, 65,536:
 // 75.90 / 50.92 (filter_g16 69.69); fp32 unchanged.
+// Session 8's sweep (bench/router_session8.sh, exact_bf16 one step before its final form, us):
+// 4,096 rows redux 6.66 / exact 8.68, 8,192: 11.60 / 11.70 (a tie, under 1%), 16,384: 20.76 /
+// 16.38, 65,536: 73.09 / 46.37; the threshold stays at 6,144 (the final form is faster again).
 #ifndef TD_ROUTER_G16_FROM_ROWS_F32
 #define TD_ROUTER_G16_FROM_ROWS_F32 49152
 #endif
@@ -866,9 +966,13 @@ constexpr int64_t kExactFromRowsBf16 = TD_ROUTER_EXACT_FROM_ROWS_BF16;
 // What threads_per_row 0 runs: kDefaultRoute, or from the dtype's row count on filter_g16 (f32) /
 // exact_bf16 (bf16; filter_g16 where the table route does not fit)
 template <int DT>
-constexpr int default_route(int64_t rows) {
-  if constexpr (DT == TD_BF16) return rows >= kExactFromRowsBf16 ? kRouteExactBf16 : kDefaultRoute;
-  return rows >= kG16FromRowsF32 ? kRouteFilterG16 : kDefaultRoute;
+inline int default_route(int64_t rows) {
+  int64_t from = DT == TD_BF16 ? kExactFromRowsBf16 : kG16FromRowsF32;
+#ifdef TD_ROUTER_FROM_ROWS_PROBE
+  TD_ROUTER_FROM_ROWS_PROBE(DT, from);  // the CPU tests' lowered thresholds (both sides on a few rows)
+#endif
+  if (rows < from) return kDefaultRoute;
+  return DT == TD_BF16 ? kRouteExactBf16 : kRouteFilterG16;
 }
 
 template <int DT>

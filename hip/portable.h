@@ -33,6 +33,16 @@
   __device__ inline float port_fast_exp(float x) { return __expf(x); }
   __device__ inline float port_fast_log(float x) { return __logf(x); }
   __device__ inline float port_fast_sqrt(float x) { return __fsqrt_rn(x); }
+  // Two 16-bit lanes of a 32-bit word at once, each wrapping mod 2^16 (the router's table index,
+  // two bf16 logits a word): plain integer operations here (the compiler may pack them).
+  __device__ inline uint32_t port_vadd2_u16(uint32_t a, uint32_t b) {
+    return ((a & 0x7fff7fffu) + (b & 0x7fff7fffu)) ^ ((a ^ b) & 0x80008000u);
+  }
+  __device__ inline uint32_t port_vmin2_u16(uint32_t a, uint32_t b) {
+    const uint32_t lo = (a & 0xffffu) < (b & 0xffffu) ? a & 0xffffu : b & 0xffffu;
+    const uint32_t hi = (a >> 16) < (b >> 16) ? a >> 16 : b >> 16;
+    return (hi << 16) | lo;
+  }
   // Maximum of an unsigned value over `width` lanes, every lane gets it (no one-instruction
   // reduction on AMD: xor shuffles).
   __device__ inline uint32_t port_wave_max_u32(uint32_t v, int width) {
@@ -92,6 +102,10 @@
     asm("sqrt.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(x));
     return r;
   }
+  // Two 16-bit lanes of a 32-bit word at once, each wrapping mod 2^16: one VIADD.16x2 /
+  // VIMNMX.U16x2 each on sm_90 (the router's table index, two bf16 logits a word).
+  __device__ inline uint32_t port_vadd2_u16(uint32_t a, uint32_t b) { return __vadd2(a, b); }
+  __device__ inline uint32_t port_vmin2_u16(uint32_t a, uint32_t b) { return __vminu2(a, b); }
   // Maximum of an unsigned value over `width` lanes, every lane gets it: one REDUX instruction
   // over a full warp on sm_80+, xor shuffles otherwise.
   __device__ inline uint32_t port_wave_max_u32(uint32_t v, int width) {

@@ -42,6 +42,14 @@ static void simt_probe(int n) { simt_candidates[n < 1024 ? n : 1024]++; }
 static std::atomic<int> simt_route{1};
 static void simt_route_probe(int code) { simt_route = code; }
 #define TD_ROUTER_ROUTE_PROBE simt_route_probe
+// the fault planted now (the main build defines TD_ROUTER_PLANTED(n) to ask it; 0: none)
+static std::atomic<int> simt_planted{0};
+extern "C" void simt_plant(int n) { simt_planted = n; }
+// the default's row thresholds as the tests set them (f32, bf16; 0: the shipped one)
+static std::atomic<long> simt_from_rows[2] = {0, 0};
+static void simt_from_rows_probe(int dtype, int64_t& from) { if (simt_from_rows[dtype] != 0) from = simt_from_rows[dtype]; }
+#define TD_ROUTER_FROM_ROWS_PROBE simt_from_rows_probe
+extern "C" void simt_set_from_rows(long f32, long bf16) { simt_from_rows[0] = f32; simt_from_rows[1] = bf16; }
 #include "moe_route.hip"
 extern "C" void simt_set_warp_size(int ws) { simt::warp_size = ws; }
 extern "C" int simt_last_route() { return simt_route.exchange(1); }
@@ -69,6 +77,8 @@ def build(d: Path, *defines: str, opt: str = "-O1"):
     so.td_moe_route.argtypes = [ctypes.c_void_p] * 6 + [ctypes.c_int64, ctypes.c_int64, ctypes.c_int, ctypes.c_float,
                                                          ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_void_p]
     so.simt_take_candidates.argtypes = [ctypes.c_void_p]
+    so.simt_plant.argtypes = [ctypes.c_int]
+    so.simt_set_from_rows.argtypes = [ctypes.c_long, ctypes.c_long]
     so.td_moe_route_table_check.restype = ctypes.c_int
     so.td_moe_route_table_check.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p]
     so.td_moe_route_score_bound.restype = ctypes.c_int
@@ -77,9 +87,14 @@ def build(d: Path, *defines: str, opt: str = "-O1"):
     return so
 
 
+# The main build also takes session 8's faults planted at run time (hip/moe_route.hip
+# TD_ROUTER_PLANTED, kPlant*; plant() below; none planted outside the tests that plant one)
+PLANT_AT_RUN_TIME = "-DTD_ROUTER_PLANTED(n)=(simt_planted.load() == (n))"
+
+
 @pytest.fixture(scope="module")
 def lib(module_tmp):
-    return build(module_tmp("simt"))
+    return build(module_tmp("simt"), PLANT_AT_RUN_TIME)
 
 
 @pytest.fixture(scope="module")
@@ -94,12 +109,13 @@ def lib_slow(module_tmp):
     return build(module_tmp("simt-slow"), "-DTD_ROUTER_FILTER_CAP=0")
 
 
-@pytest.fixture(scope="module")
-def lib_few_rows_g16(module_tmp):
-    """The default's row thresholds lowered (filter_g16 from 8 f32 rows, exact_bf16 from 4 bf16
-    rows), so both sides of each run on a few rows."""
-    return build(module_tmp("simt-few-rows-g16"), "-DTD_ROUTER_G16_FROM_ROWS_F32=8",
-                 "-DTD_ROUTER_EXACT_FROM_ROWS_BF16=4")
+@pytest.fixture
+def lib_few_rows_g16(lib):
+    """The default's row thresholds lowered at run time (filter_g16 from 8 f32 rows, exact_bf16 from
+    4 bf16 rows), so both sides of each run on a few rows; the shipped ones again after."""
+    lib.simt_set_from_rows(8, 4)
+    yield lib
+    lib.simt_set_from_rows(0, 0)
 
 
 def candidates(lib) -> np.ndarray:
@@ -432,6 +448,15 @@ def lib_table_edge(module_tmp):
     return build(module_tmp("simt-table-edge"), "-DTD_ROUTER_TABLE_FAULT_EDGE", opt="-O0")
 
 
+# hip/moe_route.hip kPlant*: a word's high logit indexed with the low one's sign; the threshold's
+# sort a step short; the row block just ranked loaded again instead of the next
+PLANTED = {"pair_sign": 1, "sort_short": 2, "prefetch_same": 3}
+
+
+def plant(lib, name: str | None):
+    lib.simt_plant(PLANTED[name] if name else 0)
+
+
 def table_mismatches(lib) -> tuple[int, set[int]]:
     """td_moe_route_table_check: how many bf16 bit patterns' looked-up scores are not exact_score
     bit for bit, and the bits of each thread's last one."""
@@ -442,13 +467,19 @@ def table_mismatches(lib) -> tuple[int, set[int]]:
 
 
 def test_the_score_table_is_exact_for_every_bf16_value(lib, lib_table_ulp, lib_table_edge):
-    """All 65,536 bf16 patterns: the table route's score is exact_score's, bit for bit; the planted
-    tables are caught where they are wrong, and only there."""
+    """All 65,536 bf16 patterns: the table route's score is exact_score's, bit for bit, and its index
+    in a word's high half (beside its sign-flipped self) the same as alone; the planted tables are
+    caught where they are wrong, and only there."""
     assert table_mismatches(lib) == (0, set())
     n, where = table_mismatches(lib_table_ulp)
     assert n == 2 * 128 and all((h >> 7) & 0xFF == 128 for h in where), (n, sorted(map(hex, where)))
     n, where = table_mismatches(lib_table_edge)
     assert n == 2 and where and where <= {0x42FF, 0xC2FF}, (n, where)  # 127.5 and -127.5 (one thread's)
+    plant(lib, "pair_sign")
+    try:
+        assert table_mismatches(lib)[0] == 65536  # each pattern's partner has the other sign
+    finally:
+        plant(lib, None)
 
 
 def bf16_from_bits(bits) -> torch.Tensor:
@@ -492,6 +523,25 @@ def test_exact_bf16_with_a_wrong_table_entry_fails(lib, planted, request):
     w, ids = route(bad, *args, threads=ROUTES["exact_bf16"])
     w_ok, ids_ok = route(lib, *args, threads=ROUTES["wave"])
     assert not (torch.equal(ids, ids_ok) and torch.equal(w.view(torch.int32), w_ok.view(torch.int32)))
+
+
+@pytest.mark.parametrize("planted", list(PLANTED))
+def test_exact_bf16_with_a_planted_step_fault_fails(lib, planted):
+    """Planted, each a step of exact_bf16 made wrong while the candidates' exact scores stay right: a
+    word's high logit keyed with the low one's sign; the threshold's sort a step short (T above
+    the k-th largest key); the next row block's quads not loaded (70 rows: the stand-in's 3
+    persistent blocks take 2 row blocks each). Random rows' ids are no longer the wave route's
+    (with none planted, the same rows are bit for bit: the 70-row case of
+    test_a_filter_route_is_the_wave_route_bit_for_bit)."""
+    args = (*inputs(70, 384, torch.bfloat16, seed=65), 6, 1.5)
+    plant(lib, planted)
+    try:
+        got = route(lib, *args, threads=ROUTES["exact_bf16"])
+    finally:
+        plant(lib, None)
+    want = route(lib, *args, threads=ROUTES["wave"])
+    assert not torch.equal(got[1], want[1])
+    bitwise(route(lib, *args, threads=ROUTES["exact_bf16"]), want)  # and unplanted again, the same build
 
 
 @pytest.mark.parametrize("ws", [32, 64])

@@ -233,6 +233,15 @@ inline uint32_t port_wave_max_u32(uint32_t v, int width, int line = __builtin_LI
   }
   return v;
 }
+// Two 16-bit lanes of a word, each mod 2^16 (hip/portable.h's port_vadd2_u16 / port_vmin2_u16),
+// written lane by lane here: an independent statement of what the kernel's bit tricks must equal.
+inline uint32_t port_vadd2_u16(uint32_t a, uint32_t b) {
+  return ((uint32_t)(uint16_t)(a + b)) | ((uint32_t)(uint16_t)((a >> 16) + (b >> 16)) << 16);
+}
+inline uint32_t port_vmin2_u16(uint32_t a, uint32_t b) {
+  const uint16_t a0 = (uint16_t)a, a1 = (uint16_t)(a >> 16), b0 = (uint16_t)b, b1 = (uint16_t)(b >> 16);
+  return (uint32_t)(a0 < b0 ? a0 : b0) | ((uint32_t)(a1 < b1 ? a1 : b1) << 16);
+}
 inline int __ffs(int x) { return __builtin_ffs(x); }
 inline int __popc(unsigned int x) { return __builtin_popcount(x); }
 
