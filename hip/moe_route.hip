@@ -372,8 +372,9 @@ __device__ inline float score_margin(float a, float margin_scale) {
 // each copies the table from g_score_table and both biases into shared memory once; a process's
 // first launch computes the table in every block and block 0 publishes it (g_score_table_ready).
 // A lane's experts are contiguous quads (one 8-byte load of 4 logits, one 16-byte shared load of
-// their biases): 384 experts on 16 lanes are 6 quads a lane. T is taken below the lane's number
-// in the low bits so that ties drop one lane a round (step 2). (A REDUX a round with each group's
+// their biases): 384 experts on 16 lanes are 6 quads a lane. T is taken with the lane's number
+// in the low bits, so that the values are unique (step 2: ties dropped one lane a round; since
+// session 8 their k-th largest comes from a sort, group_kth_largest). (A REDUX a round with each group's
 // lane mask does not pay: nvcc checks the mask for uniformity and, the two groups of a warp
 // naming different masks, always takes its divergent fallback; measured, session 7.)
 // Measured (H200, session 7, 65,536 rows x 384 bf16 top-6; filter_g16 70-72 us throughout): the
