@@ -948,7 +948,7 @@ constexpr int kDefaultRoute = kRouteFilterRedux;
 // (49,152 rows: 59.5 / 58.9). The choice
 // changes no number: every route is the wave route bit for bit. (The CPU tests build other
 // thresholds to run both sides on a few rows.)
-// Session 7 (H200, this file's final form, bench/router_session7.sh, us): bf16 from 6,144 rows on is
+// Session 7 (H200, this file's final form, bench/router_session7.sh (since folded into router_session8.sh), us): bf16 from 6,144 rows on is
 // exact_bf16's, the midpoint of its bracket: 4,096 rows redux 6.93 / exact 8.89 (its persistent
 // blocks copy the table and biases first), 8,192: 12.08 / 11.55, 16,384: 21.54 / 17.04, 65,536:
 // 75.90 / 50.92 (filter_g16 69.69); fp32 unchanged.
