@@ -56,15 +56,21 @@ def test_a_failing_module_keeps_its_dumps(pytester):
 
 
 
+def suite_conftest(request):
+    """tests/conftest.py as this run loaded it (exactly one plugin)."""
+    root = Path(__file__).parent / "conftest.py"
+    (conftest,) = [p for p in request.config.pluginmanager.get_plugins()
+                   if getattr(p, "__file__", None) and Path(p.__file__) == root]
+    return conftest
+
+
 def test_the_suite_runs_torch_with_sleeping_openmp_workers(request):
     """Set by tests/conftest.py before torch was imported (a user's own policy is kept)."""
     import os
 
     from tensordiff.openmp import VARIABLE
 
-    root = Path(__file__).parent / "conftest.py"
-    (conftest,) = [p for p in request.config.pluginmanager.get_plugins()
-                   if getattr(p, "__file__", None) and Path(p.__file__) == root]
+    suite_conftest(request)  # loaded, once
     # passive_waits() sets the variable only before torch's import; a user's own stays as it is
     assert VARIABLE in os.environ, "torch was imported before tests/conftest.py asked for passive waits"
 
@@ -77,9 +83,7 @@ def test_each_xdist_worker_runs_torch_on_its_share_of_the_cores(request):
 
     if not os.environ.get("PYTEST_XDIST_WORKER"):
         pytest.skip("a serial run keeps torch's default thread count (run with -n 2 to check)")
-    root = Path(__file__).parent / "conftest.py"
-    (conftest,) = [p for p in request.config.pluginmanager.get_plugins()
-                   if getattr(p, "__file__", None) and Path(p.__file__) == root]
+    conftest = suite_conftest(request)
     if conftest.WORKER_THREADS is None:
         pytest.skip("the user's own OMP_NUM_THREADS is kept")
     workers = int(os.environ["PYTEST_XDIST_WORKER_COUNT"])

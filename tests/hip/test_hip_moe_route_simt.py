@@ -11,6 +11,7 @@ saturated logits (> 20: softplus is the identity, sqrt is exact), where every li
 """
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import shutil
 import subprocess
@@ -453,8 +454,14 @@ def lib_table_edge(module_tmp):
 PLANTED = {"pair_sign": 1, "sort_short": 2, "prefetch_same": 3}
 
 
-def plant(lib, name: str | None):
-    lib.simt_plant(PLANTED[name] if name else 0)
+@contextlib.contextmanager
+def planted(lib, name: str):
+    """Fault `name` planted in the main build for the block's launches, none again after."""
+    lib.simt_plant(PLANTED[name])
+    try:
+        yield
+    finally:
+        lib.simt_plant(0)
 
 
 def table_mismatches(lib) -> tuple[int, set[int]]:
@@ -475,11 +482,8 @@ def test_the_score_table_is_exact_for_every_bf16_value(lib, lib_table_ulp, lib_t
     assert n == 2 * 128 and all((h >> 7) & 0xFF == 128 for h in where), (n, sorted(map(hex, where)))
     n, where = table_mismatches(lib_table_edge)
     assert n == 2 and where and where <= {0x42FF, 0xC2FF}, (n, where)  # 127.5 and -127.5 (one thread's)
-    plant(lib, "pair_sign")
-    try:
+    with planted(lib, "pair_sign"):
         assert table_mismatches(lib)[0] == 65536  # each pattern's partner has the other sign
-    finally:
-        plant(lib, None)
 
 
 def bf16_from_bits(bits) -> torch.Tensor:
@@ -525,8 +529,8 @@ def test_exact_bf16_with_a_wrong_table_entry_fails(lib, planted, request):
     assert not (torch.equal(ids, ids_ok) and torch.equal(w.view(torch.int32), w_ok.view(torch.int32)))
 
 
-@pytest.mark.parametrize("planted", list(PLANTED))
-def test_exact_bf16_with_a_planted_step_fault_fails(lib, planted):
+@pytest.mark.parametrize("fault", list(PLANTED))
+def test_exact_bf16_with_a_planted_step_fault_fails(lib, fault):
     """Planted, each a step of exact_bf16 made wrong while the candidates' exact scores stay right: a
     word's high logit keyed with the low one's sign; the threshold's sort a step short (T above
     the k-th largest key); the next row block's quads not loaded (70 rows: the stand-in's 3
@@ -534,11 +538,8 @@ def test_exact_bf16_with_a_planted_step_fault_fails(lib, planted):
     (with none planted, the same rows are bit for bit: the 70-row case of
     test_a_filter_route_is_the_wave_route_bit_for_bit)."""
     args = (*inputs(70, 384, torch.bfloat16, seed=65), 6, 1.5)
-    plant(lib, planted)
-    try:
+    with planted(lib, fault):
         got = route(lib, *args, threads=ROUTES["exact_bf16"])
-    finally:
-        plant(lib, None)
     want = route(lib, *args, threads=ROUTES["wave"])
     assert not torch.equal(got[1], want[1])
     bitwise(route(lib, *args, threads=ROUTES["exact_bf16"]), want)  # and unplanted again, the same build
