@@ -23,9 +23,8 @@ from pathlib import Path
 
 import numpy as np
 
-from tensordiff.format.dtypes import BY_NAME, BY_ST, DType, by_name
+from tensordiff.format.dtypes import BY_NAME, BY_ST, by_name, DType, to_float64
 from tensordiff.errors import BadInput
-from tensordiff.format.dtypes import to_float64
 
 MAX_HEADER = 100 * 1024 * 1024
 SAFETENSORS_EXT = (".safetensors",)

@@ -37,10 +37,9 @@ from tensordiff.errors import BadInput
 from tensordiff.format.storage import check_shard, checkpoint_weight_map, read_safetensors_layout
 from tensordiff.cache import cache_root, share
 from tensordiff.models.synthetic import generator
-from tensordiff.models.deepseek_v41_flash.synthetic_language import SYNTH_VERSION
-from tensordiff.models.deepseek_v41_flash.synthetic_language import language_config
-from tensordiff.models.deepseek_v41_flash.synthetic_language import language_tensors
-from tensordiff.models.deepseek_v41_flash.synthetic_language import quantised_config
+from tensordiff.models.deepseek_v41_flash.synthetic_language import (
+    SYNTH_VERSION, language_config, language_tensors, quantised_config,
+)
 
 MODEL = "deepseek-v4.1-flash"
 VERSION = 1  # bump when the values or layout change: a new cache directory is written
