@@ -34,7 +34,8 @@ from pathlib import Path
 from typing import Callable, Iterator
 
 from tensordiff.errors import BadInput
-from tensordiff.format.storage import check_shard, checkpoint_weight_map, read_safetensors_layout
+from tensordiff.format.checkpoint import INDEX, check_shard, weight_map as checkpoint_weight_map, write_index
+from tensordiff.format.storage import read_safetensors_layout
 from tensordiff.cache import cache_root, share
 from tensordiff.models.synthetic import generator
 from tensordiff.models.deepseek_v41_flash.synthetic_language import (
@@ -43,7 +44,6 @@ from tensordiff.models.deepseek_v41_flash.synthetic_language import (
 
 MODEL = "deepseek-v4.1-flash"
 VERSION = 1  # bump when the values or layout change: a new cache directory is written
-INDEX = "model.safetensors.index.json"
 
 # The released inference/config.json.
 FULL: dict = {
@@ -181,7 +181,7 @@ def _write(target: Path, cfg: dict, writers, seed: int = 0) -> None:
             for k, v in shard.items():
                 weight_map[k] = fname
                 total += v.numel() * v.element_size()
-        (tmp / INDEX).write_text(json.dumps({"metadata": {"total_size": total}, "weight_map": weight_map}, indent=1))
+        write_index(tmp, weight_map, total)
         (tmp / "config.json").write_text(json.dumps(cfg, indent=4) + "\n")
         share(tmp)
         try:
