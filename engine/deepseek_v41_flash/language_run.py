@@ -4,10 +4,10 @@
 callable that yields the aligner rows (run once, when prefill first reaches the span). `run` is a
 language-only runner whose image rows come from `req.options["image_rows"]` ([cells_h*cells_w,
 dim]) and `req.options["cells"]`, for tests that stand in a fixed aligner output for the tower.
-Numerics (`Numerics.of`): `req.options["language_numerics"]` is `official` by default, the official
-code's only mode: bf16 activations whatever dtype the vision half runs in, with the kernels'
-quantisation (FP8 GEMM inputs for quantised weights, FP8 window KV, FP4 indexer q / k and
-compressed KV); `semantic` runs the request's dtype with exact weights and no rounding.
+Numerics (`Numerics.of`): `req.options["language_numerics"]`, by default `official` in bfloat16,
+the official code's only mode: bf16 activations with the kernels' quantisation (FP8 GEMM inputs
+for quantised weights, FP8 window KV, FP4 indexer q / k and compressed KV); `semantic` (the
+default in float32) runs the request's dtype with exact weights and no rounding.
 `req.options["kernel_quant"]` overrides the rounding in either mode.
 """
 from __future__ import annotations
@@ -18,7 +18,7 @@ from pathlib import Path
 
 import torch
 
-from tensordiff.models.deepseek_v41_flash.options import OPTIONS
+from tensordiff.models.deepseek_v41_flash.options import OPTIONS, numerics_mode
 
 from engine import backend as backends
 from engine.errors import EngineInputError
@@ -45,7 +45,7 @@ class Numerics:
     def of(cls, req) -> "Numerics":
         """The language half's activation dtype and rounding for a request (see the module doc)."""
         opts = OPTIONS.resolve(req.options)  # typed: a hand-built request may hold the user's strings
-        mode = opts["language_numerics"]
+        mode = numerics_mode(opts, req.dtype)
         if mode not in MODES or req.dtype not in DTYPES:
             bad = f"language_numerics {mode!r}" if mode not in MODES else f"dtype {req.dtype!r}"
             raise EngineInputError(f"{bad} is not supported (language_numerics: {' or '.join(MODES)}; "

@@ -20,7 +20,7 @@ from pathlib import Path
 import torch
 
 from tensordiff.format.images import ImageRecorder
-from tensordiff.models.deepseek_v41_flash.options import OPTIONS
+from tensordiff.models.deepseek_v41_flash.options import OPTIONS, mixed_route
 
 from .. import backend as backends
 from ..errors import EngineInputError
@@ -223,6 +223,9 @@ def run(req, rec) -> None:
         raise EngineInputError("the DeepSeek V4.1 Flash engine needs a weights directory and an image")
     if req.chunk is not None and req.prompt is None and req.decode == 0:
         raise EngineInputError("--chunk splits the language prefill: give a --prompt (with <image>) too")
+    mixed = mixed_route(OPTIONS.resolve(req.options), req.dtype) if req.prompt is not None or req.decode > 0 else None
+    if mixed:
+        raise EngineInputError(mixed)
     t0 = time.perf_counter()
     eng = engine_for(req)
     t1 = time.perf_counter()

@@ -4,12 +4,12 @@ embed (+ image-span overwrite) -> `hc_mult` residual copies -> per layer: Engram
 then a Block (hyper-connection mixes around latent sparse attention and a dual-bias MoE) ->
 collapse -> final norm -> LM head. Module and parameter names are the checkpoint's.
 
-Numerics (`language_numerics`): by default what the official code computes, its only mode:
-bf16 activations with the kernels' quantisation (`quant`): quantised weights read as stored
+Numerics (`language_numerics`): in bfloat16 by default what the official code computes, its only
+mode: bf16 activations with the kernels' quantisation (`quant`): quantised weights read as stored
 (FP8 dense layers and Engram table with block scales, FP4 routed experts) and used through the
 block-scaled FP8 GEMM, the window KV rounded to FP8, the indexer's q / k and the compressed KV to
-FP4. `-o language_numerics=semantic` is the labelled semantic mode: the run's dtype (float32 by
-default), weights dequantised exactly, no activation rounding (`kernel_quant` overrides the
+FP4. `semantic` (the default in float32) is the labelled semantic mode: the run's dtype,
+weights dequantised exactly, no activation rounding (`kernel_quant` overrides the
 rounding either way). Between two independent fp32 routes (~1e-7 apart) a value on a rounding
 midpoint flips by a whole FP8/FP4 step on one side only, so the semantic mode is where an fp32
 comparison is tight; the official mode is the yardstick for a bf16 engine.
@@ -31,7 +31,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from tensordiff.errors import BadInput
-from tensordiff.models.deepseek_v41_flash.options import OPTIONS
+from tensordiff.models.deepseek_v41_flash.options import OPTIONS, numerics_mode
 
 from .checkpoint import default_dtype, load_into, table
 from .engram import Engram, EngramLayout, NgramHasher
@@ -745,11 +745,11 @@ LANGUAGE_BOUNDARIES = ("embeddings", "engram.*", "index.*", "attn.*", "router.*"
 
 
 def language_numerics(req) -> Numerics:
-    """The language half's numerics from the request: `official` (default) = bf16 with the
-    kernels' quantisation whatever dtype the vision half runs in; `semantic` = the run's dtype,
-    exact weights, no rounding. `-o kernel_quant=...` overrides the rounding in either mode."""
+    """The language half's numerics from the request: `official` (the default in bfloat16) = bf16
+    with the kernels' quantisation; `semantic` (the default in float32) = the run's dtype, exact
+    weights, no rounding. `-o kernel_quant=...` overrides the rounding in either mode."""
     opts = OPTIONS.resolve(req.options)  # typed: a hand-built request may hold the user's strings
-    mode = opts["language_numerics"]
+    mode = numerics_mode(opts, req.dtype)
     if mode not in NUMERICS:
         raise BadInput(f"language_numerics must be official or semantic (got {mode!r})")
     if req.dtype not in DTYPES:

@@ -19,7 +19,7 @@ from torch import nn
 
 from tensordiff.errors import BadInput
 from tensordiff.format.images import ImageRecorder
-from tensordiff.models.deepseek_v41_flash.options import OPTIONS
+from tensordiff.models.deepseek_v41_flash.options import OPTIONS, mixed_route
 
 from .checkpoint import default_dtype, load_into
 from .config import ModelArgs
@@ -84,6 +84,9 @@ def run(req, rec) -> None:
         raise BadInput("the DeepSeek V4.1 Flash oracle needs a weights directory and an image")
     if req.dtype not in DTYPES:
         raise BadInput(f"dtype {req.dtype!r} is not supported (float32 or bfloat16)")
+    mixed = mixed_route(OPTIONS.resolve(req.options), req.dtype) if wants_language(req) else None
+    if mixed:
+        raise BadInput(mixed)
     dtype = DTYPES[req.dtype]
     device = torch.device(req.device)
     checkpoint = Path(req.weights_dir)

@@ -25,7 +25,7 @@ from tensordiff.pipeline.case import (
 )
 from tensordiff.pipeline.compare import compare_dumps, three_way
 from tensordiff.pipeline.options import render
-from tensordiff.pipeline.runs import make_request, run_side
+from tensordiff.pipeline.runs import make_request, run_dtype, run_side
 from tensordiff.reports.text import print_rich, render_text
 
 passive_waits()  # before anything imports torch: idle OpenMP workers sleep, not spin (see openmp.py)
@@ -189,7 +189,10 @@ def _model_options(f):
         click.option("--weights", default="synthetic:tiny", show_default=True,
                      help="synthetic:tiny | synthetic:full | synthetic:<variant> | a checkpoint directory."),
         click.option("--device", default="cpu", show_default=True, help="cpu or cuda[:N]."),
-        click.option("--dtype", type=click.Choice(["float32", "bfloat16"]), default="float32", show_default=True),
+        click.option("--dtype", type=click.Choice(["float32", "bfloat16"]), default=None,
+                     help="The run's dtype (default: the model's official one, what its checkpoint declares: "
+                          "DeepSeek V4.1 Flash bfloat16 end to end, Qwen3-VL its config's dtype). float32 is the "
+                          "semantic route: exact numerics on both halves."),
         click.option("--backend", type=click.Choice(["torch", "hip"]), default="torch", show_default=True,
                      help="Engine kernels: torch reference ops or compiled HIP kernels (needs a GPU)."),
         click.option("--fault", default=None, help="Plant a named engine fault (see `tensordiff faults`)."),
@@ -249,27 +252,35 @@ def dump(model, side, out, fmt, force, **kw):
 @click.option("--out", type=click.Path(path_type=Path), default=None,
               help="Keep both dumps under this directory (oracle/ and engine/).")
 @click.option("--oracle-dtype", type=click.Choice(["float32", "bfloat16"]), default=None,
-              help="Run the oracle at another dtype than the engine (default: the engine's dtype).")
+              help="The reference's dtype: float32 in every pass (a bf16 oracle is the numeric pass's floor "
+                   "run, never a reference).")
 @click.option("--no-cache", is_flag=True, help="Run the oracle even when a cached dump for these inputs exists.")
-@click.option("--passes", default="auto", show_default=True, metavar="auto|LIST",
-              help="What is judged: auto = semantic,numeric for --dtype bfloat16 (as the gate: float32 with "
-                   "exact numerics, then three-way against the oracle's own bf16 floor), the run itself in "
-                   "float32, direct with --oracle-dtype; or a list of semantic, numeric, direct. `direct` is "
-                   "the one tensor-wide comparison of the engine against the oracle at --oracle-dtype.")
+@click.option("--passes", default="auto", show_default=True, metavar="auto|PASS[,PASS]",
+              help="Which passes run. auto: the gate's case, semantic,numeric for a low-precision run (the "
+                   "default: the model's official dtype), semantic alone with --dtype float32. One pass: "
+                   "--passes semantic (float32 engine against the float32 oracle, exact numerics) or --passes "
+                   "numeric (the run in its own precision, three-way against the float32 oracle's and the "
+                   "oracle's own low-precision floor); direct is the float32 run alone, with its own options.")
+@click.option("--local-error/--no-local-error", "local", default=None,
+              help="Local error (each engine stage on the reference's tensors) in every pass; default: in each "
+                   "pass that diverges (or holds a near-tie flip's cascade).")
 @click.option("--junit", "junit_path", type=click.Path(path_type=Path), help="Also write a JUnit XML report here.")
 @click.option("--html", "html_path", type=click.Path(path_type=Path),
               help="Also write a self-contained HTML report (boundary table, error heatmaps) here.")
 @ALL_OPTION
 def check(model, json_path, tolerances, out, oracle_dtype, no_cache, passes="auto", junit_path=None, html_path=None,
-          show_all=False, **kw):
-    """Run the oracle and the engine on one image, compare, and name the earliest divergence."""
+          show_all=False, local=None, **kw):
+    """Run the oracle and the engine on one image, compare, and name the earliest divergence:
+    one gate case (with no --dtype, the model's official dtype: the semantic pass, then the
+    numeric pass judged against the oracle's own floor)."""
     guard_reports(json_path, junit_path, html_path,
                   inputs=[kw.get("image"), *kw.get("more_images", ()), _weights_path(kw.get("weights")), tolerances,
                           out])
-    chosen = parse_passes(passes, kw.get("dtype") or "float32", oracle_dtype)
+    kw["dtype"] = run_dtype(registry.adapter(model), kw.get("weights") or "synthetic:tiny", kw.get("dtype"))
+    chosen = parse_passes(passes, kw["dtype"], oracle_dtype)
     freeze_torch()  # torch's objects out of the collector's way (a command's own process only: heap.py)
     case = run_check(CaseSpec(model, oracle_dtype=oracle_dtype, passes=chosen, **kw), out=out, tolerances=tolerances,
-                     use_cache=not no_cache, views=html_path is not None)
+                     use_cache=not no_cache, views=html_path is not None, local=local)
     both = case.numeric is not None
     if json_path or junit_path or html_path:  # the report files (and their writers' imports) only when asked for
         report_json = case.as_json()  # the case schema the gate writes per case

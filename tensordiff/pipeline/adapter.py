@@ -87,6 +87,10 @@ class ModelAdapter:
     # both sides with them, and the numeric pass's float32 reference is the oracle with them; the
     # numeric pass's floor run and engine keep the user's options (`pipeline.exact_request`).
     exact_options: tuple[tuple[str, Any], ...] = ()
+    # Optional: the dtype the model's official computation runs in for a weights SPEC ("bfloat16",
+    # "float32"; a checkpoint's is what its config declares): what a run with no --dtype computes
+    # (`runs.run_dtype`). None: float32.
+    official_dtype: Callable[[str], str] | None = None
 
     def runner(self, side: str) -> Runner:
         if side not in SIDES:

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
-from tensordiff.pipeline import oracle_cache
+from tensordiff.pipeline import oracle_cache, registry
 from tensordiff.pipeline.adapter import ModelAdapter, RunRequest
 from tensordiff.errors import BadInput
 from tensordiff.reports.outputs import dump_root
@@ -35,19 +35,25 @@ from tensordiff.judge.judge import Judge
 from tensordiff.judge.result import json_safe
 from tensordiff.judge.tolerance import load as load_tolerances, Tolerances
 from tensordiff.pipeline.compare import compare_dumps, three_way
-from tensordiff.pipeline.local_error import decode_three_way, local_error, unavailable
-from tensordiff.pipeline.runs import make_request, run_side
+from tensordiff.pipeline.local_error import local_error, unavailable
+from tensordiff.pipeline.runs import make_request, run_dtype, run_side
 from tensordiff.reports.html import heat_views, write_html
 from tensordiff.reports.junit import case_of, write_junit
 from tensordiff.reports.text import diagnosis_brief, headline
 
 # The passes a case can run (`CaseSpec.passes`; the gate picks them with `gate.case_passes`):
 #   semantic  engine float32 against oracle float32: approximations (a tanh GELU) that bf16 hides;
-#             beside numeric, in the model's exact numerics (`exact_request`), else the run's options
+#             for a low-precision run in the model's exact numerics (`exact_request`), for a
+#             float32 run the run itself
 #   numeric   three-way in the run's precision: the engine's error as multiples of the oracle's own
 #             in that precision (tensordiff.judge.floor), row-aware, against a calibrated profile if any
-#   direct    the engine at its dtype against the oracle at oracle_dtype (one comparison; `check`)
+#   direct    the float32 engine against the float32 oracle, the run's own options (one comparison;
+#             a low-precision run has no direct pass: no tensor computed in bf16 is judged by a
+#             flat tolerance, only against its floor)
+# A case with no passes named runs `default_passes`: a low-precision run (every model's default:
+# its official dtype) semantic + numeric, a float32 run semantic alone.
 PASSES = ("semantic", "numeric", "direct")
+LOW_PRECISION = ("bfloat16", "float16")
 # The steps of a case, in order, each timed (`CaseResult.timings`).
 STAGES = ("weights", "oracle", "engine", "compare", "local_error", "report")
 TEMPORARY_NOTE = ("the dumps this report names were temporary and are gone{cached}; "
@@ -62,8 +68,8 @@ class CaseSpec:
     image: Path | None = None
     weights: str = "synthetic:tiny"
     device: str = "cpu"
-    dtype: str = "float32"
-    oracle_dtype: str | None = None  # None: the engine's dtype
+    dtype: str | None = None  # None: the model's official dtype (`runs.run_dtype`)
+    oracle_dtype: str | None = None  # the direct pass's oracle: None or float32 (the reference of every pass)
     backend: str = "torch"
     fault: str | None = None
     prompt: str | None = None
@@ -71,19 +77,29 @@ class CaseSpec:
     decode: int = 0
     processor: str | None = None
     extra: tuple[str, ...] = ()  # KEY=VALUE model options
-    passes: tuple[str, ...] | None = None  # PASSES to run; None: ("direct",)
+    passes: tuple[str, ...] | None = None  # PASSES to run; None: `default_passes` of the dtype
     layers: str | None = None  # DeepSeek language backbone: run only these layers ("0-2")
     more_images: tuple[Path, ...] = ()  # the prompt's further images after `image`, in order
 
+    def resolved(self, adapter: ModelAdapter | None = None) -> tuple[ModelAdapter, "CaseSpec"]:
+        """This case with its dtype (the model's official one when none is given) and its passes
+        (`default_passes` when none are given) filled in and checked (`check_passes`)."""
+        adapter = adapter or registry.adapter(self.model)
+        dtype = run_dtype(adapter, self.weights, self.dtype)
+        passes = tuple(self.passes) if self.passes else default_passes(dtype, self.oracle_dtype)
+        check_passes(passes, dtype, self.oracle_dtype)
+        return adapter, replace(self, dtype=dtype, passes=passes)
+
     def request(self, adapter: ModelAdapter | None = None) -> tuple[ModelAdapter, RunRequest]:
-        return make_request(self.model, image=self.image, weights=self.weights, device=self.device, dtype=self.dtype,
-                            backend=self.backend, fault=self.fault, prompt=self.prompt, chunk=self.chunk,
-                            decode=self.decode, processor=self.processor, extra=self.extra, adapter=adapter,
-                            fault_dtype=self.carrier_dtype, layers=self.layers, more_images=self.more_images)
+        adapter, spec = self.resolved(adapter)
+        return make_request(spec.model, image=spec.image, weights=spec.weights, device=spec.device, dtype=spec.dtype,
+                            backend=spec.backend, fault=spec.fault, prompt=spec.prompt, chunk=spec.chunk,
+                            decode=spec.decode, processor=spec.processor, extra=spec.extra, adapter=adapter,
+                            fault_dtype=spec.carrier_dtype, layers=spec.layers, more_images=spec.more_images)
 
     @property
     def carrier_dtype(self) -> str:
-        return carrier_dtype(self.passes, self.dtype)
+        return carrier_dtype(self.passes, self.dtype or "float32")
 
 
 def carrier_dtype(passes, dtype: str) -> str:
@@ -93,29 +109,37 @@ def carrier_dtype(passes, dtype: str) -> str:
 
 
 def default_passes(dtype: str, oracle_dtype: str | None = None) -> tuple[str, ...]:
-    """The passes a case runs when none are asked for (`check --passes auto`, a gate case without
-    `passes`): semantic + numeric for a low-precision run, semantic alone in float32 (where it is
-    the direct comparison), direct when an oracle dtype other than the engine's is pinned (the
-    one-pass comparison that asks for)."""
-    if oracle_dtype not in (None, dtype):
-        return ("direct",)
+    """The passes a case runs when none are asked for (`check` with no --passes, a gate case
+    without `passes`): semantic + numeric for a low-precision run (a model's official dtype:
+    the float32 oracle is both passes' reference), semantic alone in float32."""
     return ("semantic",) if dtype == "float32" else ("semantic", "numeric")
+
+
+def check_passes(passes: tuple[str, ...], dtype: str, oracle_dtype: str | None = None, where: str = "--passes") -> None:
+    """A case's passes against its dtypes: no flat tolerance ever judges a low-precision tensor."""
+    if "numeric" in passes and dtype == "float32":
+        raise BadInput(f"{where} numeric judges a low-precision run against float32: give --dtype bfloat16 "
+                       "(or leave --dtype out: the model's official dtype)")
+    if "direct" in passes and dtype != "float32":
+        raise BadInput(f"{where} direct judges by one flat tolerance, which a {dtype} tensor is never judged by: "
+                       f"a {dtype} run is judged against its floor (numeric; leave {where} out for semantic,numeric)")
+    if oracle_dtype not in (None, "float32"):
+        raise BadInput(f"--oracle-dtype {oracle_dtype}: the reference of every pass is the float32 oracle; the "
+                       f"oracle in {oracle_dtype} is the numeric pass's floor run (leave --oracle-dtype out)")
 
 
 def parse_passes(text: str | None, dtype: str, oracle_dtype: str | None = None) -> tuple[str, ...]:
     """`--passes`: auto (None) or a comma-separated list of PASSES, validated."""
     if text is None or text.strip() == "auto":
-        return default_passes(dtype, oracle_dtype)
-    out = tuple(p.strip() for p in text.split(",") if p.strip())
-    bad = [p for p in out if p not in PASSES]
-    if bad or not out:
-        raise BadInput(f"--passes {text!r}: expected auto or a comma-separated list of {', '.join(PASSES)}")
-    if len(set(out)) != len(out) or ("semantic" in out and "direct" in out):
-        raise BadInput(f"--passes {text!r}: each pass once, and semantic or direct, not both")
-    if "numeric" in out and dtype == "float32":
-        raise BadInput("--passes numeric judges a low-precision run against float32: give --dtype bfloat16")
-    if oracle_dtype is not None and "direct" not in out:
-        raise BadInput(f"--oracle-dtype sets the direct pass's oracle; --passes {text!r} has no direct pass")
+        out = default_passes(dtype, oracle_dtype)
+    else:
+        out = tuple(p.strip() for p in text.split(",") if p.strip())
+        bad = [p for p in out if p not in PASSES]
+        if bad or not out:
+            raise BadInput(f"--passes {text!r}: expected auto or a comma-separated list of {', '.join(PASSES)}")
+        if len(set(out)) != len(out) or ("semantic" in out and "direct" in out):
+            raise BadInput(f"--passes {text!r}: each pass once, and semantic or direct, not both")
+    check_passes(out, dtype, oracle_dtype)
     return out
 
 
@@ -220,8 +244,8 @@ class CaseResult:
     geometry: list[str] = field(default_factory=list)  # discrete preprocessing rules this image exercises
     passes: tuple[str, ...] = ()  # what ran: `report` is the first (semantic/direct), `numeric` the three-way
     numeric: Any = None  # Report of the numeric pass, when it ran beside another pass
-    # local error of the numeric pass beside another (the run's engine stages on the floor run's
-    # tensors), when a near-tie flip's cascade there leaves what the flip feeds to local error
+    # local error of the numeric pass beside another (the run's engine stages in its precision on
+    # the float32 reference's tensors, judged three-way), when it ran (`run_case`'s `local`)
     local_numeric: Any = None
 
     @property
@@ -305,33 +329,36 @@ def status(msg: str) -> None:
 
 
 def run_case(spec: CaseSpec, work: Path, *, kept: bool, tolerances=None, use_cache: bool = True,
-             local: bool = False, views: bool = False, label: str | None = None, prog=None,
+             local: bool | None = None, views: bool = False, label: str | None = None, prog=None,
              adapter: ModelAdapter | None = None, floor=None) -> CaseResult:
     """Oracle (cached), engine, comparison, local error, report views, for one case. `work` holds
     this case's dumps (`oracle/`, `engine/`, `local/`); `kept` says whether it outlives the
     command. `tolerances` are the user's (a `Tolerances`, a file or None). `spec.passes` says
-    what runs (`PASSES`): the first of semantic / direct gives `report`; numeric gives `numeric`
-    (or `report` when it runs alone), judged by `floor` = (FloorRule, profile) or the defaults."""
+    what runs (`PASSES`; none given: `default_passes` of the dtype, the model's official one when
+    none is given): the first of semantic / direct gives `report`; numeric gives `numeric` (or
+    `report` when it runs alone), judged by `floor` = (FloorRule, profile) or the defaults.
+    `local`: each pass's local error always (True), or (None) for a pass that diverged, so every
+    fault a pass names has its local origin; a pass with a near-tie flip's cascade runs it in
+    any case (what the flip feeds is judged there)."""
     label = label or spec.model
     say = status if prog is None else (lambda msg: None)  # a gate shows its own progress
-    case = CaseResult(spec.model, Path(spec.image) if spec.image else Path(), spec.prompt, spec.dtype, label,
+    case = CaseResult(spec.model, Path(spec.image) if spec.image else Path(), spec.prompt, spec.dtype or "", label,
                       kept=kept)
     with timed(case.timings, "weights", prog, label):
+        adapter, spec = spec.resolved(adapter)
         adapter, req = spec.request(adapter)
-        case.image = Path(req.image)
+        case.image, case.dtype = Path(req.image), req.dtype
         tols = tolerances if isinstance(tolerances, Tolerances) else load_tolerances(tolerances)
-    passes = case.passes = tuple(spec.passes or ("direct",))
+    passes = case.passes = tuple(spec.passes)
     first = next((p for p in passes if p != "numeric"), None)
     ereq = req  # the run in its own precision (the numeric pass)
-    if first == "semantic" and "numeric" in passes:
-        # both sides in float32 with the model's exact numerics: the run's own numerics (DeepSeek's
-        # official bf16 language half) are the numeric pass's to judge
-        req, oracle_dtype = exact_request(adapter, req), "float32"
-    elif first == "semantic":  # a float32 case: the semantic pass is the run itself
-        req, oracle_dtype = replace(req, dtype="float32"), "float32"
-    elif first == "direct":
+    if first == "semantic":
+        # both sides in float32; a low-precision run's semantic pass in the model's exact numerics
+        # (its own numerics, DeepSeek's official bf16 language half, are the numeric pass's to judge)
+        req, oracle_dtype = (req if req.dtype == "float32" else exact_request(adapter, req)), "float32"
+    elif first == "direct":  # float32 only (`check_passes`)
         oracle_dtype = spec.oracle_dtype
-    else:  # numeric alone: its floor run is the oracle the rest (local error) compares with
+    else:  # numeric alone: its floor run is the oracle the rest compares with
         oracle_dtype = None
     oreq = oracle_request(req, oracle_dtype)
     with timed(case.timings, "oracle", prog, label):
@@ -349,6 +376,7 @@ def run_case(spec: CaseSpec, work: Path, *, kept: bool, tolerances=None, use_cac
     if adapter.geometry:
         case.geometry = exercised(adapter.geometry, open_dump(odir))
     judge = Judge.build(adapter.contract, tols, run_dtypes=(oreq.dtype, req.dtype))
+    rule, profile = floor or (DEFAULT_RULE, {})
     with timed(case.timings, "compare", prog, label):
         say("comparing…")
         if first:
@@ -360,7 +388,7 @@ def run_case(spec: CaseSpec, work: Path, *, kept: bool, tolerances=None, use_cac
             # the semantic pass's oracle is the numeric pass's reference (float32, exact numerics)
             num = _numeric(adapter, ereq, odir if first == "semantic" else None,
                            odir if not first else None, edir if not first else None, work, kept, use_cache, tols,
-                           floor, case)
+                           (rule, profile), case)
             if first:
                 case.numeric = num
             else:
@@ -370,30 +398,34 @@ def run_case(spec: CaseSpec, work: Path, *, kept: bool, tolerances=None, use_cac
     if not kept:
         where = "" if odir.is_relative_to(work) else f" except the oracle's, kept in the cache at {odir}"
         case.report.notes.append(TEMPORARY_NOTE.format(cached=where))
-    # a near-tie flip's cascade passes end to end only because local error judges what it feeds:
-    # so a case with a cascade runs local error even when it was not asked for (a layer subset
-    # too: its stages chain through the subset's own layers)
-    cascade = any(b.status == "cascade" for r in (case.report, case.numeric) if r is not None for b in r.boundaries)
-    if (local or (cascade and adapter.stages is not None)):
-        if cascade and not local:
-            say("a near-tie flip's cascade: judging the stages after it by local error…")
+
+    def wanted(r) -> bool:
+        cascade = any(b.status == "cascade" for b in r.boundaries)
+        return bool(local) or cascade or (local is None and r.verdict != "match")
+
+    if first and wanted(case.report):
         with timed(case.timings, "local_error", prog, label):
+            say("local error: each engine stage on the oracle's tensors…")
             case.local = (local_error(adapter, req, odir, case.report, judge, work, engine_dir=edir)
                           if adapter.stages is not None else unavailable(adapter.name))
     elif prog:
         prog.done_step()
-    if (case.numeric is not None and adapter.stages is not None
-            and any(b.status == "cascade" for b in case.numeric.boundaries)):
-        # the semantic pass's local error judges its own (float32) stages; what a flip of the
-        # numeric pass feeds is judged here, the run's engine stages on the floor run's tensors
+    num = case.numeric if first else case.report if "numeric" in passes else None
+    if num is not None and wanted(num):
+        # the numeric pass's own: the run's engine stages, in its precision, on the float32
+        # reference's tensors, each judged three-way against the floor run's error there
         with timed(case.timings, "local_error"):
-            floor_dir = Path(case.dumps["floor"])
-            njudge = Judge.build(adapter.contract, tols, run_dtypes=(ereq.dtype, ereq.dtype))
-            case.local_numeric = local_error(adapter, ereq, floor_dir, case.numeric, njudge, work / "numeric")
-            # its decode steps: the whole network for one token, judged three-way (floor-relative)
-
-            decode_three_way(adapter, ereq, Path(case.dumps["reference"]), floor_dir, case.local_numeric,
-                             work / "numeric", njudge.numeric((floor or (DEFAULT_RULE, {}))[0]))
+            say("local error of the numeric pass: each engine stage on the reference's tensors, three-way…")
+            nlocal = unavailable(adapter.name)
+            if adapter.stages is not None:
+                njudge = Judge.build(adapter.contract, tols, run_dtypes=("float32", ereq.dtype)).numeric(rule, profile)
+                nlocal = local_error(adapter, ereq, Path(case.dumps["reference"]), num, njudge, work / "numeric",
+                                     engine_dir=Path(case.dumps["numeric_engine"]),
+                                     floor_dir=Path(case.dumps["floor"]))
+            if first:
+                case.local_numeric = nlocal
+            else:
+                case.local = nlocal
     if views:
         with timed(case.timings, "report", prog, label):
             case.views = heat_views(case.report, open_dump(odir))
@@ -413,11 +445,11 @@ def _numeric(adapter, req: RunRequest, ref: Path | None, floor_dir: Path | None,
              kept: bool, use_cache: bool, tols, floor, case: CaseResult):
     """The numeric pass of one case: the oracle in float32 with the exact numerics (`ref`, when the
     semantic pass has it: `exact_request`) and in the run's dtype with the run's options
-    (`floor_dir`, the floor run: for DeepSeek's language half under `official` numerics, the
-    official bf16 + kernel rounding the engine runs too), the engine in the run's dtype (`eng`,
-    when run), judged three-way (`floor.three_way`) by `floor` = (FloorRule, profile), else the
-    defaults."""
-    rule, profile = floor or (DEFAULT_RULE, {})
+    (`floor_dir`, the floor run: the official computation, for DeepSeek the whole model in bf16
+    with the language kernels' rounding, the numerics the engine runs too), the engine in the
+    run's dtype (`eng`, when run), judged three-way (`floor.three_way`) by `floor` =
+    (FloorRule, profile)."""
+    rule, profile = floor
     base = oracle_request(req)
     if ref is None:
         ref = oracle_dump(adapter, exact_request(adapter, base), work / "oracle-float32", use_cache).path
@@ -430,7 +462,7 @@ def _numeric(adapter, req: RunRequest, ref: Path | None, floor_dir: Path | None,
 
 
 def check(spec: CaseSpec, *, out: str | Path | None = None, tolerances=None, use_cache: bool = True,
-          views: bool = False, local: bool = False) -> CaseResult:
+          views: bool = False, local: bool | None = None) -> CaseResult:
     """`tensordiff check`: one case."""
     out = prepare_out(out)
     with workspace(out, "tensordiff-check-") as (work, kept):

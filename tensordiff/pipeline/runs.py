@@ -17,16 +17,36 @@ from tensordiff.pipeline.provenance import describe_image, run_weights, versions
 from tensordiff.version import VERSION
 
 
-def make_request(model: str, *, image=None, weights="synthetic:tiny", device="cpu", dtype="float32",
+DTYPES = ("float32", "bfloat16")
+
+
+def run_dtype(adapter: ModelAdapter, weights: str, dtype: str | None = None) -> str:
+    """The dtype a run computes in: the one asked for, else the model's official one (what its
+    checkpoint declares, `ModelAdapter.official_dtype`: DeepSeek V4.1 Flash bf16, Qwen3-VL its
+    config's `dtype`), else float32 (an adapter that declares none)."""
+    if dtype is not None:
+        return dtype
+    if adapter.official_dtype is None:
+        return "float32"
+    got = adapter.official_dtype(weights)
+    if got not in DTYPES:
+        raise BadInput(f"{adapter.name}: weights {weights!r} declare dtype {got!r}; tensordiff runs "
+                       f"{' or '.join(DTYPES)}: give --dtype")
+    return got
+
+
+def make_request(model: str, *, image=None, weights="synthetic:tiny", device="cpu", dtype: str | None = None,
                  backend="torch", fault=None, prompt=None, chunk=None, decode=0, processor=None, extra=(),
                  adapter: ModelAdapter | None = None, fault_dtype: str | None = None, layers: str | None = None,
                  more_images=(), **options) -> tuple[ModelAdapter, RunRequest]:
-    """The validated request of one run; `adapter` when the caller already looked it up;
+    """The validated request of one run; `adapter` when the caller already looked it up; `dtype`
+    None: the model's official dtype (`run_dtype`);
     `fault_dtype` the precision a fault's needs are checked in (a case's float32 semantic pass);
     `layers` a DeepSeek language layer subset ("0-2"), handed to both runners as `options["layers"]`;
     `more_images` the prompt's further images after `image`, in order (a repeated --image)."""
     warm()  # before any torch op of this process (synthetic weights included): see warmup.py
     adapter = adapter or registry.adapter(model)
+    dtype = run_dtype(adapter, weights, dtype)
     raw = {**options, **parse_assignments(extra)}
     if processor is not None:
         raw["processor"] = processor

@@ -126,5 +126,8 @@ ADAPTER = ModelAdapter(
     # the fp32 reference of the language half: semantic numerics (fp32, exact dequantised weights,
     # no kernel rounding); `official` would run it in bf16 with FP8/FP4 rounding whatever --dtype
     exact_options=(("language_numerics", "semantic"), ("kernel_quant", False)),
+    # the official code builds the whole model, vision tower included, in bf16 (the language
+    # kernels' FP8 / FP4 rounding on top: `language_numerics` official, the bf16 default)
+    official_dtype=lambda _spec: "bfloat16",
     description="DeepSeek V4.1 Flash: preprocessing, 32-layer ViT with 2D RoPE, 3x3 aligner; with a prompt, the language backbone",
 )

@@ -15,9 +15,10 @@ OPTIONS = OptionTable((
     Option("attention", "list", None, "CUDA SDPA kernels the engine's vision tower tries, in order, comma-separated "
            "(default: cudnn,flash,efficient,math; triton: our own kernel, only when asked; the CPU has one kernel)",
            choices=ATTENTION_KERNELS, side="engine"),
-    Option("language_numerics", "choice", "official", "the language backbone's numerics, both sides: official "
-           "(what the official code computes: bf16 with the kernels' FP8/FP4 rounding, whatever --dtype the vision "
-           "half runs in) or semantic (the run's --dtype, exact dequantised weights, no rounding)",
+    Option("language_numerics", "choice", None, "the language backbone's numerics, both sides: official "
+           "(what the official code computes: the whole model in bf16, the language kernels' FP8/FP4 rounding on "
+           "top; the default in bfloat16) or semantic (the run's --dtype, exact dequantised weights, no rounding; "
+           "the default in float32). No run mixes a float32 tower with the official bf16 language half",
            choices=("official", "semantic"), side="both"),
     Option("kernel_quant", "bool", None, "the language kernels' FP8 window-KV / FP4 indexer activation round "
            "trips, both sides; unset: follows language_numerics (on when official), true/false overrides it",
@@ -31,3 +32,24 @@ OPTIONS = OptionTable((
     Option("graphs", "switch", "auto", "whole-pass CUDA graphs per grid, CUDA only: off, on (capture at the first "
            "pass), auto (at the second)", side="engine", env="TENSORDIFF_GRAPHS"),
 ))
+
+
+def numerics_mode(options, dtype: str) -> str:
+    """The language half's numerics for a run (`options` resolved by `OPTIONS.resolve`): the
+    one asked for, else `official` in bfloat16 (the official computation, end to end) and
+    `semantic` in float32 (exact math on both halves). Both runners read it here."""
+    mode = options.get("language_numerics")
+    return mode if mode is not None else ("official" if dtype == "bfloat16" else "semantic")
+
+
+MIXED = ("-o language_numerics=official runs the language half in bf16, the official computation, which "
+         "runs the vision tower in bf16 too: give --dtype bfloat16 (the default), not {dtype}; float32 is "
+         "the semantic route on both halves")
+
+
+def mixed_route(options, dtype: str) -> str | None:
+    """Why a whole-model run (the tower and the language half) would mix precisions, or None:
+    the official bf16 language half behind a float32 tower computes nothing official."""
+    if dtype != "bfloat16" and numerics_mode(options, dtype) == "official":
+        return MIXED.format(dtype=dtype)
+    return None

@@ -31,6 +31,7 @@ The runners are imported only when asked for (no torch at import time).
 """
 from __future__ import annotations
 
+import json
 import re
 from pathlib import Path
 from typing import Sequence
@@ -173,6 +174,22 @@ def _weights(spec: str) -> Path:
     return p
 
 
+def declared_dtype(spec: str) -> str:
+    """The dtype the checkpoint's config.json declares for the model (`dtype`, or the older
+    `torch_dtype`; the text model's when the top level has none): what transformers computes
+    in when it loads the checkpoint as declared, and what a run with no --dtype runs."""
+    path = _weights(spec) / "config.json"
+    try:
+        cfg = json.loads(path.read_text())
+    except (OSError, ValueError) as e:
+        raise BadInput(f"{path}: not readable as JSON ({e})") from None
+    for where in (cfg, cfg.get("text_config") or {}):
+        for key in ("dtype", "torch_dtype"):
+            if isinstance(where, dict) and isinstance(where.get(key), str):
+                return where[key]
+    raise BadInput(f"{path} declares no dtype (dtype or torch_dtype): give --dtype")
+
+
 ADAPTER = ModelAdapter(
     name=NAME,
     contract=CONTRACT,
@@ -181,6 +198,7 @@ ADAPTER = ModelAdapter(
     oracle=lazy("oracle.qwen3_vl.runner:run"),
     engine=lazy("engine.qwen3_vl.runner:run"),
     weights=_weights,
+    official_dtype=declared_dtype,
     # the vision tower only, unless a prompt or decode steps take the run into the text model
     weight_prefixes=lambda req: ("model.visual.",) if req.prompt is None and not req.decode else None,
     sources=("oracle.qwen3_vl", "tensordiff.models.qwen3_vl.adapter", "tensordiff.format.taps"),  # taps: the oracle is hooked through it
