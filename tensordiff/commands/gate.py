@@ -10,7 +10,7 @@ the build fails with the earliest divergence in its report.
     [[model]]
     name = "deepseek-v4.1-flash"
     weights = "synthetic:tiny"                  # or a checkpoint directory
-    dtype = "float32"
+    dtype = "float32"                           # default: the model's official dtype
 
 Keys under [gate] are defaults for every [[model]]; a model's own keys win (see `KEYS`).
 `load_gate` validates everything (names, types, files, images) before anything runs, so a bad
@@ -31,8 +31,9 @@ from tensordiff.pipeline.case import (  # noqa: F401 (re-exported)
 )
 
 from tensordiff.pipeline.case import (  # noqa: E402  semantic, numeric, direct (see pipeline.run_case)
-    PASSES, carrier_dtype, default_passes,
+    PASSES, carrier_dtype, check_passes, default_passes,
 )
+from tensordiff.pipeline.runs import run_dtype
 from tensordiff.pipeline.calibration import check_engine, profile_of, rule_of
 from tensordiff.judge.geometry import Coverage
 from tensordiff.judge.tolerance import load, load as load_tolerances
@@ -70,7 +71,7 @@ def _image_list(v) -> bool:
     return isinstance(v, list) and len(v) >= 2 and all(isinstance(x, str) and x for x in v)
 
 
-DEFAULTS = {"weights": "synthetic:tiny", "images": [DEFAULT_IMAGE], "prompts": [], "dtype": "float32",
+DEFAULTS = {"weights": "synthetic:tiny", "images": [DEFAULT_IMAGE], "prompts": [], "dtype": None,
             "oracle_dtype": None, "device": "cpu", "backend": "torch", "tolerances": None, "local_error": True,
             "chunk": None, "decode": 0, "passes": None, "layers": None,
             "options": {}}
@@ -84,7 +85,7 @@ class ModelCase:
     weights: str
     images: tuple[Path, ...]
     prompts: tuple[str, ...] = ()
-    dtype: str = "float32"
+    dtype: str | None = None  # None: the model's official dtype (resolved by `run_gate`)
     oracle_dtype: str | None = None
     device: str = "cpu"
     backend: str = "torch"
@@ -98,12 +99,11 @@ class ModelCase:
 
 
 def case_passes(m: ModelCase) -> tuple[str, ...]:
-    """The passes a case runs: as configured, else semantic + numeric for a low-precision run,
-    semantic alone in float32 (where it is the direct comparison), direct when the gate pins an
-    oracle dtype other than the engine's (the one-pass comparison it asked for)."""
+    """The passes a case runs: as configured, else semantic + numeric for a low-precision run
+    (a model's official dtype), semantic alone in float32."""
     if m.passes:
         return tuple(m.passes)
-    return default_passes(m.dtype, m.oracle_dtype)
+    return default_passes(m.dtype or "float32", m.oracle_dtype)
 
 
 @dataclass(frozen=True)
@@ -391,11 +391,14 @@ def run_gate(cfg: GateConfig, *, fault: str | None = None, models: list[str] | N
                            f"(it has: {', '.join(m.name for m in cfg.models)})")
     if overrides:
         mcs = [replace(m, **{k: v for k, v in overrides.items() if v is not None}) for m in mcs]
+    adapters = {m.name: registry.adapter(m.name) for m in mcs}  # looked up once, used by every case
+    # no dtype: the model's official one (what its checkpoint declares), as `check` runs it
+    mcs = [replace(m, dtype=run_dtype(adapters[m.name], m.weights, m.dtype)) for m in mcs]
     for m in mcs:
         if "numeric" in case_passes(m) and m.dtype == "float32":
             raise BadInput(f"{m.name}: the numeric pass judges a low-precision run against float32; "
                            "set dtype = \"bfloat16\" (or drop \"numeric\" from passes)")
-    adapters = {m.name: registry.adapter(m.name) for m in mcs}  # looked up once, used by every case
+        check_passes(case_passes(m), m.dtype, m.oracle_dtype, where=f"{m.name}: passes")
     for m in mcs:  # a profile judges only the engine setup it was measured on (eager is not compiled)
         if m.tolerances is not None and "numeric" in case_passes(m):
             if profile_of(m.tolerances):

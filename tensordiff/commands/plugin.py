@@ -7,16 +7,24 @@
 The baseline lives next to the test module (`<module>/<test name>.tensordiff/`) unless a path
 is given. A missing baseline is written and the test fails saying so; `--tensordiff-regen`
 rewrites baselines instead of asserting (like `--force-regen` in pytest-regressions).
+
+A dump computed in bf16/fp16 is judged against its floor when one is given: the baseline is then
+the float32 reference and `floor` the reference's own run in that precision (three-way,
+row-aware, `tensordiff.pipeline.compare.three_way`). Without a floor a low-precision comparison is
+two-way, and the report says so and what it cannot see (`Report.judgement`).
+
+    tensordiff_baseline.check(tmp_path / "engine-bf16", baseline="ref-fp32", floor="ref-bf16")
 """
 from __future__ import annotations
 
 import re
 import shutil
+import warnings
 from pathlib import Path
 
 import pytest
 from tensordiff.format.dump import open_dump
-from tensordiff.pipeline.compare import compare_dumps
+from tensordiff.pipeline.compare import compare_dumps, three_way
 from tensordiff.reports.text import render_text
 
 
@@ -43,12 +51,21 @@ class BaselineCheck:
         name = re.sub(r"[^A-Za-z0-9_.-]", "_", self.request.node.name)
         return mod.parent / mod.stem / f"{name}.tensordiff"
 
-    def check(self, produced, baseline=None, tolerances=None, *, contract=None):
+    def check(self, produced, baseline=None, tolerances=None, *, contract=None, floor=None):
         __tracebackhide__ = True
 
         produced = Path(produced)
         open_dump(produced)  # a broken produced dump fails here, clearly
         base = Path(baseline) if baseline else self.default_path()
+        if floor is not None:  # three-way: the baseline is the float32 reference, `floor` its low-precision run
+            if not base.exists():
+                pytest.fail(f"tensordiff reference {base} does not exist: a check against a floor compares with the "
+                            "float32 reference, which is never written from the produced dump", pytrace=False)
+            report = three_way(base, Path(floor), produced, tolerances=tolerances or self.tolerances,
+                               contract=contract)
+            if report.verdict != "match":
+                pytest.fail(render_text(report) + f"\n\nreference: {base}\nfloor run: {floor}", pytrace=False)
+            return report
         if self.regen or not base.exists():
             existed = base.exists()
             tmp = base.with_name(base.name + ".tmp")
@@ -64,7 +81,13 @@ class BaselineCheck:
         if report.verdict != "match":
             pytest.fail(render_text(report) + f"\n\nbaseline: {base}\nTo accept the new tensors: pytest --tensordiff-regen",
                         pytrace=False)
+        if report.judgement.get("kind") == "two-way":  # a pass that could not see what a floor would
+            warnings.warn(TwoWayWarning(f"{produced} against {base}: {report.judgement['note']}"), stacklevel=2)
         return report
+
+
+class TwoWayWarning(UserWarning):
+    """A low-precision dump passed a baseline check with no floor run: the verdict is two-way."""
 
 
 @pytest.fixture

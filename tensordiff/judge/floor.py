@@ -276,6 +276,36 @@ def row_family(name: str) -> str | None:
     return m.group(1) if m else None
 
 
+def scores_verdict(er: Entry, ef: Entry, ec: Entry, rule: FloorRule) -> tuple[bool, str] | None:
+    """The scores behind a top-k choice (`ties`) in the numeric pass: right when the candidate's
+    error against the reference, over the entries eligible (finite) on all three runs, is within
+    the rule's multiples of the floor run's (tensor-wide RMSE, and the largest row's RMSE against
+    the floor's largest row). None where the floor is zero there (precision moves nothing: the
+    direct rule judges them, as `Judge.three_way` does a zero-floor tensor)."""
+    n_rows, row_len = shape_rows(er.shape)
+    r, f, c = (to_float64(_all(e), e.dtype).reshape(n_rows, row_len) for e in (er, ef, ec))
+    ok = np.isfinite(r) & np.isfinite(f) & np.isfinite(c)
+    df, dc = np.where(ok, f - r, 0.0), np.where(ok, c - r, 0.0)
+    n = max(int(ok.sum()), 1)
+    frow, crow = np.sqrt(np.einsum("ij,ij->i", df, df)), np.sqrt(np.einsum("ij,ij->i", dc, dc))
+    f_rmse, c_rmse = math.sqrt(float((df * df).sum()) / n), math.sqrt(float((dc * dc).sum()) / n)
+    if f_rmse == 0:
+        return None
+    ratios = {"rmse": _ratio(c_rmse, f_rmse), "row": _ratio(float(crow.max()), float(frow.max()))}
+    for stat, what in (("rmse", "RMSE"), ("row", "max row RMSE")):
+        if ratios[stat] > getattr(rule, stat):
+            return False, f"{what} {ratios[stat]:.3g}× the floor run's (limit {getattr(rule, stat):g}×)"
+    return True, ""
+
+
+def _all(e: Entry) -> np.ndarray:
+    r = e.stored.reader()
+    try:
+        return r.read(0, e.stored.numel)
+    finally:
+        r.close()
+
+
 def family_floor(er: Entry, ef: Entry) -> float:
     """The floor run's largest row RMSE of a tensor (what a row of its family is never judged below)."""
     return float(measure(er, ef, ef)["floor"]["row_max"])

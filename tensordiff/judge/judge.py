@@ -306,6 +306,23 @@ class Judge:
         scores_ok = min_err = None
         if self.floor_rule is not None and seen is not None:
             scores_ok, min_err = seen.sourced_verdicts(self.contract, br.tensors), seen.sourced_tie_errors(self.contract, br.tensors)
+        if self.floor_rule is not None and floor:
+            # the scores behind a choice, in the numeric pass: against the floor run's error there,
+            # not a flat low-precision tolerance (`floor.scores_verdict`)
+            # and how close a tie must be, never closer than the floor run's error on its largest
+            # row (one row's error is one sample of a right route's rounding: FP4-rounded indexer
+            # scores leave rows a right route gets nearly right beside rows it gets 20x worse)
+            scores_ok, min_err = dict(scores_ok or {}), dict(min_err or {})
+            for t in br.tensors:
+                n = t.name
+                if t.mode == "scores" and n in ents_a and n in ents_b and n in floor \
+                        and ents_a[n].shape == ents_b[n].shape == floor[n].shape and ents_a[n].dtype.is_float:
+                    v = floors.scores_verdict(ents_a[n], floor[n], ents_b[n], self.floor_rule) \
+                        if n not in scores_ok else None
+                    if v is not None:
+                        scores_ok[n] = v
+                    if n not in min_err:
+                        min_err[n] = floors.worst_row_max_abs(ents_a[n], floor[n])
         ties.settle(br.tensors, ents_a, ents_b, bd.layout, run, lambda unit: self.tolerance(bd.name, unit), floor,
                     scores_ok, min_err)
         br.status, br.reason = settle(br.tensors)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -11,6 +12,8 @@ from typing import Any
 STATUSES = ("match", "diverged", "consequent", "missing", "incomparable", "skipped", "benign", "cascade")
 FAILING = ("diverged", "missing", "incomparable")
 PASSING = ("match", "skipped", "benign", "cascade")
+# the boundary of the token fed to decode step K (both language contracts: `models.decode_tokens`)
+TOKEN_STEP = re.compile(r"^token\.step\.(\d+)$")
 
 
 @dataclass
@@ -90,6 +93,9 @@ class Report:
     producers: dict = field(default_factory=dict)
     runs: dict = field(default_factory=dict)
     tolerances: str = "defaults"
+    # how the float tensors were judged (`walk.judgement`): {"kind": "direct" | "two-way" |
+    # "three-way", ...}; two-way (a low-precision side, no floor run) says what it cannot see
+    judgement: dict = field(default_factory=lambda: {"kind": "direct"})
 
     @property
     def verdict(self) -> str:
@@ -98,6 +104,30 @@ class Report:
     @property
     def earliest(self) -> list[str]:
         return [b.name for b in self.boundaries if b.root]
+
+    @property
+    def generated(self) -> dict | None:
+        """What the generated tokens did (the `token.step.K` boundaries, each the token fed to
+        decode step K): None without decode steps, else {"steps": K compared, "differ": [K whose
+        token differs], "first": the first of them or None, "status": that boundary's status
+        (benign: a near-tie flip), "benign": whether it is a benign near-tie flip}."""
+        steps, differ, status = [], [], {}
+        for b in self.boundaries:
+            m = TOKEN_STEP.match(b.name)
+            if not m:
+                continue
+            k = int(m.group(1))
+            steps.append(k)
+            status[k] = b.status
+            ids = [t for t in b.tensors if t.name.endswith(".ids")]
+            if any(getattr(t.metrics, "rows_differ", 0) for t in ids) or b.status in ("benign", "cascade"):
+                differ.append(k)
+        if not steps:
+            return None
+        first = min(differ) if differ else None
+        return {"steps": sorted(steps), "differ": sorted(differ), "first": first,
+                "status": status[first] if first is not None else None,
+                "benign": status[first] == "benign" if first is not None else None}
 
     def boundary(self, name: str) -> BoundaryResult:
         for b in self.boundaries:
@@ -124,6 +154,7 @@ class Report:
                         "diagnosis": {b.name: b.diagnosis for b in self.boundaries if b.diagnosis is not None},
                         "a": self.a, "b": self.b, "model": self.model, "notes": self.notes,
                         "tolerances": self.tolerances, "producers": self.producers, "runs": self.runs,
+                        "judgement": self.judgement, "generated": self.generated,
                         "boundaries": [b.as_json() for b in self.boundaries]})
 
 

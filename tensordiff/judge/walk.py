@@ -132,7 +132,45 @@ def walk_dumps(a: str | Path | Dump, b: str | Path | Dump,
     notes += _run_notes(da, db)
     producers = {"a": da.producer, "b": db.producer} | ({"floor": df.producer} if numeric else {})
     runs = {"a": da.run, "b": db.run} | ({"floor": df.run} if numeric else {})
-    return Report(str(da.path), str(db.path), da.model, report_rows, notes, producers, runs, judge.rule_text)
+    how = judgement(da, db, report_rows, df if numeric else None)
+    if how["kind"] == "two-way":
+        notes.insert(0, how["note"])
+    return Report(str(da.path), str(db.path), da.model, report_rows, notes, producers, runs, judge.rule_text, how)
+
+
+LOW_PRECISION = ("bfloat16", "float16")
+TWO_WAY = ("two-way verdict: {what} computed in {dtypes} and no floor run was given, so each such tensor was judged "
+           "by one flat tolerance, not against the error a right {dtypes} route makes there. It cannot see a bug "
+           "of a few times that error (one wrong row or token, a stray scale) and cannot tell a right route whose "
+           "error passes the flat tolerance from a bug. Give the oracle's own {dtypes} dump as --floor (with the "
+           "float32 oracle as A) for the floor-relative, row-aware verdict")
+
+
+def judgement(da: Dump, db: Dump, rows: list[BoundaryResult], df: Dump | None = None) -> dict:
+    """How the float tensors of a comparison were judged: three-way (against the floor run `df`),
+    two-way (a low-precision side, no floor: what that cannot see is said), or direct. A side is
+    low precision where its run declares a bf16/fp16 compute dtype (its own or a boundary's,
+    `run.boundary_dtypes`), or, undeclared, where a float tensor judged in bf16/fp16 differs at
+    all (a bit-exact route stays exact: nothing there needs a floor)."""
+    if df is not None:
+        return {"kind": "three-way", "floor": str(df.path)}
+    declared = set()
+    for d in (da, db):
+        declared |= {v for v in [d.run.get("dtype"), *(d.run.get("boundary_dtypes") or {}).values()]
+                     if v in LOW_PRECISION}
+    differing = [t for r in rows for t in r.tensors if t.mode == "values" and isinstance(t.metrics, FloatResult)
+                 and t.dtype.get("unit") in LOW_PRECISION and t.metrics.max_abs != 0]
+    if not declared and not differing:
+        return {"kind": "direct"}
+    dtypes = sorted(declared or {t.dtype["unit"] for t in differing})
+    sides = [s for s, d in (("A", da), ("B", db)) if d.run.get("dtype") in LOW_PRECISION
+             or any(v in LOW_PRECISION for v in (d.run.get("boundary_dtypes") or {}).values())]
+    what = (f"{' and '.join(sides)} {'were' if len(sides) > 1 else 'was'}" if sides
+            else f"{len(differing)} differing tensor(s) were")
+    return {"kind": "two-way", "low_precision": dtypes, "tensors": [t.name for t in differing],
+            "cannot_see": "a bug within a few times the low-precision error (a wrong row or token, a stray scale); "
+                          "a right route's error past the flat tolerance",
+            "note": TWO_WAY.format(what=what, dtypes="/".join(dtypes))}
 
 
 def walk(present: list[Boundary], entries: Mapping[str, tuple[Mapping[str, Entry], Mapping[str, Entry]]],

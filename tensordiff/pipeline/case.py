@@ -124,8 +124,8 @@ def check_passes(passes: tuple[str, ...], dtype: str, oracle_dtype: str | None =
         raise BadInput(f"{where} direct judges by one flat tolerance, which a {dtype} tensor is never judged by: "
                        f"a {dtype} run is judged against its floor (numeric; leave {where} out for semantic,numeric)")
     if oracle_dtype not in (None, "float32"):
-        raise BadInput(f"--oracle-dtype {oracle_dtype}: the reference of every pass is the float32 oracle; the "
-                       f"oracle in {oracle_dtype} is the numeric pass's floor run (leave --oracle-dtype out)")
+        raise BadInput(f"oracle dtype {oracle_dtype}: the reference of every pass is the float32 oracle; the "
+                       f"oracle in {oracle_dtype} is the numeric pass's floor run (leave the oracle dtype out)")
 
 
 def parse_passes(text: str | None, dtype: str, oracle_dtype: str | None = None) -> tuple[str, ...]:

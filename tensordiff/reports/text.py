@@ -79,6 +79,10 @@ def _dtype_note(t: TensorResult) -> str:
 
 
 def headline(r: Report) -> str:
+    """The report's first line: the verdict, what the generated tokens did when they differ
+    (`Report.generated`), and how a low-precision comparison without a floor was judged."""
+    tokens = tokens_changed(r)
+    two_way = " (two-way: no floor run, see the notes)" if r.judgement.get("kind") == "two-way" else ""
     if r.verdict == "match":
         benign = [b.name for b in r.boundaries if b.status == "benign"]
         cascade = [b.name for b in r.boundaries if b.status == "cascade"]
@@ -88,14 +92,31 @@ def headline(r: Report) -> str:
         if cascade:
             tail += (f", {len(cascade)} boundaries after them differ as that flip's cascade (judged by local error, "
                      "the engine's stage on the reference's tensors)")
-        return f"MATCH: all {len(r.boundaries)} boundaries within tolerance ({r.model}){tail}"
+        head = f"MATCH{' (' + tokens + ')' if tokens else ''}"
+        return f"{head}: all {len(r.boundaries)} boundaries within tolerance ({r.model}){two_way}{tail}"
     parts = []
     for n in r.earliest:
         b = r.boundary(n)
         parts.append(f"earliest divergence at `{n}` ({b.status}): {b.look_between}")
     if not parts:
         parts.append("diverged (no root found)")
-    return "DIVERGED: " + "; ".join(parts)
+    return "DIVERGED: " + "; ".join(parts) + (f"; {tokens}" if tokens else "") + two_way
+
+
+GENERATED = {"benign": "a benign near-tie flip: the reference's own top choices there are within the rounding "
+                       "of a right route",
+             "cascade": "after an earlier near-tie flip, its cascade",
+             "diverged": "not a near-tie: the choice itself diverged",
+             "consequent": "a consequence of the divergence upstream"}
+
+
+def tokens_changed(r: Report) -> str:
+    """'the generated tokens differ from step K (why)' when they do, else ''."""
+    g = r.generated
+    if not g or g["first"] is None:
+        return ""
+    why = GENERATED.get(g["status"], g["status"])
+    return f"the generated tokens differ from step {g['first']} on ({why})"
 
 
 NO_EXPLANATION = ("no simple explanation (tested: rows moved, columns permuted, scale, sign, offset, a swapped "
