@@ -82,6 +82,9 @@ class ChunkShared:
     # local error only: candidate source layer -> [n, T] the reference's scores, so the layers after
     # it keep the reference's candidate blocks (a near-tie flip there changes the eligible set)
     forced_scores: dict | None = None
+    # a planted fault only (`decode-rope-off-by-one`): the rotary positions of this pass's queries
+    # and window keys moved on by this many (0: right)
+    rope_shift: int = 0
 
 
 class Attention:
@@ -208,7 +211,8 @@ class Attention:
         """x: [n, D] normalised attention input for positions start .. start+n-1 -> [n, D]."""
         w, n, H, hd, rd = self.w, x.shape[0], self.H, self.hd, self.rd
         cos, sin = self._rope(x.device)
-        cq, sq = cos[start:start + n], sin[start:start + n]
+        at = start + shared.rope_shift
+        cq, sq = cos[at:at + n], sin[at:at + n]
         qr = self._norm(self.backend.linear(x, w.wq_a, None), w.q_norm)
         q = rope.rotate_pairs(self.backend.linear(qr, w.wq_b, None).view(n, H, hd), rd, cq, sq)
         kv = rope.rotate_pairs(self._norm(self.backend.linear(x, w.wkv, None), w.kv_norm), rd, cq, sq)

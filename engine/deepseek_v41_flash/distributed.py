@@ -206,8 +206,8 @@ class ShardedMoE(MoE):
         super().__init__(*args, **kw)
         self.par = par
 
-    def __call__(self, x, image_rows=None, forced=None):
-        y, weights, ids = super().__call__(x, image_rows, forced)
+    def __call__(self, x, image_rows=None, forced=None, tail=False):
+        y, weights, ids = super().__call__(x, image_rows, forced, tail)
         return self.par.all_reduce(y), weights, ids
 
 

@@ -6,7 +6,8 @@ Each is a mistake this field really makes; the one table of names, boundaries an
 """
 from __future__ import annotations
 
-from tensordiff.models.deepseek_v41_flash.faults import (
+from tensordiff.models.deepseek_v41_flash.faults import (  # noqa: F401 (the engine's names)
+    DECODE_ROPE_OFF_BY_ONE, EMBED_LAST_ROW_SCALE, ROUTER_LAST_ROW_RENORM,
     ALIGNER_FLAT_PAD, CONTAIN_CEIL, DECODE_ENGRAM_WINDOW_RESET, IMAGE_SPAN_UNEXPANDED,
     ENGRAM_NGRAM_ACROSS_IMAGE, ENGRAM_SCALE_IGNORED, FP4_NIBBLES_SWAPPED, FP8_SCALE_IGNORED,
     FP8_SCALE_TRANSPOSED, GELU_TANH, LANGUAGE_NAMES, NORM_EPS, NUMERIC_NAMES, RESIDUAL_SCALE, SPLITK_BF16,

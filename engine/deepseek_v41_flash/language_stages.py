@@ -84,7 +84,7 @@ class TeacherForced:
             attn = self.act(self.ref[f"attn.{L}"])
             experts = None if key[1] else self.ref[f"router.{L}.ids"].to(self.lm.device)
             self._layer[key] = self.lm.stack[L](*self.entering(L), lambda h_in: attn, self.image, self.hashes,
-                                                experts)
+                                                experts, tail=True)  # the whole prompt's rows
         return self._layer[key]
 
     def router(self, L: int) -> dict:

@@ -89,18 +89,20 @@ class Layer:
         return self.backend.rms_norm(hyper.collapse(x, pre), self.w.attn_norm, self.norm_eps), mix
 
     def __call__(self, x: torch.Tensor, pre: torch.Tensor, attend: Callable[[torch.Tensor], torch.Tensor],
-                 image: torch.Tensor, hashes: torch.Tensor | None, experts: torch.Tensor | None = None) -> LayerOut:
+                 image: torch.Tensor, hashes: torch.Tensor | None, experts: torch.Tensor | None = None,
+                 tail: bool = False) -> LayerOut:
         """`experts` (local error only): expert ids [n, k] to mix instead of the router's own choice
         (the reference's, with the engine's weights for them), so `router.L.weights` and `hidden.L`
-        are judged on the same experts after a near-tie flip of the router."""
+        are judged on the same experts after a near-tie flip of the router. `tail`: these rows end
+        the prompt (a planted router fault's row)."""
         x, gate = self.enter(x, hashes, image)
         h_in, (a_pre, a_post, a_comb) = self.attn_input(x, pre)
         h = attend(h_in)
         x = hyper.expand(h, x, a_post, a_comb)
         f_pre, f_post, f_comb = hyper.mixes(x, self.w.ffn_mix, *self.mix_args)
         ffn_in = self.backend.rms_norm(hyper.collapse(x, a_pre), self.w.ffn_norm, self.norm_eps)
-        forced = None if experts is None else (self.moe.weights_for(ffn_in, experts, image), experts)
-        y, weights, chosen = self.moe(ffn_in, image, forced)
+        forced = None if experts is None else (self.moe.weights_for(ffn_in, experts, image, tail), experts)
+        y, weights, chosen = self.moe(ffn_in, image, forced, tail)
         return LayerOut(gate, h, hyper.expand(y, x, f_post, f_comb), f_pre, weights, chosen, ffn_in)
 
     def router_scores(self, out: LayerOut, image: torch.Tensor) -> torch.Tensor:

@@ -17,9 +17,11 @@ recording, so a chunked run is compared row for row with a single-shot one); dec
 `logits.step.K`.
 
 Faults (off by default; `FAULTS`): `overlay-chunk-shift` here (the span overlaid as if every
-chunk started at position 0) and `decode-engram-window-reset` (`Sequence.step`: the n-gram window
-dropped on every decode step after the first), the two router faults in `moe`, the Engram one in
-`engram`.
+chunk started at position 0), `decode-engram-window-reset` (`Sequence.step`: the n-gram window
+dropped on every decode step after the first), `embed-last-row-scale` (`Sequence.embed`: the
+prompt's last row scaled), `decode-rope-off-by-one` (`Sequence.step`: step 2 rotated one position
+on), the router faults in `moe` (`router-last-row-renorm` on the rows that end the prompt: `tail`),
+the Engram one in `engram`.
 """
 from __future__ import annotations
 
@@ -34,7 +36,8 @@ from engine.runtime.embedding import Span, overlay
 import engine.deepseek_v41_flash.checkpoint as W
 from engine.deepseek_v41_flash.config import Config
 from engine.deepseek_v41_flash.faults import (
-    DECODE_ENGRAM_WINDOW_RESET, IMAGE_SPAN_UNEXPANDED, LANGUAGE as FAULTS, OVERLAY_CHUNK_SHIFT,
+    DECODE_ENGRAM_WINDOW_RESET, DECODE_ROPE_OFF_BY_ONE, EMBED_LAST_ROW_SCALE, IMAGE_SPAN_UNEXPANDED,
+    LANGUAGE as FAULTS, OVERLAY_CHUNK_SHIFT,
 )
 from engine.deepseek_v41_flash.span import span_rows
 from engine.deepseek_v41_flash import hyper, quant
@@ -197,6 +200,7 @@ class Sequence:
         if self.ids.numel() > lm.cfg.max_seq_len:
             raise EngineInputError(f"prompt of {self.ids.numel()} tokens exceeds max_seq_len {lm.cfg.max_seq_len}")
         self.pos = 0
+        self.prompt_len = int(self.ids.numel())  # decode steps append to `ids`, never to the prompt
         self.caches = {i: a.new_cache(lm.dtype, lm.device) for i, a in lm.attn.items()}
         self.engram_state = EngramHashState(lm.engram_tables, lm.fault) if lm.engram_tables else None
         self._images = list(images)  # (rows callable, cells) per span, in sequence order
@@ -244,14 +248,17 @@ class Sequence:
         """Token embeddings of positions lo..hi-1 with the image span's rows that fall inside."""
         lm = self.lm
         emb = lm.embed[self.ids[lo:hi].to(lm.device)].clone()
+        if lm.fault == EMBED_LAST_ROW_SCALE and lo < self.prompt_len <= hi:
+            emb[self.prompt_len - 1 - lo] *= 1 + 2 ** -5  # wrong: the prompt's last row scaled
         spans = self._spans(lo, hi)
         if lm.fault == OVERLAY_CHUNK_SHIFT:
             spans = list(self._spans_built.values())
             return overlay(emb, 0, spans, lm.backend)  # wrong: the chunk's own start is ignored
         return overlay(emb, lo, spans, lm.backend)
 
-    def _forward(self, lo: int, hi: int, out: dict | None, decoding: bool = False) -> torch.Tensor:
-        """Positions lo..hi-1 through the stack; returns logits [n, vocab] fp32."""
+    def _forward(self, lo: int, hi: int, out: dict | None, decoding: bool = False, rope_shift: int = 0) -> torch.Tensor:
+        """Positions lo..hi-1 through the stack; returns logits [n, vocab] fp32. `rope_shift`:
+        a planted fault's rotary positions moved on (0: right)."""
         lm, cfg = self.lm, self.lm.cfg
         ids, types = self.ids[lo:hi], self.types[lo:hi]  # host tensors
         image = (types >= 0).to(lm.device)
@@ -264,10 +271,11 @@ class Sequence:
         x, pre = first_stream(emb, cfg.hc_mult)
         # official decode: the indexers read the keys the last owner published (see `ChunkShared`)
         official = decoding and lm.index_keys == "official"
-        shared = ChunkShared(key_cache=self.key_owner if official else None, decoding=official)
+        shared = ChunkShared(key_cache=self.key_owner if official else None, decoding=official, rope_shift=rope_shift)
+        tail = not decoding and hi == self.prompt_len  # these rows end the prompt
         for i, layer in lm.stack.items():
             cache = self.caches[i]
-            o = layer(x, pre, lambda h_in: layer.attn(h_in, lo, cache, shared), image, hashes)
+            o = layer(x, pre, lambda h_in: layer.attn(h_in, lo, cache, shared), image, hashes, tail=tail)
             x, pre = o.hidden, o.pre
             if keep:
                 if o.gate is not None:
@@ -314,7 +322,8 @@ class Sequence:
             self.engram_state.reset()  # wrong: the n-gram window is carried across every step
         self.ids = torch.cat([self.ids, torch.tensor([token])])
         self.types = torch.cat([self.types, torch.tensor([-1])])
-        return self._forward(self.pos, self.pos + 1, None, decoding=True)
+        shift = 1 if self.lm.fault == DECODE_ROPE_OFF_BY_ONE and k == 2 else 0  # wrong: step 2 one position on
+        return self._forward(self.pos, self.pos + 1, None, decoding=True, rope_shift=shift)
 
     @torch.inference_mode()
     def decode(self, steps: int, last_logits: torch.Tensor, taps=None) -> list[int]:

@@ -6,7 +6,8 @@ with `bias_vl`, the others with `bias`, all in one batch (the backend's `moe_rou
 row). A gate with one bias simply passes `bias_vl=None`.
 
 Faults (off by default): `router-text-bias-for-images` ranks every row with `bias`;
-`router-biased-weights` takes the mixture weights from the biased scores.
+`router-biased-weights` takes the mixture weights from the biased scores;
+`router-last-row-renorm` normalises the prompt's last row's weights over its first k-1 experts.
 """
 from __future__ import annotations
 
@@ -16,7 +17,9 @@ import torch
 import torch.nn.functional as F
 
 from engine.errors import EngineInputError
-from engine.deepseek_v41_flash.faults import ROUTER_BIASED_WEIGHTS, ROUTER_TEXT_BIAS_FOR_IMAGES
+from engine.deepseek_v41_flash.faults import (
+    ROUTER_BIASED_WEIGHTS, ROUTER_LAST_ROW_RENORM, ROUTER_TEXT_BIAS_FOR_IMAGES,
+)
 
 
 @dataclass(frozen=True)
@@ -67,13 +70,23 @@ class MoE:
         w = scores.gather(-1, ids)
         return w / (w.sum(-1, keepdim=True) + 1e-20) * self.route_scale
 
-    def weights_for(self, x: torch.Tensor, ids: torch.Tensor, image_rows: torch.Tensor | None) -> torch.Tensor:
+    def _tail(self, weights: torch.Tensor, tail: bool) -> torch.Tensor:
+        """The planted `router-last-row-renorm`: on the rows that end the prompt, the last row's
+        weights renormalised over its best k-1 (a sum's tail loop one short; in any id order)."""
+        if self.fault != ROUTER_LAST_ROW_RENORM or not tail or not weights.shape[0]:
+            return weights
+        w = weights.clone()
+        w[-1] = w[-1] / (w[-1].sum() - w[-1].min()) * self.route_scale
+        return w
+
+    def weights_for(self, x: torch.Tensor, ids: torch.Tensor, image_rows: torch.Tensor | None,
+                    tail: bool = False) -> torch.Tensor:
         """The mixture weights of a GIVEN choice ids [R, k] (local error: the reference's choice,
         so the weights are judged on the same experts after a near-tie flip)."""
         logits = self.backend.linear(x.float(), self.gate.weight, None) / self.gate_temp
         if self.fault == ROUTER_BIASED_WEIGHTS:
             return self._mix(self._biased(logits, image_rows), ids)
-        return self._mix(F.softplus(logits.float()).sqrt(), ids)
+        return self._tail(self._mix(F.softplus(logits.float()).sqrt(), ids), tail)
 
     def _biased(self, logits: torch.Tensor, rows: torch.Tensor | None) -> torch.Tensor:
         """sqrt(softplus) scores plus the per-row bias: the key the top-k ranks [R, E] fp32."""
@@ -103,10 +116,15 @@ class MoE:
         return self.backend.linear(h.to(x.dtype), bank.w2[e], None)
 
     def __call__(self, x: torch.Tensor, image_rows: torch.Tensor | None = None,
-                 forced: tuple[torch.Tensor, torch.Tensor] | None = None):
+                 forced: tuple[torch.Tensor, torch.Tensor] | None = None, tail: bool = False):
         """x: [R, D] -> (y [R, D] in x.dtype, weights [R, k], ids [R, k]). `forced` (local error
-        only): (weights, ids) to mix with instead of routing, the reference's choice."""
-        weights, ids = self.route(x, image_rows) if forced is None else forced
+        only): (weights, ids) to mix with instead of routing, the reference's choice. `tail`: the
+        rows end the prompt."""
+        if forced is None:
+            weights, ids = self.route(x, image_rows)
+            weights = self._tail(weights, tail)
+        else:
+            weights, ids = forced
         r, k = ids.shape
         flat = ids.reshape(-1)
         order = torch.argsort(flat, stable=True)  # assignments grouped by expert, rows ascending

@@ -308,7 +308,12 @@ def check(model, json_path, tolerances, out, oracle_dtype, no_cache, passes="aut
 
 def _pass_verdicts(case) -> str:
     """The line that says which pass decided: each pass's verdict and the local error's."""
-    parts = [f"{p}: {r.verdict}" for p, r in ((case.passes[0], case.report), ("numeric", case.numeric))]
+    parts = []
+    for p, r in ((case.passes[0], case.report), ("numeric", case.numeric)):
+        g = r.generated
+        flip = (f", tokens differ from step {g['first']}{' (benign near-tie)' if g['benign'] else ''}"
+                if g and g["first"] is not None else "")
+        parts.append(f"{p}: {r.verdict}{flip}")
     for what, lr in (("local error", case.local), ("numeric local error", case.local_numeric)):
         if lr is not None:
             parts.append(f"{what}: {'origin ' + lr.origin if lr.origin else 'clean'}")

@@ -39,7 +39,7 @@ from tensordiff.pipeline.local_error import local_error, unavailable
 from tensordiff.pipeline.runs import make_request, run_dtype, run_side
 from tensordiff.reports.html import heat_views, write_html
 from tensordiff.reports.junit import case_of, write_junit
-from tensordiff.reports.text import diagnosis_brief, headline
+from tensordiff.reports.text import diagnosis_brief, headline, tokens_changed
 
 # The passes a case can run (`CaseSpec.passes`; the gate picks them with `gate.case_passes`):
 #   semantic  engine float32 against oracle float32: approximations (a tanh GELU) that bf16 hides;
@@ -279,10 +279,14 @@ class CaseResult:
             sem = (f"{len(r.boundaries)} boundaries within tolerance" if r.verdict == "match" else headline(r))
             num = ("every boundary within its floor multiples" if self.numeric.verdict == "match"
                    else headline(self.numeric))
+            sem += f" ({tokens_changed(r)})" if r.verdict == "match" and tokens_changed(r) else ""
+            num += (f" ({tokens_changed(self.numeric)})" if self.numeric.verdict == "match"
+                    and tokens_changed(self.numeric) else "")
             return (f"{'PASS ' if self.passed else 'FAIL '} {self.label}: {self.passes[0]}: {sem}; numeric: {num}"
                     f"{local} {timing}")
         if self.passed:
-            return f"PASS  {self.label}: {len(r.boundaries)} boundaries within tolerance{local} {timing}"
+            flip = f" ({tokens_changed(r)})" if tokens_changed(r) else ""
+            return f"PASS  {self.label}: {len(r.boundaries)} boundaries within tolerance{flip}{local} {timing}"
         return f"FAIL  {self.label}: {headline(r)}{diagnosis_brief(r)}{local} {timing}"
 
     def as_json(self) -> dict:

@@ -92,8 +92,8 @@ def headline(r: Report) -> str:
         if cascade:
             tail += (f", {len(cascade)} boundaries after them differ as that flip's cascade (judged by local error, "
                      "the engine's stage on the reference's tensors)")
-        head = f"MATCH{' (' + tokens + ')' if tokens else ''}"
-        return f"{head}: all {len(r.boundaries)} boundaries within tolerance ({r.model}){two_way}{tail}"
+        tokens = f"; {tokens}" if tokens else ""
+        return f"MATCH: all {len(r.boundaries)} boundaries within tolerance ({r.model}){two_way}{tokens}{tail}"
     parts = []
     for n in r.earliest:
         b = r.boundary(n)
@@ -103,8 +103,8 @@ def headline(r: Report) -> str:
     return "DIVERGED: " + "; ".join(parts) + (f"; {tokens}" if tokens else "") + two_way
 
 
-GENERATED = {"benign": "a benign near-tie flip: the reference's own top choices there are within the rounding "
-                       "of a right route",
+GENERATED = {"benign": "a benign near-tie flip (the reference's own top choices there are within a right route's "
+                       "rounding)",
              "cascade": "after an earlier near-tie flip, its cascade",
              "diverged": "not a near-tie: the choice itself diverged",
              "consequent": "a consequence of the divergence upstream"}
@@ -116,7 +116,7 @@ def tokens_changed(r: Report) -> str:
     if not g or g["first"] is None:
         return ""
     why = GENERATED.get(g["status"], g["status"])
-    return f"the generated tokens differ from step {g['first']} on ({why})"
+    return f"the generated tokens differ from step {g['first']} on: {why}"
 
 
 NO_EXPLANATION = ("no simple explanation (tested: rows moved, columns permuted, scale, sign, offset, a swapped "

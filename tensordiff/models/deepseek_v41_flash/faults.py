@@ -27,6 +27,10 @@ ENGRAM_NGRAM_ACROSS_IMAGE = "engram-ngram-across-image"
 OVERLAY_CHUNK_SHIFT = "overlay-chunk-shift"
 IMAGE_SPAN_UNEXPANDED = "image-span-unexpanded"
 DECODE_ENGRAM_WINDOW_RESET = "decode-engram-window-reset"
+# one row or one token of the language path (a tail loop, an edge position)
+EMBED_LAST_ROW_SCALE = "embed-last-row-scale"
+ROUTER_LAST_ROW_RENORM = "router-last-row-renorm"
+DECODE_ROPE_OFF_BY_ONE = "decode-rope-off-by-one"
 # reading a quantised checkpoint (synthetic:tiny-fp8 or a real one)
 FP8_SCALE_IGNORED = "fp8-scale-ignored"
 FP8_SCALE_TRANSPOSED = "fp8-scale-transposed"
@@ -81,6 +85,17 @@ LANGUAGE_FAULTS = (
           "every decode step after the first starts the Engram n-gram window afresh (state not carried "
           "across steps)",
           needs=(LANGUAGE, Need("--decode 2 or more and a layer with Engram", lambda req: req.decode >= 2))),
+    # one row or one token: in bf16 a few times the floor of that row at most, so a tensor-wide
+    # statistic does not see them; the semantic pass (float32) does, and the row-aware numeric one
+    Fault(EMBED_LAST_ROW_SCALE, "embeddings",
+          "the prompt's last token's embedding row scaled by 1 + 2^-5 (the gather's tail row written twice, "
+          "summed)", needs=(LANGUAGE,)),
+    Fault(ROUTER_LAST_ROW_RENORM, "router.0.weights",
+          "the prompt's last token's mixture weights normalised over its first k-1 experts (the normalising "
+          "sum's tail loop stops one short)", needs=(LANGUAGE,)),
+    Fault(DECODE_ROPE_OFF_BY_ONE, "logits.step.2",
+          "decode step 2 rotates its query and window key at its position + 1 (one token's position off by one)",
+          needs=(LANGUAGE, Need("--decode 2 or more", lambda req: req.decode >= 2))),
     # checkpoint reading: layer 0's attention projections are the first FP8 GEMMs; the first FP8
     # matrix of more than one block row and column in the tiny configs is the Engram `wkv`;
     # layer 0's routed experts the first FP4 ones
