@@ -35,14 +35,18 @@ def run(args, capsys):
     (["dump", DEEPSEEK, "--side", "engine", "--out", "{tmp}/d", "-o", "graphs=2"], "not one of off, on, auto"),
     (["check", DEEPSEEK, "--fault", D.ROUTER_TEXT_BIAS_FOR_IMAGES], "needs --prompt"),
     (["check", DEEPSEEK, "--fault", D.OVERLAY_CHUNK_SHIFT, "--prompt", "<image> hi"], "needs --chunk"),
-    # the direct comparison runs the engine in bf16 only (the default bf16 check's semantic pass
-    # runs it in float32 too, where these approximations are reached and caught)
-    (["check", DEEPSEEK, "--fault", D.GELU_TANH, "--dtype", "bfloat16", "--passes", "direct"], "needs --dtype float32"),
-    (["check", QWEN, "--fault", Q.MERGER_GELU_TANH, "--dtype", "bfloat16", "--passes", "direct"],
+    # the numeric pass alone runs the engine in bf16 only (the default check's semantic pass runs
+    # it in float32 too, where these approximations are reached and caught)
+    (["check", DEEPSEEK, "--fault", D.GELU_TANH, "--passes", "numeric"], "needs --dtype float32"),
+    (["check", QWEN, "--fault", Q.MERGER_GELU_TANH, "--dtype", "bfloat16", "--passes", "numeric"],
      "needs --dtype float32"),
-    (["check", DEEPSEEK, "--passes", "numeric"], "low-precision"),
-    (["check", DEEPSEEK, "--dtype", "bfloat16", "--passes", "semantic,numeric", "--oracle-dtype", "float32"],
-     "no direct pass"),
+    (["check", DEEPSEEK, "--dtype", "float32", "--passes", "numeric"], "low-precision"),
+    # no bf16 tensor is judged by a flat tolerance, and a bf16 oracle is a floor run, never a reference
+    (["check", DEEPSEEK, "--passes", "direct"], "flat tolerance"),
+    (["check", DEEPSEEK, "--oracle-dtype", "bfloat16"], "floor run"),
+    # no fp32 tower beside the official bf16 language half
+    (["check", DEEPSEEK, "--dtype", "float32", "-o", "language_numerics=official", "--prompt", "<image> hi"],
+     "give --dtype bfloat16"),
     (["options", "no-such-model"], "unknown model"),
 ])
 def test_bad_options_and_unreachable_faults_exit_2_with_one_line(args, match, capsys, tmp_path):
@@ -77,8 +81,10 @@ def test_faults_lists_what_each_needs(capsys):
 
 def test_attention_math_runs_on_the_cpu_and_matches(capsys, tmp_path):
     # the CLI help's own example: a list of one kernel name, not of four letters
-    code, out, err = run(["check", DEEPSEEK, "-o", "attention=math", "--out", tmp_path / "d"], capsys)
-    assert code == 0 and out.startswith("MATCH"), err
+    code, out, err = run(["check", DEEPSEEK, "-o", "attention=math", "--out", tmp_path / "d", "--json",
+                          tmp_path / "r.json"], capsys)
+    rep = json.loads((tmp_path / "r.json").read_text())
+    assert code == 0 and rep["passed"] and rep["passes"] == ["semantic", "numeric"], err
     run_ = json.loads((tmp_path / "d" / "engine" / "manifest.json").read_text())["run"]
     assert run_["options"]["attention"] == ["math"]
     oracle = json.loads((tmp_path / "d" / "oracle" / "manifest.json").read_text())["run"]
@@ -91,5 +97,6 @@ def test_the_option_value_reaches_the_manifest(capsys, tmp_path, monkeypatch):
                         "-o", "kernel_quant=no"], capsys)
     assert code == 0, err
     opts = json.loads((tmp_path / "e" / "manifest.json").read_text())["run"]["options"]
-    assert opts == {"attention": None, "language_numerics": "official", "kernel_quant": False,
+    # language_numerics unset: it follows the run's dtype (official in this bf16 dump)
+    assert opts == {"attention": None, "language_numerics": None, "kernel_quant": False,
                     "index_keys": "official", "fuse": "on", "graphs": "off"}  # ...the value is recorded

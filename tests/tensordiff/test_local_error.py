@@ -258,43 +258,54 @@ def _decode_adapter(ref, scale: float):
 
 
 def test_a_decode_step_of_the_numeric_pass_is_judged_three_way(tmp_path):
-    """The numeric pass's decode stages: a right bf16 route of a decode step differs from the
-    floor run's by about the floor itself, far past the bf16 direct tolerance (the H200's false
-    alarms at logits.step.2 / .4); judged three-way (its error against the reference as a row of
-    the logits' floor) it passes, and a step 3x as wrong is the origin."""
+    """The numeric pass's local error of a decode stage: a right bf16 route of a decode step
+    differs from the floor run's by about the floor itself, far past the bf16 direct tolerance
+    (the H200's false alarms at logits.step.2 / .4); judged three-way (its error against the
+    reference as a row of the logits' floor) it passes, and a step 3x as wrong is the origin."""
     from tensordiff.judge.floor import DEFAULT_RULE
-    from tensordiff.pipeline.local_error import LocalReport, LocalResult, decode_three_way
+    from tensordiff.judge.judge import Judge
+    from tensordiff.judge.tolerance import Tolerances
+    from tensordiff.pipeline.compare import three_way
+    from tensordiff.pipeline.local_error import local_error
+
+    from helpers_dumps import write
 
     r, f, ref = _decode_dumps(tmp_path)
     req = type("Req", (), {"dtype": "bfloat16"})()
+    contract = _decode_adapter(ref, 1.0).contract
+    # the end-to-end numeric pass of an engine that is the floor run itself
+    import torch
 
-    def local_report():
-        return LocalReport(True, [LocalResult("logits", "match"), LocalResult("logits.step.1", "diverged", "direct"),
-                                  LocalResult("logits.step.2", "diverged", "direct")])
-
-    from tensordiff.judge.judge import Judge
-    from tensordiff.judge.tolerance import Tolerances
-
-    judge = Judge.build(_decode_adapter(ref, 1.0).contract, Tolerances({}, {}), ("bfloat16",), floor_rule=DEFAULT_RULE)
-    clean = local_report()
-    decode_three_way(_decode_adapter(ref, 1.0), req, r, f, clean, tmp_path / "clean", judge)
-    assert clean.origin is None, clean.summary()
+    cand = write(tmp_path / "cand", {k: v for k, v in _decode_floor(tmp_path).items()}, model="toy-decode",
+                 run={"dtype": "bfloat16"}, boundaries={k: k for k in ref})
+    report = three_way(r, f, cand, contract=contract)
+    judge = Judge.build(contract, Tolerances({}, {}), ("float32", "bfloat16"), floor_rule=DEFAULT_RULE)
+    clean = local_error(_decode_adapter(ref, 1.0), req, r, report, judge, tmp_path / "clean", floor_dir=f)
+    assert clean.kind == "numeric" and clean.origin is None, clean.summary()
     t = clean.get("logits.step.1").tensors[0]
     assert t.metrics["family"]["of"] == "logits" and t.metrics["family"]["x_floor"] < 1.1, t.metrics["family"]
     # the old judgement of the same step: bf16 against the floor run's bf16, the direct tolerance
     from tensordiff.pipeline.compare import compare_dumps
 
-    from helpers_dumps import write
-
     stage_out = _decode_adapter(ref, 1.0).stages()(req, {})["logits.step.1"]({})
     direct = compare_dumps(f, write(tmp_path / "direct", stage_out, model="toy-decode", run={"dtype": "bfloat16"},
                                     boundaries={"logits.step.1": "logits.step.1"}))
     assert direct.boundary("logits.step.1").tensors[0].status == "diverged"
-    bad = local_report()
-    decode_three_way(_decode_adapter(ref, 3.0), req, r, f, bad, tmp_path / "bad", judge)
+    assert direct.judgement["kind"] == "two-way"  # and that report says what it cannot see
+    bad = local_error(_decode_adapter(ref, 3.0), req, r, report, judge, tmp_path / "bad", floor_dir=f)
     assert bad.origin == "logits.step.1", bad.summary()
     assert "three-way" in bad.get("logits.step.1").reason and "largest row of `logits`" in bad.summary()
-    assert bad.get("logits").status == "match"  # a prompt stage keeps its own verdict
+    assert not bad.get("logits").failing  # a prompt boundary without a stage keeps its own verdict
+    assert torch.is_tensor(ref["logits"])
+
+
+def _decode_floor(tmp_path):
+    """The floor run's tensors of `_decode_dumps`, read back (the engine that equals the floor run)."""
+    from tensordiff.format.dump import open_dump
+    from tensordiff.pipeline.local_error import _to_torch
+
+    d = open_dump(tmp_path / "floor")
+    return {e.name: _to_torch(d, e) for e in d.entries}
 
 
 def test_a_choice_taken_from_another_boundarys_output_has_no_stage_of_its_own(tmp_path):

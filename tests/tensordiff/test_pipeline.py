@@ -78,15 +78,20 @@ def test_the_passes_a_case_runs_when_none_are_asked_for():
 
     assert default_passes("bfloat16") == parse_passes("auto", "bfloat16") == ("semantic", "numeric")
     assert default_passes("float32") == parse_passes(None, "float32") == ("semantic",)  # the run itself
-    assert parse_passes("auto", "bfloat16", "float32") == ("direct",)  # a pinned oracle dtype: one comparison
-    assert parse_passes("direct", "bfloat16") == ("direct",)
+    # the float32 oracle is every pass's reference: pinning it changes nothing
+    assert parse_passes("auto", "bfloat16", "float32") == ("semantic", "numeric")
+    assert parse_passes("direct", "float32") == ("direct",)  # a float32 run alone, its own options
     assert parse_passes(" numeric ", "bfloat16") == ("numeric",)
+    assert parse_passes("semantic", "bfloat16") == ("semantic",)  # one pass, picked
 
 
 @pytest.mark.parametrize("text, dtype, oracle, says", [
     ("semantics", "bfloat16", None, "expected auto or"), ("", "bfloat16", None, "expected auto or"),
     ("semantic,direct", "bfloat16", None, "not both"), ("numeric,numeric", "bfloat16", None, "each pass once"),
-    ("numeric", "float32", None, "low-precision"), ("semantic,numeric", "bfloat16", "float32", "no direct pass")])
+    ("numeric", "float32", None, "low-precision"),
+    # no tensor computed in bf16 is judged by a flat tolerance: no direct pass, no bf16 reference
+    ("direct", "bfloat16", None, "flat tolerance"), ("auto", "bfloat16", "bfloat16", "floor run"),
+    ("semantic", "float32", "bfloat16", "floor run")])
 def test_bad_passes_are_bad_input(text, dtype, oracle, says):
     from tensordiff.pipeline.case import parse_passes
 
@@ -95,17 +100,18 @@ def test_bad_passes_are_bad_input(text, dtype, oracle, says):
 
 
 def test_the_exact_reference_sets_the_models_exact_numerics():
-    """DeepSeek's language half runs official bf16 + kernel rounding whatever --dtype: its float32
-    reference is the semantic numerics without rounding; a model without exact options is only
-    cast to float32."""
+    """DeepSeek's language half runs official bf16 + kernel rounding in a bf16 run (its numerics
+    follow the dtype unless asked for): its float32 reference is the semantic numerics without
+    rounding; a model without exact options is only cast to float32."""
+    from tensordiff.models.deepseek_v41_flash.options import numerics_mode
     from tensordiff.pipeline import registry
     from tensordiff.pipeline.case import exact_request
 
     ds = registry.adapter("deepseek-v4.1-flash")
     _, req = make_request(ds.name, dtype="bfloat16", prompt="Describe <image>.", adapter=ds)
-    assert req.options["language_numerics"] == "official"
+    assert req.options["language_numerics"] is None and numerics_mode(req.options, req.dtype) == "official"
     ref = exact_request(ds, req)
     assert ref.dtype == "float32" and ref.options["language_numerics"] == "semantic"
-    assert ref.options["kernel_quant"] is False and req.options["language_numerics"] == "official"
+    assert ref.options["kernel_quant"] is False and numerics_mode(req.options, req.dtype) == "official"
     _, toy_req = make_request(toy.NAME, dtype="bfloat16")
     assert exact_request(registry.adapter(toy.NAME), toy_req).options == toy_req.options
