@@ -49,7 +49,7 @@ class TeacherForced:
         """`sequence()`: a fresh engine `Sequence` of the prompt with its Engram window carried
         through the prompt (what a decode step continues from)."""
         self.lm, self.image, self.hashes, self.chunks = lm, image, hashes, chunks
-        self.ref: dict = {}
+        self.ref = {}  # the reference's tensors the running stage is offered (a mapping)
         self._layer: dict[tuple[int, bool], LayerOut] = {}
         self._attn: dict[tuple[int, bool], tuple] = {}
         self._chains: dict[bool, _Chain] = {}
@@ -300,7 +300,9 @@ def make_language_stages(req, run: dict, image_rows: torch.Tensor | None = None)
 
     def stage(fn):
         def run_stage(ref):
-            forced.ref.update(ref)
+            # the stage's own inputs, read as it asks for them (not copied in whole: local error
+            # notes what a stage reads); the memos above hold the same reference values
+            forced.ref = ref
             return fn(forced)
 
         return torch.inference_mode()(run_stage)

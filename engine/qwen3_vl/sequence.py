@@ -77,7 +77,7 @@ class Sequence:
         ranges = pad_ranges(input_ids, image_token_id) if image_rows is not None else []
         dev = dec.embed.device
         self.image = [Span(s, image_rows.to(device=dev, dtype=dec.dtype)) for s, n in ranges]
-        self.deepstack = [[Span(s, d.to(device=dev, dtype=dec.dtype)) for s, n in ranges] for d in deepstack_rows]
+        self._ranges, self._deep_rows, self._deep = ranges, deepstack_rows, {}
         for s, n in ranges:
             if image_rows.shape[0] != n:
                 raise ValueError(f"an image range of {n} pad tokens needs as many merger rows, not {image_rows.shape[0]}")
@@ -103,10 +103,18 @@ class Sequence:
         """The stream after `layer`'s DeepStack add (x itself after a layer with none)."""
         d = self.dec
         k = layer - 1 if d.fault == F.DEEPSTACK_LAYER_LATE else layer
-        if not 0 <= k < len(self.deepstack):
+        if not 0 <= k < len(self._deep_rows):
             return x
         add = add_every_row if d.fault == F.DEEPSTACK_EVERY_ROW else add_rows
-        return add(x.clone(), lo, self.deepstack[k])
+        return add(x.clone(), lo, self.deepstack(k))
+
+    def deepstack(self, k: int) -> list[Span]:
+        """DeepStack feature k's rows on every pad range, cast once, when an injection first reads
+        it (a local-error stage reads only the features its layer adds)."""
+        if k not in self._deep:
+            d, dev = self._deep_rows[k], self.dec.embed.device
+            self._deep[k] = [Span(s, d.to(device=dev, dtype=self.dec.dtype)) for s, n in self._ranges]
+        return self._deep[k]
 
     def decode_position(self, at: int) -> torch.Tensor:
         """[3, 1]: the row at sequence index `at` (past the prompt) sits at at + rope_deltas."""
@@ -126,7 +134,7 @@ class Sequence:
             if out is not None:
                 out.setdefault(f"hidden.{i}", []).append(x)
             x = self.inject(i, x, lo)
-            if out is not None and i < len(self.deepstack):
+            if out is not None and i < len(self._deep_rows):
                 out.setdefault(f"deepstack_add.{i}", []).append(x)
         self.pos = hi
         return d.logits(x)

@@ -24,7 +24,7 @@ afresh, bit for bit (tests/engine/qwen3_vl/test_qwen3vl_stages.py).
 """
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence as SequenceABC
 
 import torch
 
@@ -102,11 +102,13 @@ def language_stages(req, run: dict, cfg, grid_thw) -> dict:
     def act(x: torch.Tensor) -> torch.Tensor:
         return x.to(device=req.device, dtype=dtype)
 
-    def sequence(i) -> Sequence:
-        deltas = int(i["positions.rope_deltas"][0]) if "positions.rope_deltas" in i else 0
-        deep = [i[f"deepstack.{k}"] for k in range(n_deep) if f"deepstack.{k}" in i]
-        return Sequence(dec, ids, i.get("positions.ids"), deltas, cfg.image_token_id, stops,
-                        i.get("aligner"), deep)
+    def sequence(i, *, image: bool = True, positions: bool = True) -> Sequence:
+        """The engine's sequence on the reference's tensors; each stage reads only what its
+        computation reads (`image`: the merger rows, `positions`: the M-RoPE ids), DeepStack
+        features as an injection asks for them (`_Features`)."""
+        deltas = int(i["positions.rope_deltas"][0]) if positions and "positions.rope_deltas" in i else 0
+        return Sequence(dec, ids, i.get("positions.ids") if positions else None, deltas, cfg.image_token_id, stops,
+                        i.get("aligner") if image else None, _Features(i, n_deep) if image else [])
 
     def entering(i, L: int) -> torch.Tensor:
         """The reference's stream entering layer L."""
@@ -120,12 +122,12 @@ def language_stages(req, run: dict, cfg, grid_thw) -> dict:
 
     @torch.inference_mode()
     def embeddings(i):
-        seq = sequence(i)
+        seq = sequence(i, positions=False)
         return {"embeddings": torch.cat([seq.embed(lo, hi) for lo, hi in chunks])}
 
     @torch.inference_mode()
     def text_rope(i):
-        cos, sin = sequence(i).rope(i["positions.ids"])
+        cos, sin = sequence(i, image=False, positions=False).rope(i["positions.ids"])
         return {"text_rope.cos": cos, "text_rope.sin": sin}
 
     # layer -> (its KV cache after the prompt, what it read), as `hidden.L`'s stage filled it on
@@ -150,7 +152,7 @@ def language_stages(req, run: dict, cfg, grid_thw) -> dict:
     def inject(L: int):
         @torch.inference_mode()
         def stage(i):
-            seq, x = sequence(i), act(i[f"hidden.{L}"])
+            seq, x = sequence(i, positions=False), act(i[f"hidden.{L}"])
             return {f"deepstack_add.{L}": torch.cat([seq.inject(L, x[lo:hi], lo) for lo, hi in chunks])}
         return stage
 
@@ -193,6 +195,23 @@ def language_stages(req, run: dict, cfg, grid_thw) -> dict:
     for K in range(1, req.decode + 1):
         out[f"logits.step.{K}"] = decode_step(K)
     return out
+
+
+class _Features(SequenceABC):
+    """The reference's DeepStack features deepstack.0, 1, ... as a list read on access: an
+    injection reads the one its layer adds (local error notes what a stage reads)."""
+
+    def __init__(self, inputs, n: int):
+        self.inputs = inputs
+        self.n = next((k for k in range(n) if f"deepstack.{k}" not in inputs), n)
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, k):
+        if not 0 <= k < self.n:
+            raise IndexError(k)
+        return self.inputs[f"deepstack.{k}"]
 
 
 class _Reads(Mapping):
