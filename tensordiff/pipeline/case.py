@@ -276,7 +276,8 @@ class CaseResult:
         if self.local_numeric is not None and self.local_numeric.origin:
             local += f"; numeric local origin `{self.local_numeric.origin}`"
         if self.numeric is not None:
-            sem = (f"{len(r.boundaries)} boundaries within tolerance" if r.verdict == "match" else headline(r))
+            sem = (f"{len(r.boundaries)} boundaries within tolerance" if r.verdict == "match"
+                   else headline(r) + diagnosis_brief(r))
             num = ("every boundary within its floor multiples" if self.numeric.verdict == "match"
                    else headline(self.numeric))
             sem += f" ({tokens_changed(r)})" if r.verdict == "match" and tokens_changed(r) else ""

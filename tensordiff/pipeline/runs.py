@@ -35,7 +35,7 @@ def run_dtype(adapter: ModelAdapter, weights: str, dtype: str | None = None) -> 
     return got
 
 
-def make_request(model: str, *, image=None, weights="synthetic:tiny", device="cpu", dtype: str | None = None,
+def make_request(model: str, *, image=None, weights="synthetic:tiny", device="cpu", dtype: str | None = "float32",
                  backend="torch", fault=None, prompt=None, chunk=None, decode=0, processor=None, extra=(),
                  adapter: ModelAdapter | None = None, fault_dtype: str | None = None, layers: str | None = None,
                  more_images=(), **options) -> tuple[ModelAdapter, RunRequest]:

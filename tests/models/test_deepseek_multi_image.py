@@ -23,9 +23,9 @@ from cli_runner import run_cli
 
 
 def check(model: str, *, tolerances=None, out=None, oracle_dtype=None, use_cache=True, **kw):
-    """Both sides of one case, compared: its Report."""
-    return check_case(CaseSpec(model, oracle_dtype=oracle_dtype, **kw), out=out, tolerances=tolerances,
-                      use_cache=use_cache).report
+    """Both sides of one case, compared: its Report (float32 unless a dtype is given: one pass)."""
+    return check_case(CaseSpec(model, oracle_dtype=oracle_dtype, **{"dtype": "float32", **kw}), out=out,
+                      tolerances=tolerances, use_cache=use_cache).report
 
 SEMANTIC = ("language_numerics=semantic",)  # the fp32 language mode beside the fp32 vision half
 MODEL = "deepseek-v4.1-flash"

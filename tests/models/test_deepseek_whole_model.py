@@ -12,8 +12,8 @@ import tensordiff.models.deepseek_v41_flash.faults as D
 
 
 def check(model: str, *, tolerances=None, out=None, oracle_dtype=None, use_cache=True, **kw):
-    """Both sides of one case, compared: its Report."""
-    return check_case(CaseSpec(model, oracle_dtype=oracle_dtype, **kw), out=out, tolerances=tolerances,
+    """Both sides of one case, compared: its Report (float32 unless a dtype is given: one pass)."""
+    return check_case(CaseSpec(model, oracle_dtype=oracle_dtype, **{"dtype": "float32", **kw}), out=out, tolerances=tolerances,
                       use_cache=use_cache).report
 
 PROMPT = "Look: <image> What is in the picture?"

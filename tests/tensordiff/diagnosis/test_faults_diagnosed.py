@@ -12,6 +12,9 @@ import tensordiff.models.deepseek_v41_flash.faults as D
 import tensordiff.models.qwen3_vl.faults as Q
 from tensordiff.pipeline.case import CaseSpec, check
 
+# every case here is the float32 route (one pass, exact numerics on both halves); a run with no
+# --dtype is the model's official dtype, semantic + numeric
+
 DEEPSEEK, QWEN = "deepseek-v4.1-flash", "qwen3-vl"
 
 
@@ -30,7 +33,7 @@ def _diagnosis(case):
     (QWEN, Q.ROPE_HW_SWAP, "rope", "swapped-halves", "height and width"),
 ])
 def test_each_layout_fault_gets_its_diagnosis(model, fault, boundary, name, text):
-    root, diag, shown = _diagnosis(check(CaseSpec(model, fault=fault)))
+    root, diag, shown = _diagnosis(check(CaseSpec(model, dtype="float32", fault=fault)))
     assert root == boundary
     assert diag and {f["name"] for f in diag} == {name}, diag
     assert all(f["explained"] >= 0.95 for f in diag)
@@ -40,14 +43,14 @@ def test_each_layout_fault_gets_its_diagnosis(model, fault, boundary, name, text
 def test_a_resize_rounded_up_to_the_factor_is_a_size_finding(tmp_path):
     img = tmp_path / "rounding.png"  # 112x80: 80 / 32 = 2.5 -> 64 by rounding, 96 by ceil
     Image.fromarray(np.random.default_rng(0).integers(0, 256, (80, 112, 3), dtype=np.uint8)).save(img)
-    root, diag, _ = _diagnosis(check(CaseSpec(QWEN, image=img, fault=Q.RESIZE_CEIL_SIDES)))
+    root, diag, _ = _diagnosis(check(CaseSpec(QWEN, dtype="float32", image=img, fault=Q.RESIZE_CEIL_SIDES)))
     assert root == "plan" and [f["name"] for f in diag] == ["size-differs"]
     assert "+32" in diag[0]["text"]
 
 
 @pytest.mark.parametrize("model", [DEEPSEEK, QWEN])
 def test_the_clean_engine_gets_no_diagnosis(model):
-    r = check(CaseSpec(model)).report
+    r = check(CaseSpec(model, dtype="float32")).report
     assert r.verdict == "match"
     assert r.as_json()["diagnosis"] == {} and "diagnosis:" not in str(r)
 
@@ -57,7 +60,7 @@ def test_the_clean_engine_gets_no_diagnosis(model):
     (DEEPSEEK, D.SPLITK_BF16), (QWEN, Q.MERGER_GELU_TANH), (QWEN, Q.POSEMBED_ALIGN_CORNERS_FALSE),
 ])
 def test_a_numeric_fault_gets_no_simple_explanation(model, fault):
-    _, diag, shown = _diagnosis(check(CaseSpec(model, fault=fault)))
+    _, diag, shown = _diagnosis(check(CaseSpec(model, dtype="float32", fault=fault)))
     assert diag == [] and "diagnosis: no simple explanation" in shown
 
 
@@ -68,7 +71,7 @@ def test_a_numeric_fault_gets_no_simple_explanation(model, fault):
     (QWEN, Q.MROPE_NO_DELTA, {"prompt": "<image> describe", "decode": 2}, "int-offset", "B equals A + 45"),
 ])
 def test_a_fault_that_truly_is_a_scale_or_offset_is_called_one(model, fault, extra, name, text):
-    _, diag, _ = _diagnosis(check(CaseSpec(model, fault=fault, **extra)))
+    _, diag, _ = _diagnosis(check(CaseSpec(model, dtype="float32", fault=fault, **extra)))
     assert [f["name"] for f in diag] == [name] and text in diag[0]["text"]
 
 
@@ -120,7 +123,7 @@ def test_the_span_overlaid_at_one_offset_in_every_chunk_is_a_row_shift(language,
 
 
 def test_the_one_line_summary_names_the_finding():
-    case = check(CaseSpec(QWEN, fault=Q.MERGE_ORDER_RASTER))
+    case = check(CaseSpec(QWEN, dtype="float32", fault=Q.MERGE_ORDER_RASTER))
     assert "; diagnosis: `patches` merge-vs-raster (100%)" in case.summary_line()
 
 
@@ -146,12 +149,12 @@ def photos(module_tmp):
 
 
 def _qwen_language(photos, fault=None, decode=1):
-    return check(CaseSpec(QWEN, image=photos["qwen"], prompt=LANGUAGE_PROMPT, chunk=7, decode=decode, fault=fault))
+    return check(CaseSpec(QWEN, dtype="float32", image=photos["qwen"], prompt=LANGUAGE_PROMPT, chunk=7, decode=decode, fault=fault))
 
 
 def _deepseek_two_images(photos, fault=None):
     clean = fault is None  # the clean run with chunks cutting the spans and a decode step
-    return check(CaseSpec(DEEPSEEK, image=photos["chelsea"], more_images=(photos["tiny"],), prompt=TWO_IMAGES,
+    return check(CaseSpec(DEEPSEEK, dtype="float32", image=photos["chelsea"], more_images=(photos["tiny"],), prompt=TWO_IMAGES,
                           extra=("language_numerics=semantic",), chunk=16 if clean else None,
                           decode=1 if clean else 0, fault=fault))
 
