@@ -40,8 +40,9 @@ def test_minimal_config_takes_defaults(tmp_path):
     cfg = load_gate(toy.write_gate(tmp_path))
     (m,) = cfg.models
     assert cfg.name == "toy gate"
+    # no dtype: the model's official one, which `run_gate` resolves (float32 for the toy: it declares none)
     assert (m.name, m.weights, m.dtype, m.device, m.backend, m.local_error) == \
-        (toy.NAME, "synthetic:tiny", "float32", "cpu", "torch", True)
+        (toy.NAME, "synthetic:tiny", None, "cpu", "torch", True)
     assert len(m.images) == 1 and m.images[0].name == "default.png"
 
 

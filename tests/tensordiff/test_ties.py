@@ -174,4 +174,6 @@ def test_the_numeric_pass_judges_a_flip_by_the_tie_rule_with_the_floor_runs_erro
     assert t.metrics["ties"]["flips"][0]["row"] == 3
     quiet = write(tmp_path / "f2", {"pick.ids": ia, "pick.scores": sa + 1e-9})
     t = three_way(a, quiet, b, contract=CONTRACT).boundary("pick").tensors[0]
-    assert t.status == "diverged" and "exceeds the tie floor" in t.reason, t.reason
+    # where the floor run barely moves the scores, the candidate's scores are many times its error
+    # (the numeric pass judges scores against the floor run, no flat tolerance): not a near-tie
+    assert t.status == "diverged" and not t.metrics["ties"]["flips"][0]["benign"], t.reason
