@@ -2,8 +2,9 @@
 (`synthetic:tiny-fp8`: FP8 dense layers and Engram table with their block scales, FP4 routed
 experts), engine against oracle.
 
-Semantic numerics (fp32, exact dequantised weights) must match boundary for boundary. Official
-numerics (the default: bf16 with the kernels' quantisation) are compared the way bf16 runs are:
+Semantic numerics (fp32, exact dequantised weights; the default in float32) must match boundary
+for boundary. Official numerics (the default in bf16: the kernels' quantisation) are compared the
+way bf16 runs are:
 two correct bf16 routes drift by rounding (the first difference is one element of `hidden.0`,
 one bf16 ulp, from another summation order), and FP4 rounding of the indexer's q / k turns such
 ulps into a few different picks by layer 5 on this random model; so every engine stage is checked
@@ -49,9 +50,11 @@ def rows():
 
 
 def request(rows, numerics=None, **kw):
+    """The language-only run; in bf16 unless semantic (the numerics follow the dtype when not named)."""
     opts = {"image_rows": rows, "cells": CELLS}
     if numerics:
         opts["language_numerics"] = numerics
+    kw.setdefault("dtype", "float32" if numerics == "semantic" else "bfloat16")
     return RunRequest(weights="synthetic:tiny-fp8-language", weights_dir=tiny_language_checkpoint(quantised=True),
                       prompt=PROMPT, decode=2, options=opts, **kw)
 

@@ -1,9 +1,9 @@
 """`check` on the DeepSeek language half in bf16, as the gate judges it: a semantic pass (both
 sides float32 in the exact `semantic` language numerics) and a numeric pass (the bf16 engine's
 error against that float32 reference as multiples of the oracle's own in the run's numerics,
-`official` by default: the floor run). `--passes direct` keeps the one tensor-wide comparison;
-there, a layer subset (`--layers`) is judged by local error behind a near-tie flip too.
-Tiny config, layers 0-2, on the CPU."""
+`official` by default: the floor run). A bf16 run has no direct pass (`--passes direct` is the
+float32 run alone); a layer subset (`--layers`) is judged by the numeric pass's local error behind
+a near-tie flip too. Tiny config, layers 0-2, on the CPU."""
 from __future__ import annotations
 
 import json
@@ -82,8 +82,8 @@ def test_a_decode_bug_is_named_by_the_semantic_pass_the_numeric_one_cannot_tell_
         assert steps and all("three-way" in b["reason"] for b in steps.values()), steps
 
 
-def test_direct_keeps_the_one_comparison(tmp_path, capsys):
-    code, stdout, _ = cli(["check", MODEL, "--dtype", "bfloat16", "--passes", "direct", "--prompt", PROMPT,
+def test_direct_keeps_the_one_comparison_in_float32(tmp_path, capsys):
+    code, stdout, _ = cli(["check", MODEL, "--dtype", "float32", "--passes", "direct", "--prompt", PROMPT,
                            *SUBSET, "--json", tmp_path / "r.json"], capsys)
     rep = json.loads((tmp_path / "r.json").read_text())
     assert rep["passes"] == ["direct"] and rep["numeric"] is None and "== numeric pass" not in stdout
@@ -92,16 +92,17 @@ def test_direct_keeps_the_one_comparison(tmp_path, capsys):
 
 @pytest.mark.parametrize("fault", [None, D.ROUTER_BIASED_WEIGHTS])
 def test_a_layer_subset_is_judged_by_local_error_behind_a_flip(jpeg, tmp_path, capsys, fault):
-    """bf16 against fp32, direct, layers 0-2: router.0.ids flips on a near-tie, so router.0.weights
-    after it is the flip's cascade end to end; local error runs on the subset's stages and names
-    the planted weights bug there, and finds the clean subset within tolerance."""
-    args = ["check", MODEL, "--image", jpeg, "--prompt", PROMPT, "--chunk", "64", "--dtype", "bfloat16",
-            "--oracle-dtype", "float32", *SUBSET, "--json", tmp_path / "r.json"]
+    """The numeric pass alone (bf16 against fp32, three-way), layers 0-2: router.0.ids flips on a
+    near-tie, so router.0.weights after it is the flip's cascade end to end; the pass's own local
+    error (its bf16 stages on the reference's tensors, three-way) runs on the subset's stages and
+    names the planted weights bug there, and finds the clean subset within its floor."""
+    args = ["check", MODEL, "--image", jpeg, "--prompt", PROMPT, "--chunk", "64", "--passes", "numeric",
+            *SUBSET, "--json", tmp_path / "r.json"]
     code, stdout, _ = cli(args + (["--fault", fault] if fault else []), capsys)
     rep = json.loads((tmp_path / "r.json").read_text())
     status = {b["name"]: b["status"] for b in rep["boundaries"]}
     assert status["router.0.ids"] == "benign" and "cascade" in status.values(), status
-    assert rep["local_error"]["available"]
+    assert rep["local_error"]["available"] and rep["local_error"]["kind"] == "numeric"
     if fault is None:
         assert code == 0 and rep["local_error"]["origin"] is None, stdout[-2000:]
     else:  # end to end the bug hides in the flip's cascade; its own stage names it

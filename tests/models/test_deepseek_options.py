@@ -1,8 +1,9 @@
-"""DeepSeek V4.1 Flash's options reach both runners typed. The language default is the official
-numerics (bf16 with the kernels' rounding), so `-o kernel_quant=on` is the default run tensor for
-tensor; in the semantic mode (no rounding) `-o kernel_quant=false` is that mode's default run (it
-used to be `bool("false")`, i.e. ON), and `kernel_quant=true` really changes the dump there, so
-the equalities below could fail."""
+"""DeepSeek V4.1 Flash's options reach both runners typed. The language numerics follow the dtype:
+in bf16 the official numerics (the whole model in bf16, the kernels' rounding on), so `-o
+kernel_quant=on` is the default bf16 run tensor for tensor; in float32 the semantic mode (no
+rounding), so `-o kernel_quant=false` (it used to be `bool("false")`, i.e. ON) and an explicit
+`-o language_numerics=semantic` are that run, and `kernel_quant=true` really changes the dump
+there, so the equalities below could fail."""
 from __future__ import annotations
 
 import dataclasses
@@ -27,9 +28,11 @@ def dumps(request, module_tmp):
     tmp = module_tmp(f"ds-options-{side}")
     out = {}
     sem = "language_numerics=semantic"
-    for label, extra in (("official", ()), ("official-true", ("kernel_quant=true",)), ("default", (sem,)),
-                         ("false", (sem, "kernel_quant=false")), ("true", (sem, "kernel_quant=true"))):
-        ad, req = make_request(MODEL, weights="synthetic:tiny", prompt=PROMPT, extra=extra)
+    for label, extra, dtype in (("official", (), "bfloat16"), ("official-true", ("kernel_quant=true",), "bfloat16"),
+                                ("default", (), "float32"), ("semantic", (sem,), "float32"),
+                                ("false", (sem, "kernel_quant=false"), "float32"),
+                                ("true", (sem, "kernel_quant=true"), "float32")):
+        ad, req = make_request(MODEL, weights="synthetic:tiny", prompt=PROMPT, extra=extra, dtype=dtype)
         out[label] = digests(run_side(ad, side, req, tmp / label))
     # a hand-built request still holding the user's string: the runner types it the same way
     raw = dataclasses.replace(req, options={**req.options, "kernel_quant": "false", "language_numerics": "semantic"})
@@ -39,7 +42,7 @@ def dumps(request, module_tmp):
 
 def test_kernel_quant_false_is_the_default_dump(dumps):
     side, d = dumps
-    assert d["false"] == d["default"] == d["raw-false"], side
+    assert d["false"] == d["default"] == d["semantic"] == d["raw-false"], side
     assert d["official-true"] == d["official"], side
     assert all(d["default"].values())  # every tensor carries a digest: the equality compares content
 

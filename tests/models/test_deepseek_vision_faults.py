@@ -62,7 +62,8 @@ def test_cli_check_exits_1_and_names_the_boundary(tmp_path, capsys):
     with pytest.raises(SystemExit) as e:
         main(["check", MODEL, "--fault", D.CONTAIN_CEIL, "--json", str(tmp_path / "r.json")])
     out = capsys.readouterr().out
-    # the resize decision itself is the one root: `plan` (patches, rope follow from it)
-    assert e.value.code == 1 and "`plan`" in out.splitlines()[0]
+    # the resize decision itself is the one root: `plan` (patches, rope follow from it), the first
+    # line of the semantic pass's report (the default check prints its two passes under headers)
+    assert e.value.code == 1 and out.splitlines()[0] == "== semantic pass" and "`plan`" in out.splitlines()[1]
     rep = json.loads((tmp_path / "r.json").read_text())
     assert (rep.get("report") or rep)["earliest"] == ["plan"]
