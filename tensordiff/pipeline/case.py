@@ -423,7 +423,9 @@ def run_case(spec: CaseSpec, work: Path, *, kept: bool, tolerances=None, use_cac
             say("local error of the numeric pass: each engine stage on the reference's tensors, three-way…")
             nlocal = unavailable(adapter.name)
             if adapter.stages is not None:
-                njudge = Judge.build(adapter.contract, tols, run_dtypes=("float32", ereq.dtype)).numeric(rule, profile)
+                # the rule's multipliers, not the clean engine's profile: that measures the whole
+                # run's error end to end, which one stage on the reference's tensors is well below
+                njudge = Judge.build(adapter.contract, tols, run_dtypes=("float32", ereq.dtype)).numeric(rule)
                 nlocal = local_error(adapter, ereq, Path(case.dumps["reference"]), num, njudge, work / "numeric",
                                      engine_dir=Path(case.dumps["numeric_engine"]),
                                      floor_dir=Path(case.dumps["floor"]))

@@ -48,19 +48,25 @@ def test_toy_floors_are_finite_positive_and_tolerances_are_the_multiple(toys, tm
     assert tols.for_("block0", "float32").floor is None  # a floor applies to its own unit only
 
 
-def test_calibrated_gate_reports_errors_as_multiples_of_the_floor(toys, tmp_path):
+def test_calibrated_tolerances_report_errors_as_multiples_of_the_floor(toys, tmp_path):
+    from tensordiff.pipeline.compare import compare_dumps
+
     cal = calibrate(toy.NAME, [default_image_path()], variants=["dtype=bfloat16"])
     write(cal, tmp_path / "cal.toml")
     cfg = load_gate(toy.write_gate(tmp_path, 'dtype = "bfloat16"\noracle_dtype = "float32"\n'
                                               'tolerances = "cal.toml"\n'))
-    res = run_gate(cfg, progress=False, echo=lambda s: None)
+    # a bf16 gate case judges its bf16 tensors against the floor run itself (the numeric pass)
+    res = run_gate(cfg, out=tmp_path / "run", progress=False, echo=lambda s: None)
     (c,) = res.cases
-    text = render_text(c.report)
-    assert "× floor" in text
-    t = c.report.boundary("block0").tensors[0]
+    assert c.passes == ("semantic", "numeric") and c.passed, c.summary_line()
+    # the calibrated bf16 table judges a two-way comparison (`compare A B --tolerances`): the same
+    # engine against the fp32 oracle, its errors as multiples of the measured floor
+    two = compare_dumps(c.dumps["reference"], c.dumps["numeric_engine"], tmp_path / "cal.toml")
+    assert "× floor" in render_text(two) and two.judgement["kind"] == "two-way"
+    t = two.boundary("block0").tensors[0]
     assert t.tolerance["floor"] > 0 and "cal.toml" in t.tolerance["source"]
     # the engine in bf16 against the fp32 oracle IS the floor's own experiment: within 10x of it
-    assert c.passed, c.summary_line()
+    assert two.verdict == "match", str(two)
     # and a real bug is still far outside
     bad = run_gate(cfg, fault="aligner-bias", progress=False, echo=lambda s: None)
     assert not bad.passed and bad.cases[0].report.earliest == ["aligner"]

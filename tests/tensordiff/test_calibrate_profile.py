@@ -199,7 +199,8 @@ def test_engine_record_and_mismatch_with_the_deepseek_table():
     ad = registry.adapter("deepseek-v4.1-flash")
     rec = engine_record(ad, "torch", "cuda:0", ("fuse=on", "graphs=on"))
     assert rec["device"] == "cuda" and rec["fuse"] == "on" and rec["graphs"] == "on" and rec["attention"] == "default"
-    assert "language_numerics" not in rec or rec["language_numerics"] == "official"  # both-side: recorded too
+    # both-side, recorded too: unset, it follows the run's dtype (official in bf16)
+    assert "language_numerics" not in rec or rec["language_numerics"] == "default"
     assert engine_mismatch(rec, dict(rec)) is None
     assert engine_mismatch(None, rec) is None  # an older file without the record is not checked
     eager = engine_record(ad, "torch", "cuda", ("fuse=off", "graphs=off"))

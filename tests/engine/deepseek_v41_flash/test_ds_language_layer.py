@@ -19,7 +19,8 @@ from tensordiff.models.deepseek_v41_flash.synthetic_language import tiny_languag
 def req():
     rows = torch.randn(6, 64, generator=torch.Generator().manual_seed(3))
     return RunRequest(weights="synthetic:tiny-language", weights_dir=tiny_language_checkpoint(),
-                      prompt="A picture: <image> What does it show?", options={"image_rows": rows, "cells": (2, 3)})
+                      prompt="A picture: <image> What does it show?", options={"image_rows": rows, "cells": (2, 3)},
+                      dtype="bfloat16")  # the official numerics (in float32 the semantic mode)
 
 
 @pytest.fixture(scope="module")
