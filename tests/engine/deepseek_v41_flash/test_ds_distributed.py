@@ -19,7 +19,8 @@ from tensordiff.pipeline.compare import compare_dumps
 from tensordiff.models.deepseek_v41_flash.synthetic_language import tiny_language_checkpoint
 
 ROOT = Path(__file__).resolve().parents[3]
-SEMANTIC = ["-o", "language_numerics=semantic"]
+SEMANTIC = ["--dtype", "float32", "-o", "language_numerics=semantic"]  # float32 on both halves
+OFFICIAL = ["--dtype", "bfloat16"]  # the official computation: the whole model in bf16, the kernels' rounding
 
 
 # ------------------------------------------------------------------ the slices, in one process
@@ -105,7 +106,7 @@ def oracle(module_tmp, picture):
 @pytest.fixture(scope="module")
 def official_oracle(module_tmp, picture):
     """The oracle in the official numerics, dumped once for every test that compares against it."""
-    return oracle_dump(module_tmp("official") / "o", picture, [])
+    return oracle_dump(module_tmp("official") / "o", picture, OFFICIAL)
 
 
 # Every sharded run the tests below judge, (world, fault, official numerics), in one torchrun
@@ -128,7 +129,7 @@ def torchrun(root: Path, picture, runs: dict) -> subprocess.CompletedProcess:
     for world, cases in runs.items():
         for fault, official in cases:
             args = ["--image", str(picture), "--prompt", "Describe <image>.", "--decode", "2",
-                    "--out", str(_run_dir(root, world, fault, official)), *([] if official else SEMANTIC)]
+                    "--out", str(_run_dir(root, world, fault, official)), *(OFFICIAL if official else SEMANTIC)]
             plan.append({"world": world, "argv": args + (["--fault", fault] if fault else [])})
     (root / "plan.json").write_text(json.dumps(plan))
     scratch = root / "tmp"  # torchrun's agent leaves a torchelastic_* directory in TMPDIR
