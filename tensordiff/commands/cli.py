@@ -12,7 +12,7 @@ from tensordiff.commands.openmp import passive_waits
 from tensordiff.commands.calibrate import DEFAULT_VARIANTS, calibrate as run_calibrate
 from tensordiff.pipeline.calibration import rule_of, write as write_calibration
 from tensordiff.commands.gate import load_gate, render_breakdown, run_gate
-from tensordiff.commands.heap import freeze_torch, own_process
+from tensordiff.commands import heap
 from tensordiff.format import importers
 from tensordiff.format.dump import open_dump
 from tensordiff.format.importers import hf_debugger, polygraphy
@@ -267,7 +267,7 @@ def check(model, json_path, tolerances, out, oracle_dtype, no_cache, passes="aut
                   inputs=[kw.get("image"), *kw.get("more_images", ()), _weights_path(kw.get("weights")), tolerances,
                           out])
     chosen = parse_passes(passes, kw.get("dtype") or "float32", oracle_dtype)
-    freeze_torch()  # torch's objects out of the collector's way (a command's own process only: heap.py)
+    heap.freeze_torch()  # torch's objects out of the collector's way (a command's own process only: heap.py)
     case = run_check(CaseSpec(model, oracle_dtype=oracle_dtype, passes=chosen, **kw), out=out, tolerances=tolerances,
                      use_cache=not no_cache, views=html_path is not None)
     both = case.numeric is not None
@@ -373,7 +373,7 @@ def gate(config, json_path, junit_path, html_path, out, models, fault, weights, 
     weights = check_weights(weights, Path.cwd(), "--weights") if weights is not None else None
     overrides = {"weights": weights, "device": device, "dtype": dtype, "oracle_dtype": oracle_dtype, "backend": backend,
                  "layers": layers}
-    freeze_torch()  # torch's objects out of the collector's way (a command's own process only: heap.py)
+    heap.freeze_torch()  # torch's objects out of the collector's way (a command's own process only: heap.py)
     res = run_gate(cfg, fault=fault, models=list(models) or None, out=out, use_cache=False if no_cache else None,
                    local=False if no_local_error else None, overrides=overrides, html=html_path is not None,
                    echo=click.echo)
@@ -499,7 +499,7 @@ def import_polygraphy(file, runner, iteration, out, model, force):
 def main(argv=None) -> None:
     if argv is None:  # the console script: this process is the command (a test passes its arguments)
 
-        own_process()
+        heap.own_process()
     try:
         rv = cli.main(args=argv, prog_name="tensordiff", standalone_mode=False)
     except click.UsageError as e:

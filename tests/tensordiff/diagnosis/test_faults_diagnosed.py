@@ -11,6 +11,7 @@ from PIL import Image
 import tensordiff.models.deepseek_v41_flash.faults as D
 import tensordiff.models.qwen3_vl.faults as Q
 from tensordiff.pipeline.case import CaseSpec, check
+from tensordiff.reports.text import render_text
 
 DEEPSEEK, QWEN = "deepseek-v4.1-flash", "qwen3-vl"
 
@@ -19,7 +20,7 @@ def _diagnosis(case):
     r = case.report
     assert r.verdict == "diverged"
     (root,) = r.earliest
-    return root, r.boundary(root).diagnosis, str(r)
+    return root, r.boundary(root).diagnosis, render_text(r)
 
 
 @pytest.mark.parametrize("model,fault,boundary,name,text", [
@@ -49,7 +50,7 @@ def test_a_resize_rounded_up_to_the_factor_is_a_size_finding(tmp_path):
 def test_the_clean_engine_gets_no_diagnosis(model):
     r = check(CaseSpec(model)).report
     assert r.verdict == "match"
-    assert r.as_json()["diagnosis"] == {} and "diagnosis:" not in str(r)
+    assert r.as_json()["diagnosis"] == {} and "diagnosis:" not in render_text(r)
 
 
 @pytest.mark.parametrize("model,fault", [
@@ -198,4 +199,4 @@ def test_a_head_without_the_final_norm_is_a_per_row_scale(photos):
 def test_the_clean_language_runs_get_no_diagnosis(photos):
     for r in (_qwen_language(photos, decode=2).report, _deepseek_two_images(photos).report):
         assert r.verdict == "match", r.earliest
-        assert r.as_json()["diagnosis"] == {} and "diagnosis:" not in str(r)
+        assert r.as_json()["diagnosis"] == {} and "diagnosis:" not in render_text(r)
