@@ -125,7 +125,8 @@ ULP_INF_NOTE = ("ULP inf: more of the reference value's ULPs than a float32 can 
 def render_text(r: Report, max_rows: int | None = 200) -> str:
     """The report as plain text; the table stops after `max_rows` rows (None: all of them) and
     says how many it left out."""
-    lines = [headline(r), f"A (reference): {r.a}", f"B (candidate): {r.b}", f"tolerances: {r.tolerances}"]
+    lines = [headline(r), f"A (reference): {r.a}", f"B (candidate): {r.b}",
+             *([f"dumps: {r.where}"] if r.where else []), f"tolerances: {r.tolerances}"]
     for n in r.earliest:
         b = r.boundary(n)
         for t in b.tensors:
@@ -170,6 +171,8 @@ def print_rich(r: Report, console) -> None:
 
     style = "bold green" if r.verdict == "match" else "bold red"
     console.print(escape(headline(r)), style=style)
+    console.print(f"A (reference): {escape(r.a)}\nB (candidate): {escape(r.b)}"
+                  + (f"\ndumps: {escape(r.where)}" if r.where else ""), style="dim", highlight=False)
     for n in r.earliest:
         for t in r.boundary(n).tensors:
             if t.status != "match":

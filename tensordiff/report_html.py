@@ -342,6 +342,9 @@ def _case_html(case, idx: int) -> str:
     num = getattr(case, "numeric", None)
     ok = ok and (local is None or local.origin is None) and (num is None or num.verdict == "match")
     parts.append(f"<div class='headline {'pass' if ok else 'fail'}'>{esc(headline(r))}</div>")
+    where = f"<br>dumps: {esc(r.where)}" if r.where else ""
+    parts.append(f"<p class=dim>A (reference): <code>{esc(r.a)}</code><br>B (candidate): <code>{esc(r.b)}</code>"
+                 f"{where}<br>tolerances: {esc(r.tolerances)}</p>")
     if local is not None:
         parts.append(f"<p><b>Local error</b>: {esc(local.summary())}</p>")
     for n in r.earliest:
@@ -365,8 +368,6 @@ def _case_html(case, idx: int) -> str:
         cells = "".join(f"<td class=num>{esc(_g(v, '.3f'))} s</td>" for v in timings.values())
         heads = "".join(f"<th>{esc(k)}</th>" for k in timings)
         parts.append(f"<h3>Time</h3><table><tr>{heads}</tr><tr>{cells}</tr></table>")
-    parts.append(f"<p class=dim>A (reference): <code>{esc(r.a)}</code><br>B (candidate): <code>{esc(r.b)}</code>"
-                 f"<br>tolerances: {esc(r.tolerances)}</p>")
     for note in r.notes:
         parts.append(f"<p class=warn>note: {esc(note)}</p>")
     views = getattr(case, "views", None) or []
