@@ -24,7 +24,7 @@ from .metrics import FloatResult
 from .plain import adopt, open_any
 from .result import FAILING, BoundaryResult, Report
 from .storage import shared_files
-from .tolerance import Tolerances
+from .tolerance import Tolerances, sources_line
 
 Progress = Callable[[int], None]  # called with bytes consumed (both sides)
 
@@ -156,7 +156,8 @@ def compare_dumps(a: str | Path | Dump, b: str | Path | Dump,
             notes.append(f"the two runs had different {k}: the comparison may be meaningless")
     notes += picture_notes(da.run or db.run)
     return Report(str(da.path), str(db.path), da.model, report_rows, notes,
-                  {"a": da.producer, "b": db.producer}, {"a": da.run, "b": db.run}, judge.tolerances.origin)
+                  {"a": da.producer, "b": db.producer}, {"a": da.run, "b": db.run},
+                  sources_line((t for b in report_rows for t in b.tensors), judge.tolerances.origin))
 
 
 def _assign_roots(bounds: list[Boundary], present: list[Boundary], results: dict[str, BoundaryResult]) -> None:

@@ -40,7 +40,7 @@ from __future__ import annotations
 
 import math
 import re
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -50,6 +50,7 @@ from .dump import Dump, Entry, open_dump
 from .errors import BadInput, IncomparableDumps
 from .layout import describe
 from .rows import RowErrors, block_sizes, rows_per_block, shape_rows
+from .tolerance import file_label, sources_line
 
 RATIOS = ("rmse", "row", "cosine")  # the continuous statistics a profile records
 CHUNK_ROWS_ELEMS = 1 << 20
@@ -74,9 +75,10 @@ class FloorRule:
     cosine: float = 1.3
     outlier: float = 2.0
     max_outliers: int = 0
+    source: str = field(default="default", compare=False)  # where the multipliers came from (a file's [floor_rule])
 
     def as_dict(self) -> dict:
-        return asdict(self)
+        return {k: v for k, v in asdict(self).items() if k != "source"}
 
 
 DEFAULT_RULE = FloorRule()
@@ -85,7 +87,7 @@ DEFAULT_RULE = FloorRule()
 def rule_from_mapping(m: dict | None, where: str = "floor rule") -> FloorRule:
     if not m:
         return DEFAULT_RULE
-    known = set(FloorRule.__dataclass_fields__)
+    known = set(FloorRule.__dataclass_fields__) - {"source"}
     out = {}
     for k, v in m.items():
         if k not in known:
@@ -93,7 +95,7 @@ def rule_from_mapping(m: dict | None, where: str = "floor rule") -> FloorRule:
         if not isinstance(v, (int, float)) or isinstance(v, bool) or v < (0 if k == "max_outliers" else 1):
             raise BadInput(f"{where}.{k} must be a number >= {0 if k == 'max_outliers' else 1}, not {v!r}")
         out[k] = int(v) if k == "max_outliers" else float(v)
-    return FloorRule(**out)
+    return FloorRule(**out, source=where)
 
 
 def _read_toml(path) -> dict:
@@ -112,7 +114,8 @@ def _read_toml(path) -> dict:
 
 def rule_of(path) -> FloorRule:
     """The `[floor_rule]` table of a tolerance / calibration file, else the measured defaults."""
-    return rule_from_mapping(_read_toml(path).get("floor_rule"), f"{path} [floor_rule]")
+    m = _read_toml(path)
+    return rule_from_mapping(m.get("floor_rule"), f"{file_label(m, str(path))} [floor_rule]")
 
 
 def profile_of(path) -> dict:
@@ -328,7 +331,8 @@ def _floor_result(er: Entry, ef: Entry, ec: Entry, bd, rule: FloorRule, run: dic
     t = TensorResult(er.name, bd.name, "diverged" if st.pop("material") else "match", reason=st.pop("reason"),
                      mode="floor", dtype={"a": er.dtype.name, "floor": ef.dtype.name, "b": ec.dtype.name},
                      shape={"a": list(er.shape), "b": list(ec.shape)}, metrics=st,
-                     tolerance={"rule": rule.as_dict(), "source": "floor-relative"})
+                     tolerance={"rule": rule.as_dict(), "source": f"floor-relative, {rule.source} multipliers"
+                                + (", the clean engine's calibrated profile" if profile else "")})
     if len(er.shape) >= 2:  # per-row × floor: the heatmap's values (a block's on each of its rows)
         per = st["rows_per_block"]
         sizes = block_sizes(st["rows"], per)
@@ -433,7 +437,8 @@ def three_way(ref: str | Path | Dump, floor: str | Path | Dump, cand: str | Path
              f"errors as multiples of the {df.run.get('dtype')} oracle's own (floor run {df.path})"]
     rep = Report(str(dr.path), str(dc.path), dr.model, [results[b.name] for b in present], notes,
                  {"a": dr.producer, "floor": df.producer, "b": dc.producer},
-                 {"a": dr.run, "floor": df.run, "b": dc.run}, f"floor-relative {rule.as_dict()}")
+                 {"a": dr.run, "floor": df.run, "b": dc.run},
+                 sources_line((t for b in present for t in results[b.name].tensors), judge.tolerances.origin))
     return rep
 
 

@@ -62,7 +62,8 @@ class Judge:
         tols = tolerances if isinstance(tolerances, Tolerances) else load_tolerances(tolerances)
         dts = tuple(dict.fromkeys(d for d in run_dtypes if isinstance(d, str) and d in BY_NAME
                                   and BY_NAME[d].is_float))
-        return cls(contract, with_contract(tols, contract.tolerances), dts)
+        return cls(contract, with_contract(tols, contract.tolerances,
+                                           contract.tolerances_source or f"contract {contract.model}"), dts)
 
     # ------------------------------------------------------------------ the rules
 

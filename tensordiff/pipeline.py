@@ -258,8 +258,9 @@ class Workspace:
     def where(self, case: "CaseResult") -> str:
         """The line under A and B: where the dumps are and until when."""
         cached = ""
-        if case.oracle_cached and not Path(case.dumps.get("oracle", "")).is_relative_to(self.final):
-            cached = "; the oracle's dump is the cached one A names"
+        oracle = case.dumps.get("oracle")
+        if oracle and not any(Path(oracle).is_relative_to(d) for d in (self.final, self.path)):
+            cached = "; the oracle's dump is the cache entry A names"
         if self.out:
             return f"kept in {self.final} (--out){cached}"
         if not self.replaced:
