@@ -204,8 +204,9 @@ class Judge:
         small = small if not verify else None  # --verify hashes every tensor: streamed
         for name in list(ents_a) + [n for n in ents_b if n not in ents_a]:
             if name not in ents_a or name not in ents_b:
-                br.tensors.append(TensorResult(name, bd.name, "missing",
-                                               reason=missing[1] if name in ents_a else missing[0]))
+                side, e = ("a", ents_a[name]) if name in ents_a else ("b", ents_b[name])
+                br.tensors.append(TensorResult(name, bd.name, "missing", reason=missing[1] if side == "a" else missing[0],
+                                               dtype={side: e.dtype.name}, shape={side: list(e.shape)}))
                 continue
             ea, eb = ents_a[name], ents_b[name]
             res, mode, unit, tol = self._begin(ea, eb, bd, run, memo)

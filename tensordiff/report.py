@@ -74,8 +74,35 @@ def floor_summary(m: dict) -> str:
 
 
 def _dtype_note(t: TensorResult) -> str:
-    a, b = t.dtype.get("a"), t.dtype.get("b")
+    """A tensor's dtypes: one when both sides agree, `A vs B` otherwise; a side without the tensor
+    says `missing`."""
+    a, b = t.dtype.get("a") or "missing", t.dtype.get("b") or "missing"
     return f"{a}" if a == b else f"{a} vs {b}"
+
+
+# The text table's columns take the width of their longest cell (and of their header), up to these
+# caps; a longer cell is cut in the middle, the cut marked `…` (a tensor's name keeps both ends:
+# its module and its last part).
+CAPS = {"boundary": 32, "status": 24, "tensor": 44, "dtype": 24}
+
+
+def fit(text: str, width: int) -> str:
+    """`text` in at most `width` characters: whole, or its two ends around `…`."""
+    if len(text) <= width:
+        return text
+    head = width // 2
+    return text[:head] + "…" + text[len(text) - (width - 1 - head):]
+
+
+def _table(rows: list[tuple[str, str, str, str, str]]) -> list[str]:
+    """The boundary table's lines: four sized columns, then the metrics."""
+    heads = tuple(CAPS)
+    widths = [min(CAPS[h], max([len(h)] + [len(r[i]) for r in rows])) for i, h in enumerate(heads)]
+    out = []
+    for r in [(*heads, "metrics"), *rows]:
+        cells = [fit(c, w).ljust(w) for c, w in zip(r, widths)]
+        out.append(" ".join(cells + [r[4]]).rstrip())
+    return out
 
 
 def headline(r: Report) -> str:
@@ -140,7 +167,7 @@ def render_text(r: Report, max_rows: int | None = 200) -> str:
                     lines.append(f"    worst element {w['index']}: {w['meaning']}{vals}")
         lines += [f"  {d}" for d in diagnosis_lines(b)]
     lines.append("")
-    lines.append(f"{'boundary':<22} {'status':<13} {'tensor':<22} {'dtype':<20} metrics")
+    rows: list[tuple[str, str, str, str, str]] = []
     shown = total = 0
     ulp_inf = False
     for b in r.boundaries:
@@ -152,10 +179,10 @@ def render_text(r: Report, max_rows: int | None = 200) -> str:
             ulp_inf |= t is not None and any(isinstance(t.metrics.get(k), float) and math.isinf(t.metrics[k])
                                              for k in ("ulp_p50", "ulp_p99", "ulp_max"))
             status = MARK[b.status] + (" (root)" if b.root else "") if i == 0 else ""
-            if t is None:
-                lines.append(f"{b.name if i == 0 else '':<22} {status:<13}")
-                continue
-            lines.append(f"{b.name if i == 0 else '':<22} {status:<13} {t.name:<22} {_dtype_note(t):<20} {tensor_summary(t)}")
+            name = b.name if i == 0 else ""
+            rows.append((name, status, "", "", "") if t is None else
+                        (name, status, t.name, _dtype_note(t), tensor_summary(t)))
+    lines += _table(rows)
     if total > shown:
         lines.append(f"... {total - shown} more rows not shown (of {total}); see --json for all of them, or pass --all")
     if ulp_inf:

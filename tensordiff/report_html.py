@@ -25,7 +25,7 @@ import numpy as np
 from .storage import write_text_atomic
 from .tolerance import Tolerance
 from .layout import row_position
-from .report import diagnosis_lines, headline
+from .report import _dtype_note, diagnosis_lines, headline
 from .result import FAILING, Report
 
 IMAGE_LAYOUTS = ("grid", "merge", "merged", "cells")
@@ -323,8 +323,7 @@ def _boundary_rows(report: Report, local) -> str:
 
 
 def _dt(t) -> str:
-    a, b = t.dtype.get("a"), t.dtype.get("b")
-    return f"{a}" if a == b else f"{a} vs {b}"
+    return _dtype_note(t)
 
 
 def _pct(m: dict) -> str:
