@@ -210,11 +210,10 @@ def print_rich(r: Report, console) -> None:
         for d in diagnosis_lines(r.boundary(n)):
             console.print(f"  [bold]{escape(d)}[/]")
     if any(t.mode == "floor" for b in r.boundaries for t in b.tensors):  # a numeric-pass report
-        for b in r.boundaries:
-            for i, t in enumerate(b.tensors):
-                mark = f"{b.status}{' (root)' if b.root else ''}" if i == 0 else ""
-                console.print(f"{escape(b.name if i == 0 else ''):<16} {escape(mark):<16} {escape(t.name):<18} "
-                              f"{escape(tensor_summary(t))}", highlight=False)
+        rows = [(b.name if i == 0 else "", f"{b.status}{' (root)' if b.root else ''}" if i == 0 else "", t.name,
+                 _dtype_note(t), tensor_summary(t)) for b in r.boundaries for i, t in enumerate(b.tensors)]
+        for line in _table(rows):
+            console.print(escape(line), highlight=False)
         return
     table = Table(show_lines=False, header_style="bold")
     for col in ("boundary", "status", "tensor", "dtype", "max|Δ|", "cos", "SQNR dB", "ULP p99", "outside"):
