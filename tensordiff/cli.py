@@ -143,13 +143,13 @@ def inspect(directory, verify):
     a plain .safetensors file or folder is listed too."""
     from .plain import open_any
 
+    from .report import dump_header, dump_table, shape_text
+
     d = open_any(directory)
-    click.echo(f"dump {d.path}: model {d.model}, producer {d.producer}")
+    click.echo("\n".join(dump_header(d)))
     if d.world:  # rank dumps merged: the shapes below are the logical (whole) ones
         click.echo(f"  sharded run of {d.world} ranks; shapes are the merged tensors'")
-    for k, v in d.run.items():
-        click.echo(f"  run.{k}: {v}")
-    click.echo(f"{'tensor':<28} {'boundary':<16} {'dtype':<9} {'shape':<20} {'MB':>9}  file")
+    rows = []
     bad = 0
     for e in d.entries:
         status = ""
@@ -163,8 +163,9 @@ def inspect(directory, verify):
             ok = e.sha256 is None or e.computed_sha256() == e.sha256
             status = "  sha256 ok" if ok and e.sha256 else ("  no sha256" if ok else "  SHA256 MISMATCH")
             bad += not ok
-        click.echo(f"{e.name:<28} {e.boundary:<16} {e.dtype.name:<9} {str(list(e.shape)):<20} "
-                   f"{e.stored.nbytes / 1e6:>9.3f}  {e.stored.file.name}:{e.stored.key}{status}")
+        rows.append((e.name, e.boundary, e.dtype.name, shape_text(e.shape), f"{e.stored.nbytes / 1e6:.3f}",
+                     f"{e.stored.file.name}:{e.stored.key}{status}"))
+    click.echo("\n".join(dump_table(rows)))
     click.echo(f"{len(d.entries)} tensors, {d.nbytes / 1e6:.1f} MB")
     if bad:
         raise BadInput(f"{bad} tensor(s) in {d.path} fail their sha256: the files are corrupt")

@@ -233,6 +233,65 @@ def print_rich(r: Report, console) -> None:
         console.print(f"note: {escape(note)}", style="yellow")
 
 
+# ----------------------------------------------------------------------------- a dump (`inspect`)
+
+LIST_CAP = 16  # a list's items shown before `… (N in all)`
+
+
+def plain(v) -> str:
+    """A manifest value in plain words: `none`, `yes`/`no`, numbers, lists as `a, b, c` (lists of
+    lists or tables as `a; b`), a table as `key value, key value`."""
+    if v is None:
+        return "none"
+    if isinstance(v, bool):
+        return "yes" if v else "no"
+    if isinstance(v, float):
+        return format(v, "g")
+    if isinstance(v, (list, tuple)):
+        if not v:
+            return "(empty)"
+        sep = "; " if any(isinstance(x, (list, tuple, dict)) for x in v) else ", "
+        more = f"{sep}… ({len(v)} in all)" if len(v) > LIST_CAP else ""
+        return sep.join(plain(x) for x in v[:LIST_CAP]) + more
+    if isinstance(v, dict):
+        return ", ".join(f"{k} {plain(x)}" for k, x in v.items()) or "(empty)"
+    return str(v)
+
+
+def _flat(d: dict, prefix: str):
+    """(dotted key, plain value) of every leaf of a manifest table."""
+    for k, v in d.items():
+        if isinstance(v, dict) and v:
+            yield from _flat(v, f"{prefix}{k}.")
+        else:
+            yield f"{prefix}{k}", plain(v)
+
+
+def dump_header(d) -> list[str]:
+    """A dump's model, producer and run, one fact a line, keys aligned."""
+    facts = [("model", plain(d.model)), *_flat(d.producer or {}, "producer."), *_flat(d.run or {}, "run.")]
+    width = min(40, max(len(k) for k, _ in facts))
+    return [f"dump {d.path}"] + [f"  {fit(k, width).ljust(width)}  {v}" for k, v in facts]
+
+
+def shape_text(shape) -> str:
+    """`216 × 1536`; `scalar` for a 0-d tensor."""
+    return " × ".join(str(n) for n in shape) if len(shape) else "scalar"
+
+
+def dump_table(rows: list[tuple[str, str, str, str, str, str]]) -> list[str]:
+    """The tensors of a dump: (tensor, boundary, dtype, shape, MB, where stored), columns as wide as
+    their contents (the name columns capped, cut in the middle and marked `…`)."""
+    heads = ("tensor", "boundary", "dtype", "shape", "MB", "file")
+    caps = (CAPS["tensor"], CAPS["boundary"], 12, 24, 12)
+    widths = [min(c, max([len(h)] + [len(r[i]) for r in rows])) for i, (h, c) in enumerate(zip(heads, caps))]
+    out = []
+    for r in [heads, *rows]:
+        cells = [fit(c, w).rjust(w) if i == 4 else fit(c, w).ljust(w) for i, (c, w) in enumerate(zip(r, widths))]
+        out.append(" ".join(cells + [r[5]]).rstrip())
+    return out
+
+
 def write_json(r: Report, path: str | Path) -> None:
     from .storage import write_text_atomic
 
