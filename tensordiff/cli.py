@@ -197,7 +197,8 @@ def _model_options(f):
         click.option("--layers", default=None, metavar="IDS",
                      help="DeepSeek language backbone: run only these layers (e.g. 0-2 or 0,2), real dimensions."),
         click.option("--processor", type=click.Choice(["pil", "torchvision"]), default=None,
-                     help="Qwen3-VL image processor for both sides (default: torchvision when importable, else PIL)."),
+                     help="Qwen3-VL image processor for both sides (default: pil; torchvision needs a torchvision "
+                          "built for your torch)."),
         click.option("--option", "-o", "extra", multiple=True, metavar="NAME=VALUE",
                      help="A model's run option, repeatable (e.g. -o attention=math, -o kernel_quant=false); "
                           "each model's are listed below and by `tensordiff options MODEL`."),
