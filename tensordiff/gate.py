@@ -438,6 +438,9 @@ def run_gate(cfg: GateConfig, *, fault: str | None = None, models: list[str] | N
             floors[m.tolerances] = (rule_of(m.tolerances), profile_of(m.tolerances))
     with workspace(out, "gate", cfg.name) as ws, \
             _Progress(len(plan), show, steps=len(STAGES) - (0 if html else 1)) as prog:
+        where = (f"dumps: {ws.final} (--out)" if ws.out else
+                 f"dumps: {ws.final} once the gate ends (this gate's last run, replaced by the next; --out DIR keeps them)")
+        prog.log(where) if prog.p else echo(where)
         for i, (m, img, prompt) in enumerate(plan):
             adapter = adapters[m.name]
             f = fault if fault and _refusal(adapter, fault, m, prompt, img) is None else None
