@@ -74,7 +74,7 @@ def test_without_out_the_dumps_are_the_last_runs_and_nothing_is_left_in_tmp(exam
     path the report names exists afterwards, and no temporary directory is left behind."""
     import tempfile
 
-    from tensordiff.pipeline import last_dir
+    from tensordiff.pipeline.case import last_dir
 
     monkeypatch.setenv("TENSORDIFF_CACHE", str(tmp_path / "cache"))
     (tmp_path / "tmp").mkdir()

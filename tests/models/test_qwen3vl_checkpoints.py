@@ -6,8 +6,8 @@ import pytest
 from PIL import Image
 
 from bad_checkpoints import CASES
-from tensordiff.cli import main
-from tensordiff.models.qwen3_vl import ADAPTER
+from tensordiff.commands.cli import main
+from tensordiff.models.qwen3_vl.adapter import ADAPTER
 
 VICTIM = "model.visual.blocks.1.attn.qkv.weight"
 
@@ -73,10 +73,10 @@ def test_the_processor_default_is_pil_whether_or_not_torchvision_imports(monkeyp
     import json
 
     from oracle.qwen3_vl import processor as PR
-    from tensordiff import oracle_cache, registry
-    from tensordiff.models.qwen3_vl_options import OPTIONS
-    from tensordiff.pipeline import CaseSpec, check
-    from tensordiff.runs import make_request
+    from tensordiff.pipeline import oracle_cache, registry
+    from tensordiff.models.qwen3_vl.options import OPTIONS
+    from tensordiff.pipeline.case import CaseSpec, check
+    from tensordiff.pipeline.runs import make_request
 
     monkeypatch.setenv("TENSORDIFF_CACHE", str(tmp_path / "cache"))
     assert OPTIONS.get("processor").default_text == "pil"

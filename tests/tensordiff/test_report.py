@@ -3,9 +3,9 @@ import pytest
 import torch
 from helpers_dumps import write
 
-from tensordiff.cli import main
-from tensordiff.compare import compare_dumps
-from tensordiff.report import ULP_INF_NOTE, render_text
+from tensordiff.commands.cli import main
+from tensordiff.pipeline.compare import compare_dumps
+from tensordiff.reports.text import ULP_INF_NOTE, render_text
 
 
 def _many(tmp_path, n=230):
@@ -63,7 +63,7 @@ def _table_lines(text: str) -> list[str]:
 def test_columns_fit_their_contents_and_a_long_name_is_cut_where_marked(tmp_path):
     """A root's status and a long tensor name never push a column out of line: every column
     starts where its header does; a name over the cap is cut in the middle, marked `…`."""
-    from tensordiff.report import CAPS
+    from tensordiff.reports.text import CAPS
 
     long = "language_model.layers.11.self_attention.o_proj.output.with.a.very.long.suffix"
     x = torch.linspace(-1, 1, 64)
@@ -98,8 +98,8 @@ def test_a_missing_tensor_shows_missing_not_none(tmp_path):
     dtype_col = table[0].index("dtype")
     row = next(line for line in table if "patches.extra" in line)
     assert row[dtype_col:].startswith("bfloat16 vs missing ") and "None" not in render_text(rep)
-    from tensordiff.pipeline import lone_case
-    from tensordiff.report_html import render_html
+    from tensordiff.pipeline.case import lone_case
+    from tensordiff.reports.html import render_html
 
     html = render_html([lone_case(rep)])
     assert "bfloat16 vs missing" in html and ">None<" not in html

@@ -2,9 +2,9 @@ import pytest
 import torch
 from helpers_dumps import write
 
-from tensordiff.compare import compare_dumps
+from tensordiff.pipeline.compare import compare_dumps
 from tensordiff.errors import BadInput
-from tensordiff.tolerance import DEFAULTS, load
+from tensordiff.judge.tolerance import DEFAULTS, load
 
 
 def test_defaults_follow_the_unit_roundoff():
@@ -102,7 +102,7 @@ def test_atol_scale_in_a_tolerance_file(tmp_path):
 
 
 def test_a_scale_named_in_a_file_overrides_the_contracts():
-    from tensordiff.tolerance import Tolerances, with_contract
+    from tensordiff.judge.tolerance import Tolerances, with_contract
 
     user = Tolerances({}, {"logits": {"float32": {"atol_scale": None}}}, "user.toml")
     merged = with_contract(user, {"logits": {"float32": {"atol_scale": "rms"}}})
@@ -119,7 +119,7 @@ def test_an_unknown_atol_scale_is_refused(tmp_path, value):
 
 
 def test_effective_atol_and_its_text():
-    from tensordiff.tolerance import Tolerance
+    from tensordiff.judge.tolerance import Tolerance
 
     t = Tolerance(atol=1e-4, rtol=1e-3, atol_scale="rms")
     assert t.effective_atol == 1e-4 and t.atol_text() == "0.0001×max(1, rms(A))"  # not measured yet
@@ -132,7 +132,7 @@ def test_effective_atol_and_its_text():
 def test_a_calibrated_atol_is_never_scaled():
     # `tensordiff calibrate` writes `logits.step.1` with an absolute atol from a measured floor; the
     # contract's `logits.step.*` scale must not multiply it by the logits' RMS
-    from tensordiff.tolerance import Tolerances, with_contract
+    from tensordiff.judge.tolerance import Tolerances, with_contract
 
     cal = Tolerances({}, {"logits.step.1": {"float32": {"atol": 3e-4, "rtol": 0.0, "floor": 1e-4}}}, "cal.toml")
     t = with_contract(cal, {"logits.step.*": {"float32": {"atol_scale": "rms"}}}).for_("logits.step.1", "float32")
@@ -146,7 +146,7 @@ def test_a_calibrated_atol_is_never_scaled():
 def test_every_value_says_where_it_came_from(tmp_path):
     """Each value carries its source: the dtype default, the user's file (dtype and boundary
     tables), the contract; a user's table of the same pattern wins over the contract's."""
-    from tensordiff.tolerance import with_contract
+    from tensordiff.judge.tolerance import with_contract
 
     p = tmp_path / "t.toml"
     p.write_text("[tolerances.float32]\natol = 0.5\n[tolerances.boundaries.aligner]\nrtol = 0.01\n")
@@ -160,13 +160,13 @@ def test_every_value_says_where_it_came_from(tmp_path):
     assert a.max_mismatch == 0.0 and dict(a.origins) == {"atol": f"{p} [float32]", "rtol": f"{p} [boundaries.aligner]"}
     d = merged.for_("block0", "bfloat16")
     assert d == DEFAULTS["bfloat16"] and d.origins == () and d.source == "default (bfloat16)"
-    from tensordiff.tolerance import Tolerance
+    from tensordiff.judge.tolerance import Tolerance
 
     assert Tolerance.from_dict(t.as_dict()) == t  # a report's stored tolerance reads back with its sources
 
 
 def test_a_calibration_files_values_are_labelled_calibration(tmp_path):
-    from tensordiff.floor import DEFAULT_RULE, rule_of
+    from tensordiff.judge.floor import DEFAULT_RULE, rule_of
 
     cal, plain = tmp_path / "cal.toml", tmp_path / "plain.toml"
     body = '[tolerances.boundaries.block0.float32]\natol = 3e-4\nfloor = 1e-4\n[floor_rule]\nrmse = 1.2\n'
@@ -184,8 +184,8 @@ def test_the_reports_tolerances_line_names_each_source(tmp_path):
     named as the contract's (not "defaults"), a file none of whose tables applies is said so."""
     from helpers_dumps import pipeline, write
 
-    from tensordiff.compare import compare_dumps
-    from tensordiff.contract import Boundary, Contract
+    from tensordiff.pipeline.compare import compare_dumps
+    from tensordiff.judge.contract import Boundary, Contract
 
     a, b = write(tmp_path / "a", pipeline()), write(tmp_path / "b", pipeline())
     bounds = (Boundary("patches"), Boundary("rope"), Boundary("block0", ("patches", "rope")),
