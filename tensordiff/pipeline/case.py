@@ -354,6 +354,9 @@ def workspace(out: Path | None, command: str, name: str) -> Iterator[Workspace]:
                        "move it away, or pass --out DIR")
     final.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{final.name}.staging-", dir=final.parent))
+    mask = os.umask(0o022)
+    os.umask(mask)
+    os.chmod(staging, 0o777 & ~mask)  # mkdtemp makes it private; the cache's directories are readable
     (staging / LAST_MARK).write_text(f"tensordiff {command} {name}: the last run's dumps, replaced by the next "
                                      "run; safe to delete\n")
     ws = Workspace(staging, final, False, command, name)

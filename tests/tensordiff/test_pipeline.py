@@ -3,6 +3,7 @@ about them, the output-directory and weights checks."""
 from __future__ import annotations
 
 import json
+import os
 import re
 import tempfile
 from pathlib import Path
@@ -61,10 +62,17 @@ def test_without_out_every_path_a_report_names_exists(tmp_path, capsys):
     assert sorted(p.name for p in last.parent.iterdir()) == [toy.NAME]
 
 
+def _umask() -> int:
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
 def test_the_next_run_replaces_the_last_and_a_failed_run_leaves_it(tmp_path, monkeypatch):
     first = check(CaseSpec(toy.NAME, fault="aligner-bias"))
     last = last_dir("check", toy.NAME)
     assert Path(first.report.b) == last / "engine" and (last / LAST_MARK).is_file()
+    assert last.stat().st_mode & 0o777 == 0o777 & ~_umask()  # readable as the rest of the cache, not private
     assert json.loads((last / "engine" / "manifest.json").read_text())["run"]["fault"] == "aligner-bias"
     second = check(CaseSpec(toy.NAME))
     assert second.report.verdict == "match" and Path(second.report.b) == last / "engine"
