@@ -142,7 +142,7 @@ def section(res: dict, name: str, fn) -> None:
 
 def qwen(args, work: Path, order: list[str] | None = None) -> dict:
     from engine.qwen3_vl.config import load_config
-    from engine.qwen3_vl.preprocess import decode, default_processor, preprocess
+    from engine.qwen3_vl.preprocess import decode, preprocess
     from engine.qwen3_vl.runner import load_tower, speed_facts, speed_policy
     from engine.runtime.speed_path import SpeedPath
     from tensordiff.pipeline.runs import make_request
@@ -151,7 +151,7 @@ def qwen(args, work: Path, order: list[str] | None = None) -> dict:
     path = picture(w, h, work)
     _, req = make_request("qwen3-vl", image=str(path), weights=args.qwen_weights, device=args.device, dtype=args.dtype)
     cfg = load_config(req.weights_dir)
-    px = preprocess(decode(path), cfg.processor, default_processor())
+    px = preprocess(decode(path), cfg.processor, req.options["processor"])
     pv = px.pixel_values.to(args.device)
     grid = tuple(int(v) for v in px.grid_thw)
     out = {"weights": args.qwen_weights, "picture": [w, h], "grid_thw": list(grid), "patches": int(pv.shape[0])}

@@ -27,6 +27,7 @@ from tensordiff.pipeline.compare import compare_dumps, three_way
 from tensordiff.pipeline.options import render
 from tensordiff.pipeline.runs import make_request, run_side
 from tensordiff.reports.text import print_rich, render_text
+from tensordiff.reports.text import dump_header, dump_table, shape_text
 
 passive_waits()  # before anything imports torch: idle OpenMP workers sleep, not spin (see openmp.py)
 
@@ -149,12 +150,10 @@ def inspect(directory, verify):
     """List a dump's model, producer, run and tensors (reads no tensor data unless --verify);
     a plain .safetensors file or folder is listed too."""
     d = open_any(directory)
-    click.echo(f"dump {d.path}: model {d.model}, producer {d.producer}")
+    click.echo("\n".join(dump_header(d)))
     if d.world:  # rank dumps merged: the shapes below are the logical (whole) ones
         click.echo(f"  sharded run of {d.world} ranks; shapes are the merged tensors'")
-    for k, v in d.run.items():
-        click.echo(f"  run.{k}: {v}")
-    click.echo(f"{'tensor':<28} {'boundary':<16} {'dtype':<9} {'shape':<20} {'MB':>9}  file")
+    rows = []
     bad = 0
     for e in d.entries:
         status = ""
@@ -167,8 +166,9 @@ def inspect(directory, verify):
             ok = e.sha256 is None or e.computed_sha256() == e.sha256
             status = "  sha256 ok" if ok and e.sha256 else ("  no sha256" if ok else "  SHA256 MISMATCH")
             bad += not ok
-        click.echo(f"{e.name:<28} {e.boundary:<16} {e.dtype.name:<9} {str(list(e.shape)):<20} "
-                   f"{e.stored.nbytes / 1e6:>9.3f}  {e.stored.file.name}:{e.stored.key}{status}")
+        rows.append((e.name, e.boundary, e.dtype.name, shape_text(e.shape), f"{e.stored.nbytes / 1e6:.3f}",
+                     f"{e.stored.file.name}:{e.stored.key}{status}"))
+    click.echo("\n".join(dump_table(rows)))
     click.echo(f"{len(d.entries)} tensors, {d.nbytes / 1e6:.1f} MB")
     if bad:
         raise BadInput(f"{bad} tensor(s) in {d.path} fail their sha256: the files are corrupt")
@@ -200,7 +200,8 @@ def _model_options(f):
         click.option("--layers", default=None, metavar="IDS",
                      help="DeepSeek language backbone: run only these layers (e.g. 0-2 or 0,2), real dimensions."),
         click.option("--processor", type=click.Choice(["pil", "torchvision"]), default=None,
-                     help="Qwen3-VL image processor for both sides (default: torchvision when importable, else PIL)."),
+                     help="Qwen3-VL image processor for both sides (default: pil; torchvision needs a torchvision "
+                          "built for your torch)."),
         click.option("--option", "-o", "extra", multiple=True, metavar="NAME=VALUE",
                      help="A model's run option, repeatable (e.g. -o attention=math, -o kernel_quant=false); "
                           "each model's are listed below and by `tensordiff options MODEL`."),

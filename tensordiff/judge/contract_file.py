@@ -177,7 +177,8 @@ class ContractFile:
             topological(bounds)
         except ValueError as e:
             raise BadInput(f"{self.path}: {e}") from None
-        return Contract(self.model, tuple(bounds), tuple(rules), tolerances=tols)
+        return Contract(self.model, tuple(bounds), tuple(rules), tolerances=tols,
+                        tolerances_source=f"contract file {self.path}")
 
 
 def _expand(inp: str, vals: dict[str, int]) -> str | None:

@@ -40,7 +40,7 @@ from __future__ import annotations
 
 import math
 import re
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 
 import numpy as np
 
@@ -73,9 +73,10 @@ class FloorRule:
     cosine: float = 1.3
     outlier: float = 2.0
     max_outliers: int = 0
+    source: str = field(default="default", compare=False)  # where the multipliers came from (a file's [floor_rule])
 
     def as_dict(self) -> dict:
-        return asdict(self)
+        return {k: v for k, v in asdict(self).items() if k != "source"}
 
 
 DEFAULT_RULE = FloorRule()
@@ -84,7 +85,7 @@ DEFAULT_RULE = FloorRule()
 def rule_from_mapping(m: dict | None, where: str = "floor rule") -> FloorRule:
     if not m:
         return DEFAULT_RULE
-    known = set(FloorRule.__dataclass_fields__)
+    known = set(FloorRule.__dataclass_fields__) - {"source"}
     out = {}
     for k, v in m.items():
         if k not in known:
@@ -92,7 +93,7 @@ def rule_from_mapping(m: dict | None, where: str = "floor rule") -> FloorRule:
         if not isinstance(v, (int, float)) or isinstance(v, bool) or v < (0 if k == "max_outliers" else 1):
             raise BadInput(f"{where}.{k} must be a number >= {0 if k == 'max_outliers' else 1}, not {v!r}")
         out[k] = int(v) if k == "max_outliers" else float(v)
-    return FloorRule(**out)
+    return FloorRule(**out, source=where)
 
 
 # ----------------------------------------------------------------------------- one tensor

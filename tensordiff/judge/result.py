@@ -90,6 +90,7 @@ class Report:
     producers: dict = field(default_factory=dict)
     runs: dict = field(default_factory=dict)
     tolerances: str = "defaults"
+    where: str = ""  # where the dumps A and B name are kept and until when (set by the pipeline)
 
     @property
     def verdict(self) -> str:
@@ -122,7 +123,7 @@ class Report:
         return json_safe({"verdict": self.verdict, "earliest": self.earliest,
                         "look": [self.boundary(n).look_between for n in self.earliest],
                         "diagnosis": {b.name: b.diagnosis for b in self.boundaries if b.diagnosis is not None},
-                        "a": self.a, "b": self.b, "model": self.model, "notes": self.notes,
+                        "a": self.a, "b": self.b, "where": self.where, "model": self.model, "notes": self.notes,
                         "tolerances": self.tolerances, "producers": self.producers, "runs": self.runs,
                         "boundaries": [b.as_json() for b in self.boundaries]})
 

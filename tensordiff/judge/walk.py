@@ -27,7 +27,7 @@ from tensordiff.judge.metrics import FloatResult
 from tensordiff.format.plain import adopt, open_any
 from tensordiff.judge.result import FAILING, BoundaryResult, Report
 from tensordiff.format.storage import shared_files
-from tensordiff.judge.tolerance import Tolerances
+from tensordiff.judge.tolerance import Tolerances, sources_line
 from tensordiff.judge.diagnosis import diagnose_report
 
 Progress = Callable[[int], None]  # called with bytes consumed (both sides)
@@ -132,7 +132,8 @@ def walk_dumps(a: str | Path | Dump, b: str | Path | Dump,
     notes += _run_notes(da, db)
     producers = {"a": da.producer, "b": db.producer} | ({"floor": df.producer} if numeric else {})
     runs = {"a": da.run, "b": db.run} | ({"floor": df.run} if numeric else {})
-    return Report(str(da.path), str(db.path), da.model, report_rows, notes, producers, runs, judge.rule_text)
+    return Report(str(da.path), str(db.path), da.model, report_rows, notes, producers, runs,
+                  sources_line((t for b in report_rows for t in b.tensors), judge.tolerances.origin))
 
 
 def walk(present: list[Boundary], entries: Mapping[str, tuple[Mapping[str, Entry], Mapping[str, Entry]]],

@@ -19,7 +19,7 @@ from typing import Any
 from tensordiff.errors import BadInput
 from tensordiff.format.storage import write_text_atomic
 from tensordiff.judge.floor import RATIOS, FloorRule, rule_from_mapping
-from tensordiff.judge.tolerance import DEFAULTS, from_mapping, read_toml
+from tensordiff.judge.tolerance import DEFAULTS, file_label, from_mapping, read_toml
 from tensordiff.pipeline.options import NO_OPTIONS, parse_assignments
 
 
@@ -190,7 +190,8 @@ def _num(x: float) -> str:
 
 def rule_of(path) -> FloorRule:
     """The `[floor_rule]` table of a tolerance / calibration file, else the measured defaults."""
-    return rule_from_mapping(read_toml(path).get("floor_rule"), f"{path} [floor_rule]")
+    m = read_toml(path)
+    return rule_from_mapping(m.get("floor_rule"), f"{file_label(m, str(path))} [floor_rule]")
 
 
 def profile_of(path) -> dict:

@@ -72,6 +72,30 @@ def test_inspect_lists_tensors(capsys):
     assert code == 0 and "rope.cos" in out and "sha256 ok" in out and "SHA256 MISMATCH" not in out
 
 
+def test_inspect_speaks_plain_words(capsys, tmp_path):
+    """No Python reprs: nested run facts one per line under dotted keys, None as `none`, booleans
+    as yes/no, lists as `a, b`, shapes as `a × b`."""
+    run_facts = {"inputs": {"grid": [6, 9], "image": {"exif_orientation": None, "size": [1024, 701]}},
+                 "options": {"processor": None, "kernel_quant": False}, "chunk": None, "tokens": list(range(40))}
+    d = write(tmp_path / "d", {"patches": torch.zeros(6, 9), "scalar": torch.tensor(1.0)}, run=run_facts)
+    code, out, _ = run(["inspect", d], capsys)
+    assert code == 0
+    for repr_mark in ("{'", "None", "True", "False", "[6", "'"):
+        assert repr_mark not in out, repr_mark
+    facts = {}
+    for line in out.splitlines()[1:]:
+        if not line.startswith("  "):
+            break
+        key, _, value = line.strip().partition("  ")
+        facts[key] = value.strip()
+    assert facts["producer.name"] == "test" and facts["model"] == "toy"
+    assert facts["run.inputs.grid"] == "6, 9" and facts["run.inputs.image.exif_orientation"] == "none"
+    assert facts["run.inputs.image.size"] == "1024, 701" and facts["run.options.kernel_quant"] == "no"
+    assert facts["run.chunk"] == "none" and facts["run.tokens"].endswith("15, … (40 in all)")
+    rows = {line.split()[0]: line for line in out.splitlines() if line.startswith(("patches ", "scalar "))}
+    assert " 6 × 9 " in rows["patches"] and " scalar " in rows["scalar"]
+
+
 def test_console_script_and_pipe_output():
     p = subprocess.run([sys.executable, "-m", "tensordiff.commands.cli", "compare", str(SAMPLES / "sample-oracle"),
                         str(SAMPLES / "sample-engine")], capture_output=True, text=True)

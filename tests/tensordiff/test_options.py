@@ -71,14 +71,14 @@ def test_parse_fills_every_default(monkeypatch):
     monkeypatch.delenv("TENSORDIFF_FUSE", raising=False)
     monkeypatch.delenv("TENSORDIFF_GRAPHS", raising=False)
     assert set(DS.parse({}, DEEPSEEK)) == set(DS.names)
-    assert QW.parse({}, QWEN) == {"processor": None, "attention": "sdpa", "fuse": "auto", "graphs": "auto"}
+    assert QW.parse({}, QWEN) == {"processor": "pil", "attention": "sdpa", "fuse": "auto", "graphs": "auto"}
 
 
 def test_qwen_attention_is_typed_and_attn_still_accepted(monkeypatch):
     monkeypatch.delenv("TENSORDIFF_FUSE", raising=False)
     monkeypatch.delenv("TENSORDIFF_GRAPHS", raising=False)
     assert QW.parse({"attn": "eager"}, QWEN)["attention"] == "eager"
-    assert QW.resolve({"attn": "eager"}) == {"processor": None, "attention": "eager", "fuse": "auto",
+    assert QW.resolve({"attn": "eager"}) == {"processor": "pil", "attention": "eager", "fuse": "auto",
                                              "graphs": "auto"}
     with pytest.raises(BadInput, match="'nonsense' is not one of sdpa, eager"):
         QW.parse({"attn": "nonsense"}, QWEN)
