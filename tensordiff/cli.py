@@ -526,6 +526,34 @@ def import_polygraphy(file, runner, iteration, out, model, force):
     _write_import(imp, out, model or "plain", force)
 
 
+@import_.command("sglang")
+@click.argument("directory", type=click.Path(path_type=Path))
+@click.option("--step", type=click.IntRange(min=0), default=None,
+              help="Import this step only, under the plain names (default: every step; later ones as NAME.step.K).")
+@click.option("--rank", "ranks", type=click.IntRange(min=0), multiple=True,
+              help="Import this rank only (repeat it for a group of ranks; default: every rank).")
+@click.option("--name", "names", multiple=True,
+              help="Import the dumper names matching this glob only (repeatable), e.g. 'non_intrusive__model.layers.0.*'.")
+@_import_options
+def import_sglang(directory, step, ranks, names, out, model, force):
+    """Import SGLang's dumper output (DIRECTORY: its <dir>/<exp_name>, or <dir> with one experiment).
+    Several ranks become one rank dump per rank (OUT/rank0, ...), their dims mapped so that compare
+    merges the shards; values are read with torch.load(weights_only=True) only."""
+    from .import_sglang import read
+
+    parts = read(directory, step=step, ranks=tuple(ranks) or None, names=tuple(names) or None)
+    if len(parts) == 1:
+        _write_import(parts[0], out, model or "plain", force)
+        return
+    from .importing import write_ranks
+
+    path = write_ranks(parts, out, model=model or "plain", overwrite=force)
+    for note in parts[0].notes:
+        click.echo(f"note: {note}", err=True)
+    click.echo(f"wrote {path}: {len(parts)} rank dumps (rank0..rank{len(parts) - 1}), "
+               f"{sum(len(p.tensors) for p in parts)} tensors from {parts[0].tool}")
+
+
 def main(argv=None) -> None:
     if argv is None:  # the console script: this process is the command (a test passes its arguments)
         from .heap import own_process
