@@ -166,6 +166,11 @@ def inspect(directory, verify):
         click.echo(f"{e.name:<28} {e.boundary:<16} {e.dtype.name:<9} {str(list(e.shape)):<20} "
                    f"{e.stored.nbytes / 1e6:>9.3f}  {e.stored.file.name}:{e.stored.key}{status}")
     click.echo(f"{len(d.entries)} tensors, {d.nbytes / 1e6:.1f} MB")
+    from .replay_check import note as replay_note
+
+    frozen = replay_note(d, read=verify)  # without --verify, from the manifest's digests only
+    if frozen:
+        click.echo(f"note: {frozen}")
     if bad:
         raise BadInput(f"{bad} tensor(s) in {d.path} fail their sha256: the files are corrupt")
 

@@ -14,7 +14,7 @@ import threading
 from pathlib import Path
 from typing import Callable
 
-from . import rank_check, registry
+from . import rank_check, registry, replay_check
 from .contract import Boundary, Contract, chain, topological
 from .dump import Dump, Entry, open_dump
 from .errors import BadInput, IncomparableDumps
@@ -155,6 +155,7 @@ def compare_dumps(a: str | Path | Dump, b: str | Path | Dump,
         if va and vb and va != vb:
             notes.append(f"the two runs had different {k}: the comparison may be meaningless")
     notes += picture_notes(da.run or db.run)
+    notes += [n for n in (replay_check.note(d) for d in (da, db)) if n]  # decode a captured graph froze
     return Report(str(da.path), str(db.path), da.model, report_rows, notes,
                   {"a": da.producer, "b": db.producer}, {"a": da.run, "b": db.run}, judge.tolerances.origin)
 

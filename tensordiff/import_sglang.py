@@ -168,10 +168,12 @@ def load(f: DumpFile) -> tuple[Any, dict]:
         obj = torch.load(f.path, map_location="cpu", weights_only=True)
     except pickle.UnpicklingError as e:
         m = re.search(r"GLOBAL ([\w.]+)", str(e))
-        what = f" (it calls {m.group(1)})" if m else ""
-        raise BadInput(f"{f.path}: refused: its pickle would run code{what}; tensordiff reads dumper files only "
-                       "with torch.load(weights_only=True), which rebuilds tensors and plain values and nothing "
-                       "else") from None
+        if m is None:  # damaged or foreign bytes, refused by the same unpickler
+            raise BadInput(f"{f.path} is not a readable torch.save file (torch.load(weights_only=True) "
+                           "refused its pickle)") from None
+        raise BadInput(f"{f.path}: refused: its pickle would run code (it calls {m.group(1)}); tensordiff reads "
+                       "dumper files only with torch.load(weights_only=True), which rebuilds tensors and plain "
+                       "values and nothing else") from None
     except Exception as e:  # noqa: BLE001 - torch's loader on a damaged or foreign file (zip, EOF, runtime)
         raise BadInput(f"{f.path} is not a readable torch.save file ({type(e).__name__})") from None
     if isinstance(obj, torch.Tensor):  # the oldest dumpers saved the bare value
@@ -313,7 +315,7 @@ def module_boundary(name: str) -> str | None:
 
 def tag_parts(f: DumpFile) -> list[str]:
     parts: list[str] = []
-    path = f.name.split(".")
+    path = f.name.removeprefix(PREFIX).split(".")
     for k, v in f.tags:
         if k in RANK_TAGS or (k == "recompute_status" and v == "disabled"):
             continue
@@ -384,6 +386,10 @@ def read(d: str | Path, *, step: int | None = None, ranks: tuple[int, ...] | Non
             kinds.add(kind)
             skipped.append(f"{f.name} ({kind})")
             continue
+        if "dims" in meta:  # checked on every import, used to merge ranks
+            if not isinstance(meta["dims"], str):
+                raise BadInput(f"{f.path}: dims {meta['dims']!r} is not a string")
+            parse_dims(f"{f.path}", meta["dims"], value.dim())
         items.append(Item(f, value.detach(), meta))
     if not items:
         raise BadInput(f"{exp}: no tensor to import among {len(files)} file(s)"
