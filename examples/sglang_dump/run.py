@@ -25,6 +25,7 @@ import tempfile
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
+sys.dont_write_bytecode = True  # leave nothing behind in the checkout (no __pycache__ beside the example)
 sys.path.insert(0, str(HERE))
 if str(HERE.parents[1]) not in sys.path:  # run from a checkout without `pip install -e`
     sys.path.insert(1, str(HERE.parents[1]))
