@@ -361,3 +361,28 @@ def test_names_modules_calls_and_steps_of_a_non_intrusive_dump(tmp_path):
     order = names[:names.index("non_intrusive__layers.0.output") + 1]
     assert order[0] == "non_intrusive__inputs.0" and order.index("non_intrusive__layers.0.inputs.0") \
         < order.index("non_intrusive__layers.0.proj.output.call.1") < order.index("non_intrusive__layers.0.output")
+
+
+def test_element_types_bf16_exact_fp8_left_out_with_a_note(tmp_path):
+    Dumper = dumper_cls()
+    d = Dumper(tmp_path / "dumps", "exp")
+    h = torch.randn(3, 5).to(torch.bfloat16)
+    d.dump("hidden", h, dims="t h")
+    d.dump("scales", torch.randn(3).to(torch.float8_e4m3fn))
+    (imp,) = read(tmp_path / "dumps")
+    (only,) = imp.tensors
+    assert only[1] == "hidden" and only[2].dtype == torch.bfloat16 and torch.equal(only[2], h)
+    assert any("element types float8_e4m3fn" in n and "scales" in n for n in imp.notes)
+
+
+def test_undimmed_tensors_of_different_shapes_on_the_ranks_are_left_out_with_a_note(tmp_path, capsys):
+    # a non-intrusive dump of a tensor-parallel run: a column-parallel output has no dims, and its
+    # ranks hold different slices; neither copies nor shards it can say, so it is not imported
+    src = tmp_path / "tp2"
+    shutil.copytree(TP2, src)
+    f = next((src / "exp").glob("step=0___rank=1___*name=input_ids___*.pt"))
+    rewrite(f, lambda o: o.__setitem__("value", o["value"][:2]))
+    code, out, err = run_cli(["import", "sglang", src, "--out", tmp_path / "b"], capsys)
+    assert code in (0, None) and "hold different shapes on different ranks" in err and "input_ids" in err
+    d = open_dump(tmp_path / "b")
+    assert "input_ids" not in d.names and "input_ids.step.1" in d.names and "mlp_up.layer_id.0" in d.names
