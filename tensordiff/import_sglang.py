@@ -53,6 +53,7 @@ from __future__ import annotations
 import fnmatch
 import pickle
 import re
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -117,9 +118,12 @@ def find_experiment(d: Path) -> Path:
     """The directory holding the .pt files: DIR itself, or its one experiment (`<dir>/<exp_name>`)."""
     if not d.is_dir():
         raise BadInput(f"{d} is not a directory (give the dumper's <dir>/<exp_name>, or <dir> with one experiment)")
-    if any(p.suffix == ".pt" for p in d.iterdir()):
-        return d
-    subs = sorted(p for p in d.iterdir() if p.is_dir() and any(q.suffix == ".pt" for q in p.iterdir()))
+    try:
+        if any(p.suffix == ".pt" for p in d.iterdir()):
+            return d
+        subs = sorted(p for p in d.iterdir() if p.is_dir() and any(q.suffix == ".pt" for q in p.iterdir()))
+    except OSError as e:
+        raise BadInput(f"cannot list {e.filename or d}: {e.strerror}") from None
     if not subs:
         raise BadInput(f"{d} holds no SGLang dumper files (step=S___rank=R___dump_index=K___name=N.pt), "
                        "directly or in one experiment directory")
@@ -150,8 +154,9 @@ def select(exp: Path, *, step: int | None, ranks: tuple[int, ...] | None,
     chosen = [f for f in files if (step is None or f.step == step) and (not ranks or f.rank in ranks)
               and (not names or any(fnmatch.fnmatchcase(f.name, g) for g in names))]
     if not chosen:
-        raise BadInput(f"no file of {exp} matches --name {' '.join(names or ())} (names there: "
-                       f"{', '.join(sorted({f.name for f in files})[:5])}, ...)")
+        asked = " ".join([f"--step {step}"] * (step is not None) + [f"--rank {r}" for r in ranks or ()]
+                         + [f"--name {g}" for g in names or ()])
+        raise BadInput(f"no file of {exp} matches {asked} (names there: {_listed(sorted({f.name for f in files}))})")
     return sorted(chosen, key=lambda f: (f.rank, f.step, f.index))
 
 
@@ -165,7 +170,9 @@ def load(f: DumpFile) -> tuple[Any, dict]:
     import torch
 
     try:
-        obj = torch.load(f.path, map_location="cpu", weights_only=True)
+        with warnings.catch_warnings():  # torch warns about odd pickle protocols: the refusal below says enough
+            warnings.simplefilter("ignore")
+            obj = torch.load(f.path, map_location="cpu", weights_only=True)
     except pickle.UnpicklingError as e:
         m = re.search(r"GLOBAL ([\w.]+)", str(e))
         if m is None:  # damaged or foreign bytes, refused by the same unpickler
