@@ -34,7 +34,7 @@ import torch  # noqa: E402
 
 import model as tiny  # noqa: E402
 from sglang_style import Dumper  # noqa: E402
-from tensordiff.cli import main as tensordiff_main  # noqa: E402
+from tensordiff.commands.cli import main as tensordiff_main  # noqa: E402
 
 PROMPT = [3, 17, 42, 9, 25]
 DECODE_STEPS = 2

@@ -13,9 +13,9 @@ import numpy as np
 import pytest
 import torch
 
-from tensordiff.dump import open_dump
+from tensordiff.format.dump import open_dump
 from tensordiff.errors import BadInput
-from tensordiff.import_sglang import layout_of, module_boundary, parse_name, read
+from tensordiff.format.importers.sglang import layout_of, module_boundary, parse_name, read
 from tests.cli_runner import run_cli
 
 ROOT = Path(__file__).resolve().parents[2]

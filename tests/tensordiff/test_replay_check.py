@@ -1,5 +1,5 @@
 """Decode steps a captured CUDA graph froze: bit-identical from step to step in two or more layers,
-said by `compare` and `inspect` (tensordiff/replay_check.py)."""
+said by `compare` and `inspect` (tensordiff/judge/replay_check.py)."""
 import json
 
 import numpy as np
@@ -7,9 +7,9 @@ import pytest
 from safetensors.numpy import save_file
 
 from tensordiff import Recorder
-from tensordiff.dump import open_dump
-from tensordiff.plain import open_any
-from tensordiff.replay_check import family, frozen_families, layer_of, note
+from tensordiff.format.dump import open_dump
+from tensordiff.format.plain import open_any
+from tensordiff.judge.replay_check import family, frozen_families, layer_of, note
 from tests.cli_runner import run_cli
 
 LAYERS, STEPS = 3, 3
