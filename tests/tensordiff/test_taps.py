@@ -225,3 +225,22 @@ def test_a_tap_firing_while_a_cuda_graph_is_captured_is_refused_and_not_counted(
         capturing["on"] = False  # eager decode: the same taps record, the refused call not counted as one
         net(x)
     assert t.calls == {"block0": 1, "block1.in": 1} and list(rec.tensors) == ["block0", "block1.in"]
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU: a real graph capture")
+def test_a_tap_inside_a_real_cuda_graph_capture_is_refused_and_eager_records():
+    torch.manual_seed(0)
+    net, x = torch.nn.Linear(4, 4).cuda(), torch.randn(2, 4, device="cuda")
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):  # warm before capture (cuBLAS workspace), untapped
+        net(x)
+    torch.cuda.current_stream().wait_stream(s)
+    rec = MemoryRecorder()
+    with tap(net, {"out": ""}, rec) as t:
+        with pytest.raises(BadInput, match="while a CUDA graph was being captured"):
+            with torch.cuda.graph(torch.cuda.CUDAGraph()):
+                net(x)
+        assert rec.tensors == {} and t.calls == {}
+        want = net(x)  # eager: recorded, a copy
+    assert torch.equal(rec.tensors["out"], want)
