@@ -15,8 +15,9 @@ from tensordiff.commands.gate import load_gate, render_breakdown, run_gate
 from tensordiff.commands import heap
 from tensordiff.format import importers
 from tensordiff.format.dump import open_dump
-from tensordiff.format.importers import hf_debugger, polygraphy
+from tensordiff.format.importers import hf_debugger, polygraphy, sglang
 from tensordiff.format.plain import open_any
+from tensordiff.judge import replay_check
 from tensordiff.judge.contract_file import load as load_contract
 from tensordiff.judge.rank_check import parts_verified
 from tensordiff.pipeline import registry
@@ -170,6 +171,9 @@ def inspect(directory, verify):
                      f"{e.stored.file.name}:{e.stored.key}{status}"))
     click.echo("\n".join(dump_table(rows)))
     click.echo(f"{len(d.entries)} tensors, {d.nbytes / 1e6:.1f} MB")
+    frozen = replay_check.note(d, read=verify)  # without --verify, from the manifest's digests only
+    if frozen:
+        click.echo(f"note: {frozen}")
     if bad:
         raise BadInput(f"{bad} tensor(s) in {d.path} fail their sha256: the files are corrupt")
 
@@ -495,6 +499,30 @@ def import_polygraphy(file, runner, iteration, out, model, force):
     (--save-inputs); arrays are read with allow_pickle=False."""
     imp = polygraphy.read(file, runner=runner, iteration=iteration)
     _write_import(imp, out, model or "plain", force)
+
+
+@import_.command("sglang")
+@click.argument("directory", type=click.Path(path_type=Path))
+@click.option("--step", type=click.IntRange(min=0), default=None,
+              help="Import this step only, under the plain names (default: every step; later ones as NAME.step.K).")
+@click.option("--rank", "ranks", type=click.IntRange(min=0), multiple=True,
+              help="Import this rank only (repeat it for a group of ranks; default: every rank).")
+@click.option("--name", "names", multiple=True,
+              help="Import the dumper names matching this glob only (repeatable), e.g. 'non_intrusive__model.layers.0.*'.")
+@_import_options
+def import_sglang(directory, step, ranks, names, out, model, force):
+    """Import SGLang's dumper output (DIRECTORY: its <dir>/<exp_name>, or <dir> with one experiment).
+    Several ranks become one rank dump per rank (OUT/rank0, ...), their dims mapped so that compare
+    merges the shards; values are read with torch.load(weights_only=True) only."""
+    parts = sglang.read(directory, step=step, ranks=tuple(ranks) or None, names=tuple(names) or None)
+    if len(parts) == 1:
+        _write_import(parts[0], out, model or "plain", force)
+        return
+    path = importers.write_ranks(parts, out, model=model or "plain", overwrite=force)
+    for note in parts[0].notes:
+        click.echo(f"note: {note}", err=True)
+    click.echo(f"wrote {path}: {len(parts)} rank dumps (rank0..rank{len(parts) - 1}), "
+               f"{sum(len(p.tensors) for p in parts)} tensors from {parts[0].tool}")
 
 
 def main(argv=None) -> None:

@@ -7,6 +7,10 @@
 `record` copies at once (a later kernel may overwrite the buffer it was handed); the
 directory appears only when the recorder closes cleanly (written under a temporary name, then
 renamed), and an existing dump is never replaced unless `overwrite=True`.
+
+Recording is refused while a CUDA graph is being captured (`refuse_in_graph_capture`): what a
+record takes then is the capture's placeholder, and every replay writes that one buffer again, so
+each decode step would hold the last step's values. Serving engines (SGLang, vLLM) capture decode.
 """
 from __future__ import annotations
 
@@ -14,6 +18,7 @@ import hashlib
 import json
 import os
 import re
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -29,6 +34,21 @@ FORMAT = "tensordiff-dump"
 VERSION = 1
 # \Z, not $: "$" also matches before a trailing newline, and "patches\n" is not a name
 NAME_RE = re.compile(r"\A[A-Za-z0-9_][A-Za-z0-9_.\-]*\Z")
+
+
+IN_GRAPH = ("it ran while a CUDA graph was being captured: it would record the capture's placeholder, and every "
+            "replay would overwrite that one buffer; dump decode eagerly (SGLang --disable-cuda-graph, vLLM "
+            "--enforce-eager) or record outside the graph (its static outputs, after each replay)")
+
+
+def refuse_in_graph_capture(what: str) -> None:
+    """BadInput when the current CUDA stream is capturing a graph (`what` names the record or
+    tap). A process that never touched CUDA is not capturing: the query is skipped there."""
+    torch = sys.modules.get("torch")
+    if torch is None or not torch.cuda.is_initialized():
+        return
+    if torch.cuda.is_current_stream_capturing():
+        raise BadInput(f"{what}: {IN_GRAPH}")
 
 
 def default_boundary(name: str) -> str:
@@ -98,7 +118,8 @@ def merge_run(run: dict, fields: dict) -> None:
             run[k] = v
 
 
-def _umask() -> int:
+def current_umask() -> int:
+    """The process's umask (read by setting it and back)."""
     old = os.umask(0o022)
     os.umask(old)
     return old
@@ -162,6 +183,7 @@ class Recorder:
         if self._closed:
             raise RuntimeError("recorder is closed")
         check_name(name)
+        refuse_in_graph_capture(f"record({name!r})")
         if name in self._names:
             raise BadInput(f"tensor {name!r} recorded twice")
         b = boundary or default_boundary(name)
@@ -230,7 +252,7 @@ class Recorder:
             manifest = {"format": FORMAT, "version": VERSION, "model": self.model, "producer": self.producer,
                         "run": self.run, "tensors": entries}
             (tmp / "manifest.json").write_text(json.dumps(manifest, indent=1) + "\n")
-            os.chmod(tmp, 0o777 & ~_umask())  # mkdtemp makes 0700; a dump (and a shared cache) is readable
+            os.chmod(tmp, 0o777 & ~current_umask())  # mkdtemp makes 0700; a dump (and a shared cache) is readable
             fsync_dir(tmp)
             if self.path.exists() or self.path.is_symlink():
                 if not self.overwrite:
@@ -288,6 +310,7 @@ class MemoryRecorder:
 
     def record(self, name: str, tensor: Any, *, boundary: str | None = None) -> None:
         check_name(name)
+        refuse_in_graph_capture(f"record({name!r})")
         if name in self.tensors:
             raise BadInput(f"tensor {name!r} recorded twice")
         self.tensors[name] = tensor.detach().clone() if hasattr(tensor, "detach") else np.array(tensor, copy=True)

@@ -16,7 +16,7 @@ import threading
 from pathlib import Path
 from typing import Callable, Mapping
 
-from tensordiff.judge import rank_check
+from tensordiff.judge import rank_check, replay_check
 from tensordiff.judge.contract import Boundary, Contract, chain, topological
 from tensordiff.format.dump import Dump, Entry, open_dump
 from tensordiff.errors import BadInput, IncomparableDumps
@@ -218,6 +218,7 @@ def _run_notes(da: Dump, db: Dump) -> list[str]:
             va, vb = va.get("sha256") or va.get("image", {}), vb.get("sha256") or vb.get("image", {})
         if va and vb and va != vb:
             notes.append(f"the two runs had different {k}: the comparison may be meaningless")
+    notes += [n for n in (replay_check.note(d) for d in (da, db)) if n]  # decode a captured graph froze
     return notes
 
 
