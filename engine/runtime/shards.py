@@ -63,9 +63,11 @@ def shard_path(root: Path, shard: str, tensor: str) -> Path:
 
 
 def read(root: str | Path, names: list[str], device="cpu",
-         shapes: dict[str, tuple[int, ...]] | None = None) -> dict[str, torch.Tensor]:
+         shapes: dict[str, tuple[int, ...]] | None = None, packed: frozenset[str] = frozenset()) -> dict[str, torch.Tensor]:
     """{name: tensor as stored, on `device`}. All names absent from the index are reported
-    together; `shapes` (name -> the shape the config implies) is checked before any data is read."""
+    together; `shapes` (name -> the shape the config implies) is checked before any data is read.
+    `packed`: names whose 4-bit values may be stored two a byte in an int8 tensor, whose last
+    dimension is then half the implied one."""
     root = Path(root)
     wmap = weight_map(root)
     absent = [n for n in names if n not in wmap]
@@ -84,7 +86,10 @@ def read(root: str | Path, names: list[str], device="cpu",
                 if k not in present:
                     raise EngineInputError(f"shard {root / shard} lacks {k}, which the index places there")
                 want = (shapes or {}).get(k)
-                got = tuple(f.get_slice(k).get_shape())
+                sl = f.get_slice(k)
+                got = tuple(sl.get_shape())
+                if want is not None and k in packed and sl.get_dtype() == "I8":
+                    want = (*want[:-1], want[-1] // 2)
                 if want is not None and got != tuple(want):
                     raise EngineInputError(f"{k} in {root / shard} has shape {list(got)}, the config implies {list(want)}")
                 try:

@@ -14,7 +14,8 @@ at trained-like scales: fan-in scaled weights, residual outputs scaled down by s
 small biases, norm weights near 1. Stored in bf16, as the released vision weights are.
 
 `tiny-fp8` is `tiny` in the released storage (FP8 dense layers and Engram table with block scales,
-FP4 routed experts). `tiny` also holds the language backbone (`deepseek_v41_flash_language`, merged into the same
+FP4 routed experts in int8 tensors, `wo_a` FP8 with its block scale); `tiny-fp8-converted` the same
+weights as the official `convert.py` leaves them (experts float4, `wo_a` bf16). `tiny` also holds the language backbone (`deepseek_v41_flash_language`, merged into the same
 config and index); `full` holds the vision path only (tower, aligner, span markers).
 
 Seeds: `synthetic:<size>-s<N>` (N >= 1, e.g. `synthetic:full-s2`) is the same config with the
@@ -82,9 +83,12 @@ def _tiny_fp8() -> dict:
     return quantised_config(_tiny())
 
 
-# `tiny-fp8` is `tiny` stored as the released checkpoint is: FP8 dense layers and Engram table with
-# their block scales, FP4 routed experts (see `deepseek_v41_flash_language`).
-CONFIGS: dict[str, Callable[[], dict]] = {"tiny": _tiny, "tiny-fp8": _tiny_fp8, "full": lambda: dict(FULL)}
+# `tiny-fp8` is `tiny` stored as the released shards are: FP8 dense layers and Engram table with
+# their block scales, FP4 routed experts in int8 tensors, `wo_a` FP8 with its block scale;
+# `tiny-fp8-converted` the same weights as the official `convert.py` leaves them (FP4 experts as
+# float4, `wo_a` bf16). See `deepseek_v41_flash_language`.
+CONFIGS: dict[str, Callable[[], dict]] = {"tiny": _tiny, "tiny-fp8": _tiny_fp8, "tiny-fp8-converted": _tiny_fp8,
+                                          "full": lambda: dict(FULL)}
 
 
 # --------------------------------------------------------------------------- names and shapes
@@ -136,19 +140,23 @@ def _vision_values(cfg: dict, seed: int = 0) -> Iterator[tuple[str, dict]]:
         yield unit, values
 
 
-def _language_values(cfg: dict, seed: int = 0) -> Iterator[tuple[str, dict]]:
+def _language_values(cfg: dict, seed: int = 0, storage: str = "release") -> Iterator[tuple[str, dict]]:
     """The language backbone's tensors (its own seeding and scales), minus what the vision
     writer already holds (the span markers). Its seeding is its own: `seed` changes nothing here."""
     from .deepseek_v41_flash_language import language_tensors
 
-    yield "language", language_tensors(cfg, skip=frozenset(vision_tensor_names(cfg)))
+    yield "language", language_tensors(cfg, skip=frozenset(vision_tensor_names(cfg)), storage=storage)
+
+
+def _converted_language_values(cfg: dict, seed: int = 0) -> Iterator[tuple[str, dict]]:
+    return _language_values(cfg, seed, storage="converted")
 
 
 # Units each size holds: `full` is the vision path only (the released language backbone is
 # ~280B parameters); `tiny` holds the whole model.
 UNIT_WRITERS: dict[str, list[Callable[[dict], Iterator[tuple[str, dict]]]]] = {
     "tiny": [_vision_values, _language_values], "tiny-fp8": [_vision_values, _language_values],
-    "full": [_vision_values]}
+    "tiny-fp8-converted": [_vision_values, _converted_language_values], "full": [_vision_values]}
 
 SHARD_BYTES = 512 << 20
 
