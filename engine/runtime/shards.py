@@ -21,6 +21,17 @@ INDEX = "model.safetensors.index.json"
 LONE = "model.safetensors"
 
 
+# safetensors dtype names in torch's words, for messages
+_NAMES = {"BOOL": "bool", "U8": "uint8", "I8": "int8", "I16": "int16", "U16": "uint16", "I32": "int32",
+          "U32": "uint32", "I64": "int64", "U64": "uint64", "F16": "float16", "BF16": "bfloat16", "F32": "float32",
+          "F64": "float64", "F8_E4M3": "float8_e4m3fn", "F8_E5M2": "float8_e5m2", "F8_E8M0": "float8_e8m0fnu",
+          "F4": "float4_e2m1fn_x2"}
+
+
+def _plain(dtype: str) -> str:
+    return _NAMES.get(dtype, dtype)
+
+
 def _open(path: Path, device="cpu"):
     try:
         return safe_open(str(path), framework="pt", device=str(device))
@@ -87,10 +98,14 @@ def read(root: str | Path, names: list[str], device="cpu",
                     raise EngineInputError(f"shard {root / shard} lacks {k}, which the index places there")
                 want = (shapes or {}).get(k)
                 sl = f.get_slice(k)
-                got = tuple(sl.get_shape())
-                if want is not None and k in packed and sl.get_dtype() == "I8":
-                    want = (*want[:-1], want[-1] // 2)
-                if want is not None and got != tuple(want):
+                got, stored = tuple(sl.get_shape()), sl.get_dtype()
+                if want is not None and k in packed:
+                    halved = (*want[:-1], want[-1] // 2)
+                    if got != (halved if stored == "I8" else tuple(want)):
+                        raise EngineInputError(
+                            f"{k} in {root / shard} is stored as {_plain(stored)} {list(got)}; expected "
+                            f"{list(want)} of packed 4-bit values (float4_e2m1fn_x2) or their {list(halved)} bytes as int8")
+                elif want is not None and got != tuple(want):
                     raise EngineInputError(f"{k} in {root / shard} has shape {list(got)}, the config implies {list(want)}")
                 try:
                     out[k] = f.get_tensor(k)
