@@ -373,6 +373,56 @@ def tiny_language_checkpoint(dim: int = 64, quantised: bool = False, storage: st
     return write_checkpoint(cache_root() / f"deepseek-v41-flash-language-{kind}-{key}", cfg, storage)
 
 
+# --------------------------------------------------------------------------- released dimensions, some layers
+#
+# A released layer's 384 routed experts are 13.6G FP4 values; drawing a Gaussian master and
+# quantising it would take minutes a layer. At the released dimensions (`release_layer_units`)
+# routed experts are drawn in their stored form instead: uniformly random bytes (every byte is two
+# valid e2m1 codes, RMS 2.93) and a power-of-two scale per row and 32 inputs at the fan-in scale,
+# times a seeded 2^-1, 1 or 2 per block. Everything else is drawn as in the small configs.
+FP4_CODE_RMS = (sum(v * v for v in E2M1_GRID) / len(E2M1_GRID)) ** 0.5
+
+
+def drawn_fp4(name: str, shape: tuple[int, int], storage: str = "release") -> dict:
+    """{name: packed FP4 [out, in/2] (int8 in the release, float4 converted), scale name: e8m0}."""
+    import math
+
+    import torch
+
+    rows, cols = shape
+    g = generator(name)
+    data = torch.randint(0, 256, (rows, cols // 2), generator=g, dtype=torch.uint8)
+    base = round(math.log2(1.0 / (math.sqrt(cols) * FP4_CODE_RMS)))
+    k = torch.randint(-1, 2, (rows, cols // QUANT_BLOCK), generator=g, dtype=torch.int16)
+    scale = (127 + base + k).to(torch.uint8).view(torch.float8_e8m0fnu)
+    stored = data.view(torch.int8) if storage == "release" else data.view(torch.float4_e2m1fn_x2)
+    return {name: stored, name[: -len("weight")] + "scale": scale}
+
+
+def release_layer_units(cfg: dict, layers, storage: str = "release"):
+    """(unit, {name: tensor}) of the language backbone at `cfg`'s dimensions for `layers` only
+    (with the embedding, final norm and head; the image markers are the vision writer's), in
+    `storage`: one unit per routed expert, one per layer for the rest, so no unit is split across
+    shards. Routed experts are drawn in their stored form (`drawn_fp4`)."""
+    keep = set(layers)
+    units: dict[str, dict[str, tuple]] = {}
+    for name, (shape, dt) in language_shapes(cfg).items():
+        parts = name.split(".")
+        if name.startswith("image_") or (parts[0] == "layers" and int(parts[1]) not in keep):
+            continue
+        expert = parts[0] == "layers" and parts[2] == "ffn" and parts[3] == "experts"
+        unit = ".".join(parts[:5]) if expert else ".".join(parts[:2]) if parts[0] == "layers" else parts[0]
+        units.setdefault(unit, {})[name] = (shape, dt)
+    for unit, tensors in units.items():
+        out = {}
+        for name, (shape, dt) in tensors.items():
+            if storage_format(cfg, name) == "fp4" and ".ffn.experts." in name:
+                out.update(drawn_fp4(name, shape, storage))
+            else:
+                out.update(stored_tensors(cfg, name, shape, dt, storage))
+        yield unit, out
+
+
 # Beyond this many language parameters a synthetic checkpoint leaves the language backbone out
 # (the released shapes are ~280B parameters: nothing to write to a cache or run on a CPU).
 MAX_LANGUAGE_PARAMS = 200_000_000
