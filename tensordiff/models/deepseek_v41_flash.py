@@ -127,5 +127,6 @@ ADAPTER = ModelAdapter(
     # the fp32 reference of the language half: semantic numerics (fp32, exact dequantised weights,
     # no kernel rounding); `official` would run it in bf16 with FP8/FP4 rounding whatever --dtype
     exact_options=(("language_numerics", "semantic"), ("kernel_quant", False)),
+    checkpoint=lazy("tensordiff.models.deepseek_checkpoint:describe"),
     description="DeepSeek V4.1 Flash: preprocessing, 32-layer ViT with 2D RoPE, 3x3 aligner; with a prompt, the language backbone",
 )
