@@ -165,3 +165,27 @@ def test_layers_on_a_dump_is_refused(tmp_path, capsys):
     dumps = Path(__file__).resolve().parents[2] / "dumps" / "sample-oracle"
     code, _, err = run_cli(["inspect", dumps, "--layers", "0"], capsys)
     assert code == 2 and "--layers" in err
+
+
+def test_a_layer_subset_run_hashes_only_its_layers_shards(tmp_path):
+    """With --layers, the weights digest covers the vision path, embedding, norm, head and those
+    layers: an edit to another layer's shard leaves it, an edit to one of them changes it."""
+    from tensordiff import provenance
+    from tensordiff.adapter import RunRequest
+    from tensordiff.models.deepseek_v41_flash import ADAPTER
+
+    req = RunRequest(weights="x", prompt="Look: <image>", options={"layers": "2"})
+    prefixes = ADAPTER.weight_prefixes(req)
+    assert "layers.2." in prefixes and not any(p.startswith("layers.") and p != "layers.2." for p in prefixes)
+    assert not "layers.20.attn.wq_a.weight".startswith(prefixes[-1])  # "layers.2." is not a prefix of layer 20
+    assert ADAPTER.weight_prefixes(RunRequest(weights="x", prompt="Look: <image>")) is None  # every layer
+    ck = tmp_path / "ck"
+    ck.mkdir()
+    from safetensors.torch import save_file
+
+    for name, shard in (("vision.w", "a"), ("layers.2.w", "b"), ("layers.20.w", "c")):
+        save_file({name: torch.ones(2)}, str(ck / f"{shard}.safetensors"))
+    (ck / INDEX).write_text(json.dumps({"weight_map": {"vision.w": "a.safetensors", "layers.2.w": "b.safetensors",
+                                                       "layers.20.w": "c.safetensors"}}))
+    names = [p.name for p in provenance.weight_files(ck, prefixes)]
+    assert names == ["a.safetensors", "b.safetensors", INDEX]

@@ -298,3 +298,36 @@ def test_anything_else_is_exit_2_naming_tensor_dtype_and_expectation(tmp_path, c
     assert tensor in err and stored in err and expected in err, err
     assert "torch." not in err  # dtypes in plain words
     assert not (tmp_path / "d").exists()
+
+
+# ----------------------------------------------------------------------------- a partial download
+
+
+def test_a_partial_release_with_drawn_experts_runs_its_layers(tmp_path, capsys):
+    """What `synthetic:full-layers-IDS` writes (the vision path, embedding, head and only the named
+    layers, routed experts drawn in their stored form), here at the tiny config's dimensions:
+    `inspect` sees the layers present, and check on those layers passes the clean engine."""
+    from tensordiff.models.deepseek_checkpoint import describe
+    from tensordiff.synthetic.deepseek_v41_flash import CONFIGS, _layers_writer, _vision_values, _write
+
+    ck = tmp_path / "partial"
+    _write(ck, CONFIGS["tiny-fp8"](), [_vision_values, _layers_writer((0, 2))])
+    view = describe(ck, "0,2")
+    assert view.present_layers == (0, 2) and view.problems == []
+    assert view.groups["routed experts"] == {"FP4 in int8 + scale": 2 * 8 * 3}
+    code, report = _check(capsys, tmp_path, str(ck), "--layers", "0,2")
+    assert code == 0 and report["verdict"] == "match", report["earliest"]
+    assert {b["name"] for b in report["boundaries"]} >= {"attn.0", "index.2.ids", "hidden.2"}
+    assert not any(b["name"].startswith(("attn.1", "hidden.1")) for b in report["boundaries"])
+    code, _, err = run_cli(["check", "deepseek-v4.1-flash", "--weights", ck, "--prompt", PROMPT, "--layers", "0-2"],
+                           capsys)
+    assert code == 2 and "layers.1." in err and err.count("\n") == 1  # a layer the download lacks
+
+
+@pytest.mark.parametrize("size, why", [("full-layers-1", "Engram"), ("full-layers-40", "0-39"),
+                                       ("full-layers-x", "ids and ranges")])
+def test_a_full_layers_spec_without_a_writable_layer_is_refused(size, why):
+    from tensordiff.errors import BadInput
+
+    with pytest.raises(BadInput, match=why):
+        resolve(f"synthetic:{size}")
