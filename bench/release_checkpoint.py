@@ -62,7 +62,14 @@ def _step(name: str, device: str, run, result: dict) -> dict:
     step = {"wall_s": round(time.perf_counter() - t, 2), "peak_gpu_gib": _gpu(device), **facts}
     result["steps"][name] = step
     print(f"{name}: {json.dumps(step)}", file=sys.stderr, flush=True)
+    _save(result)  # after every step: a run cut short keeps what it measured
     return step
+
+
+def _save(result: dict) -> str:
+    text = json.dumps(result, indent=1, default=str)
+    (Path(result["out"]) / "release_checkpoint.json").write_text(text + "\n")
+    return text
 
 
 def _gate_file(out: Path, a) -> Path:
@@ -97,7 +104,7 @@ def main(argv=None) -> int:
     from tensordiff import registry
 
     adapter = registry.adapter(MODEL)
-    result: dict = {"weights": a.weights, "layers": a.layers, "device": a.device, "dtype": a.dtype,
+    result: dict = {"out": str(a.out), "weights": a.weights, "layers": a.layers, "device": a.device, "dtype": a.dtype,
                     "image": a.image or "tensordiff:default", "prompt": a.prompt, "steps": {}}
     if a.device.startswith("cuda"):
         import torch
@@ -147,9 +154,7 @@ def main(argv=None) -> int:
             code = _step(name, a.device, check if name == "check" else gate, result)["exit"]
             status = max(status, code)
     result["exit"] = status
-    text = json.dumps(result, indent=1, default=str)
-    (a.out / "release_checkpoint.json").write_text(text + "\n")
-    print(text)
+    print(_save(result))
     return status
 
 
