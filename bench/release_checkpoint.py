@@ -46,7 +46,7 @@ def _gpu(device: str, reset: bool = False):
 
 
 def _command(args: list[str]) -> int:
-    from tensordiff.cli import main
+    from tensordiff.commands.cli import main
 
     try:
         main([str(a) for a in args])
@@ -101,7 +101,7 @@ def main(argv=None) -> int:
     if not set(steps) <= {"check", "gate"}:
         ap.error(f"--steps takes check and gate, not {a.steps!r}")
 
-    from tensordiff import registry
+    from tensordiff.pipeline import registry
 
     adapter = registry.adapter(MODEL)
     result: dict = {"out": str(a.out), "weights": a.weights, "layers": a.layers, "device": a.device, "dtype": a.dtype,

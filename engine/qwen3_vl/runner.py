@@ -8,7 +8,7 @@ from pathlib import Path
 
 import torch
 
-from tensordiff.models.qwen3_vl_options import OPTIONS
+from tensordiff.models.qwen3_vl.options import OPTIONS
 
 from .. import backend as backends
 from ..errors import EngineInputError

@@ -26,7 +26,7 @@ from safetensors.torch import save_file  # noqa: E402
 import reference  # noqa: E402
 import reimplementation  # noqa: E402
 import tensordiff  # noqa: E402
-from tensordiff.cli import main as tensordiff_main  # noqa: E402
+from tensordiff.commands.cli import main as tensordiff_main  # noqa: E402
 
 H, W = 24, 40  # a 3 x 5 patch grid: not square, so a transposed grid is not a relabelling
 

@@ -19,10 +19,10 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
-from tensordiff.capture import FORMAT  # noqa: E402
-from tensordiff.dtypes import BY_NAME  # noqa: E402
+from tensordiff.format.capture import FORMAT  # noqa: E402
+from tensordiff.format.dtypes import BY_NAME  # noqa: E402
 from tensordiff.errors import BadInput  # noqa: E402
-from tensordiff.storage import write_hdf5, write_safetensors  # noqa: E402
+from tensordiff.format.storage import write_hdf5, write_safetensors  # noqa: E402
 
 
 def _safetensors_bytes() -> bytes:
@@ -121,7 +121,7 @@ def _listing(work: Path) -> set[str]:
 
 
 def _run_manifest(data: bytes, work: Path) -> None:
-    from tensordiff.dump import open_dump
+    from tensordiff.format.dump import open_dump
 
     d = work / "dump"
     d.mkdir(exist_ok=True)
@@ -138,7 +138,7 @@ def _run_manifest(data: bytes, work: Path) -> None:
 
 
 def _run_safetensors(data: bytes, work: Path) -> None:
-    from tensordiff.storage import read_safetensors_header
+    from tensordiff.format.storage import read_safetensors_header
 
     p = work / "x.safetensors"
     p.write_bytes(data)
@@ -152,7 +152,7 @@ def _run_safetensors(data: bytes, work: Path) -> None:
 
 
 def _run_hdf5(data: bytes, work: Path) -> None:
-    from tensordiff.storage import read_hdf5_entry
+    from tensordiff.format.storage import read_hdf5_entry
 
     p = work / "x.h5"
     p.write_bytes(data)
@@ -175,8 +175,8 @@ def _run_hdf5_layout(data: bytes, work: Path) -> None:
 
     import h5py
 
-    from tensordiff.hdf5_layout import Layout
-    from tensordiff.storage import H5_ERRORS, plain_hdf5_entry, read_hdf5_entry
+    from tensordiff.format.hdf5_layout import Layout
+    from tensordiff.format.storage import H5_ERRORS, plain_hdf5_entry, read_hdf5_entry
 
     p = work / "x.h5"
     p.write_bytes(data)
@@ -205,7 +205,7 @@ def _run_hdf5_layout(data: bytes, work: Path) -> None:
 
 
 def _run_tolerance(data: bytes, work: Path) -> None:
-    from tensordiff.tolerance import load
+    from tensordiff.judge.tolerance import load
 
     p = work / "t.toml"
     p.write_bytes(data)
@@ -216,7 +216,7 @@ def _run_tolerance(data: bytes, work: Path) -> None:
 
 
 def _run_image(data: bytes, work: Path) -> None:
-    from tensordiff.provenance import describe_image
+    from tensordiff.pipeline.provenance import describe_image
 
     p = work / "img"
     p.write_bytes(data)
@@ -226,8 +226,8 @@ def _run_image(data: bytes, work: Path) -> None:
 def _run_contract(data: bytes, work: Path) -> None:
     from safetensors.numpy import save_file
 
-    from tensordiff.contract_file import load
-    from tensordiff.plain import open_any
+    from tensordiff.judge.contract_file import load
+    from tensordiff.format.plain import open_any
 
     for name, keys in (("a.safetensors", ("embed", "layers.0.out", "layers.1.out", "patches")),
                        ("b.safetensors", ("tok", "blk0", "blk1", "tokens.patches"))):
@@ -243,7 +243,7 @@ def _run_contract(data: bytes, work: Path) -> None:
 
 
 def _run_polygraphy(data: bytes, work: Path) -> None:
-    from tensordiff.import_polygraphy import read
+    from tensordiff.format.importers.polygraphy import read
 
     p = work / "r.json"
     p.write_bytes(data)
@@ -253,7 +253,7 @@ def _run_polygraphy(data: bytes, work: Path) -> None:
 def _run_hf_debugger(data: bytes, work: Path) -> None:
     import shutil
 
-    from tensordiff.import_hf_debugger import read
+    from tensordiff.format.importers.hf_debugger import read
 
     d = work / "dbg"
     if not d.exists():

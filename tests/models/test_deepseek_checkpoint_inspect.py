@@ -12,8 +12,11 @@ import pytest
 import torch
 
 from cli_runner import run_cli
-from tensordiff.models.deepseek_checkpoint import describe
-from tensordiff.synthetic.deepseek_v41_flash import resolve
+from tensordiff.models.deepseek_v41_flash import ADAPTER
+from tensordiff.models.deepseek_v41_flash.checkpoint import describe
+from tensordiff.models.deepseek_v41_flash.synthetic import resolve
+from tensordiff.pipeline import provenance
+from tensordiff.pipeline.adapter import RunRequest
 
 INDEX = "model.safetensors.index.json"
 REPRS = ("torch.", "dtype=", "PosixPath", "Counter(", "{'", "[('")
@@ -63,10 +66,10 @@ def test_another_models_checkpoint_is_not_described(tmp_path):
 @pytest.mark.parametrize("layers", [None, "0", "2-4"])
 def test_the_bytes_a_run_reads_are_the_tensors_both_sides_read(layers):
     """The language bytes the view counts are those of the names each side's own loader reads."""
-    import engine.deepseek_v41_flash.weights as W
+    import engine.deepseek_v41_flash.checkpoint as W
     from engine.deepseek_v41_flash.config import Config
-    from engine.deepseek_v41_flash.language.model import LanguageModel
-    from engine.deepseek_v41_flash.language.subset import parse_layers
+    from engine.deepseek_v41_flash.model import LanguageModel
+    from engine.deepseek_v41_flash.subset import parse_layers
     from oracle.deepseek_v41_flash.checkpoint import default_dtype, released_scales
     from oracle.deepseek_v41_flash.config import ModelArgs
     from oracle.deepseek_v41_flash.model import LanguageModel as OracleLM
@@ -170,10 +173,6 @@ def test_layers_on_a_dump_is_refused(tmp_path, capsys):
 def test_a_layer_subset_run_hashes_only_its_layers_shards(tmp_path):
     """With --layers, the weights digest covers the vision path, embedding, norm, head and those
     layers: an edit to another layer's shard leaves it, an edit to one of them changes it."""
-    from tensordiff import provenance
-    from tensordiff.adapter import RunRequest
-    from tensordiff.models.deepseek_v41_flash import ADAPTER
-
     req = RunRequest(weights="x", prompt="Look: <image>", options={"layers": "2"})
     prefixes = ADAPTER.weight_prefixes(req)
     assert "layers.2." in prefixes and not any(p.startswith("layers.") and p != "layers.2." for p in prefixes)

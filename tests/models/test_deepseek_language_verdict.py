@@ -11,8 +11,8 @@ import json
 import pytest
 
 from cli_runner import run_cli as cli
-from tensordiff.dump import open_dump
-from tensordiff.models import deepseek_faults as D
+from tensordiff.format.dump import open_dump
+import tensordiff.models.deepseek_v41_flash.faults as D
 
 MODEL = "deepseek-v4.1-flash"
 PROMPT = "Describe <image>."
@@ -24,7 +24,7 @@ def jpeg(module_tmp):
     """The bundled picture as a JPEG (quality 90): its router.0.ids flips on near-ties in bf16."""
     from PIL import Image
 
-    from tensordiff.inputs import default_image_path
+    from tensordiff.pipeline.inputs import default_image_path
 
     path = module_tmp("verdict") / "picture.jpg"
     Image.open(default_image_path()).convert("RGB").save(path, quality=90)

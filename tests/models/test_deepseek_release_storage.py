@@ -23,9 +23,11 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from cli_runner import run_cli
-from tensordiff.models import deepseek_faults as D
-from tensordiff.synthetic.deepseek_v41_flash import resolve
-from tensordiff.synthetic.deepseek_v41_flash_language import tiny_language_checkpoint
+from tensordiff.errors import BadInput
+from tensordiff.models.deepseek_v41_flash import faults as D
+from tensordiff.models.deepseek_v41_flash.checkpoint import describe
+from tensordiff.models.deepseek_v41_flash.synthetic import CONFIGS, _layers_writer, _vision_values, _write, resolve
+from tensordiff.models.deepseek_v41_flash.synthetic_language import tiny_language_checkpoint
 
 INDEX = "model.safetensors.index.json"
 PROMPT = "A picture: <image> What does it show?"
@@ -129,7 +131,7 @@ def _oracle(ckpt: Path, dtype=torch.bfloat16):
 
 def _engine(ckpt: Path, dtype=torch.bfloat16):
     import engine.backend as backends
-    from engine.deepseek_v41_flash.language.model import LanguageModel
+    from engine.deepseek_v41_flash.model import LanguageModel
 
     return LanguageModel.load(ckpt, dtype=dtype, backend=backends.get("torch"))
 
@@ -307,9 +309,6 @@ def test_a_partial_release_with_drawn_experts_runs_its_layers(tmp_path, capsys):
     """What `synthetic:full-layers-IDS` writes (the vision path, embedding, head and only the named
     layers, routed experts drawn in their stored form), here at the tiny config's dimensions:
     `inspect` sees the layers present, and check on those layers passes the clean engine."""
-    from tensordiff.models.deepseek_checkpoint import describe
-    from tensordiff.synthetic.deepseek_v41_flash import CONFIGS, _layers_writer, _vision_values, _write
-
     ck = tmp_path / "partial"
     _write(ck, CONFIGS["tiny-fp8"](), [_vision_values, _layers_writer((0, 2))])
     view = describe(ck, "0,2")
@@ -327,7 +326,5 @@ def test_a_partial_release_with_drawn_experts_runs_its_layers(tmp_path, capsys):
 @pytest.mark.parametrize("size, why", [("full-layers-1", "Engram"), ("full-layers-40", "0-39"),
                                        ("full-layers-x", "ids and ranges")])
 def test_a_full_layers_spec_without_a_writable_layer_is_refused(size, why):
-    from tensordiff.errors import BadInput
-
     with pytest.raises(BadInput, match=why):
         resolve(f"synthetic:{size}")

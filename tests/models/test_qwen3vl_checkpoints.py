@@ -6,8 +6,8 @@ import pytest
 from PIL import Image
 
 from bad_checkpoints import CASES
-from tensordiff.cli import main
-from tensordiff.models.qwen3_vl import ADAPTER
+from tensordiff.commands.cli import main
+from tensordiff.models.qwen3_vl.adapter import ADAPTER
 
 VICTIM = "model.visual.blocks.1.attn.qkv.weight"
 

@@ -73,20 +73,20 @@ def test_inspect_lists_tensors(capsys):
 
 
 def test_console_script_and_pipe_output():
-    p = subprocess.run([sys.executable, "-m", "tensordiff.cli", "compare", str(SAMPLES / "sample-oracle"),
+    p = subprocess.run([sys.executable, "-m", "tensordiff.commands.cli", "compare", str(SAMPLES / "sample-oracle"),
                         str(SAMPLES / "sample-engine")], capture_output=True, text=True)
     assert p.returncode == 1 and "earliest divergence at `rope`" in p.stdout and "\x1b[" not in p.stdout
 
 
 def test_help_teaches():
-    p = subprocess.run([sys.executable, "-m", "tensordiff.cli", "--help"], capture_output=True, text=True)
+    p = subprocess.run([sys.executable, "-m", "tensordiff.commands.cli", "--help"], capture_output=True, text=True)
     assert p.returncode == 0 and "EARLIEST" in p.stdout and "compare" in p.stdout
 
 
 # ---------------------------------------------------------------- issue 13
 
 def test_ctrl_c_exits_130(capsys, monkeypatch):
-    from tensordiff import registry
+    from tensordiff.pipeline import registry
 
     def interrupted():
         raise KeyboardInterrupt
@@ -140,12 +140,12 @@ def test_check_loads_the_report_writers_only_when_a_report_file_is_asked_for(tmp
     """`check` with no --json/--junit/--html builds no report case: the JUnit and HTML writers
     stay unimported (a few ms of every run); with --junit they are there and write."""
     code = ("import sys\n"
-            "from tensordiff.cli import main\n"
+            "from tensordiff.commands.cli import main\n"
             "try:\n"
             "    main(sys.argv[1:])\n"
             "except SystemExit as e:\n"
             "    print('exit', e.code)\n"
-            "print('loaded', 'tensordiff.report_junit' in sys.modules, 'tensordiff.report_html' in sys.modules)\n")
+            "print('loaded', 'tensordiff.reports.junit' in sys.modules, 'tensordiff.reports.html' in sys.modules)\n")
     env = {**os.environ, "PYTHONPATH": str(ROOT), "TENSORDIFF_CACHE": str(tmp_path / "cache")}
     plain = subprocess.run([sys.executable, "-c", code, "check", "deepseek-v4.1-flash"], capture_output=True,
                            text=True, env=env, cwd=tmp_path)

@@ -5,9 +5,10 @@ import math
 import pytest
 import torch
 
-from tensordiff.compare import compare_dumps
+from tensordiff.pipeline.compare import compare_dumps
 from tensordiff.errors import BadInput
-from tensordiff.floor import DEFAULT_RULE, FloorRule, profile_band, profile_of, rule_of, three_way
+from tensordiff.judge.floor import DEFAULT_RULE, FloorRule, profile_band, profile_of, rule_of
+from tensordiff.pipeline.compare import three_way
 
 from helpers_dumps import write
 
@@ -151,7 +152,7 @@ def test_compare_cli_floor(tmp_path):
     import sys
 
     r, f, c = _dumps(tmp_path)
-    run = lambda *a: subprocess.run([sys.executable, "-m", "tensordiff.cli", "compare", *map(str, a)],  # noqa: E731
+    run = lambda *a: subprocess.run([sys.executable, "-m", "tensordiff.commands.cli", "compare", *map(str, a)],  # noqa: E731
                                     capture_output=True, text=True)
     ok = run(r, c, "--floor", f)
     assert ok.returncode == 0 and "× floor" in ok.stdout, ok.stdout + ok.stderr
@@ -160,13 +161,13 @@ def test_compare_cli_floor(tmp_path):
 
 
 def test_worst_rows_name_token_positions_and_types(tmp_path):
-    from tensordiff.layout import token_type
+    from tensordiff.judge.layout import token_type
 
     run = {"language": {"span_start": 3}, "inputs": {"cells": [2, 2]}}  # START, I I NL, I I NL, END
     assert [token_type(p, run) for p in (0, 3, 4, 6, 7, 9, 10, 11)] == [
         "TEXT", "START", "IMAGE cell (y=0, x=0)", "NEWLINE", "IMAGE cell (y=1, x=0)", "NEWLINE", "END", "TEXT"]
     assert token_type(5, {}) is None
-    from tensordiff.contract import Boundary, Contract
+    from tensordiff.judge.contract import Boundary, Contract
 
     contract = Contract("toy-tokens", (Boundary("hidden", (), "residual stream", layout="tokens"),))
     g = torch.Generator().manual_seed(0)
@@ -181,7 +182,7 @@ def test_worst_rows_name_token_positions_and_types(tmp_path):
 
 
 def test_profile_summary_and_measured_multipliers(tmp_path):
-    from tensordiff.floor import OUTLIER_MARGIN, Profile
+    from tensordiff.judge.floor import OUTLIER_MARGIN, Profile
 
     prof = Profile()
     for seed in (0, 1):
@@ -208,7 +209,7 @@ def test_profile_summary_and_measured_multipliers(tmp_path):
 
 
 def test_a_tensor_the_clean_engine_computes_bit_equal_to_the_floor_run_stays_so(tmp_path):
-    from tensordiff.floor import Profile
+    from tensordiff.judge.floor import Profile
 
     def as_floor(c):  # the engine computes aligner exactly as the oracle does in bf16
         c["aligner"] = _low(_ref()["aligner"], 1)
@@ -281,7 +282,7 @@ def test_short_rows_are_judged_in_blocks(tmp_path, monkeypatch):
     exceed 2x their own floor by chance alone (the H200's rocket false alarm at router.0.weights,
     worst row 2.54x); pooled into blocks of >= MIN_ROW_ELEMS elements they do not, and a row
     whose weights are 2% off is still caught, named by its block."""
-    from tensordiff import rows
+    from tensordiff.judge import rows
 
     dumps = _short_rows(tmp_path / "clean")
     monkeypatch.setattr(rows, "MIN_ROW_ELEMS", 1)  # the old rule: every 2-element row alone

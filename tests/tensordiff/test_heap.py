@@ -8,8 +8,9 @@ from pathlib import Path
 import pytest
 from cli_runner import run_cli
 
-from tensordiff import BadInput, heap
-from tensordiff.cli import main
+from tensordiff import BadInput
+from tensordiff.commands import heap
+from tensordiff.commands.cli import main
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -48,8 +49,8 @@ def test_only_the_console_entry_point_marks_its_process_as_the_command(monkeypat
 
 @pytest.mark.parametrize("command", ["check", "gate"])
 def test_check_and_gate_freeze_before_they_run(command, monkeypatch, capsys, tmp_path):
-    import tensordiff.gate
-    import tensordiff.pipeline
+    import tensordiff.commands.gate
+    import tensordiff.pipeline.case
 
     calls = []
     monkeypatch.setattr(heap, "freeze_torch", lambda: calls.append("freeze"))
@@ -58,8 +59,8 @@ def test_check_and_gate_freeze_before_they_run(command, monkeypatch, capsys, tmp
         calls.append("run")
         raise BadInput("stop here")
 
-    monkeypatch.setattr(tensordiff.pipeline, "check", run)
-    monkeypatch.setattr(tensordiff.gate, "run_gate", run)
+    monkeypatch.setattr(tensordiff.pipeline.case, "check", run)
+    monkeypatch.setattr(tensordiff.commands.gate, "run_gate", run)
     if command == "check":
         args = ["check", "deepseek-v4.1-flash"]
     else:

@@ -13,10 +13,10 @@ from pathlib import Path
 import pytest
 from safetensors.torch import load_file, save_file
 
-from tensordiff import oracle_cache, registry
-from tensordiff.compare import compare_dumps
-from tensordiff.pipeline import CaseSpec, check, oracle_dump
-from tensordiff.runs import make_request
+from tensordiff.pipeline import oracle_cache, registry
+from tensordiff.pipeline.compare import compare_dumps
+from tensordiff.pipeline.case import CaseSpec, check, oracle_dump
+from tensordiff.pipeline.runs import make_request
 
 import test_gate_toy as toy
 

@@ -7,9 +7,9 @@ from pathlib import Path
 import pytest
 
 from tensordiff.errors import BadInput
-from tensordiff.gate import load_gate, run_gate
-from tensordiff.pipeline import CaseSpec, check, check_weights, oracle_request, prepare_out
-from tensordiff.runs import make_request
+from tensordiff.commands.gate import load_gate, run_gate
+from tensordiff.pipeline.case import CaseSpec, check, check_weights, oracle_request, prepare_out
+from tensordiff.pipeline.runs import make_request
 
 import test_gate_toy as toy
 
@@ -74,7 +74,7 @@ def test_the_output_directory_and_weights_checks(tmp_path):
 
 
 def test_the_passes_a_case_runs_when_none_are_asked_for():
-    from tensordiff.pipeline import default_passes, parse_passes
+    from tensordiff.pipeline.case import default_passes, parse_passes
 
     assert default_passes("bfloat16") == parse_passes("auto", "bfloat16") == ("semantic", "numeric")
     assert default_passes("float32") == parse_passes(None, "float32") == ("semantic",)  # the run itself
@@ -88,7 +88,7 @@ def test_the_passes_a_case_runs_when_none_are_asked_for():
     ("semantic,direct", "bfloat16", None, "not both"), ("numeric,numeric", "bfloat16", None, "each pass once"),
     ("numeric", "float32", None, "low-precision"), ("semantic,numeric", "bfloat16", "float32", "no direct pass")])
 def test_bad_passes_are_bad_input(text, dtype, oracle, says):
-    from tensordiff.pipeline import parse_passes
+    from tensordiff.pipeline.case import parse_passes
 
     with pytest.raises(BadInput, match=says):
         parse_passes(text, dtype, oracle)
@@ -98,8 +98,8 @@ def test_the_exact_reference_sets_the_models_exact_numerics():
     """DeepSeek's language half runs official bf16 + kernel rounding whatever --dtype: its float32
     reference is the semantic numerics without rounding; a model without exact options is only
     cast to float32."""
-    from tensordiff import registry
-    from tensordiff.pipeline import exact_request
+    from tensordiff.pipeline import registry
+    from tensordiff.pipeline.case import exact_request
 
     ds = registry.adapter("deepseek-v4.1-flash")
     _, req = make_request(ds.name, dtype="bfloat16", prompt="Describe <image>.", adapter=ds)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import struct
 import subprocess
 import sys
@@ -13,10 +14,12 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from tensordiff import provenance
-from tensordiff.capture import MemoryRecorder, Recorder
-from tensordiff.dump import open_dump
-from tensordiff.inputs import default_image_path
+from cli_runner import run_cli
+from tensordiff.models.deepseek_v41_flash.synthetic import resolve
+from tensordiff.pipeline import oracle_cache, provenance
+from tensordiff.format.capture import MemoryRecorder, Recorder
+from tensordiff.format.dump import open_dump
+from tensordiff.pipeline.inputs import default_image_path
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -133,8 +136,6 @@ def test_a_file_changed_within_the_racy_window_is_not_remembered(tmp_path):
 
 
 def test_the_oracle_cache_keys_its_entries_by_the_same_stat_key(tmp_path):
-    from tensordiff import oracle_cache
-
     d = tmp_path / "entry"
     d.mkdir()
     (d / "a").write_text("x")
@@ -144,11 +145,6 @@ def test_the_oracle_cache_keys_its_entries_by_the_same_stat_key(tmp_path):
 def test_check_no_longer_blames_a_correct_engine_after_an_in_place_rewrite(tmp_path, monkeypatch, capsys):
     """A vision weight rewritten in place with its times restored: the oracle cache key follows
     the new bytes, so the oracle runs again and the (correct) engine matches it."""
-    import shutil
-
-    from cli_runner import run_cli
-    from tensordiff.synthetic.deepseek_v41_flash import resolve
-
     src = resolve("synthetic:tiny")
     _later(monkeypatch, 10)
     ck = tmp_path / "ck"
@@ -175,7 +171,7 @@ def test_versions_and_the_image_description():
 
 
 def test_sources_are_found_without_importing_them(tmp_path):
-    code = ("import sys; from tensordiff.provenance import source_files\n"
+    code = ("import sys; from tensordiff.pipeline.provenance import source_files\n"
             "files = source_files('oracle.deepseek_v41_flash')\n"
             "assert any(rel == 'vision.py' for rel, _ in files), files\n"
             "assert 'oracle' not in sys.modules and 'torch' not in sys.modules")
@@ -207,7 +203,7 @@ def test_update_run_merges_deeply(tmp_path):
 
 @pytest.mark.parametrize("model", ["deepseek-v4.1-flash", "qwen3-vl"])
 def test_both_sides_carry_one_provenance(tmp_path, model):
-    from tensordiff.runs import make_request, run_side
+    from tensordiff.pipeline.runs import make_request, run_side
 
     adapter, req = make_request(model)
     runs = [open_dump(run_side(adapter, side, req, tmp_path / side)).run for side in ("oracle", "engine")]

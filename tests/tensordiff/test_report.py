@@ -3,9 +3,9 @@ import pytest
 import torch
 from helpers_dumps import write
 
-from tensordiff.cli import main
-from tensordiff.compare import compare_dumps
-from tensordiff.report import ULP_INF_NOTE, render_text
+from tensordiff.commands.cli import main
+from tensordiff.pipeline.compare import compare_dumps
+from tensordiff.reports.text import ULP_INF_NOTE, render_text
 
 
 def _many(tmp_path, n=230):

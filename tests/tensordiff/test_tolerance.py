@@ -2,9 +2,9 @@ import pytest
 import torch
 from helpers_dumps import write
 
-from tensordiff.compare import compare_dumps
+from tensordiff.pipeline.compare import compare_dumps
 from tensordiff.errors import BadInput
-from tensordiff.tolerance import DEFAULTS, load
+from tensordiff.judge.tolerance import DEFAULTS, load
 
 
 def test_defaults_follow_the_unit_roundoff():
@@ -102,7 +102,7 @@ def test_atol_scale_in_a_tolerance_file(tmp_path):
 
 
 def test_a_scale_named_in_a_file_overrides_the_contracts():
-    from tensordiff.tolerance import Tolerances, with_contract
+    from tensordiff.judge.tolerance import Tolerances, with_contract
 
     user = Tolerances({}, {"logits": {"float32": {"atol_scale": None}}}, "user.toml")
     merged = with_contract(user, {"logits": {"float32": {"atol_scale": "rms"}}})
@@ -119,7 +119,7 @@ def test_an_unknown_atol_scale_is_refused(tmp_path, value):
 
 
 def test_effective_atol_and_its_text():
-    from tensordiff.tolerance import Tolerance
+    from tensordiff.judge.tolerance import Tolerance
 
     t = Tolerance(atol=1e-4, rtol=1e-3, atol_scale="rms")
     assert t.effective_atol == 1e-4 and t.atol_text() == "0.0001×max(1, rms(A))"  # not measured yet
@@ -132,7 +132,7 @@ def test_effective_atol_and_its_text():
 def test_a_calibrated_atol_is_never_scaled():
     # `tensordiff calibrate` writes `logits.step.1` with an absolute atol from a measured floor; the
     # contract's `logits.step.*` scale must not multiply it by the logits' RMS
-    from tensordiff.tolerance import Tolerances, with_contract
+    from tensordiff.judge.tolerance import Tolerances, with_contract
 
     cal = Tolerances({}, {"logits.step.1": {"float32": {"atol": 3e-4, "rtol": 0.0, "floor": 1e-4}}}, "cal.toml")
     t = with_contract(cal, {"logits.step.*": {"float32": {"atol_scale": "rms"}}}).for_("logits.step.1", "float32")

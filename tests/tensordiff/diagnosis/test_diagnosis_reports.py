@@ -7,7 +7,7 @@ import json
 import numpy as np
 from conftest import rand
 
-from tensordiff.pipeline import lone_case, write_reports
+from tensordiff.pipeline.case import lone_case, write_reports
 
 
 def test_text_json_html_and_junit_carry_the_finding(compare, tmp_path):
@@ -34,7 +34,7 @@ def test_no_simple_explanation_is_said(compare):
 
 
 def test_an_integer_tensor_too_large_to_test_is_not_claimed_to_be_tested(compare, monkeypatch):
-    from tensordiff.diagnosis import run
+    from tensordiff.judge.diagnosis import run
 
     monkeypatch.setattr(run, "INT_MAX", 100)
     ids = np.arange(400, dtype=np.int64).reshape(100, 4)
@@ -43,7 +43,7 @@ def test_an_integer_tensor_too_large_to_test_is_not_claimed_to_be_tested(compare
 
 
 def test_a_failing_diagnosis_is_a_note_and_the_verdict_stands(compare, monkeypatch):
-    from tensordiff.diagnosis import run
+    from tensordiff.judge.diagnosis import run
 
     def broken(*a, **k):
         raise RuntimeError("planted")

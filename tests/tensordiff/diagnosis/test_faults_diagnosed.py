@@ -8,9 +8,9 @@ import pytest
 import torch
 from PIL import Image
 
-from tensordiff.models import deepseek_faults as D
-from tensordiff.models import qwen3_vl_faults as Q
-from tensordiff.pipeline import CaseSpec, check
+import tensordiff.models.deepseek_v41_flash.faults as D
+import tensordiff.models.qwen3_vl.faults as Q
+from tensordiff.pipeline.case import CaseSpec, check
 
 DEEPSEEK, QWEN = "deepseek-v4.1-flash", "qwen3-vl"
 
@@ -80,19 +80,19 @@ PROMPT = "A picture: <image> What does it show?"  # the span starts at 12, 10 ro
 
 @pytest.fixture(scope="module")
 def language(module_tmp):
-    from tensordiff.synthetic.deepseek_v41_flash_language import tiny_language_checkpoint
+    from tensordiff.models.deepseek_v41_flash.synthetic_language import tiny_language_checkpoint
 
     return tiny_language_checkpoint(), torch.randn(CELLS[0] * CELLS[1], 64, generator=torch.Generator().manual_seed(7))
 
 
 def _language_dump(side, checkpoint, rows, path, **kw):
-    from tensordiff.adapter import RunRequest
-    from tensordiff.capture import Recorder
+    from tensordiff.pipeline.adapter import RunRequest
+    from tensordiff.format.capture import Recorder
 
     if side == "oracle":
         from oracle.deepseek_v41_flash.model import run
     else:
-        from engine.deepseek_v41_flash.language.run import run
+        from engine.deepseek_v41_flash.language_run import run
     req = RunRequest(weights="synthetic:tiny-language", weights_dir=checkpoint, prompt=PROMPT,
                      options={"image_rows": rows, "cells": CELLS, "language_numerics": "semantic"}, **kw)
     with Recorder(path, model=DEEPSEEK, producer={"name": side, "side": side}) as rec:
@@ -101,9 +101,9 @@ def _language_dump(side, checkpoint, rows, path, **kw):
 
 
 def test_the_span_overlaid_at_one_offset_in_every_chunk_is_a_row_shift(language, tmp_path):
-    from tensordiff.compare import compare_dumps
-    from tensordiff.contract import Contract
-    from tensordiff.models import deepseek_language_contract as C
+    from tensordiff.pipeline.compare import compare_dumps
+    from tensordiff.judge.contract import Contract
+    import tensordiff.models.deepseek_v41_flash.contract as C
 
     contract = Contract(DEEPSEEK, (), C.RULES, resolver=C.make_resolver(()), boundary_of=C.boundary_of)
     ckpt, rows = language

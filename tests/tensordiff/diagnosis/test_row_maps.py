@@ -4,7 +4,7 @@ from __future__ import annotations
 import numpy as np
 from conftest import names, rand
 
-from tensordiff.diagnosis.row_maps import merge_to_raster
+from tensordiff.judge.diagnosis.row_maps import merge_to_raster
 
 
 def test_a_global_shift_by_k(compare):
@@ -95,7 +95,7 @@ def test_a_grid_padded_at_each_row_end_and_read_back_flat(compare):
 def _placeholder_by_unique(rows, match, xb):
     """The placeholder as np.unique(axis=0) finds it (rows compared as records, sorted): the
     reference the byte-grouped search in row_maps must agree with."""
-    from tensordiff.diagnosis.row_maps import UNKNOWN
+    from tensordiff.judge.diagnosis.row_maps import UNKNOWN
 
     lost = np.flatnonzero(match == UNKNOWN)
     if lost.size < 3:
@@ -108,7 +108,7 @@ def _placeholder_by_unique(rows, match, xb):
 
 
 def test_the_placeholder_search_finds_what_np_unique_finds():
-    from tensordiff.diagnosis.row_maps import UNKNOWN, _placeholder
+    from tensordiff.judge.diagnosis.row_maps import UNKNOWN, _placeholder
 
     rng = np.random.default_rng(5)
     for trial in range(300):

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from tensordiff.diagnosis.sizes import field_names
+from tensordiff.judge.diagnosis.sizes import field_names
 
 MEANING = "plan.size [src_w, src_h, content_w, content_h], plan.grid [gh, gw]"
 
