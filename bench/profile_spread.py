@@ -143,7 +143,8 @@ def main(argv=None) -> int:
     if a.fault_images < 1:
         print(f"profile_spread: --fault-images must be at least 1, not {a.fault_images}", file=sys.stderr)
         return 2
-    from tensordiff.commands.calibrate import calibrate, write
+    from tensordiff.commands.calibrate import calibrate
+    from tensordiff.pipeline.calibration import write
     from tensordiff.errors import BadInput
     from tensordiff.commands.gate import from_mapping, run_gate
 

@@ -9,31 +9,24 @@ import sys
 from pathlib import Path
 
 from tensordiff.commands.openmp import passive_waits
-from tensordiff.commands.calibrate import (
-    DEFAULT_VARIANTS, calibrate as run_calibrate, write as write_calibration,
-)
-from tensordiff.commands.gate import load_gate
+from tensordiff.commands.calibrate import DEFAULT_VARIANTS, calibrate as run_calibrate
+from tensordiff.pipeline.calibration import rule_of, write as write_calibration
 from tensordiff.commands.gate import load_gate, render_breakdown, run_gate
-from tensordiff.commands.heap import freeze_torch
-from tensordiff.commands.heap import own_process
+from tensordiff.commands.heap import freeze_torch, own_process
 from tensordiff.format import importers
 from tensordiff.format.dump import open_dump
-from tensordiff.format.importers import hf_debugger
-from tensordiff.format.importers import polygraphy
+from tensordiff.format.importers import hf_debugger, polygraphy
 from tensordiff.format.plain import open_any
 from tensordiff.judge.contract_file import load as load_contract
-from tensordiff.judge.floor import rule_of
 from tensordiff.judge.rank_check import parts_verified
 from tensordiff.pipeline import registry
-from tensordiff.pipeline.case import CaseSpec, check as run_check, lone_case, parse_passes, write_reports
-from tensordiff.pipeline.case import check_weights, write_reports
-from tensordiff.pipeline.case import lone_case, write_reports
-from tensordiff.pipeline.compare import compare_dumps
-from tensordiff.pipeline.compare import three_way
+from tensordiff.pipeline.case import (
+    CaseSpec, check as run_check, check_weights, lone_case, parse_passes, write_reports,
+)
+from tensordiff.pipeline.compare import compare_dumps, three_way
 from tensordiff.pipeline.options import render
 from tensordiff.pipeline.runs import make_request, run_side
 from tensordiff.reports.text import print_rich, render_text
-from tensordiff.reports.text import render_text
 
 passive_waits()  # before anything imports torch: idle OpenMP workers sleep, not spin (see openmp.py)
 
@@ -309,16 +302,7 @@ def check(model, json_path, tolerances, out, oracle_dtype, no_cache, passes="aut
                      use_cache=not no_cache, views=html_path is not None)
     both = case.numeric is not None
     if json_path or junit_path or html_path:  # the report files (and their writers' imports) only when asked for
-        report_json = case.report.as_json()
-        report_json["passes"] = list(case.passes)
-        report_json["pass"] = case.passes[0]  # the pass this top-level report is (numeric alone: numeric)
-        if case.numeric is not None:  # the numeric pass beside the semantic one
-            report_json["numeric"] = case.numeric.as_json()
-        if case.local is not None:  # ran for a near-tie flip's cascade: it decides what the flip feeds
-            report_json["local_error"] = case.local.as_json()
-        if case.local_numeric is not None:  # the same for a flip of the numeric pass
-            report_json["local_error_numeric"] = case.local_numeric.as_json()
-        report_json["passed"] = case.passed
+        report_json = case.as_json()  # the case schema the gate writes per case
         cases = [case] if both else [lone_case(case.report, views=case.views)]
         write_reports(report_json=report_json, json_path=json_path, cases=cases,
                       junit_path=junit_path, html_path=html_path, title=f"tensordiff: {case.report.model}")

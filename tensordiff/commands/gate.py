@@ -33,15 +33,11 @@ from tensordiff.pipeline.case import (  # noqa: F401 (re-exported)
 from tensordiff.pipeline.case import (  # noqa: E402  semantic, numeric, direct (see pipeline.run_case)
     PASSES, carrier_dtype, default_passes,
 )
-from tensordiff.commands.calibrate import check_engine
-from tensordiff.judge.floor import profile_of
-from tensordiff.judge.floor import profile_of, rule_of
+from tensordiff.pipeline.calibration import check_engine, profile_of, rule_of
 from tensordiff.judge.geometry import Coverage
-from tensordiff.judge.tolerance import load
-from tensordiff.judge.tolerance import load as load_tolerances
+from tensordiff.judge.tolerance import load, load as load_tolerances
 from tensordiff.pipeline import registry
 from tensordiff.pipeline.inputs import check_image, default_image_path
-from tensordiff.pipeline.inputs import default_image_path
 from tensordiff.pipeline.options import fault_refusal
 
 IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".webp", ".bmp", ".gif", ".tif", ".tiff")

@@ -13,12 +13,11 @@ from pathlib import Path
 
 from tensordiff.format import shard
 from tensordiff.format.capture import FORMAT, NAME_RE, default_boundary
-from tensordiff.format.dtypes import BY_NAME
+from tensordiff.format.dtypes import BY_NAME, to_float64
 from tensordiff.errors import BadInput
 from tensordiff.format.storage import (
     PICKLE_EXT, StoredTensor, file_kind, plain_hdf5_entry, read_hdf5_entry, read_safetensors_header,
 )
-from tensordiff.format.dtypes import to_float64
 from tensordiff.format.hdf5_layout import Layout
 from tensordiff.format.storage import H5_ERRORS
 

@@ -23,9 +23,8 @@ from pathlib import Path
 
 import numpy as np
 
-from tensordiff.format.dtypes import BY_NAME, BY_ST, DType, by_name
+from tensordiff.format.dtypes import BY_NAME, BY_ST, by_name, DType, to_float64
 from tensordiff.errors import BadInput
-from tensordiff.format.dtypes import to_float64
 
 MAX_HEADER = 100 * 1024 * 1024
 SAFETENSORS_EXT = (".safetensors",)
@@ -371,45 +370,6 @@ def read_safetensors_header(path: Path) -> tuple[dict[str, StoredTensor], dict]:
             raise BadInput(f"{path}: tensor {key!r} offsets do not match its shape and dtype")
         out[key] = t
     return out, meta
-
-
-CHECKPOINT_INDEX = "model.safetensors.index.json"
-
-
-def checkpoint_weight_map(ckpt: str | Path) -> dict[str, str]:
-    """A safetensors checkpoint directory's {tensor name: shard file}: from its index, or from
-    the header of its one `model.safetensors` (any dtypes). The core's check of a checkpoint
-    before a run; raises BadInput naming the file."""
-    ckpt = Path(ckpt)
-    index = ckpt / CHECKPOINT_INDEX
-    if index.is_file():
-        try:
-            wm = json.loads(index.read_text(encoding="utf-8"))["weight_map"]
-            if not isinstance(wm, dict) or not all(isinstance(v, str) for v in wm.values()):
-                raise TypeError("weight_map must map tensor names to shard file names")
-        except (ValueError, KeyError, TypeError, RecursionError) as e:
-            raise BadInput(f"{index} is not a valid safetensors index ({e})") from None
-        return wm
-    if (ckpt / "model.safetensors").is_file():
-        return dict.fromkeys(read_safetensors_layout(ckpt / "model.safetensors")[0], "model.safetensors")
-    raise BadInput(f"{ckpt} holds neither {CHECKPOINT_INDEX} nor model.safetensors")
-
-
-def check_shard(ckpt: Path, shard: str) -> Path:
-    """The path of a shard an index names: a .safetensors file inside the checkpoint directory
-    that exists (never a pickle). The core checks this before a run; each side's strict reader
-    (oracle/shards.py, engine/runtime/shards.py) checks it again as it loads."""
-    # checked on the name, not the resolved path: a hub cache's shards are symlinks into its blobs
-    if Path(shard).is_absolute() or ".." in Path(shard).parts:
-        raise BadInput(f"{ckpt / CHECKPOINT_INDEX}: shard {shard!r} lies outside the checkpoint directory")
-    if Path(shard).suffix.lower() in PICKLE_EXT:
-        raise BadInput(f"{ckpt / CHECKPOINT_INDEX} points to {shard}, a {Path(shard).suffix} file that may hold "
-                       "a pickle; tensordiff never unpickles: convert the checkpoint to safetensors")
-    if Path(shard).suffix.lower() != ".safetensors":
-        raise BadInput(f"{ckpt / CHECKPOINT_INDEX} points to {shard}, which is not a .safetensors file")
-    if not (ckpt / shard).is_file():
-        raise BadInput(f"{ckpt / CHECKPOINT_INDEX} points to {shard}, which is missing from {ckpt}")
-    return ckpt / shard
 
 
 def write_safetensors(path: Path, tensors: dict[str, tuple[np.ndarray, DType]], metadata: dict | None = None) -> None:

@@ -41,22 +41,14 @@ from __future__ import annotations
 import math
 import re
 from dataclasses import asdict, dataclass
-from pathlib import Path
 
 import numpy as np
 
+from tensordiff.errors import BadInput
 from tensordiff.format.dtypes import to_float64
-from tensordiff.format.dump import Dump, Entry, open_dump
-from tensordiff.errors import BadInput, IncomparableDumps
+from tensordiff.format.dump import Entry
 from tensordiff.judge.layout import describe
-from tensordiff.judge.tolerance import read_toml
-from tensordiff.judge.rows import RowErrors, block_sizes, rows_per_block, shape_rows
-from tensordiff.judge import ties
-from tensordiff.judge.judge import Judge, settle
-from tensordiff.judge.result import BoundaryResult, Report, TensorResult
-from tensordiff.judge.result import PASSING
-from tensordiff.judge.result import TensorResult
-from tensordiff.judge.walk import assign_roots, boundary_name, resolve_contract
+from tensordiff.judge.rows import RowErrors, rows_per_block, shape_rows
 
 RATIOS = ("rmse", "row", "cosine")  # the continuous statistics a profile records
 CHUNK_ROWS_ELEMS = 1 << 20
@@ -101,29 +93,6 @@ def rule_from_mapping(m: dict | None, where: str = "floor rule") -> FloorRule:
             raise BadInput(f"{where}.{k} must be a number >= {0 if k == 'max_outliers' else 1}, not {v!r}")
         out[k] = int(v) if k == "max_outliers" else float(v)
     return FloorRule(**out)
-
-
-def rule_of(path) -> FloorRule:
-    """The `[floor_rule]` table of a tolerance / calibration file, else the measured defaults."""
-    return rule_from_mapping(read_toml(path).get("floor_rule"), f"{path} [floor_rule]")
-
-
-def profile_of(path) -> dict:
-    """The clean engine's profile of a calibration file: {tensor: {stat: {min, median, max, n}}}."""
-    prof = read_toml(path).get("profile") or {}
-    if not isinstance(prof, dict):
-        raise BadInput(f"{path}: [profile] must be a table")
-    for name, stats in prof.items():
-        if not isinstance(stats, dict):
-            raise BadInput(f"{path}: [profile.{name}] must be a table of statistics")
-        for stat, v in stats.items():
-            if stat == "equals_floor_run" and isinstance(v, dict) and isinstance(v.get("all"), bool):
-                continue
-            if (stat not in RATIOS or not isinstance(v, dict) or not {"min", "max", "n"} <= set(v)
-                    or not all(isinstance(v[k], (int, float)) and not isinstance(v[k], bool) for k in ("min", "max", "n"))):
-                raise BadInput(f"{path}: [profile.{name}.{stat}] must be one of {', '.join(RATIOS)} "
-                               "with numbers min, max and n")
-    return prof
 
 
 # ----------------------------------------------------------------------------- one tensor
@@ -252,7 +221,7 @@ def verdict(st: dict, rule: FloorRule, band: dict[str, tuple[float, float]] | No
     return False, ""
 
 
-def judge_tensor(er: Entry, ef: Entry, ec: Entry, rule: FloorRule, layout: str, run: dict,
+def statistics(er: Entry, ef: Entry, ec: Entry, rule: FloorRule, layout: str, run: dict,
                  profile: dict | None = None, family: tuple[str, float] | None = None) -> dict:
     """`family` = (tensor, its floor's largest row RMSE): a one-row tensor that is one more row of
     that tensor (a decode step `logits.step.N` of the prompt's `logits`, `row_family`) is judged
@@ -310,151 +279,6 @@ def row_family(name: str) -> str | None:
 def family_floor(er: Entry, ef: Entry) -> float:
     """The floor run's largest row RMSE of a tensor (what a row of its family is never judged below)."""
     return float(measure(er, ef, ef)["floor"]["row_max"])
-
-
-def floor_result(er: Entry, ef: Entry, ec: Entry, bd, rule: FloorRule, run: dict, profile: dict | None,
-                  family: tuple[str, float] | None = None):
-    st = judge_tensor(er, ef, ec, rule, bd.layout, run, profile, family)
-    local = st.pop("_local")
-    t = TensorResult(er.name, bd.name, "diverged" if st.pop("material") else "match", reason=st.pop("reason"),
-                     mode="floor", dtype={"a": er.dtype.name, "floor": ef.dtype.name, "b": ec.dtype.name},
-                     shape={"a": list(er.shape), "b": list(ec.shape)}, metrics=st,
-                     tolerance={"rule": rule.as_dict(), "source": "floor-relative"})
-    if len(er.shape) >= 2:  # per-row × floor: the heatmap's values (a block's on each of its rows)
-        per = st["rows_per_block"]
-        sizes = block_sizes(st["rows"], per)
-        t.row_error = [float(x) if math.isfinite(x) else 1e30 for x in np.repeat(local, sizes)]
-    if st["worst_rows"] and not st["exact_floor"]:
-        w = st["worst_rows"][0]
-        t.worst = {"index": [w["row"]], "meaning": w["meaning"], "x_floor": w["x_floor"]}
-    return t
-
-
-# ----------------------------------------------------------------------------- dumps
-
-def three_way(ref: str | Path | Dump, floor: str | Path | Dump, cand: str | Path | Dump,
-              rule: FloorRule = DEFAULT_RULE, *, profile: dict | None = None, tolerances=None, contract=None):
-    """The numeric pass: the candidate's error against `ref` as a multiple of the floor run's.
-
-    Returns a `Report` (roots on the DAG as for `compare_dumps`); each float tensor's metrics
-    hold the floor, the engine's statistics, the ratios, the worst rows and what is detectable.
-    Integer tensors (ids) are judged directly against the reference, as `compare_dumps` does.
-    `profile`: {tensor name: {stat: {min, median, max, n}}} from a calibration.
-    """
-    dr, df, dc = (d if isinstance(d, Dump) else open_dump(d) for d in (ref, floor, cand))
-    if len({dr.model, df.model, dc.model}) != 1:
-        raise IncomparableDumps(f"three-way comparison needs one model, got {dr.model!r}, {df.model!r}, {dc.model!r}")
-    for d, what in ((df, "floor"), (dc, "candidate")):
-        if d.path.resolve() == dr.path.resolve():
-            raise BadInput(f"the {what} dump is the reference dump itself ({d.path})")
-    judge = tolerances if isinstance(tolerances, Judge) else None
-    contract, bounds = resolve_contract(dr, dc, judge.contract if judge else contract)
-    if judge is None:
-        judge = Judge.build(contract, tolerances, run_dtypes=(dr.run.get("dtype"), dc.run.get("dtype")))
-    run = {**dc.run, **dr.run}  # the reference's facts, the candidate's where it has none (the image span)
-    by_b: dict[str, list[str]] = {}
-    for d in (dr, dc):
-        for e in d.entries:
-            names = by_b.setdefault(boundary_name(contract, e), [])
-            if e.name not in names:
-                names.append(e.name)
-    present = [b for b in bounds if b.name in by_b]
-    results = {}
-    compared = 0
-    families: dict[str, float] = {}  # tensor -> its floor's largest row (`row_family`), in DAG order
-    tie_errs: dict[str, float] = {}  # family -> max |F - R| on the floor run's largest row there
-    for bd in present:
-        br = results[bd.name] = BoundaryResult(bd.name, "match", meaning=bd.meaning, layout=bd.layout)
-        for name in by_b[bd.name]:
-            sides = [name in d.names for d in (dr, df, dc)]
-            if not all(sides):
-                where = ", ".join(w for w, s in zip(("reference", "floor run", "candidate"), sides) if not s)
-                br.tensors.append(TensorResult(name, bd.name, "missing", reason=f"not in the {where}"))
-                continue
-            er, ef, ec = dr.entry(name), df.entry(name), dc.entry(name)
-            if not (er.shape == ef.shape == ec.shape):
-                br.tensors.append(TensorResult(name, bd.name, "incomparable",
-                                               reason=f"shapes {list(er.shape)}, {list(ef.shape)}, {list(ec.shape)}"))
-                continue
-            compared += 1
-            if not (er.dtype.is_float and ef.dtype.is_float and ec.dtype.is_float) or judge.mode(name, er.dtype) != "values":
-                # ids and exact tensors: judged against the reference as the direct comparison does
-                br.tensors.append(judge.tensor(er, ec, bd, run))
-                continue
-            fam = row_family(name)
-            fam = (fam, families[fam]) if fam in families else None
-            t = floor_result(er, ef, ec, bd, rule, run, (profile or {}).get(name), fam)
-            if t.metrics.get("rows", 0) > 1 and not t.metrics.get("exact_floor"):
-                families[name] = t.metrics["floor"]["row_max"]
-            if t.status == "diverged" and t.metrics["exact_floor"] and not t.metrics.get("must_equal_floor_run"):
-                # Precision does not touch this tensor (a position table kept in fp32), so its floor
-                # is zero; but another device's kernels (a GPU's sin/cos) may still differ from the
-                # oracle's by an ulp (measured on the H200: every clean rope table). The calibrated
-                # profile (`must_equal_floor_run`) keeps bit-exactness where the clean engine has it.
-                # oracle's by an ulp. It is then judged element by element, with no element allowed
-                # outside the direct comparison's atol + rtol·|a| (one wrong patch still trips it).
-                direct = judge.tensor(er, ec, bd, run)
-                bad = getattr(direct.metrics, "mismatches", 0)
-                if direct.status == "match" and bad:
-                    direct.status = "diverged"
-                    direct.reason = (f"{bad} elements outside atol + rtol·|a| where precision moves nothing "
-                                     "(zero floor): none may be")
-                elif direct.status == "match":
-                    direct.reason = "zero floor (precision-independent): within the direct tolerance, no element outside"
-                t = direct
-            br.tensors.append(t)
-        ents = [{n: d.entry(n) for n in by_b[bd.name] if n in d.names} for d in (dr, dc)]
-        judge.probe(bd, br, *ents)
-        # a top-k set that differs is judged by the tie rule as in the direct comparison, its
-        # near-tie margin measured against the floor run's own error of the scores
-        floor_ents = {n: df.entry(n) for n in by_b[bd.name] if n in df.names}
-        ties.settle(br.tensors, *ents, bd.layout, run, lambda unit, b=bd.name: judge.tolerance(b, unit), floor_ents,
-                    _sourced_verdicts(contract, br.tensors, results),
-                    _sourced_tie_errors(contract, br.tensors, dr, df, tie_errs))
-        br.status, br.reason = settle(br.tensors)
-    if not compared:
-        raise BadInput(f"the three dumps ({dr.path}, {df.path}, {dc.path}) share no tensor: nothing was compared")
-    assign_roots(bounds, present, results)
-    notes = [f"numeric pass: {dc.run.get('dtype')} engine against the {dr.run.get('dtype')} oracle, "
-             f"errors as multiples of the {df.run.get('dtype')} oracle's own (floor run {df.path})"]
-    rep = Report(str(dr.path), str(dc.path), dr.model, [results[b.name] for b in present], notes,
-                 {"a": dr.producer, "floor": df.producer, "b": dc.producer},
-                 {"a": dr.run, "floor": df.run, "b": dc.run}, f"floor-relative {rule.as_dict()}")
-    return rep
-
-
-def _sourced_verdicts(contract, tensors, results: dict) -> dict[str, tuple[bool, str]]:
-    """scores name -> (right?, why) for scores that are a row of a tensor this pass judged already
-    (`Contract.scores_source`: a generated token's logits, judged against their floor)."""
-    source = getattr(contract, "scores_source", None)
-    out: dict[str, tuple[bool, str]] = {}
-    if source is None:
-        return out
-    judged = {t.name: t for r in results.values() for t in r.tensors}
-    for t in tensors:
-        src = source(t.name) if t.mode == "scores" else None
-        if src in judged:
-            s = judged[src]
-            out[t.name] = (s.status in PASSING, f"`{src}` {s.status}: {s.reason}" if s.reason else f"`{src}` {s.status}")
-    return out
-
-
-def _sourced_tie_errors(contract, tensors, dr: Dump, df: Dump, cache: dict) -> dict[str, float]:
-    """scores name -> the least error its tie floor takes: for scores that are a row of a decode
-    step's logits (or of the prompt's), the floor run's largest element error on its largest
-    prompt row, the row a step is judged against (`row_family`): a step within that floor may
-    pick another token wherever the margin is within that row's error."""
-    source = getattr(contract, "scores_source", None)
-    out: dict[str, float] = {}
-    for t in tensors if source is not None else ():
-        src = source(t.name) if t.mode == "scores" else None
-        fam = (row_family(src) or src) if src else None
-        if fam is None or fam not in dr.names or fam not in df.names:
-            continue
-        if fam not in cache:
-            cache[fam] = worst_row_max_abs(dr.entry(fam), df.entry(fam))
-        out[t.name] = cache[fam]
-    return out
 
 
 def worst_row_max_abs(er: Entry, ef: Entry) -> float:

@@ -1,8 +1,8 @@
-"""The judge: how a tensor of a model is compared, the same on every route.
+"""The judge: how a tensor of a model is compared, the same on every route and in every pass.
 
-End to end (`compare_dumps`: the oracle's dump against the engine's) and locally (`local_error`:
-the oracle's tensor against the engine stage's output on the oracle's inputs), a tensor is
-judged by one `Judge`, built once from
+End to end (the walk: the oracle's dump against the engine's) and locally (`local_error`: the
+oracle's tensor against the engine stage's output on the oracle's inputs), a tensor is judged by
+one `Judge`, built once from
 
 - the model's contract: its comparison modes (`TensorRule`), its probes, and the tolerances the
   model itself knows it needs (`Contract.tolerances`, e.g. `index.*` near-tie top-k rows), merged
@@ -12,13 +12,16 @@ judged by one `Judge`, built once from
   it are near-tied is `benign`, anything else diverges at the choice itself;
 - the runs' compute dtypes: a tensor stored in fp32 by a bf16 run (router weights, logits)
   carries bf16 error, so it is judged in the narrowest of its two stored dtypes and the dtypes
-  the two runs computed in.
+  the two runs computed in;
+- the pass's rule: direct (a tolerance per dtype), or, in the numeric pass, the floor rule
+  (`floor.FloorRule`: a float tensor's error against the fp32 reference as a multiple of the
+  oracle's own error in the run's precision, the floor run) with the calibrated profile.
 
     judge = Judge.build(contract, tolerances, run_dtypes=("float32", "bfloat16"))
     tr = judge.tensor(entry_a, entry_b, boundary, run)         # one TensorResult
     br = judge.boundary(boundary, entries_a, entries_b, run)   # tensors, probes, status
 
-A is the reference (the oracle), B the candidate (the engine or its stage).
+A is the reference (the oracle), B the candidate (the engine or its stage), F the floor run.
 """
 from __future__ import annotations
 
@@ -26,10 +29,12 @@ import math
 from dataclasses import dataclass, field
 from typing import Callable, Iterable, Mapping
 
-from tensordiff.judge import scale, stream, ties
+import numpy as np
+
+from tensordiff.judge import floor as floors, scale, stream, ties
 from tensordiff.judge.batch import SmallBatch
 from tensordiff.judge.contract import Boundary, Contract
-from tensordiff.format.dtypes import BY_NAME, DType, narrower
+from tensordiff.format.dtypes import BY_NAME, DType, narrower, to_float64
 from tensordiff.format.dump import Entry
 from tensordiff.errors import BadInput
 from tensordiff.judge.layout import describe
@@ -37,11 +42,9 @@ from tensordiff.judge.metrics import (
     FIRST_BAD, MISMATCH, WORST, ExactMetrics, FloatMetrics, TopKSetMetrics, float_result, float_verdict,
 )
 from tensordiff.judge.probes import PROBES
-from tensordiff.judge.result import BoundaryResult, TensorResult
-from tensordiff.judge.tolerance import Tolerance, Tolerances
-from tensordiff.judge.tolerance import load as load_tolerances
-from tensordiff.judge.tolerance import with_contract
-from tensordiff.format.dtypes import to_float64
+from tensordiff.judge.result import PASSING, BoundaryResult, TensorResult
+from tensordiff.judge.rows import block_sizes
+from tensordiff.judge.tolerance import load as load_tolerances, Tolerance, Tolerances, with_contract
 
 Progress = Callable[[int], None]  # called with bytes consumed (both sides)
 # A boundary's status from its tensors' statuses: the first of these present wins; `benign` is a
@@ -54,17 +57,32 @@ class Judge:
     contract: Contract
     tolerances: Tolerances  # the contract's tables already merged beneath the user's
     run_dtypes: tuple[str, ...] = ()  # the compute dtypes of the two runs (float names only count)
+    # the numeric pass's rule: float values judged against the floor run (None: the direct rule)
+    floor_rule: floors.FloorRule | None = None
+    profile: Mapping | None = field(default=None, compare=False, repr=False)  # calibrated, by tensor
     # reference tensor -> its measured scale (`scale.scaled`): the pipeline hands one judge to a
     # case's comparison and to its local error, which judge the same oracle tensors
     scales: dict = field(default_factory=dict, compare=False, repr=False)
 
     @classmethod
     def build(cls, contract: Contract, tolerances: Tolerances | str | None = None,
-              run_dtypes: Iterable[str | None] = ()) -> "Judge":
+              run_dtypes: Iterable[str | None] = (), *, floor_rule: floors.FloorRule | None = None,
+              profile: Mapping | None = None) -> "Judge":
         tols = tolerances if isinstance(tolerances, Tolerances) else load_tolerances(tolerances)
         dts = tuple(dict.fromkeys(d for d in run_dtypes if isinstance(d, str) and d in BY_NAME
                                   and BY_NAME[d].is_float))
-        return cls(contract, with_contract(tols, contract.tolerances), dts)
+        return cls(contract, with_contract(tols, contract.tolerances), dts, floor_rule, profile)
+
+    def numeric(self, rule: floors.FloorRule = floors.DEFAULT_RULE, profile: Mapping | None = None) -> "Judge":
+        """This judge for the numeric pass: float values against the floor run by `rule`."""
+        return Judge(self.contract, self.tolerances, self.run_dtypes, rule, profile, self.scales)
+
+    @property
+    def rule_text(self) -> str:
+        """What judged the tensors, for the report's tolerances line."""
+        if self.floor_rule is not None:
+            return f"floor-relative {self.floor_rule.as_dict()}"
+        return self.tolerances.origin
 
     # ------------------------------------------------------------------ the rules
 
@@ -176,6 +194,48 @@ class Judge:
             res.row_error = rows
         return res
 
+    def three_way(self, er: Entry, ef: Entry, ec: Entry, boundary: Boundary, run: dict,
+                  seen: "Seen | None" = None) -> TensorResult:
+        """One float tensor in the numeric pass: the candidate's error against the reference as a
+        multiple of the floor run's (`floor.statistics`). A decode step `X.step.K` is one more row
+        of `X` (`floor.row_family`: judged against `X`'s largest floor row, which `seen` keeps).
+        Where precision moves nothing (a zero floor) the engine may still differ by an ulp on
+        another device's kernels, so such a tensor is judged element by element by the direct
+        rule, no element allowed outside atol + rtol·|a|; the calibrated profile
+        (`must_equal_floor_run`) keeps bit-exactness where the clean engine has it."""
+        rule = self.floor_rule or floors.DEFAULT_RULE
+        seen = seen if seen is not None else Seen()
+        fam = floors.row_family(er.name)
+        if fam is not None and fam not in seen.families and fam not in seen.judged and seen.ref is not None \
+                and seen.floor is not None and fam in seen.ref.names and fam in seen.floor.names:
+            seen.families[fam] = floors.family_floor(seen.ref.entry(fam), seen.floor.entry(fam))
+        family = (fam, seen.families[fam]) if fam in seen.families else None
+        st = floors.statistics(er, ef, ec, rule, boundary.layout, run, (self.profile or {}).get(er.name), family)
+        local = st.pop("_local")
+        t = TensorResult(er.name, boundary.name, "diverged" if st.pop("material") else "match", reason=st.pop("reason"),
+                         mode="floor", dtype={"a": er.dtype.name, "floor": ef.dtype.name, "b": ec.dtype.name},
+                         shape={"a": list(er.shape), "b": list(ec.shape)}, metrics=st,
+                         tolerance={"rule": rule.as_dict(), "source": "floor-relative"})
+        if len(er.shape) >= 2:  # per-row × floor: the heatmap's values (a block's on each of its rows)
+            sizes = block_sizes(st["rows"], st["rows_per_block"])
+            t.row_error = [float(x) if math.isfinite(x) else 1e30 for x in np.repeat(local, sizes)]
+        if st["worst_rows"] and not st["exact_floor"]:
+            w = st["worst_rows"][0]
+            t.worst = {"index": [w["row"]], "meaning": w["meaning"], "x_floor": w["x_floor"]}
+        if st.get("rows", 0) > 1 and not st.get("exact_floor"):
+            seen.families[er.name] = st["floor"]["row_max"]
+        if t.status == "diverged" and st["exact_floor"] and not st.get("must_equal_floor_run"):
+            direct = self.tensor(er, ec, boundary, run)
+            bad = getattr(direct.metrics, "mismatches", 0)
+            if direct.status == "match" and bad:
+                direct.status = "diverged"
+                direct.reason = (f"{bad} elements outside atol + rtol·|a| where precision moves nothing "
+                                 "(zero floor): none may be")
+            elif direct.status == "match":
+                direct.reason = "zero floor (precision-independent): within the direct tolerance, no element outside"
+            t = direct
+        return t
+
     def waiting(self, progress: Progress | None = None) -> "Waiting":
         """Somewhere for small float pairs to wait for one native call, across boundaries."""
         return Waiting(self, progress)
@@ -185,30 +245,49 @@ class Judge:
     def boundary(self, bd: Boundary, ents_a: Mapping[str, Entry], ents_b: Mapping[str, Entry], run: dict, *,
                  progress: Progress | None = None, verify: bool = False,
                  missing: tuple[str, str] = ("not in A", "not in B"),
-                 floor: Mapping[str, Entry] | None = None) -> BoundaryResult:
+                 floor: Mapping[str, Entry] | None = None, seen: "Seen | None" = None) -> BoundaryResult:
         """Every tensor of `bd` on both sides, then its probes, then the tie rule for its top-k
         sets, then its status. `missing` is the reason given for a tensor that only B has, and
         for one that only A has. `floor`: the entries of the oracle's run in the candidate's
-        precision, when there is one (the tie rule's floor is then its error, not B's)."""
+        precision, when there is one (the tie rule's floor is then its error, not B's; in the
+        numeric pass, every float tensor's floor)."""
         with self.waiting(progress) as small:
-            br = self.measure(bd, ents_a, ents_b, run, progress=progress, verify=verify, missing=missing, small=small)
-        return self.conclude(bd, br, ents_a, ents_b, run, floor=floor)
+            br = self.measure(bd, ents_a, ents_b, run, progress=progress, verify=verify, missing=missing, small=small,
+                              floor=floor, seen=seen)
+        return self.conclude(bd, br, ents_a, ents_b, run, floor=floor, seen=seen)
 
     def measure(self, bd: Boundary, ents_a: Mapping[str, Entry], ents_b: Mapping[str, Entry], run: dict, *,
                 progress: Progress | None = None, verify: bool = False,
-                missing: tuple[str, str] = ("not in A", "not in B"), small: "Waiting | None" = None) -> BoundaryResult:
+                missing: tuple[str, str] = ("not in A", "not in B"), small: "Waiting | None" = None,
+                floor: Mapping[str, Entry] | None = None, seen: "Seen | None" = None) -> BoundaryResult:
         """Every tensor of `bd` measured (streamed), or waiting in `small` for one native call
         with others (its result is filled in place when `small` runs; the tensors keep their
-        order). `conclude` then settles the boundary, once `small` has run."""
+        order). `conclude` then settles the boundary, once `small` has run. In the numeric pass
+        a float tensor present on all three runs is judged against its floor (`three_way`)."""
         br = BoundaryResult(bd.name, "match", meaning=bd.meaning, layout=bd.layout)
         memo: dict = {}
         small = small if not verify else None  # --verify hashes every tensor: streamed
+        numeric = self.floor_rule is not None and floor is not None
         for name in list(ents_a) + [n for n in ents_b if n not in ents_a]:
+            if numeric and not (name in ents_a and name in floor and name in ents_b):
+                where = [w for w, d in (("reference", ents_a), ("floor run", floor), ("candidate", ents_b))
+                         if name not in d]
+                br.tensors.append(TensorResult(name, bd.name, "missing", reason=f"not in the {', '.join(where)}"))
+                continue
             if name not in ents_a or name not in ents_b:
                 br.tensors.append(TensorResult(name, bd.name, "missing",
                                                reason=missing[1] if name in ents_a else missing[0]))
                 continue
             ea, eb = ents_a[name], ents_b[name]
+            if numeric:
+                ef = floor[name]
+                if not (ea.shape == ef.shape == eb.shape):
+                    br.tensors.append(TensorResult(name, bd.name, "incomparable",
+                                                   reason=f"shapes {list(ea.shape)}, {list(ef.shape)}, {list(eb.shape)}"))
+                    continue
+                if ea.dtype.is_float and ef.dtype.is_float and eb.dtype.is_float and self.mode(name, ea.dtype) == "values":
+                    br.tensors.append(self.three_way(ea, ef, eb, bd, run, seen))
+                    continue
             res, mode, unit, tol = self._begin(ea, eb, bd, run, memo)
             br.tensors.append(res)
             if mode is None:
@@ -219,11 +298,19 @@ class Judge:
         return br
 
     def conclude(self, bd: Boundary, br: BoundaryResult, ents_a: Mapping[str, Entry], ents_b: Mapping[str, Entry],
-                 run: dict, *, floor: Mapping[str, Entry] | None = None) -> BoundaryResult:
-        """A measured boundary's probes, tie rule and status."""
+                 run: dict, *, floor: Mapping[str, Entry] | None = None, seen: "Seen | None" = None) -> BoundaryResult:
+        """A measured boundary's probes, tie rule and status. In the numeric pass a generated
+        token's scores take the verdict of the logits they are a row of (`Contract.scores_source`),
+        and their tie floor the floor run's error on that tensor's largest row."""
         self.probe(bd, br, ents_a, ents_b)
-        ties.settle(br.tensors, ents_a, ents_b, bd.layout, run, lambda unit: self.tolerance(bd.name, unit), floor)
+        scores_ok = min_err = None
+        if self.floor_rule is not None and seen is not None:
+            scores_ok, min_err = seen.sourced_verdicts(self.contract, br.tensors), seen.sourced_tie_errors(self.contract, br.tensors)
+        ties.settle(br.tensors, ents_a, ents_b, bd.layout, run, lambda unit: self.tolerance(bd.name, unit), floor,
+                    scores_ok, min_err)
         br.status, br.reason = settle(br.tensors)
+        if seen is not None:
+            seen.judged.update((t.name, t) for t in br.tensors)
         return br
 
     def probe(self, bd: Boundary, br: BoundaryResult, ents_a: Mapping[str, Entry],
@@ -242,6 +329,47 @@ class Judge:
                 t.probes[name] = {"a": oka, "b": okb, "detail": detail}
                 if oka and not okb and t.status == "match":
                     t.status, t.reason = "diverged", f"probe {name} fails on B only ({detail})"
+
+
+@dataclass
+class Seen:
+    """What one walk has judged so far, for the rules that read earlier boundaries: a decode
+    step's family floor (`floor.row_family`), a generated token's sourced verdict and tie floor.
+    `ref` and `floor` are the reference and floor-run dumps (anything with `names` and `entry`)."""
+    ref: object | None = None
+    floor: object | None = None
+    families: dict = field(default_factory=dict)  # tensor -> its floor run's largest row RMSE
+    judged: dict = field(default_factory=dict)  # tensor -> its TensorResult
+    tie_errs: dict = field(default_factory=dict)  # family -> max |F - R| on the floor's largest row
+
+    def sourced_verdicts(self, contract: Contract, tensors: list[TensorResult]) -> dict[str, tuple[bool, str]]:
+        """scores name -> (right?, why) for scores that are a row of a tensor judged already."""
+        source = getattr(contract, "scores_source", None)
+        out: dict[str, tuple[bool, str]] = {}
+        for t in tensors if source is not None else ():
+            src = source(t.name) if t.mode == "scores" else None
+            if src in self.judged:
+                s = self.judged[src]
+                out[t.name] = (s.status in PASSING, f"`{src}` {s.status}: {s.reason}" if s.reason else f"`{src}` {s.status}")
+        return out
+
+    def sourced_tie_errors(self, contract: Contract, tensors: list[TensorResult]) -> dict[str, float]:
+        """scores name -> the least error its tie floor takes: for scores that are a row of a decode
+        step's logits (or of the prompt's), the floor run's largest element error on its largest
+        prompt row, the row a step is judged against (`floor.row_family`)."""
+        source = getattr(contract, "scores_source", None)
+        out: dict[str, float] = {}
+        if source is None or self.ref is None or self.floor is None:
+            return out
+        for t in tensors:
+            src = source(t.name) if t.mode == "scores" else None
+            fam = (floors.row_family(src) or src) if src else None
+            if fam is None or fam not in self.ref.names or fam not in self.floor.names:
+                continue
+            if fam not in self.tie_errs:
+                self.tie_errs[fam] = floors.worst_row_max_abs(self.ref.entry(fam), self.floor.entry(fam))
+            out[t.name] = self.tie_errs[fam]
+        return out
 
 
 class Waiting:

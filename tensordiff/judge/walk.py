@@ -14,13 +14,15 @@ import contextlib
 import gc
 import threading
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Mapping
 
 from tensordiff.judge import rank_check
 from tensordiff.judge.contract import Boundary, Contract, chain, topological
 from tensordiff.format.dump import Dump, Entry, open_dump
 from tensordiff.errors import BadInput, IncomparableDumps
-from tensordiff.judge.judge import Judge
+from tensordiff.judge.floor import FloorRule
+from tensordiff.judge.judge import Judge, Seen
+from tensordiff.judge.roots import assign_roots
 from tensordiff.judge.metrics import FloatResult
 from tensordiff.format.plain import adopt, open_any
 from tensordiff.judge.result import FAILING, BoundaryResult, Report
@@ -84,16 +86,112 @@ def open_pair(a: str | Path | Dump, b: str | Path | Dump) -> tuple[Dump, Dump]:
 def walk_dumps(a: str | Path | Dump, b: str | Path | Dump,
                tolerances: Judge | Tolerances | str | Path | None = None, *, contract: Contract | None = None,
                fail_fast: bool = False, verify: bool = False, progress: Progress | None = None,
-               floor: str | Path | Dump | None = None, diagnose: bool = True) -> Report:
-    """Compare every boundary of A and B. `tolerances` is the user's (a file, a `Tolerances`), or
-    a ready `Judge` (then its contract is the contract): the pipeline passes the judge it also
-    hands to local error, so both routes judge a tensor alike. `floor`: the oracle's own run in
-    B's precision, when there is one: the tie rule then sets how close a near-tie must be by ITS
-    error against A. `diagnose`: test layout/scale hypotheses on the root boundaries
-    (`tensordiff.judge.diagnosis`)."""
+               floor: str | Path | Dump | None = None, floor_rule: FloorRule | None = None,
+               profile: Mapping | None = None, diagnose: bool = True) -> Report:
+    """Judge every boundary of A (reference) and B (candidate) in the contract's order, then name
+    the roots. `tolerances` is the user's (a file, a `Tolerances`), or a ready `Judge` (then its
+    contract is the contract): the pipeline passes the judge it also hands to local error, so both
+    routes judge a tensor alike. `floor`: the oracle's own run in B's precision, when there is one:
+    the tie rule then sets how close a near-tie must be by ITS error against A, and a judge with a
+    floor rule (the numeric pass: `floor_rule` and the calibrated `profile`, or a `Judge.numeric`)
+    judges every float tensor against it.
+    `diagnose`: test layout/scale hypotheses on the root boundaries (`tensordiff.judge.diagnosis`)."""
     da, db = open_pair(a, b)
     df = floor if isinstance(floor, Dump) or floor is None else open_dump(floor)
+    judge = tolerances if isinstance(tolerances, Judge) else None
+    if judge is not None and floor_rule is not None:
+        judge = judge.numeric(floor_rule, profile)
+    numeric = floor_rule is not None or (judge is not None and judge.floor_rule is not None)
+    if numeric and df is None:
+        raise BadInput("the numeric pass needs the floor run: the oracle's own dump in the candidate's precision")
+    _check_sides(da, db, df if numeric else None)
+    contract, bounds = resolve_contract(da, db, judge.contract if judge else contract)
+    if judge is None:
+        judge = Judge.build(contract, tolerances, run_dtypes=(da.run.get("dtype"), db.run.get("dtype")),
+                            floor_rule=floor_rule, profile=profile)
+    run = {**db.run, **da.run}  # the reference's facts, the candidate's where it has none (the image span)
+    by_b: dict[str, tuple[dict[str, Entry], dict[str, Entry]]] = {}
+    for side, d in ((0, da), (1, db)):
+        for e in d.entries:
+            by_b.setdefault(boundary_name(contract, e), ({}, {}))[side][e.name] = e
+    present = [bd for bd in bounds if bd.name in by_b]
     floor_entries = {e.name: e for e in df.entries} if df is not None else None
+    with shared_files(), _few_collections():  # each tensor file mapped once for the whole comparison
+        results = walk(present, by_b, judge, run, floor=floor_entries, seen=Seen(da, df),
+                       fail_fast=fail_fast, verify=verify, progress=progress, sharded=bool(da.world or db.world))
+    if numeric and not any(t.status not in ("missing", "skipped") for r in results.values() for t in r.tensors):
+        raise BadInput(f"the three dumps ({da.path}, {df.path}, {db.path}) share no tensor: nothing was compared")
+    assign_roots(bounds, present, results)
+    report_rows = [results[b.name] for b in present]
+    notes = [f"{d.path} is a sharded run of {d.world} ranks, merged" for d in (da, db) if d.world]
+    if numeric:
+        notes.insert(0, f"numeric pass: {db.run.get('dtype')} engine against the {da.run.get('dtype')} oracle, "
+                        f"errors as multiples of the {df.run.get('dtype')} oracle's own (floor run {df.path})")
+    if diagnose and any(r.root for r in report_rows):
+        notes += diagnose_report(report_rows, da, db, contract, bounds)
+    notes += _run_notes(da, db)
+    producers = {"a": da.producer, "b": db.producer} | ({"floor": df.producer} if numeric else {})
+    runs = {"a": da.run, "b": db.run} | ({"floor": df.run} if numeric else {})
+    return Report(str(da.path), str(db.path), da.model, report_rows, notes, producers, runs, judge.rule_text)
+
+
+def walk(present: list[Boundary], entries: Mapping[str, tuple[Mapping[str, Entry], Mapping[str, Entry]]],
+         judge: Judge, run: dict, *, floor: Mapping[str, Entry] | None = None, seen: Seen | None = None,
+         fail_fast: bool = False, verify: bool = False, progress: Progress | None = None, sharded: bool = False,
+         missing: tuple[str, str] = ("not in A", "not in B")) -> dict[str, BoundaryResult]:
+    """The one walk: each boundary of `present` (in the contract's order) judged by `judge` on its
+    entries (A, B) and, in the numeric pass, the floor run's. Every route walks here: a direct
+    comparison, the numeric pass, local error's stages and its decode steps.
+
+    Without --fail-fast or a sharded side, every boundary is measured first and concluded after:
+    the small float tensors of all of them wait together for few native calls (a boundary of two
+    or three tensors, times thousands, made as many calls). Boundary by boundary otherwise:
+    --fail-fast stops at the first failing one, and a rank check reads a concluded boundary."""
+    seen = seen if seen is not None else Seen()
+    results: dict[str, BoundaryResult] = {}
+    if not fail_fast and not sharded:
+        measured = []
+        with judge.waiting(progress) as small:
+            for bd in present:
+                ents_a, ents_b = entries[bd.name]
+                fl = _floor_of(floor, ents_a, ents_b)
+                measured.append((bd, ents_a, ents_b, fl, judge.measure(
+                    bd, ents_a, ents_b, run, progress=progress, verify=verify, small=small, missing=missing,
+                    floor=fl, seen=seen)))
+        for bd, ents_a, ents_b, fl, br in measured:
+            results[bd.name] = judge.conclude(bd, br, ents_a, ents_b, run, floor=fl, seen=seen)
+        return results
+    stop = False
+    for bd in present:
+        if stop:
+            results[bd.name] = BoundaryResult(bd.name, "skipped", meaning=bd.meaning, layout=bd.layout)
+            continue
+        ents_a, ents_b = entries[bd.name]
+        br = results[bd.name] = judge.boundary(bd, ents_a, ents_b, run, progress=progress, verify=verify,
+                                               missing=missing, floor=_floor_of(floor, ents_a, ents_b), seen=seen)
+        if sharded:  # a sharded side: replicas must agree, a diverged shard is placed
+            rank_check.check(br, judge, bd, ents_a, ents_b, run, verify)
+        if fail_fast and br.status in FAILING:
+            stop = True
+    return results
+
+
+def _floor_of(floor: Mapping[str, Entry] | None, ents_a: Mapping, ents_b: Mapping) -> dict[str, Entry] | None:
+    """The floor run's entries of one boundary (None where there is no floor run)."""
+    if floor is None:
+        return None
+    return {n: floor[n] for n in list(ents_a) + list(ents_b) if n in floor}
+
+
+def _check_sides(da: Dump, db: Dump, df: Dump | None) -> None:
+    """Two (or, with the floor run, three) dumps that can be compared at all."""
+    if df is not None:
+        if len({da.model, df.model, db.model}) != 1:
+            raise IncomparableDumps(f"three-way comparison needs one model, got {da.model!r}, {df.model!r}, {db.model!r}")
+        for d, what in ((df, "floor"), (db, "candidate")):
+            if d.path.resolve() == da.path.resolve():
+                raise BadInput(f"the {what} dump is the reference dump itself ({d.path})")
+        return
     if da.path.resolve() == db.path.resolve():
         raise BadInput(f"the same directory was given twice ({da.path}); compare two different dumps")
     if da.model != db.model:
@@ -102,51 +200,11 @@ def walk_dumps(a: str | Path | Dump, b: str | Path | Dump,
     if not da.entries and not db.entries:  # "all 0 boundaries match" would be a pass by accident
         raise BadInput(f"nothing to compare: {da.path} and {db.path} hold no tensors (did the producer record "
                        "any boundary?)")
-    judge = tolerances if isinstance(tolerances, Judge) else None
-    contract, bounds = resolve_contract(da, db, judge.contract if judge else contract)
-    if judge is None:
-        judge = Judge.build(contract, tolerances, run_dtypes=(da.run.get("dtype"), db.run.get("dtype")))
-    run = da.run or db.run
-    by_b: dict[str, tuple[list[Entry], list[Entry]]] = {}
-    for side, d in ((0, da), (1, db)):
-        for e in d.entries:
-            by_b.setdefault(boundary_name(contract, e), ([], []))[side].append(e)
 
-    present = [bd for bd in bounds if bd.name in by_b]
-    results: dict[str, BoundaryResult] = {}
-    stop = False
-    # Without --fail-fast or a sharded side, every boundary is measured first and concluded after:
-    # the small float tensors of all of them wait together for few native calls (a boundary of
-    # two or three tensors, times thousands, made as many calls). Boundary by boundary otherwise:
-    # --fail-fast stops at the first failing one, and a rank check reads a concluded boundary.
-    staged = not fail_fast and not (da.world or db.world)
-    with shared_files(), _few_collections():  # each tensor file mapped once for the whole comparison
-        if staged:
-            measured = []
-            with judge.waiting(progress) as small:
-                for bd in present:
-                    ents_a, ents_b = ({e.name: e for e in ents} for ents in by_b[bd.name])
-                    measured.append((bd, ents_a, ents_b, judge.measure(bd, ents_a, ents_b, run, progress=progress,
-                                                                       verify=verify, small=small)))
-            for bd, ents_a, ents_b, br in measured:
-                results[bd.name] = judge.conclude(bd, br, ents_a, ents_b, run, floor=floor_entries)
-        for bd in present if not staged else ():
-            if stop:
-                results[bd.name] = BoundaryResult(bd.name, "skipped", meaning=bd.meaning, layout=bd.layout)
-                continue
-            ents_a, ents_b = ({e.name: e for e in ents} for ents in by_b[bd.name])
-            br = results[bd.name] = judge.boundary(bd, ents_a, ents_b, run, progress=progress, verify=verify,
-                                                   floor=floor_entries)
-            if da.world or db.world:  # a sharded side: replicas must agree, a diverged shard is placed
-                rank_check.check(br, judge, bd, ents_a, ents_b, run, verify)
-            if fail_fast and br.status in FAILING:
-                stop = True
-    assign_roots(bounds, present, results)
-    report_rows = [results[b.name] for b in present]
-    notes = [f"{d.path} is a sharded run of {d.world} ranks, merged" for d in (da, db) if d.world]
-    if diagnose and any(r.root for r in report_rows):  # only roots are diagnosed: no import without one
 
-        notes += diagnose_report(report_rows, da, db, contract, bounds)
+def _run_notes(da: Dump, db: Dump) -> list[str]:
+    """What the two runs' own records say about the comparison."""
+    notes = []
     if da.producer.get("side") and da.producer.get("side") == db.producer.get("side"):
         notes.append(f"both dumps come from the {da.producer['side']} side")
     for k in ("dtype", "device"):
@@ -159,45 +217,7 @@ def walk_dumps(a: str | Path | Dump, b: str | Path | Dump,
             va, vb = va.get("sha256") or va.get("image", {}), vb.get("sha256") or vb.get("image", {})
         if va and vb and va != vb:
             notes.append(f"the two runs had different {k}: the comparison may be meaningless")
-    return Report(str(da.path), str(db.path), da.model, report_rows, notes,
-                  {"a": da.producer, "b": db.producer}, {"a": da.run, "b": db.run}, judge.tolerances.origin)
-
-
-def assign_roots(bounds: list[Boundary], present: list[Boundary], results: dict[str, BoundaryResult]) -> None:
-    """A failing boundary is a root when every present input (seen through absent ones) matches."""
-    by = {b.name: b for b in bounds}
-
-    def effective_inputs(b: Boundary, seen: set[str]) -> list[str]:
-        out: list[str] = []
-        for i in b.inputs:
-            if i in seen:
-                continue
-            seen.add(i)
-            if i in results:
-                out.append(i)
-            elif i in by:
-                out.extend(effective_inputs(by[i], seen))
-        return out
-
-    after_flip: set[str] = set()  # boundaries downstream of a top-k choice that flipped on a near-tie
-    for b in present:
-        br = results[b.name]
-        br.inputs = effective_inputs(b, set())
-        if br.status == "benign" or any(i in after_flip for i in br.inputs):
-            after_flip.add(b.name)
-        if br.status not in FAILING:
-            continue
-        if any(results[i].status in FAILING + ("consequent",) for i in br.inputs):
-            if br.status == "diverged":
-                br.status = "consequent"
-        elif br.status == "diverged" and any(i in after_flip for i in br.inputs) and not rank_check.definite(br):
-            # fed (through any path) by a choice that flipped on a near-tie: the difference end to
-            # end is that flip's cascade, shown as information; the stage itself is judged by
-            # local error (the engine's stage on the reference's tensors and choice). A rank
-            # finding (replicas that differ, a misplaced shard) is no flip's cascade: it stays
-            br.status = "cascade"
-        else:
-            br.root = True
+    return notes
 
 
 def required_tolerance(report: Report) -> dict[str, float]:

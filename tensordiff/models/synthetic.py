@@ -8,7 +8,6 @@ Written once into the cache directory (`tensordiff.cache`) and reused.
 from __future__ import annotations
 
 import hashlib
-from pathlib import Path
 
 
 

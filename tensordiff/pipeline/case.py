@@ -33,18 +33,12 @@ from tensordiff.judge.floor import DEFAULT_RULE
 from tensordiff.judge.geometry import exercised
 from tensordiff.judge.judge import Judge
 from tensordiff.judge.result import json_safe
-from tensordiff.judge.tolerance import Tolerances
-from tensordiff.judge.tolerance import load as load_tolerances
-from tensordiff.pipeline.compare import compare_dumps
-from tensordiff.pipeline.compare import three_way
-from tensordiff.pipeline.local_error import decode_three_way
-from tensordiff.pipeline.local_error import local_error, unavailable
-from tensordiff.pipeline.runs import make_request
-from tensordiff.pipeline.runs import run_side
-from tensordiff.reports.html import heat_views
-from tensordiff.reports.html import write_html
-from tensordiff.reports.junit import case_of
-from tensordiff.reports.junit import write_junit
+from tensordiff.judge.tolerance import load as load_tolerances, Tolerances
+from tensordiff.pipeline.compare import compare_dumps, three_way
+from tensordiff.pipeline.local_error import decode_three_way, local_error, unavailable
+from tensordiff.pipeline.runs import make_request, run_side
+from tensordiff.reports.html import heat_views, write_html
+from tensordiff.reports.junit import case_of, write_junit
 from tensordiff.reports.text import diagnosis_brief, headline
 
 # The passes a case can run (`CaseSpec.passes`; the gate picks them with `gate.case_passes`):
@@ -268,17 +262,25 @@ class CaseResult:
         return f"FAIL  {self.label}: {headline(r)}{diagnosis_brief(r)}{local} {timing}"
 
     def as_json(self) -> dict:
-        return {"model": self.model, "image": str(self.image), "prompt": self.prompt, "dtype": self.dtype,
-                "label": self.label, "passed": self.passed, "error": self.error,
-                "timings": {k: round(v, 4) for k, v in self.timings.items()},
-                "runner_timings": self.runner_timings, "oracle_cached": self.oracle_cached,
-                "oracle_cache": self.oracle_cache, "dumps": self.dumps, "dumps_kept": self.kept,
-                "geometry": self.geometry,
-                "passes": list(self.passes),
-                "report": self.report.as_json() if self.report is not None else None,
-                "numeric": self.numeric.as_json() if self.numeric is not None else None,
-                "local_error": self.local.as_json() if self.local is not None else None,
-                "local_error_numeric": self.local_numeric.as_json() if self.local_numeric is not None else None}
+        """The one JSON schema of a case, written alike by `check --json` and, per case, by the gate:
+        the top-level report's fields (`Report.as_json`: verdict, earliest, look, diagnosis, a, b,
+        model, notes, tolerances, producers, runs, boundaries) with the pass it is (`pass`), then
+        the case's own: `passes`, `passed`, `numeric` (the numeric pass's report beside the
+        semantic one), `local_error`, `local_error_numeric`, `error`, the inputs (`image`,
+        `prompt`, `dtype`, `label`), `timings`, `runner_timings`, `oracle_cached`, `oracle_cache`,
+        `dumps`, `dumps_kept` and `geometry`."""
+        out = self.report.as_json() if self.report is not None else {"verdict": "error", "model": self.model}
+        out.update({"pass": self.passes[0] if self.passes else None, "passes": list(self.passes),
+                    "passed": self.passed, "error": self.error,
+                    "numeric": self.numeric.as_json() if self.numeric is not None else None,
+                    "local_error": self.local.as_json() if self.local is not None else None,
+                    "local_error_numeric": self.local_numeric.as_json() if self.local_numeric is not None else None,
+                    "image": str(self.image), "prompt": self.prompt, "dtype": self.dtype, "label": self.label,
+                    "timings": {k: round(v, 4) for k, v in self.timings.items()},
+                    "runner_timings": self.runner_timings, "oracle_cached": self.oracle_cached,
+                    "oracle_cache": self.oracle_cache, "dumps": self.dumps, "dumps_kept": self.kept,
+                    "geometry": self.geometry})
+        return out
 
 
 @contextmanager
@@ -391,7 +393,7 @@ def run_case(spec: CaseSpec, work: Path, *, kept: bool, tolerances=None, use_cac
             # its decode steps: the whole network for one token, judged three-way (floor-relative)
 
             decode_three_way(adapter, ereq, Path(case.dumps["reference"]), floor_dir, case.local_numeric,
-                             work / "numeric", (floor or (DEFAULT_RULE, {}))[0])
+                             work / "numeric", njudge.numeric((floor or (DEFAULT_RULE, {}))[0]))
     if views:
         with timed(case.timings, "report", prog, label):
             case.views = heat_views(case.report, open_dump(odir))

@@ -12,7 +12,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from tensordiff.format.dump import Dump, open_dump
-from tensordiff.judge import floor as floor_rule
+from tensordiff.judge.floor import DEFAULT_RULE, FloorRule
 from tensordiff.judge.contract import Contract
 from tensordiff.judge.judge import Judge
 from tensordiff.judge.result import Report
@@ -39,9 +39,11 @@ def compare_dumps(a: str | Path | Dump, b: str | Path | Dump, tolerances=None, *
 
 
 def three_way(ref: str | Path | Dump, floor: str | Path | Dump, cand: str | Path | Dump,
-              rule: floor_rule.FloorRule = floor_rule.DEFAULT_RULE, *, contract: Contract | None = None,
-              tolerances=None, **kw) -> Report:
-    """The numeric pass (`tensordiff.judge.floor.three_way`) on the model's contract."""
+              rule: FloorRule = DEFAULT_RULE, *, contract: Contract | None = None, tolerances=None,
+              profile: dict | None = None, **kw) -> Report:
+    """The numeric pass: the candidate's error against the fp32 reference as a multiple of the
+    floor run's (the oracle in the candidate's precision), on the model's contract. `profile`:
+    {tensor name: {stat: {min, median, max, n}}} from a calibration."""
     dr = ref if isinstance(ref, Dump) else open_dump(ref)
-    return floor_rule.three_way(dr, floor, cand, rule, contract=contract_of(dr.model, contract, tolerances),
-                                tolerances=tolerances, **kw)
+    return walk_dumps(dr, cand, tolerances, contract=contract_of(dr.model, contract, tolerances), floor=floor,
+                      floor_rule=rule, profile=profile, **kw)

@@ -40,11 +40,12 @@ from tensordiff.format.capture import Recorder
 from tensordiff.judge.contract import Contract, ancestors, topological
 from tensordiff.format.dump import Dump, open_dump
 from tensordiff.errors import BadInput
-from tensordiff.judge.judge import Judge
+from tensordiff.judge.judge import Judge, Seen
 from tensordiff.judge.result import Report, TensorResult, json_safe
 from tensordiff.judge.tolerance import Tolerances
 from tensordiff.format.dtypes import BY_NAME
-from tensordiff.judge.floor import floor_result, family_floor, row_family
+from tensordiff.judge.floor import row_family
+from tensordiff.judge.walk import walk
 
 LOCAL_FAILING = ("diverged", "missing", "incomparable", "error")
 
@@ -297,15 +298,14 @@ def local_error(adapter, req, oracle_dir: str | Path, report: Report, tolerances
             produced[b.name] = names
     rec.close()
     ld = open_dump(out_dir)
-    run = od.run
     by = {b.name: b for b in bounds}
+    judged = [by[lr.boundary] for lr in results if lr.boundary in produced]
+    entries = {b: ({e.name: e for e in ents.get(b, [])}, {n: ld.entry(n) for n in produced[b]}) for b in produced}
+    walked = walk(judged, entries, judge, od.run, missing=("not in the oracle dump", "the stage did not return it"))
     for lr in results:
-        if lr.boundary not in produced:
+        br = walked.get(lr.boundary)
+        if br is None:
             continue
-        want = {e.name: e for e in ents.get(lr.boundary, [])}
-        got = {n: ld.entry(n) for n in produced[lr.boundary]}
-        br = judge.boundary(by[lr.boundary], want, got, run,
-                            missing=("not in the oracle dump", "the stage did not return it"))
         lr.tensors = br.tensors
         if br.status != "match":
             lr.status, lr.reason = br.status, br.reason
@@ -313,7 +313,7 @@ def local_error(adapter, req, oracle_dir: str | Path, report: Report, tolerances
 
 
 def decode_three_way(adapter, req, ref_dir: str | Path, floor_dir: str | Path, local: LocalReport,
-                     workdir: str | Path, rule, make_stages=None) -> None:
+                     workdir: str | Path, judge: Judge, make_stages=None) -> None:
     """The numeric pass's local error of its decode steps, judged three-way; replaces their
     verdicts in `local` (the run's engine stages on the floor run's tensors, judged by the direct
     tolerance of its dtype).
@@ -353,24 +353,18 @@ def decode_three_way(adapter, req, ref_dir: str | Path, floor_dir: str | Path, l
             ran[lr.boundary] = names
     rec.close()
     ld = open_dump(out_dir)
-    floors: dict[str, float] = {}  # family -> the floor run's largest row there
+    if judge.floor_rule is None:
+        judge = judge.numeric()
+    judged = [by[lr.boundary] for lr in steps if lr.boundary in ran]
+    entries = {b: ({n: rd.entry(n) for n in names if n in rd.names}, {n: ld.entry(n) for n in names})
+               for b, names in ran.items()}
+    walked = walk(judged, entries, judge, rd.run, floor={e.name: e for e in fd.entries}, seen=Seen(rd, fd),
+                  missing=("not in the reference", "the stage did not return it"))
     for lr in steps:
         if lr.boundary not in ran:
             continue
-        lr.tensors, bad = [], []
-        for name in ran[lr.boundary]:
-            fam = row_family(name)
-            if name not in rd.names or name not in fd.names:
-                lr.tensors.append(TensorResult(name, lr.boundary, "missing", reason="not in the reference or floor run"))
-                bad.append(lr.tensors[-1])
-                continue
-            if fam in rd.names and fam in fd.names and fam not in floors:
-                floors[fam] = family_floor(rd.entry(fam), fd.entry(fam))
-            t = floor_result(rd.entry(name), fd.entry(name), ld.entry(name), by[lr.boundary], rule, rd.run, None,
-                              (fam, floors[fam]) if fam in floors else None)
-            lr.tensors.append(t)
-            if t.status != "match":
-                bad.append(t)
+        lr.tensors = walked[lr.boundary].tensors
+        bad = [t for t in lr.tensors if t.status != "match"]
         lr.status = bad[0].status if bad else "match"
         lr.reason = ("three-way: the engine's step in " + str(req.dtype) + " on the reference's inputs, "
                      "as a multiple of the floor run's error" + (f": {bad[0].reason}" if bad else ""))

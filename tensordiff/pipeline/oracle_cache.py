@@ -36,7 +36,7 @@ from typing import Callable
 from tensordiff.errors import BadInput
 from tensordiff.cache import cache_root
 from tensordiff.format.dump import open_dump
-from tensordiff.pipeline.provenance import run_weights, settled, source_digest, stat_key, versions
+from tensordiff.pipeline.provenance import image_digest, run_weights, settled, source_digest, stat_key, versions
 
 
 @dataclass(frozen=True)
@@ -56,13 +56,13 @@ def key(adapter, req) -> str | None:
     """The cache key of the oracle's dump for `req`, or None when the adapter declares no sources."""
     if not adapter.sources:
         return None
-    img = hashlib.sha256(Path(req.image).read_bytes()).hexdigest() if req.image else "none"
+    img = image_digest(req.image) if req.image else "none"
     parts = {"model": adapter.name, "src": source_digest(adapter.sources), "versions": versions(),
              "weights": run_weights(adapter, req), "image": img, "dtype": req.dtype,
              "device": req.device, "prompt": req.prompt, "decode": req.decode,
              "options": adapter.options.for_side(req.options, "oracle", undeclared=True)}
     if req.more_images:  # absent for one image, so single-image keys stay what they were
-        parts["more_images"] = [hashlib.sha256(Path(p).read_bytes()).hexdigest() for p in req.more_images]
+        parts["more_images"] = [image_digest(p) for p in req.more_images]
     return hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()[:32]
 
 

@@ -33,11 +33,11 @@ from pathlib import Path
 
 from tensordiff.errors import BadInput
 from tensordiff.cache import cache_root
+from tensordiff.format.checkpoint import INDEX, weight_map
 from tensordiff.pipeline.inputs import check_image
 
 PACKAGES = ("torch", "transformers", "pillow", "numpy", "safetensors", "torchvision", "tensordiff")
 WEIGHT_SUFFIXES = (".json", ".safetensors")
-INDEX = "model.safetensors.index.json"
 BLOCK = 1 << 22
 # The core's own code that shapes a dump whatever the model: how tensors are recorded and stored.
 CORE_SOURCES = ("tensordiff.format.capture", "tensordiff.format.storage", "tensordiff.format.dtypes")
@@ -59,10 +59,14 @@ def versions() -> dict:
     return dict(_VERSIONS)
 
 
+def image_digest(path: str | Path) -> str:
+    """The sha256 of an input image's bytes: the one digest the dump and the oracle cache key share."""
+    return check_image(path)["sha256"]
+
+
 def describe_image(path: str | Path | None) -> dict | None:
     if path is None:
         return None
-
     d = check_image(path)
     return {"sha256": d["sha256"], "bytes": Path(path).stat().st_size, "size": [d["width"], d["height"]],
             "width": d["width"], "height": d["height"], "mode": d["mode"], "format": d["format"],
@@ -132,10 +136,12 @@ def weight_files(wdir: Path, prefixes: tuple[str, ...] | None = None) -> list[Pa
     if prefixes is None:
         return files
     try:
-        wm = json.loads((wdir / INDEX).read_text())["weight_map"]
-        needed = {shard for name, shard in wm.items() if name.startswith(tuple(prefixes))}
-    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        wm = weight_map(wdir) if (wdir / INDEX).is_file() else None
+    except BadInput:
+        wm = None
+    if wm is None:
         return files  # no index (a lone model.safetensors) or a broken one the runner will refuse
+    needed = {shard for name, shard in wm.items() if name.startswith(tuple(prefixes))}
     return [p for p in files if p.suffix == ".json" or p.name in needed]
 
 

@@ -25,10 +25,9 @@ import numpy as np
 from tensordiff.format.storage import write_text_atomic
 from tensordiff.judge.tolerance import Tolerance
 from tensordiff.judge.layout import row_position
-from tensordiff.reports.text import diagnosis_lines, headline
+from tensordiff.reports.text import diagnosis_lines, headline, headline as head
 from tensordiff.judge.result import FAILING, Report
 from tensordiff.version import VERSION
-from tensordiff.reports.text import headline as head
 
 IMAGE_LAYOUTS = ("grid", "merge", "merged", "cells")
 MAX_SIDE = 480  # px of the longest side of a heatmap picture: readable, and the page stays small

@@ -8,7 +8,8 @@ import tomllib
 import pytest
 
 from tensordiff.pipeline import registry
-from tensordiff.commands.calibrate import calibrate, parse_variant, write
+from tensordiff.commands.calibrate import calibrate, parse_variant
+from tensordiff.pipeline.calibration import write
 from tensordiff.errors import BadInput
 from tensordiff.commands.gate import load_gate, run_gate
 from tensordiff.pipeline.inputs import default_image_path
@@ -143,7 +144,8 @@ def _two_pictures(tmp_path):
 
 
 def test_calibrate_records_the_clean_engines_profile_and_multipliers(toys, tmp_path):
-    from tensordiff.judge.floor import DEFAULT_RULE, profile_of, rule_of
+    from tensordiff.judge.floor import DEFAULT_RULE
+    from tensordiff.pipeline.calibration import profile_of, rule_of
 
     cal = calibrate(toy.NAME, _two_pictures(tmp_path), variants=["dtype=bfloat16"])
     assert cal.profile is not None and cal.profile.images == 2 and not cal.profile.failed

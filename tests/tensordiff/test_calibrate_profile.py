@@ -18,9 +18,11 @@ import pytest
 import torch
 
 from tensordiff.pipeline.adapter import Fault
-from tensordiff.commands.calibrate import calibrate, engine_mismatch, engine_of, engine_record, write
+from tensordiff.commands.calibrate import calibrate
+from tensordiff.pipeline.calibration import engine_mismatch, engine_of, engine_record, write
 from tensordiff.errors import BadInput
-from tensordiff.judge.floor import profile_band, profile_of
+from tensordiff.judge.floor import profile_band
+from tensordiff.pipeline.calibration import profile_of
 from tensordiff.commands.gate import load_gate, run_gate
 from tensordiff.pipeline.options import Option, OptionTable
 

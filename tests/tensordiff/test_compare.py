@@ -299,17 +299,6 @@ def test_the_worst_element_values_are_read_from_both_sides(tmp_path):
     assert t.worst["index"] == [3, 5] and t.worst["b"] - t.worst["a"] == pytest.approx(1.0)
 
 
-def test_a_comparison_without_a_root_does_not_load_the_diagnosis(tmp_path):
-    import subprocess
-    import sys
-
-    a, b = pair(tmp_path)
-    code = ("import sys; from tensordiff.judge.walk import compare_dumps; r = compare_dumps(sys.argv[1], sys.argv[2]); "
-            "print(r.verdict, 'tensordiff.judge.diagnosis' in sys.modules)")
-    out = subprocess.run([sys.executable, "-c", code, str(a), str(b)], capture_output=True, text=True, check=True)
-    assert out.stdout.split() == ["match", "False"]
-
-
 def test_overlapping_comparisons_restore_the_gc_thresholds_when_the_last_ends():
     import gc
 

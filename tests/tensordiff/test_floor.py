@@ -7,7 +7,8 @@ import torch
 
 from tensordiff.pipeline.compare import compare_dumps
 from tensordiff.errors import BadInput
-from tensordiff.judge.floor import DEFAULT_RULE, FloorRule, profile_band, profile_of, rule_of
+from tensordiff.judge.floor import DEFAULT_RULE, FloorRule, profile_band
+from tensordiff.pipeline.calibration import profile_of, rule_of
 from tensordiff.pipeline.compare import three_way
 
 from helpers_dumps import write

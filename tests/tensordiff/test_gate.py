@@ -192,7 +192,7 @@ def test_cli_gate_pass_writes_json_junit_html(tmp_path, capsys):
     data = json.loads((tmp_path / "g.json").read_text())
     assert data["passed"] is True
     assert {"weights", "oracle", "engine", "compare", "report", "total"} <= set(data["timings"])
-    assert data["cases"][0]["report"]["verdict"] == "match"
+    assert data["cases"][0]["verdict"] == "match"
     root = ET.parse(tmp_path / "g.xml").getroot()
     assert root.tag == "testsuites" and root.get("failures") == "0"
     assert len(root.findall(".//testcase")) == 5

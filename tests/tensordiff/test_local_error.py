@@ -272,8 +272,12 @@ def test_a_decode_step_of_the_numeric_pass_is_judged_three_way(tmp_path):
         return LocalReport(True, [LocalResult("logits", "match"), LocalResult("logits.step.1", "diverged", "direct"),
                                   LocalResult("logits.step.2", "diverged", "direct")])
 
+    from tensordiff.judge.judge import Judge
+    from tensordiff.judge.tolerance import Tolerances
+
+    judge = Judge.build(_decode_adapter(ref, 1.0).contract, Tolerances({}, {}), ("bfloat16",), floor_rule=DEFAULT_RULE)
     clean = local_report()
-    decode_three_way(_decode_adapter(ref, 1.0), req, r, f, clean, tmp_path / "clean", DEFAULT_RULE)
+    decode_three_way(_decode_adapter(ref, 1.0), req, r, f, clean, tmp_path / "clean", judge)
     assert clean.origin is None, clean.summary()
     t = clean.get("logits.step.1").tensors[0]
     assert t.metrics["family"]["of"] == "logits" and t.metrics["family"]["x_floor"] < 1.1, t.metrics["family"]
@@ -287,7 +291,7 @@ def test_a_decode_step_of_the_numeric_pass_is_judged_three_way(tmp_path):
                                     boundaries={"logits.step.1": "logits.step.1"}))
     assert direct.boundary("logits.step.1").tensors[0].status == "diverged"
     bad = local_report()
-    decode_three_way(_decode_adapter(ref, 3.0), req, r, f, bad, tmp_path / "bad", DEFAULT_RULE)
+    decode_three_way(_decode_adapter(ref, 3.0), req, r, f, bad, tmp_path / "bad", judge)
     assert bad.origin == "logits.step.1", bad.summary()
     assert "three-way" in bad.get("logits.step.1").reason and "largest row of `logits`" in bad.summary()
     assert bad.get("logits").status == "match"  # a prompt stage keeps its own verdict

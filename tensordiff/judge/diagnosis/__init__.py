@@ -7,7 +7,7 @@ is searched on a sample of rows and confirmed by streaming the whole tensor (`ma
 reported only when it removes most of the error (`finding.MIN_EXPLAINED`); "no simple
 explanation" is a valid answer and is said as such.
 
-    from tensordiff.diagnosis import diagnose_report
+    from tensordiff.judge.diagnosis import diagnose_report
     diagnose_report(report, dump_a, dump_b, contract)   # fills BoundaryResult.diagnosis
 """
 from __future__ import annotations

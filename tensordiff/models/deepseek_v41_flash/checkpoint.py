@@ -22,7 +22,8 @@ from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 
 from tensordiff.errors import BadInput
-from tensordiff.format.storage import CHECKPOINT_INDEX, checkpoint_weight_map, read_safetensors_layout
+from tensordiff.format.checkpoint import INDEX, weight_map as checkpoint_weight_map
+from tensordiff.format.storage import read_safetensors_layout
 from tensordiff.models.deepseek_v41_flash.synthetic import FULL, vision_tensor_names
 from tensordiff.models.deepseek_v41_flash.synthetic_language import language_shapes, storage_format
 
@@ -166,7 +167,7 @@ def _headers(path: Path, wmap: dict[str, str]) -> tuple[dict[str, Tensor], list[
     for shard in sorted(set(wmap.values())):
         rel = PurePosixPath(shard)
         if rel.is_absolute() or ".." in rel.parts or rel.suffix != ".safetensors":
-            raise BadInput(f"{path / CHECKPOINT_INDEX} names {shard!r}, which is not a .safetensors file inside "
+            raise BadInput(f"{path / INDEX} names {shard!r}, which is not a .safetensors file inside "
                            "the checkpoint (tensordiff never unpickles)")
         f = path / rel
         if not f.is_file():

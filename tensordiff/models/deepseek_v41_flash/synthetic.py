@@ -35,19 +35,17 @@ from pathlib import Path
 from typing import Callable, Iterator
 
 from tensordiff.errors import BadInput
-from tensordiff.format.storage import check_shard, checkpoint_weight_map, read_safetensors_layout
+from tensordiff.format.checkpoint import INDEX, check_shard, weight_map as checkpoint_weight_map, write_index
+from tensordiff.format.storage import read_safetensors_layout
 from tensordiff.cache import cache_root, share
 from tensordiff.models.synthetic import generator
-from tensordiff.models.deepseek_v41_flash.synthetic_language import SYNTH_VERSION
-from tensordiff.models.deepseek_v41_flash.synthetic_language import byte_tokenizer_compressed_vocab
-from tensordiff.models.deepseek_v41_flash.synthetic_language import language_config
-from tensordiff.models.deepseek_v41_flash.synthetic_language import language_tensors
-from tensordiff.models.deepseek_v41_flash.synthetic_language import quantised_config
-from tensordiff.models.deepseek_v41_flash.synthetic_language import release_layer_units
+from tensordiff.models.deepseek_v41_flash.synthetic_language import (
+    SYNTH_VERSION, byte_tokenizer_compressed_vocab, language_config, language_tensors, quantised_config,
+    release_layer_units,
+)
 
 MODEL = "deepseek-v4.1-flash"
 VERSION = 1  # bump when the values or layout change: a new cache directory is written
-INDEX = "model.safetensors.index.json"
 
 # The released inference/config.json.
 FULL: dict = {
@@ -240,7 +238,7 @@ def _write(target: Path, cfg: dict, writers, seed: int = 0) -> None:
             os.rename(f, tmp / fname)
             weight_map.update(dict.fromkeys(tensors, fname))
             total += sum(tensors.values())
-        (tmp / INDEX).write_text(json.dumps({"metadata": {"total_size": total}, "weight_map": weight_map}, indent=1))
+        write_index(tmp, weight_map, total)
         (tmp / "config.json").write_text(json.dumps(cfg, indent=4) + "\n")
         share(tmp)
         try:

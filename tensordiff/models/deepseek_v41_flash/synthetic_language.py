@@ -35,8 +35,7 @@ import json
 from pathlib import Path
 
 from tensordiff.models.synthetic import generator
-from tensordiff.cache import share
-from tensordiff.cache import cache_root
+from tensordiff.cache import cache_root, share
 
 TINY_VOCAB = 512
 SYNTH_VERSION = 4  # bump when `synth` changes, so cached checkpoints are rewritten

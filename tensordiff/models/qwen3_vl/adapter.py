@@ -38,6 +38,7 @@ from typing import Sequence
 from tensordiff.pipeline.adapter import ModelAdapter, lazy
 from tensordiff.judge.contract import Boundary, Contract, TensorRule
 from tensordiff.errors import BadInput
+from tensordiff.format.checkpoint import INDEX
 from tensordiff.judge.geometry import Rule
 from tensordiff.models import decode_tokens
 from tensordiff.models.qwen3_vl.faults import FAULTS
@@ -167,8 +168,8 @@ def _weights(spec: str) -> Path:
     for name in ("config.json", "preprocessor_config.json"):
         if not (p / name).is_file():
             raise BadInput(f"checkpoint {p} has no {name}")
-    if not ((p / "model.safetensors.index.json").is_file() or (p / "model.safetensors").is_file()):
-        raise BadInput(f"checkpoint {p} has neither model.safetensors.index.json nor model.safetensors")
+    if not ((p / INDEX).is_file() or (p / "model.safetensors").is_file()):
+        raise BadInput(f"checkpoint {p} has neither {INDEX} nor model.safetensors")
     return p
 
 

@@ -38,6 +38,7 @@ from pathlib import Path
 from tensordiff.cache import cache_root, share
 from tensordiff.models.synthetic import generator
 from tensordiff.errors import BadInput
+from tensordiff.format.checkpoint import INDEX, write_index
 
 SCHEMA = 2  # bump when the layout or the initialisation changes: the cache key changes with it
 
@@ -223,7 +224,7 @@ def ensure(variant: str) -> Path:
         raise BadInput(f"unknown synthetic Qwen3-VL variant {variant!r} (known: {', '.join(VARIANTS)}; "
                        "each optionally with a seed suffix such as -s2)")
     out = checkpoint_dir(variant)
-    if (out / "model.safetensors.index.json").exists():
+    if (out / INDEX).exists():
         return out
     from safetensors.torch import save_file
 
@@ -247,15 +248,14 @@ def ensure(variant: str) -> Path:
             for name, t in shard.items():
                 weight_map[name] = fname
                 total += t.numel() * t.element_size()
-        (tmp / "model.safetensors.index.json").write_text(
-            json.dumps({"metadata": {"total_size": total}, "weight_map": weight_map}, indent=1) + "\n")
+        write_index(tmp, weight_map, total)
         (tmp / "config.json").write_text(json.dumps(config_json(variant), indent=1) + "\n")
         (tmp / "preprocessor_config.json").write_text(json.dumps(preprocessor_json(variant), indent=1) + "\n")
         share(tmp)  # mkdtemp makes it private and safetensors' files 0600; a shared cache must stay readable
         try:
             os.rename(tmp, out)
         except OSError:  # another process wrote it first
-            if not (out / "model.safetensors.index.json").exists():
+            if not (out / INDEX).exists():
                 raise
             shutil.rmtree(tmp, ignore_errors=True)
     except BaseException:
