@@ -35,7 +35,8 @@ DEEPSEEK, QWEN = "deepseek-v4.1-flash", "qwen3-vl"
 GATE_IMAGES = ROOT / "gates" / "images"
 # faults whose route is a quantised checkpoint: their need is a property of the weights, which the
 # refusal rule cannot check from the request, so the bench routes them itself
-QUANTISED = {"fp8-scale-ignored", "fp8-scale-transposed", "fp4-nibbles-swapped", "engram-scale-ignored"}
+QUANTISED = {"fp8-scale-ignored", "fp8-scale-transposed", "fp4-nibbles-swapped", "engram-scale-ignored",
+             "wo-a-scale-dropped", "wo-a-block-128", "fp4-int8-sign-extended"}
 
 
 def side_picture(out: Path) -> Path:

@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Quantised DeepSeek V4.1 Flash checkpoints on one GPU (bf16, the official numerics), in one go:
 # the dequantising matmul against the official block-scaled FP8 GEMM at the released projection
-# shapes, the whole model on synthetic:tiny-fp8 (FP8 dense + scales, FP4 experts, FP8 Engram) in
-# the official and the semantic numerics, and the four checkpoint-reading faults. Logs and JSON
+# shapes, the whole model on synthetic:tiny-fp8 (stored as the release: FP8 dense + scales, FP4
+# experts in int8, FP8 wo_a + scale, FP8 Engram) in the official and the semantic numerics, and the
+# checkpoint-reading faults (the release conversions' included). Logs and JSON
 # go to OUTDIR; no installs, no network (the repository is put on PYTHONPATH).
 #
 #   bash bench/quant_checkpoint.sh OUTDIR
@@ -53,7 +54,8 @@ stage "whole model, synthetic:tiny-fp8, semantic numerics (fp32, exact dequantis
 td semantic check deepseek-v4.1-flash --weights synthetic:tiny-fp8 --image "$pic" --device "$dev" --prompt "$P" --chunk 16 --decode 2 -o language_numerics=semantic
 
 stage "checkpoint-reading faults, semantic numerics (each must exit 1 at its boundary)"
-for f in fp8-scale-ignored fp8-scale-transposed fp4-nibbles-swapped engram-scale-ignored; do
+for f in fp8-scale-ignored fp8-scale-transposed fp4-nibbles-swapped engram-scale-ignored \
+         wo-a-scale-dropped wo-a-block-128 fp4-int8-sign-extended; do
   td "fault-$f" check deepseek-v4.1-flash --weights synthetic:tiny-fp8 --image "$pic" --device "$dev" --prompt "$P" --chunk 16 --fault "$f" -o language_numerics=semantic
 done
 

@@ -144,12 +144,42 @@ def compare(a, b, json_path, tolerances, fail_fast, verify, junit_path=None, htm
     sys.exit(_print_report(report, show_all))
 
 
+def _is_checkpoint(directory: Path) -> bool:
+    """A model checkpoint directory (config.json and safetensors weights, no dump manifest)."""
+    return (directory.is_dir() and not (directory / "manifest.json").exists() and (directory / "config.json").is_file()
+            and ((directory / "model.safetensors.index.json").is_file() or (directory / "model.safetensors").is_file()))
+
+
+def _inspect_checkpoint(directory: Path, layers: str | None) -> None:
+    for name in registry.names():
+        adapter = registry.adapter(name)
+        view = adapter.checkpoint()(directory, layers) if adapter.checkpoint is not None else None
+        if view is not None:
+            for line in view.lines():
+                click.echo(line)
+            if view.problems:
+                more = f" (and {len(view.problems) - 1} more, listed above)" if len(view.problems) > 1 else ""
+                raise BadInput(f"{directory} cannot be read by that run: {view.problems[0]}{more}")
+            return
+    raise BadInput(f"{directory} is a checkpoint directory, but no installed model adapter describes its config.json")
+
+
 @cli.command()
 @click.argument("directory", type=click.Path(path_type=Path))
-@click.option("--verify", is_flag=True, help="Read every tensor and check its sha256.")
-def inspect(directory, verify):
+@click.option("--verify", is_flag=True, help="Read every tensor and check its sha256 (a dump).")
+@click.option("--layers", default=None, metavar="IDS",
+              help="A checkpoint: the DeepSeek language layers a run would read (e.g. 0-2 or 0,2; default all).")
+def inspect(directory, verify, layers):
     """List a dump's model, producer, run and tensors (reads no tensor data unless --verify);
-    a plain .safetensors file or folder is listed too."""
+    a plain .safetensors file or folder is listed too. On a model checkpoint directory: the
+    model, the units and layers present, how each tensor group is stored, what a run converts on
+    load, what is missing, and the bytes a run with --layers reads (headers only)."""
+    if _is_checkpoint(directory):
+        if verify:
+            raise BadInput("--verify checks a dump's sha256s; a checkpoint has none (inspect it without --verify)")
+        return _inspect_checkpoint(directory, layers)
+    if layers is not None:
+        raise BadInput(f"--layers describes a checkpoint directory; {directory} is not one")
     d = open_any(directory)
     click.echo("\n".join(dump_header(d)))
     if d.world:  # rank dumps merged: the shapes below are the logical (whole) ones

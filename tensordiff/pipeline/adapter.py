@@ -87,6 +87,10 @@ class ModelAdapter:
     # both sides with them, and the numeric pass's float32 reference is the oracle with them; the
     # numeric pass's floor run and engine keep the user's options (`pipeline.exact_request`).
     exact_options: tuple[tuple[str, Any], ...] = ()
+    # Optional: `tensordiff inspect CKPT` on a checkpoint directory. Returns `describe(path,
+    # layers)`, which gives None for a directory of another model, else a view with `lines()` (the
+    # report, plain words) and `problems` (what stops a run: missing shards, tensors, scales).
+    checkpoint: Callable[[], Callable[[Path, str | None], Any]] | None = None
 
     def runner(self, side: str) -> Runner:
         if side not in SIDES:
