@@ -76,6 +76,11 @@ def dump(path: Path, tensors: dict, run=None, model="toy") -> Path:
     return path
 
 
+def pair(tmp_path: Path) -> tuple[Path, Path]:
+    return (dump(tmp_path / "a", {"x": np.ones(4, np.float32)}),
+            dump(tmp_path / "b", {"x": np.ones(4, np.float32)}))
+
+
 # ----------------------------------------------------------------------------- checkpoints
 
 def _link_tree(src: Path, dst: Path) -> Path:
@@ -292,8 +297,14 @@ def test_passes_empty_tensors(tmp_path):
     res = run(["compare", a, b, "--json", tmp_path / "r.json"])
     rep = json.loads((tmp_path / "r.json").read_text())
     x = next(t for bd in rep["boundaries"] for t in bd["tensors"] if t["name"] == "x")
-    assert x["status"] == "empty", x
-    assert res.returncode == 0  # y compared and matches; x is reported as empty, not as a match
+    assert x["status"] == "skipped", x  # reported as not compared, not as a match
+    assert res.returncode == 0  # y compared and matches
+
+
+def test_passes_nothing_but_empty_tensors(tmp_path):
+    a = dump(tmp_path / "a", {"x": np.zeros((0, 4), np.float32)})
+    b = dump(tmp_path / "b", {"x": np.zeros((0, 4), np.float32)})
+    refused(run(["compare", a, b]), str(a))
 
 
 def test_passes_verify_with_a_digest_that_is_not_a_string(tmp_path):
@@ -309,16 +320,16 @@ def test_passes_verify_with_a_digest_that_is_not_a_string(tmp_path):
 
 @pytest.mark.parametrize("key,value", [("min_cosine", 1.5), ("max_mismatch", 5.0)])
 def test_wrong_exit_tolerance_out_of_range(tmp_path, key, value):
-    a = dump(tmp_path / "a", {"x": np.ones(4, np.float32)})
+    a, b = pair(tmp_path)
     (tmp_path / "t.toml").write_text(f"[tolerances.float32]\n{key} = {value}\n")
-    refused(run(["compare", a, a, "--tolerances", tmp_path / "t.toml"]), "t.toml", key)
+    refused(run(["compare", a, b, "--tolerances", tmp_path / "t.toml"]), "t.toml", key)
 
 
 def test_wrong_exit_contract_tolerance_out_of_range(tmp_path):
-    a = dump(tmp_path / "a", {"x": np.ones(4, np.float32)})
+    a, b = pair(tmp_path)
     (tmp_path / "c.toml").write_text('model = "toy"\n[boundaries.x]\ntensors = ["x"]\ninputs = []\n'
                                      'tolerance = { max_mismatch = 2.0 }\n')
-    refused(run(["compare", a, a, "--contract", tmp_path / "c.toml"]), "c.toml", "max_mismatch")
+    refused(run(["compare", a, b, "--contract", tmp_path / "c.toml"]), "c.toml", "max_mismatch")
 
 
 def test_wrong_exit_verify_with_no_digests(tmp_path):
@@ -345,9 +356,9 @@ def test_unclear_manifest_entry_without_file(tmp_path):
 
 @pytest.mark.parametrize("option", ["--tolerances", "--contract"])
 def test_unclear_directory_where_a_file_is_expected(tmp_path, option):
-    a = dump(tmp_path / "a", {"x": np.ones(4, np.float32)})
+    a, b = pair(tmp_path)
     (tmp_path / "dir").mkdir()
-    refused(run(["compare", a, a, option, tmp_path / "dir"]), str(tmp_path / "dir"), "directory")
+    refused(run(["compare", a, b, option, tmp_path / "dir"]), str(tmp_path / "dir"), "directory")
 
 
 def test_unclear_directory_where_the_manifest_is_expected(tmp_path):
@@ -391,7 +402,8 @@ def test_unclear_nan_on_one_side_with_equal_finite_pairs(tmp_path):
     res = run(["compare", a, b, "--json", tmp_path / "r.json"])
     assert res.returncode == 1
     t = json.loads((tmp_path / "r.json").read_text())["boundaries"][0]["tensors"][0]
-    assert t["metrics"]["max_abs"] == 0.0, t["metrics"]  # the finite pairs are equal
+    assert t["metrics"]["finite_max_abs"] == 0.0, t["metrics"]  # the finite pairs are equal
+    assert "max|Δ| inf" not in res.stdout
 
 
 # ============================================================================= no answer
