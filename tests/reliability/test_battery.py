@@ -357,15 +357,17 @@ def test_unclear_manifest_entry_without_file(tmp_path):
 @pytest.mark.parametrize("option", ["--tolerances", "--contract"])
 def test_unclear_directory_where_a_file_is_expected(tmp_path, option):
     a, b = pair(tmp_path)
-    (tmp_path / "dir").mkdir()
-    refused(run(["compare", a, b, option, tmp_path / "dir"]), str(tmp_path / "dir"), "directory")
+    (tmp_path / "settings").mkdir()
+    line = refused(run(["compare", a, b, option, tmp_path / "settings"]), str(tmp_path / "settings"))
+    assert "directory" in line.replace(str(tmp_path), "")
 
 
 def test_unclear_directory_where_the_manifest_is_expected(tmp_path):
     a = dump(tmp_path / "a", {"x": np.ones(4, np.float32)})
     (a / "x.safetensors").unlink()
     (a / "x.safetensors").mkdir()
-    refused(run(["inspect", a]), "x.safetensors", "directory")
+    line = refused(run(["inspect", a]), "x.safetensors")
+    assert "directory" in line.replace(str(tmp_path), "")
 
 
 def test_unclear_layers_backwards():
