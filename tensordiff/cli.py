@@ -112,6 +112,8 @@ def compare(a, b, json_path, tolerances, fail_fast, verify, junit_path=None, htm
         from .contract_file import load as load_contract
 
         da, db, contract, contract_notes = load_contract(contract_path).bind(da, db)
+    if verify:
+        contract_notes += _unverified(da, db)
     if floor_dir is not None:
         from .floor import rule_of, three_way
 
@@ -126,6 +128,9 @@ def compare(a, b, json_path, tolerances, fail_fast, verify, junit_path=None, htm
     elif report is None:
         report = compare_dumps(da, db, tolerances, contract=contract, fail_fast=fail_fast, verify=verify)
     report.notes[:0] = contract_notes
+    compared = [t for bd in report.boundaries for t in bd.tensors]
+    if compared and all(t.status == "skipped" for t in compared):
+        raise BadInput(f"nothing compared: every tensor that {a} and {b} both hold is empty")
     if json_path or junit_path or html_path:  # the report writers (and their imports) only when asked for
         from .pipeline import lone_case, write_reports
 
@@ -133,6 +138,24 @@ def compare(a, b, json_path, tolerances, fail_fast, verify, junit_path=None, htm
                       cases=[lone_case(report, da if html_path else None)], junit_path=junit_path,
                       html_path=html_path, title=f"tensordiff: {report.model}")
     sys.exit(_print_report(report, show_all))
+
+
+def _unverified(da, db) -> list[str]:
+    """`--verify`'s notes on the tensors it cannot check (no sha256 recorded); exit 2 when no
+    tensor of either dump has one: nothing would be verified."""
+    notes = []
+    def digested(e) -> bool:  # a merged (sharded) tensor is verified through its ranks' parts
+        return e.sha256 is not None or any(p.sha256 for p in getattr(e.stored, "parts", ()))
+
+    bare = {side: [e.name for e in d.entries if not digested(e)] for side, d in (("A", da), ("B", db))}
+    if all(len(bare[s]) == len(d.entries) for s, d in (("A", da), ("B", db))):
+        raise BadInput(f"--verify: no tensor of {da.path} or {db.path} records a sha256; nothing would be "
+                       "verified (drop --verify, or record the dumps with tensordiff's Recorder)")
+    for side, names in bare.items():
+        if names:
+            notes.append(f"--verify: {len(names)} tensor(s) of side {side} record no sha256 and were not verified: "
+                         f"{', '.join(names[:5])}{', ...' if len(names) > 5 else ''}")
+    return notes
 
 
 @cli.command()
@@ -526,6 +549,10 @@ def import_polygraphy(file, runner, iteration, out, model, force):
     _write_import(imp, out, model or "plain", force)
 
 
+def _one_line(text) -> str:
+    return str(text).strip().replace("\r", "\\r").replace("\n", "\\n")
+
+
 def main(argv=None) -> None:
     if argv is None:  # the console script: this process is the command (a test passes its arguments)
         from .heap import own_process
@@ -551,7 +578,13 @@ def main(argv=None) -> None:
         click.echo(f"tensordiff: error: {e.format_message()}", err=True)
         sys.exit(2)
     except BadInput as e:
-        click.echo(f"tensordiff: error: {str(e).splitlines()[0] if str(e) else type(e).__name__}", err=True)
+        # one line: a newline inside the message (a file name may hold one) is shown escaped, not cut at
+        click.echo(f"tensordiff: error: {_one_line(str(e)) or type(e).__name__}", err=True)
+        sys.exit(2)
+    except PermissionError as e:  # a file the user may not read or write: theirs to fix, not a bug
+        where = f"{_one_line(e.filename)}: " if e.filename else ""
+        click.echo(f"tensordiff: error: {where}permission denied ({e.strerror}); give this user access "
+                   "to it or pick another path", err=True)
         sys.exit(2)
     except KeyboardInterrupt:
         click.echo("tensordiff: interrupted", err=True)
