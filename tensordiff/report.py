@@ -41,7 +41,7 @@ def tensor_summary(t: TensorResult) -> str:
                     f"B {m.inf[1]}): nothing compared")
         if m.nonfinite_mismatch:  # the metrics below see only the finite pairs: say so first
             s = (f"{m.nonfinite_mismatch} NaN/Inf on one side only (NaN: A {m.nan[0]}, B {m.nan[1]}); "
-                 f"{m.finite_pairs} finite pairs: ")
+                 "finite pairs: ")
         max_abs = m.finite_max_abs if m.nonfinite_mismatch else m.max_abs
         s += (f"max|Δ| {_g(max_abs)}  mean|Δ| {_g(m.mean_abs)}  cos {m.cosine:.6f}  "
               f"SQNR {_g(m.sqnr_db, '.1f')} dB  ULP p50/p99/max {_g(m.ulp_p50)}/{_g(m.ulp_p99)}/{_g(m.ulp_max)}"

@@ -162,7 +162,10 @@ def _weights(spec: str) -> Path:
         from ..synthetic.qwen3_vl import ensure
 
         return ensure(spec.split(":", 1)[1])
-    p = Path(spec).expanduser()
+    try:
+        p = Path(spec).expanduser()
+    except RuntimeError:  # ~name of no user on this machine
+        raise BadInput(f"weights {spec!r}: {spec.split('/')[0]} is no user's home directory on this machine") from None
     if not p.is_dir():
         raise BadInput(f"weights {spec!r} is neither synthetic:<tiny|full|full-2b> nor a checkpoint directory")
     for name in ("config.json", "preprocessor_config.json"):
