@@ -31,6 +31,7 @@ The runners are imported only when asked for (no torch at import time).
 """
 from __future__ import annotations
 
+import json
 import re
 from pathlib import Path
 from typing import Sequence
@@ -169,8 +170,18 @@ def _weights(spec: str) -> Path:
     if not p.is_dir():
         raise BadInput(f"weights {spec!r} is neither synthetic:<tiny|full|full-2b> nor a checkpoint directory")
     for name in ("config.json", "preprocessor_config.json"):
+        if (p / name).is_dir():
+            raise BadInput(f"checkpoint {p}: {name} is a directory, not a JSON file")
         if not (p / name).is_file():
             raise BadInput(f"checkpoint {p} has no {name}")
+        try:  # what either side reads first: readable, and a JSON object (each side checks its values)
+            body = json.loads((p / name).read_bytes())
+        except OSError as e:
+            raise BadInput(f"cannot read {p / name}: {e.strerror}") from None
+        except ValueError as e:
+            raise BadInput(f"{p / name} is not valid JSON ({e})") from None
+        if not isinstance(body, dict):
+            raise BadInput(f"{p / name} must hold a JSON object")
     if not ((p / "model.safetensors.index.json").is_file() or (p / "model.safetensors").is_file()):
         raise BadInput(f"checkpoint {p} has neither model.safetensors.index.json nor model.safetensors")
     return p
