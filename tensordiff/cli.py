@@ -189,6 +189,9 @@ def inspect(directory, verify):
         click.echo(f"{e.name:<28} {e.boundary:<16} {e.dtype.name:<9} {str(list(e.shape)):<20} "
                    f"{e.stored.nbytes / 1e6:>9.3f}  {e.stored.file.name}:{e.stored.key}{status}")
     click.echo(f"{len(d.entries)} tensors, {d.nbytes / 1e6:.1f} MB")
+    if verify and d.entries and all(e.sha256 is None and not any(p.sha256 for p in getattr(e.stored, "parts", ()))
+                                    for e in d.entries):
+        raise BadInput(f"--verify: no tensor of {d.path} records a sha256; nothing was verified")
     if bad:
         raise BadInput(f"{bad} tensor(s) in {d.path} fail their sha256: the files are corrupt")
 

@@ -343,6 +343,15 @@ def test_wrong_exit_verify_with_no_digests(tmp_path):
     refused(run(["compare", a, b, "--verify"]), "sha256")
 
 
+def test_wrong_exit_inspect_verify_with_no_digests(tmp_path):
+    a = dump(tmp_path / "a", {"x": np.ones(4, np.float32)})
+    m = json.loads((a / "manifest.json").read_text())
+    del m["tensors"][0]["sha256"]
+    (a / "manifest.json").write_text(json.dumps(m))
+    refused(run(["inspect", a, "--verify"]), "sha256")
+    assert run(["inspect", a]).returncode == 0  # without --verify nothing is promised
+
+
 # ============================================================================= unclear message
 
 def test_unclear_manifest_entry_without_file(tmp_path):
