@@ -254,7 +254,8 @@ class _ModelCommand(click.Command):
 @click.option("--side", type=click.Choice(["oracle", "engine"]), required=True)
 @click.option("--out", type=click.Path(path_type=Path), required=True, help="Dump directory to create.")
 @click.option("--format", "fmt", type=click.Choice(["safetensors", "hdf5"]), default="safetensors", show_default=True)
-@click.option("--force", is_flag=True, help="Replace an existing tensordiff dump at --out: its manifest and the files it names; a directory holding any other file is refused.")
+@click.option("--force", is_flag=True, help="Replace an existing tensordiff dump at --out: its manifest and the files "
+              "it names; a directory holding any other file is refused.")
 @_model_options
 def dump(model, side, out, fmt, force, **kw):
     """Run one side of MODEL on an image and write its boundary tensors to a dump directory."""
@@ -510,7 +511,8 @@ def _import_options(f):
     for o in reversed([
         click.option("--out", type=click.Path(path_type=Path), required=True, help="Dump directory to create."),
         click.option("--model", default=None, help="The dump's model name (default: the tool's, else 'plain')."),
-        click.option("--force", is_flag=True, help="Replace an existing tensordiff dump at --out: its manifest and the files it names (any other file: refused)."),
+        click.option("--force", is_flag=True, help="Replace an existing tensordiff dump at --out: its manifest and "
+                     "the files it names (any other file: refused)."),
     ]):
         f = o(f)
     return f
