@@ -4,7 +4,7 @@
 
 Per model, on photographs from scikit-image (PNG and JPEG) and a very wide and a very tall crop:
 the oracle in float32 (reference) and bfloat16 (floor run), the clean engine in bfloat16, and the
-engine with each fault in bfloat16 (numeric pass, `tensordiff.floor.three_way`); the approximation
+engine with each fault in bfloat16 (numeric pass, `tensordiff.judge.floor.three_way`); the approximation
 faults also in float32 (semantic pass, `compare_dumps`). Writes OUT/bf16_verdict.json and
 OUT/bf16_verdict.md: per boundary the floor (relative RMSE), the clean engine's ratios over the
 pictures (min / median / max per statistic) and each fault's ratios and verdict.
@@ -73,8 +73,8 @@ def main(argv=None) -> int:
     ap.add_argument("--budget", type=float, default=420.0,
                     help="seconds: past it, remaining fault runs are skipped (and listed) so the table is written")
     a = ap.parse_args(argv)
-    from tensordiff.floor import DEFAULT_RULE, RATIOS
-    from tensordiff.pipeline import CaseSpec, run_case
+    from tensordiff.judge.floor import DEFAULT_RULE, RATIOS
+    from tensordiff.pipeline.case import CaseSpec, run_case
 
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)

@@ -28,8 +28,8 @@ args="${ENGINE_SPEED_ARGS:-}"
 if [[ "$args" != *--small* ]]; then
   stage "synthetic:full weights (both models; cached after the first run)"
   timeout 120 "$py" -c "
-from tensordiff.synthetic.deepseek_v41_flash import resolve
-from tensordiff.synthetic.qwen3_vl import ensure
+from tensordiff.models.deepseek_v41_flash.synthetic import resolve
+from tensordiff.models.qwen3_vl.synthetic import ensure
 print(resolve('synthetic:full'), ensure('full'))" 2>&1 | tail -2 | tee -a "$log"
 fi
 

@@ -47,7 +47,7 @@ echo "gpu: $gpu  small: $small  engine_speed args: ${args:-(none)}" | tee -a "$l
 if [ $small -eq 0 ]; then
   stage "0. synthetic:full DeepSeek weights (cached after the first run)"
   timeout 120 "$py" -c "
-from tensordiff.synthetic.deepseek_v41_flash import resolve
+from tensordiff.models.deepseek_v41_flash.synthetic import resolve
 print(resolve('synthetic:full'))" 2>&1 | tail -1 | tee -a "$log"
 fi
 

@@ -35,7 +35,7 @@ device = "${DEVICE:-cuda}"
 local_error = false
 TOML
 log="$out/calibrated_gate.log"
-td() { timeout "$1" "$py" -m tensordiff.cli "${@:2}"; }
+td() { timeout "$1" "$py" -m tensordiff.commands.cli "${@:2}"; }
 echo "=== calibrate ($(date +%T))" | tee "$log"
 sed 's/^tolerances = .*//' "$work/gate.toml" >"$work/cal-gate.toml"
 td 200 calibrate "$work/cal-gate.toml" --out "$out/calibration.toml" 2>&1 | tail -30 | tee -a "$log"

@@ -17,7 +17,7 @@ dev="${DEVICE:-$("$py" -c 'import torch; print("cuda" if torch.cuda.is_available
 meta="$out/.meta/tensordiff-0.1.0.dist-info"
 mkdir -p "$meta"
 printf 'Metadata-Version: 2.1\nName: tensordiff\nVersion: 0.1.0\n' >"$meta/METADATA"
-printf '[tensordiff.models]\ndeepseek-v4.1-flash = tensordiff.models.deepseek_v41_flash:ADAPTER\nqwen3-vl = tensordiff.models.qwen3_vl:ADAPTER\n' \
+printf '[tensordiff.models]\ndeepseek-v4.1-flash = tensordiff.models.deepseek_v41_flash.adapter:ADAPTER\nqwen3-vl = tensordiff.models.qwen3_vl.adapter:ADAPTER\n' \
   >"$meta/entry_points.txt"
 export PYTHONPATH="$PWD:$out/.meta" PYTHONUNBUFFERED=1 TENSORDIFF_CACHE="${TENSORDIFF_CACHE:-$out/cache}"
 unset TENSORDIFF_FUSE TENSORDIFF_GRAPHS
@@ -28,7 +28,7 @@ P="Describe <image> in one line."
 # name, expected exit status, then the tensordiff arguments
 td() {
   local name="$1" want="$2"; shift 2
-  timeout 300 "$py" -m tensordiff.cli "$@" >"$out/$name.txt" 2>&1
+  timeout 300 "$py" -m tensordiff.commands.cli "$@" >"$out/$name.txt" 2>&1
   local rc=$?
   printf '%s\t%s\t%s\t%s\n' "$name" "$want" "$rc" "$(head -1 "$out/$name.txt" | tr '\t' ' ')" | tee -a "$results"
 }

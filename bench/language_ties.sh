@@ -33,7 +33,7 @@ import sys
 from pathlib import Path
 from PIL import Image
 out, quick = Path(sys.argv[1]), sys.argv[2] == "1"
-from tensordiff.inputs import default_image_path
+from tensordiff.pipeline.inputs import default_image_path
 pics = {"bundled": Image.open(default_image_path()).convert("RGB")}
 try:
     import skimage.data as d
@@ -58,7 +58,7 @@ if quick:
 print("images:", " ".join(names))
 EOF
 
-if [ "${FULL_LANGUAGE:-0}" = 1 ] && timeout 60 "$py" -m tensordiff.cli check --help 2>/dev/null | grep -q -- "--layers"; then
+if [ "${FULL_LANGUAGE:-0}" = 1 ] && timeout 60 "$py" -m tensordiff.commands.cli check --help 2>/dev/null | grep -q -- "--layers"; then
   weights=(--weights synthetic:full --layers "${LAYERS:-0-2}")
 else
   weights=(--weights synthetic:tiny)
@@ -69,7 +69,7 @@ P="Describe <image>."
 run() {  # name, then check arguments
   local name="$1"; shift
   if (( $(date +%s) - start > budget )); then echo "$name: skipped (time budget)" | tee -a "$log"; return; fi
-  timeout 300 "$py" -m tensordiff.cli check deepseek-v4.1-flash --device "$device" "${weights[@]}" "$@" \
+  timeout 300 "$py" -m tensordiff.commands.cli check deepseek-v4.1-flash --device "$device" "${weights[@]}" "$@" \
     --json "$out/$name.json" >"$out/$name.txt" 2>&1
   local rc=$?
   echo "$rc" >"$out/$name.rc"

@@ -278,8 +278,8 @@ def run_official(model_mod, checkpoint: Path, prompt: str, images: list[Path], e
 
 
 def run_oracle(prompt: str, images: list[Path]):
-    from tensordiff.capture import MemoryRecorder
-    from tensordiff.runs import make_request
+    from tensordiff.format.capture import MemoryRecorder
+    from tensordiff.pipeline.runs import make_request
 
     adapter, req = make_request("deepseek-v4.1-flash", image=images[0], more_images=tuple(images[1:]),
                                 weights="synthetic:tiny-fp8", dtype="bfloat16", prompt=prompt)
@@ -342,8 +342,8 @@ def main(argv=None) -> int:
                     help="an image (repeat for several, one <image> each; default: the bundled picture)")
     ap.add_argument("--prompt", default=None)
     a = ap.parse_args(argv)
-    from tensordiff.inputs import default_image_path
-    from tensordiff.synthetic.deepseek_v41_flash import resolve
+    from tensordiff.pipeline.inputs import default_image_path
+    from tensordiff.models.deepseek_v41_flash.synthetic import resolve
 
     images = a.image or [default_image_path()]
     prompt = a.prompt or (DEFAULT_PROMPT if len(images) == 1 else

@@ -30,7 +30,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from tensordiff.models.deepseek_faults import NORM_EPS, RESIDUAL_SCALE, SPLITK_BF16, TAIL_ROW_SCALE
+from tensordiff.models.deepseek_v41_flash.faults import NORM_EPS, RESIDUAL_SCALE, SPLITK_BF16, TAIL_ROW_SCALE
 
 MODEL = "deepseek-v4.1-flash"
 PHOTOS = ("astronaut", "chelsea", "coffee", "rocket")
@@ -81,7 +81,7 @@ def profile_json(cal) -> dict:
 
 
 def shift(eager: dict, compiled: dict) -> dict:
-    from tensordiff.floor import profile_band
+    from tensordiff.judge.floor import profile_band
 
     out = {}
     for name, per in compiled.items():
@@ -101,7 +101,7 @@ def shift(eager: dict, compiled: dict) -> dict:
 
 def transfer(base: dict, other: dict) -> dict:
     """Does the `other` weights' clean profile stay inside `base`'s band, per boundary/stat?"""
-    from tensordiff.floor import profile_band
+    from tensordiff.judge.floor import profile_band
 
     out = {}
     for name, per in other.items():
@@ -143,9 +143,10 @@ def main(argv=None) -> int:
     if a.fault_images < 1:
         print(f"profile_spread: --fault-images must be at least 1, not {a.fault_images}", file=sys.stderr)
         return 2
-    from tensordiff.calibrate import calibrate, write
+    from tensordiff.commands.calibrate import calibrate
+    from tensordiff.pipeline.calibration import write
     from tensordiff.errors import BadInput
-    from tensordiff.gate import from_mapping, run_gate
+    from tensordiff.commands.gate import from_mapping, run_gate
 
     weights = a.weights or ("synthetic:tiny" if a.smoke else "synthetic:full")
     device = a.device or ("cpu" if a.smoke else "cuda")

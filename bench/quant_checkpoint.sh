@@ -15,7 +15,7 @@ py="${PYTHON:-python3}"
 dev="${DEVICE:-cuda}"
 log="$out/quant.log"
 stage() { echo "=== $1 ($(date +%T))" | tee -a "$log"; }
-td() { local name="$1"; shift; timeout 300 "$py" -m tensordiff.cli "$@" --json "$out/$name.json" >"$out/$name.txt" 2>&1
+td() { local name="$1"; shift; timeout 300 "$py" -m tensordiff.commands.cli "$@" --json "$out/$name.json" >"$out/$name.txt" 2>&1
        local rc=$?; echo "$name: exit $rc $(head -1 "$out/$name.txt")" | tee -a "$log"; }
 
 stage "FP8 / FP4 GEMM: engine vs the official block order, released shapes"

@@ -1,7 +1,7 @@
 """The fp32 re-check of the Qwen3-VL logits false alarm (issue 14): synthetic:full-2b in float32,
 TF32 off, `tensordiff check` on chelsea and astronaut at prefill chunks 1, 16 and 64 with 2
 decode steps. Every check must MATCH: the fp32 logits are now judged with atol in units of their
-RMS (`tensordiff.tolerance`, `atol_scale`), and every other boundary as before.
+RMS (`tensordiff.judge.tolerance`, `atol_scale`), and every other boundary as before.
 
     python bench/qwen_full2b_fp32.py --out DIR [--weights synthetic:full-2b] [--device cuda] [--faults]
 
@@ -27,7 +27,7 @@ sys.path.insert(0, str(ROOT))
 
 from qwen_language import PROMPT, photographs  # noqa: E402  (the same pictures and prompt)
 
-from tensordiff.tolerance import Tolerance  # noqa: E402
+from tensordiff.judge.tolerance import Tolerance  # noqa: E402
 
 CHUNKS, DECODE, PICTURES = (1, 16, 64), 2, ("chelsea", "astronaut")
 # --faults: planted faults and the boundary each must be named at (the fp32 false alarm at
@@ -87,7 +87,7 @@ def main() -> int:
             checks.append(row)
             continue
         j = args.out / f"{pic.stem}-chunk{chunk}{'-' + fault if fault else ''}.json"
-        cmd = [sys.executable, "-m", "tensordiff.cli", "check", "qwen3-vl", "--weights", args.weights,
+        cmd = [sys.executable, "-m", "tensordiff.commands.cli", "check", "qwen3-vl", "--weights", args.weights,
                "--device", args.device, "--dtype", "float32", "--image", str(pic), "--prompt", PROMPT,
                "--chunk", str(chunk), "--decode", str(DECODE), "--json", str(j)] + (["--fault", fault] if fault else [])
         s = time.monotonic()

@@ -71,9 +71,9 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)
 
-    from tensordiff import registry
-    from tensordiff.gate import from_mapping, run_gate
-    from tensordiff.models.qwen3_vl_faults import LANGUAGE_FAULTS
+    from tensordiff.pipeline import registry
+    from tensordiff.commands.gate import from_mapping, run_gate
+    from tensordiff.models.qwen3_vl.faults import LANGUAGE_FAULTS
 
     t0 = time.perf_counter()
     adapter = registry.adapter("qwen3-vl")

@@ -32,9 +32,9 @@ sys.path.insert(0, str(ROOT / "bench"))
 import engine.runtime.fused as fused  # noqa: E402  (where the block compiler lives)
 from deepseek_vision import DTYPES, picture, timed  # noqa: E402
 from engine.deepseek_v41_flash.run import VisionEngine  # noqa: E402
-from tensordiff.capture import MemoryRecorder, NullRecorder  # noqa: E402
-from tensordiff.runs import make_request  # noqa: E402
-from tensordiff.synthetic.deepseek_v41_flash import resolve  # noqa: E402
+from tensordiff.format.capture import MemoryRecorder, NullRecorder  # noqa: E402
+from tensordiff.pipeline.runs import make_request  # noqa: E402
+from tensordiff.models.deepseek_v41_flash.synthetic import resolve  # noqa: E402
 
 
 def _refuse(fn):

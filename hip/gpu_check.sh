@@ -42,7 +42,7 @@ rc=${PIPESTATUS[0]}; [ "$rc" = 0 ] || [ "$status" != 0 ] || status=12
 
 stage "tensordiff check --backend hip"
 td=(tensordiff)
-command -v tensordiff >/dev/null || td=("$py" -m tensordiff.cli)
+command -v tensordiff >/dev/null || td=("$py" -m tensordiff.commands.cli)
 for dt in float32 bfloat16; do
   timeout 240 "${td[@]}" check deepseek-v4.1-flash --weights synthetic:tiny --backend hip --device cuda \
     --dtype "$dt" --json "$out/check-$dt.json" 2>&1 | tee -a "$log" | tail -15

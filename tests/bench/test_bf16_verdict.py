@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import json
 
-from tensordiff.models import deepseek_faults as D
+import tensordiff.models.deepseek_v41_flash.faults as D
 
 
 def test_bf16_verdict_tiny_writes_its_table(tmp_path, bench, capsys):

@@ -10,7 +10,7 @@ import json
 import subprocess
 from pathlib import Path
 
-from tensordiff.models import deepseek_faults as D
+import tensordiff.models.deepseek_v41_flash.faults as D
 
 BENCH = Path(__file__).resolve().parents[2] / "bench"
 

@@ -8,7 +8,7 @@ import signal
 import subprocess
 from pathlib import Path
 
-from tensordiff.models.deepseek_faults import NORM_EPS, RESIDUAL_SCALE, SPLITK_BF16, TAIL_ROW_SCALE
+from tensordiff.models.deepseek_v41_flash.faults import NORM_EPS, RESIDUAL_SCALE, SPLITK_BF16, TAIL_ROW_SCALE
 
 ROOT = Path(__file__).resolve().parents[2]
 

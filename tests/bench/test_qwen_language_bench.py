@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 
-from tensordiff.models import qwen3_vl_faults as QF
+import tensordiff.models.qwen3_vl.faults as QF
 
 
 def test_bench_smoke_writes_its_report(tmp_path, bench, capsys):

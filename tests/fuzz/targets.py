@@ -19,10 +19,10 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
-from tensordiff.capture import FORMAT  # noqa: E402
-from tensordiff.dtypes import BY_NAME  # noqa: E402
+from tensordiff.format.capture import FORMAT  # noqa: E402
+from tensordiff.format.dtypes import BY_NAME  # noqa: E402
 from tensordiff.errors import BadInput  # noqa: E402
-from tensordiff.storage import write_hdf5, write_safetensors  # noqa: E402
+from tensordiff.format.storage import write_hdf5, write_safetensors  # noqa: E402
 
 
 def _safetensors_bytes() -> bytes:
@@ -106,7 +106,7 @@ def _contract_bytes() -> list[bytes]:
 def _ds_config_bytes() -> list[bytes]:
     """The tiny synthetic DeepSeek config (every field a checkpoint states) and the empty object
     (every field at its default)."""
-    from tensordiff.synthetic.deepseek_v41_flash import CONFIGS
+    from tensordiff.models.deepseek_v41_flash.synthetic import CONFIGS
 
     return [json.dumps(CONFIGS["tiny"]()).encode(), b"{}"]
 
@@ -114,7 +114,7 @@ def _ds_config_bytes() -> list[bytes]:
 def _qwen_config_bytes() -> list[bytes]:
     """config.json and preprocessor_config.json of the tiny synthetic Qwen3-VL checkpoint, as one
     JSON pair [config, preprocessor] (the runner writes each to its file)."""
-    from tensordiff.synthetic.qwen3_vl import config_json, preprocessor_json
+    from tensordiff.models.qwen3_vl.synthetic import config_json, preprocessor_json
 
     return [json.dumps([config_json("tiny"), preprocessor_json("tiny")]).encode()]
 
@@ -139,7 +139,7 @@ def _listing(work: Path) -> set[str]:
 
 
 def _run_manifest(data: bytes, work: Path) -> None:
-    from tensordiff.dump import open_dump
+    from tensordiff.format.dump import open_dump
 
     d = work / "dump"
     d.mkdir(exist_ok=True)
@@ -156,7 +156,7 @@ def _run_manifest(data: bytes, work: Path) -> None:
 
 
 def _run_safetensors(data: bytes, work: Path) -> None:
-    from tensordiff.storage import read_safetensors_header
+    from tensordiff.format.storage import read_safetensors_header
 
     p = work / "x.safetensors"
     p.write_bytes(data)
@@ -170,7 +170,7 @@ def _run_safetensors(data: bytes, work: Path) -> None:
 
 
 def _run_hdf5(data: bytes, work: Path) -> None:
-    from tensordiff.storage import read_hdf5_entry
+    from tensordiff.format.storage import read_hdf5_entry
 
     p = work / "x.h5"
     p.write_bytes(data)
@@ -193,8 +193,8 @@ def _run_hdf5_layout(data: bytes, work: Path) -> None:
 
     import h5py
 
-    from tensordiff.hdf5_layout import Layout
-    from tensordiff.storage import H5_ERRORS, plain_hdf5_entry, read_hdf5_entry
+    from tensordiff.format.hdf5_layout import Layout
+    from tensordiff.format.storage import H5_ERRORS, plain_hdf5_entry, read_hdf5_entry
 
     p = work / "x.h5"
     p.write_bytes(data)
@@ -223,7 +223,7 @@ def _run_hdf5_layout(data: bytes, work: Path) -> None:
 
 
 def _run_tolerance(data: bytes, work: Path) -> None:
-    from tensordiff.tolerance import load
+    from tensordiff.judge.tolerance import load
 
     p = work / "t.toml"
     p.write_bytes(data)
@@ -234,7 +234,7 @@ def _run_tolerance(data: bytes, work: Path) -> None:
 
 
 def _run_image(data: bytes, work: Path) -> None:
-    from tensordiff.provenance import describe_image
+    from tensordiff.pipeline.provenance import describe_image
 
     p = work / "img"
     p.write_bytes(data)
@@ -244,8 +244,8 @@ def _run_image(data: bytes, work: Path) -> None:
 def _run_contract(data: bytes, work: Path) -> None:
     from safetensors.numpy import save_file
 
-    from tensordiff.contract_file import load
-    from tensordiff.plain import open_any
+    from tensordiff.judge.contract_file import load
+    from tensordiff.format.plain import open_any
 
     for name, keys in (("a.safetensors", ("embed", "layers.0.out", "layers.1.out", "patches")),
                        ("b.safetensors", ("tok", "blk0", "blk1", "tokens.patches"))):
@@ -261,7 +261,7 @@ def _run_contract(data: bytes, work: Path) -> None:
 
 
 def _run_polygraphy(data: bytes, work: Path) -> None:
-    from tensordiff.import_polygraphy import read
+    from tensordiff.format.importers.polygraphy import read
 
     p = work / "r.json"
     p.write_bytes(data)
@@ -271,7 +271,7 @@ def _run_polygraphy(data: bytes, work: Path) -> None:
 def _run_hf_debugger(data: bytes, work: Path) -> None:
     import shutil
 
-    from tensordiff.import_hf_debugger import read
+    from tensordiff.format.importers.hf_debugger import read
 
     d = work / "dbg"
     if not d.exists():

@@ -125,7 +125,7 @@ def tolerance_files(draw) -> str:
 
 
 def test_tolerance_values(tmp_path):
-    from tensordiff.tolerance import load
+    from tensordiff.judge.tolerance import load
 
     @SETTINGS
     @given(tolerance_files())

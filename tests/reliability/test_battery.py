@@ -27,7 +27,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tensordiff.capture import Recorder
+from tensordiff.format.capture import Recorder
 
 HERE = Path(__file__).resolve().parent
 TD = Path(sys.executable).with_name("tensordiff")  # the installed console script
@@ -100,14 +100,14 @@ def _rewrite(path: Path, obj) -> None:
 
 @pytest.fixture(scope="module")
 def ds_ckpt():
-    from tensordiff.synthetic.deepseek_v41_flash import synthetic_dir
+    from tensordiff.models.deepseek_v41_flash.synthetic import synthetic_dir
 
     return synthetic_dir("tiny")
 
 
 @pytest.fixture(scope="module")
 def qwen_ckpt():
-    from tensordiff.synthetic.qwen3_vl import ensure
+    from tensordiff.models.qwen3_vl.synthetic import ensure
 
     return ensure("tiny")
 
@@ -251,7 +251,7 @@ def test_data_lost_dump_force_keeps_strangers(tmp_path):
 
 
 def test_data_lost_dump_force_keeps_the_input_image(tmp_path):
-    from tensordiff.inputs import default_image_path
+    from tensordiff.pipeline.inputs import default_image_path
 
     d = _force_dir(tmp_path)
     img = d / "picture.png"

@@ -5,13 +5,15 @@
 
 Every open of one of those paths (io.open, os.open) raises PermissionError(EACCES), as the
 kernel does for a user without read permission; anything else is untouched. The command then
-runs as the console script does (`tensordiff.cli.main()`).
+runs as the console script does (`tensordiff.commands.cli.main()`).
 """
 import builtins
 import errno
 import io
 import os
 import sys
+
+from tensordiff.commands.cli import main
 
 BLOCKED = {os.path.realpath(p) for p in os.environ.get("TD_UNREADABLE", "").splitlines() if p}
 
@@ -35,7 +37,5 @@ io.open = builtins.open = _guard(io.open)
 os.open = _guard(os.open)
 
 if __name__ == "__main__":
-    from tensordiff.cli import main
-
     sys.argv = ["tensordiff", *sys.argv[1:]]
     main()

@@ -8,8 +8,8 @@ from helpers_dumps import write
 from safetensors.torch import load_file, save_file
 
 from tensordiff import BadInput, Recorder, open_dump
-from tensordiff.capture import MemoryRecorder
-from tensordiff.storage import read_safetensors_header
+from tensordiff.format.capture import MemoryRecorder
+from tensordiff.format.storage import read_safetensors_header
 
 
 def test_record_copies_the_buffer(tmp_path):
@@ -123,7 +123,7 @@ def test_overwrite_replaces_a_dump(tmp_path):
 
 
 def test_cli_force_onto_a_user_directory_exits_2(tmp_path, capsys):
-    from tensordiff.cli import main
+    from tensordiff.commands.cli import main
 
     user = tmp_path / "mine"
     user.mkdir()

@@ -10,9 +10,9 @@ import numpy as np
 import pytest
 from safetensors.numpy import load_file, save_file
 
-from tensordiff.dump import open_dump
+from tensordiff.format.dump import open_dump
 from tensordiff.errors import BadInput
-from tensordiff.import_hf_debugger import read
+from tensordiff.format.importers.hf_debugger import read
 from tests.cli_runner import run_cli
 
 SAMPLE = Path(__file__).resolve().parents[1] / "data" / "import" / "hf-debugger"

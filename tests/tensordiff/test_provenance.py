@@ -12,10 +12,10 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from tensordiff import provenance
-from tensordiff.capture import MemoryRecorder, Recorder
-from tensordiff.dump import open_dump
-from tensordiff.inputs import default_image_path
+from tensordiff.pipeline import provenance
+from tensordiff.format.capture import MemoryRecorder, Recorder
+from tensordiff.format.dump import open_dump
+from tensordiff.pipeline.inputs import default_image_path
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -95,7 +95,7 @@ def test_versions_and_the_image_description():
 
 
 def test_sources_are_found_without_importing_them(tmp_path):
-    code = ("import sys; from tensordiff.provenance import source_files\n"
+    code = ("import sys; from tensordiff.pipeline.provenance import source_files\n"
             "files = source_files('oracle.deepseek_v41_flash')\n"
             "assert any(rel == 'vision.py' for rel, _ in files), files\n"
             "assert 'oracle' not in sys.modules and 'torch' not in sys.modules")
@@ -127,7 +127,7 @@ def test_update_run_merges_deeply(tmp_path):
 
 @pytest.mark.parametrize("model", ["deepseek-v4.1-flash", "qwen3-vl"])
 def test_both_sides_carry_one_provenance(tmp_path, model):
-    from tensordiff.runs import make_request, run_side
+    from tensordiff.pipeline.runs import make_request, run_side
 
     adapter, req = make_request(model)
     runs = [open_dump(run_side(adapter, side, req, tmp_path / side)).run for side in ("oracle", "engine")]

@@ -3,7 +3,7 @@ import pytest
 import torch
 
 from tensordiff import MemoryRecorder, Recorder, tap
-from tensordiff.dump import open_dump
+from tensordiff.format.dump import open_dump
 from tensordiff.errors import BadInput
 
 

@@ -1,5 +1,5 @@
 """The engine checks every language tensor's shape against the config before reading it
-(`engine/deepseek_v41_flash/language/shapes.py`), as the oracle's modules do: a checkpoint
+(`engine/deepseek_v41_flash/shapes.py`), as the oracle's modules do: a checkpoint
 tensor of another shape is exit 2 naming it, from the engine route alone."""
 from __future__ import annotations
 
@@ -12,9 +12,9 @@ from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 
 from engine.deepseek_v41_flash.config import Config
-from engine.deepseek_v41_flash.language.model import LanguageModel
-from engine.deepseek_v41_flash.language.shapes import language_shapes
-from tensordiff.synthetic.deepseek_v41_flash import resolve
+from engine.deepseek_v41_flash.model import LanguageModel
+from engine.deepseek_v41_flash.shapes import language_shapes
+from tensordiff.models.deepseek_v41_flash.synthetic import resolve
 
 from cli_runner import run_cli
 
