@@ -124,6 +124,8 @@ def compare(a, b, json_path, tolerances, fail_fast, verify, junit_path=None, htm
         raise BadInput("--contract and --floor cannot be combined (the three-way pass reads the model's own contract)")
     if contract_path is not None:
         da, db, contract, contract_notes = load_contract(contract_path).bind(da, db)
+    if verify:
+        contract_notes += _unverified(da, db)
     if floor_dir is not None:
         report = three_way(da, open_dump(floor_dir), db, rule_of(tolerances), tolerances=tolerances)
     else:
@@ -136,6 +138,9 @@ def compare(a, b, json_path, tolerances, fail_fast, verify, junit_path=None, htm
     elif report is None:
         report = compare_dumps(da, db, tolerances, contract=contract, fail_fast=fail_fast, verify=verify)
     report.notes[:0] = contract_notes
+    compared = [t for bd in report.boundaries for t in bd.tensors]
+    if compared and all(t.status == "skipped" for t in compared):
+        raise BadInput(f"nothing compared: every tensor that {a} and {b} both hold is empty")
     if json_path or junit_path or html_path:  # the report writers (and their imports) only when asked for
 
         write_reports(report_json=report.as_json(), json_path=json_path,
@@ -162,6 +167,24 @@ def _inspect_checkpoint(directory: Path, layers: str | None) -> None:
                 raise BadInput(f"{directory} cannot be read by that run: {view.problems[0]}{more}")
             return
     raise BadInput(f"{directory} is a checkpoint directory, but no installed model adapter describes its config.json")
+
+
+def _unverified(da, db) -> list[str]:
+    """`--verify`'s notes on the tensors it cannot check (no sha256 recorded); exit 2 when no
+    tensor of either dump has one: nothing would be verified."""
+    notes = []
+    def digested(e) -> bool:  # a merged (sharded) tensor is verified through its ranks' parts
+        return e.sha256 is not None or any(p.sha256 for p in getattr(e.stored, "parts", ()))
+
+    bare = {side: [e.name for e in d.entries if not digested(e)] for side, d in (("A", da), ("B", db))}
+    if all(len(bare[s]) == len(d.entries) for s, d in (("A", da), ("B", db))):
+        raise BadInput(f"--verify: no tensor of {da.path} or {db.path} records a sha256; nothing would be "
+                       "verified (drop --verify, or record the dumps with tensordiff's Recorder)")
+    for side, names in bare.items():
+        if names:
+            notes.append(f"--verify: {len(names)} tensor(s) of side {side} record no sha256 and were not verified: "
+                         f"{', '.join(names[:5])}{', ...' if len(names) > 5 else ''}")
+    return notes
 
 
 @cli.command()
@@ -201,6 +224,9 @@ def inspect(directory, verify, layers):
                      f"{e.stored.file.name}:{e.stored.key}{status}"))
     click.echo("\n".join(dump_table(rows)))
     click.echo(f"{len(d.entries)} tensors, {d.nbytes / 1e6:.1f} MB")
+    if verify and d.entries and all(e.sha256 is None and not any(p.sha256 for p in getattr(e.stored, "parts", ()))
+                                    for e in d.entries):
+        raise BadInput(f"--verify: no tensor of {d.path} records a sha256; nothing was verified")
     frozen = replay_check.note(d, read=verify)  # without --verify, from the manifest's digests only
     if frozen:
         click.echo(f"note: {frozen}")
@@ -265,7 +291,8 @@ class _ModelCommand(click.Command):
 @click.option("--side", type=click.Choice(["oracle", "engine"]), required=True)
 @click.option("--out", type=click.Path(path_type=Path), required=True, help="Dump directory to create.")
 @click.option("--format", "fmt", type=click.Choice(["safetensors", "hdf5"]), default="safetensors", show_default=True)
-@click.option("--force", is_flag=True, help="Replace an existing tensordiff dump at --out (never any other file or directory).")
+@click.option("--force", is_flag=True, help="Replace an existing tensordiff dump at --out: its manifest and the files "
+              "it names; a directory holding any other file is refused.")
 @_model_options
 def dump(model, side, out, fmt, force, **kw):
     """Run one side of MODEL on an image and write its boundary tensors to a dump directory."""
@@ -495,7 +522,8 @@ def _import_options(f):
     for o in reversed([
         click.option("--out", type=click.Path(path_type=Path), required=True, help="Dump directory to create."),
         click.option("--model", default=None, help="The dump's model name (default: the tool's, else 'plain')."),
-        click.option("--force", is_flag=True, help="Replace an existing tensordiff dump at --out (nothing else)."),
+        click.option("--force", is_flag=True, help="Replace an existing tensordiff dump at --out: its manifest and "
+                     "the files it names (any other file: refused)."),
     ]):
         f = o(f)
     return f
@@ -555,6 +583,10 @@ def import_sglang(directory, step, ranks, names, out, model, force):
                f"{sum(len(p.tensors) for p in parts)} tensors from {parts[0].tool}")
 
 
+def _one_line(text) -> str:
+    return str(text).strip().replace("\r", "\\r").replace("\n", "\\n")
+
+
 def main(argv=None) -> None:
     if argv is None:  # the console script: this process is the command (a test passes its arguments)
 
@@ -579,7 +611,13 @@ def main(argv=None) -> None:
         click.echo(f"tensordiff: error: {e.format_message()}", err=True)
         sys.exit(2)
     except BadInput as e:
-        click.echo(f"tensordiff: error: {str(e).splitlines()[0] if str(e) else type(e).__name__}", err=True)
+        # one line: a newline inside the message (a file name may hold one) is shown escaped, not cut at
+        click.echo(f"tensordiff: error: {_one_line(str(e)) or type(e).__name__}", err=True)
+        sys.exit(2)
+    except PermissionError as e:  # a file the user may not read or write: theirs to fix, not a bug
+        where = f"{_one_line(e.filename)}: " if e.filename else ""
+        click.echo(f"tensordiff: error: {where}permission denied ({e.strerror}); give this user access "
+                   "to it or pick another path", err=True)
         sys.exit(2)
     except KeyboardInterrupt:
         click.echo("tensordiff: interrupted", err=True)

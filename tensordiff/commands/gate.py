@@ -124,7 +124,10 @@ def _check(table: dict, allowed: dict, where: str) -> None:
 
 
 def _resolve(base: Path, p: str) -> Path:
-    q = Path(p).expanduser()
+    try:
+        q = Path(p).expanduser()
+    except RuntimeError:  # ~name of no user on this machine
+        raise BadInput(f"{p!r}: {p.split('/')[0]} is no user's home directory on this machine") from None
     return q if q.is_absolute() else base / q
 
 

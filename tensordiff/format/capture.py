@@ -100,11 +100,30 @@ def is_dump_dir(path: Path) -> bool:
 
 
 def refuse_unless_dump(path: Path) -> None:
+    """`--force` replaces a dump only: a directory holding our manifest and nothing but the files
+    that manifest names (what a dump wrote); any other file in it is the user's, and refused."""
     if not is_dump_dir(path):
         kind = "a file" if path.is_file() and not path.is_symlink() else (
             "a link" if path.is_symlink() else "a directory that is not a tensordiff dump")
         raise BadInput(f"{path} is {kind}; --force only replaces a tensordiff dump (a directory with its "
                        "manifest.json), so pick another --out or remove it yourself")
+    stranger = _stranger(path)
+    if stranger is not None:
+        raise BadInput(f"{path} holds {stranger!r}, which its manifest does not name; --force only replaces what a "
+                       "dump wrote, so move that file out or pick another --out")
+
+
+def _stranger(path: Path) -> str | None:
+    """The first entry (in name order) of a dump directory that is neither its manifest nor a file
+    the manifest names; None when there is none."""
+    try:
+        with open(path / "manifest.json", "rb") as f:
+            tensors = json.loads(f.read(64 << 20).decode("utf-8")).get("tensors")
+        names = {"manifest.json"} | {t["file"] for t in tensors if isinstance(t, dict) and isinstance(t.get("file"), str)}
+        present = sorted(os.listdir(path))
+    except (OSError, UnicodeDecodeError, ValueError, AttributeError, TypeError) as e:
+        raise BadInput(f"cannot read the dump {path} that --force would replace ({e})") from None
+    return next((n for n in present if n not in names or not (path / n).is_file() or (path / n).is_symlink()), None)
 
 
 def merge_run(run: dict, fields: dict) -> None:
@@ -164,6 +183,12 @@ class Recorder:
                 raise BadInput(f"{self.path} already exists; refusing to overwrite it (pass --force to replace a dump)")
             refuse_unless_dump(self.path)
         parent = self.path.resolve().parent
+        for up in (parent, *parent.parents):  # a path under a regular file can never be made
+            if up.exists():
+                if not up.is_dir():
+                    raise BadInput(f"{self.path} cannot be created: {up} is a file, not a directory; "
+                                   "pick an --out outside it")
+                break
         if not parent.exists():
             try:
                 parent.mkdir(parents=True, exist_ok=True)

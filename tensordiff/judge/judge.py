@@ -119,6 +119,9 @@ class Judge:
         if da.is_float != db.is_float:
             res.status, res.reason = "incomparable", f"{da.name} vs {db.name} (float vs integer)"
             return res, None, None, None
+        if not ea.stored.numel:  # equal shapes with a zero in them: reported as not compared, never as a match
+            res.status, res.reason = "skipped", f"empty on both sides (shape {list(ea.shape)}): no element to compare"
+            return res, None, None, None
         mode = res.mode = self.mode(ea.name, da)
         if not da.is_float:
             tol = self.tolerance(boundary.name, "int")
@@ -430,6 +433,8 @@ def boundary_dtypes(boundary: str, run: dict | None) -> tuple[str, ...]:
 def settle(tensors: list[TensorResult]) -> tuple[str, str]:
     """A boundary's (status, reason) from its tensors."""
     statuses = {t.status for t in tensors}
+    if statuses == {"skipped"}:  # every tensor empty: the boundary was not compared either
+        return "skipped", "; ".join(f"{t.name}: {t.reason}" for t in tensors)
     for s in SETTLE_ORDER:
         if s in statuses:
             return s, "; ".join(f"{t.name}: {t.reason}" for t in tensors if t.status == s)

@@ -123,6 +123,7 @@ DEFAULTS: dict[str, Tolerance] = {
 }
 DEFAULTS = {k: replace(v, source=f"default ({k})") for k, v in DEFAULTS.items()}
 _FIELDS = {f.name for f in fields(Tolerance)} - {"source", "scale", "origins"}
+FRACTIONS = {"max_mismatch": "a fraction of the elements", "min_cosine": "a cosine similarity"}
 ATOL_SCALES = ("rms",)  # what `atol_scale` may name ("none" in a file: not scaled)
 
 
@@ -219,6 +220,10 @@ def check_table(t: Any, where: str) -> dict[str, Any]:
             # element pass; inf would too: a tolerance is a finite number >= 0
             if v is not None and (not isinstance(v, (int, float)) or isinstance(v, bool) or not math.isfinite(v) or v < 0):
                 raise BadInput(f"{where}.{k} must be a finite non-negative number, not {v!r}")
+            # a fraction and a cosine cannot pass 1: above it every tensor fails (min_cosine) or
+            # none ever can (max_mismatch), which no file means to say
+            if v is not None and k in FRACTIONS and v > 1:
+                raise BadInput(f"{where}.{k} must lie in [0, 1] ({FRACTIONS[k]}), not {v!r}")
             out[k] = float(v) if v is not None else None
         else:
             raise BadInput(f"{where}: unknown key {k!r} (known: {', '.join(sorted(_FIELDS))} or a dtype)")
@@ -262,7 +267,8 @@ def read_toml(path) -> dict:
         return {}
     p = Path(path)
     if not p.is_file():
-        raise BadInput(f"tolerance file {p} does not exist")
+        raise BadInput(f"tolerance file {p} is a directory; pass the TOML file itself" if p.is_dir()
+                       else f"tolerance file {p} does not exist")
     try:
         return tomllib.loads(_text(p))
     except tomllib.TOMLDecodeError as e:

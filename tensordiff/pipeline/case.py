@@ -187,7 +187,11 @@ def check_weights(spec: str, base: Path, where: str) -> str:
     else a checkpoint directory (relative to `base`), returned absolute."""
     if spec.startswith("synthetic:"):
         return spec
-    p = Path(spec).expanduser()
+    try:
+        p = Path(spec).expanduser()
+    except RuntimeError:  # ~name of no user on this machine
+        raise BadInput(f"{where}: weights {spec!r}: {spec.split('/')[0]} is no user's home directory on this "
+                       "machine") from None
     p = p if p.is_absolute() else base / p
     if not p.is_dir():
         raise BadInput(f"{where}: weights {spec!r} is neither synthetic:<variant> nor a checkpoint directory ({p})")

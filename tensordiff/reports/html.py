@@ -32,6 +32,10 @@ from tensordiff.version import VERSION
 IMAGE_LAYOUTS = ("grid", "merge", "merged", "cells")
 MAX_SIDE = 480  # px of the longest side of a heatmap picture: readable, and the page stays small
 MIN_SIDE = 320
+# The largest patch grid a heatmap is drawn on: 16M patches (a 65,536-pixel square at patch 16),
+# far beyond any model's budget; a larger one in a manifest or contract gets no heatmap.
+MAX_GRID_SIDE = 1 << 16
+MAX_GRID_CELLS = 1 << 24
 
 
 def esc(s) -> str:
@@ -54,8 +58,11 @@ class HeatView:
 # ----------------------------------------------------------------------------- geometry
 
 def _grid(run: dict, key: str) -> tuple[int, int] | None:
+    """run.inputs.grid / .cells as (h, w); None when absent, malformed or larger than any picture
+    (a manifest or contract is untrusted, and the heatmap allocates the grid)."""
     g = (run.get("inputs") or {}).get(key) if isinstance(run, dict) else None
-    if isinstance(g, (list, tuple)) and len(g) == 2 and all(isinstance(v, int) and v > 0 for v in g):
+    if (isinstance(g, (list, tuple)) and len(g) == 2 and all(type(v) is int and 0 < v <= MAX_GRID_SIDE for v in g)
+            and g[0] * g[1] <= MAX_GRID_CELLS):
         return int(g[0]), int(g[1])
     return None
 

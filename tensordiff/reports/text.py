@@ -36,10 +36,14 @@ def tensor_summary(t: TensorResult) -> str:
         return floor_summary(m)
     if isinstance(m, FloatResult):
         s = ""
+        if m.numel and not m.finite_pairs and not m.nonfinite_mismatch:
+            return (f"no finite element on either side (NaN: A {m.nan[0]}, B {m.nan[1]}; Inf: A {m.inf[0]}, "
+                    f"B {m.inf[1]}): nothing compared")
         if m.nonfinite_mismatch:  # the metrics below see only the finite pairs: say so first
             s = (f"{m.nonfinite_mismatch} NaN/Inf on one side only (NaN: A {m.nan[0]}, B {m.nan[1]}); "
                  "finite pairs: ")
-        s += (f"max|Δ| {_g(m.max_abs)}  mean|Δ| {_g(m.mean_abs)}  cos {m.cosine:.6f}  "
+        max_abs = m.finite_max_abs if m.nonfinite_mismatch else m.max_abs
+        s += (f"max|Δ| {_g(max_abs)}  mean|Δ| {_g(m.mean_abs)}  cos {m.cosine:.6f}  "
               f"SQNR {_g(m.sqnr_db, '.1f')} dB  ULP p50/p99/max {_g(m.ulp_p50)}/{_g(m.ulp_p99)}/{_g(m.ulp_max)}"
               f" ({m.ulp_unit})  outside {100 * m.mismatch_fraction:.3g}%")
         floor = t.tolerance.get("floor")

@@ -290,13 +290,20 @@ def check_checkpoint(path: Path) -> None:
         raise BadInput(f"weights {path} is neither synthetic:tiny, synthetic:full nor a directory")
     config = path / "config.json"
     if not config.is_file():
-        raise BadInput(f"{path} has no config.json: not a DeepSeek V4.1 Flash checkpoint")
+        raise BadInput(f"{config} is a directory, not the checkpoint's config file" if config.is_dir()
+                       else f"{path} has no config.json: not a DeepSeek V4.1 Flash checkpoint")
     try:
         cfg = json.loads(config.read_text())
     except ValueError as e:
         raise BadInput(f"{config} is not valid JSON ({e})") from None
-    if not isinstance(cfg, dict) or not cfg.get("vision_n_layers"):
-        raise BadInput(f"{config} declares no vision tower (vision_n_layers missing or 0)")
+    except OSError as e:
+        raise BadInput(f"cannot read {config}: {e.strerror}") from None
+    if not isinstance(cfg, dict):
+        raise BadInput(f"{config} must hold a JSON object of config keys")
+    depth = cfg.get("vision_n_layers")
+    if type(depth) is not int or depth < 1:  # the names of the tensors to look for come from it
+        raise BadInput(f"{config}: vision_n_layers must be an integer >= 1 (the vision tower's depth), "
+                       f"not {json.dumps(depth)[:40]}" + (" (absent)" if "vision_n_layers" not in cfg else ""))
     merged = {**FULL, **cfg}
     weight_map = checkpoint_weight_map(path)
     needed = vision_tensor_names(merged)
@@ -324,6 +331,9 @@ def resolve(spec: str) -> Path:
     """`synthetic:tiny` | `synthetic:full` | a checkpoint directory -> the directory to load."""
     if spec.startswith("synthetic:"):
         return synthetic_dir(spec.split(":", 1)[1])
-    path = Path(spec).expanduser()
+    try:
+        path = Path(spec).expanduser()
+    except RuntimeError:  # ~name of no user on this machine
+        raise BadInput(f"weights {spec!r}: {spec.split('/')[0]} is no user's home directory on this machine") from None
     check_checkpoint(path)
     return path

@@ -31,6 +31,7 @@ The runners are imported only when asked for (no torch at import time).
 """
 from __future__ import annotations
 
+import json
 import re
 from pathlib import Path
 from typing import Sequence
@@ -162,14 +163,28 @@ GEOMETRY = (
 def _weights(spec: str) -> Path:
     if spec.startswith("synthetic:"):
         return ensure(spec.split(":", 1)[1])
-    p = Path(spec).expanduser()
+    try:
+        p = Path(spec).expanduser()
+    except RuntimeError:  # ~name of no user on this machine
+        raise BadInput(f"weights {spec!r}: {spec.split('/')[0]} is no user's home directory on this machine") from None
     if not p.is_dir():
         raise BadInput(f"weights {spec!r} is neither synthetic:<tiny|full|full-2b> nor a checkpoint directory")
     for name in ("config.json", "preprocessor_config.json"):
+        if (p / name).is_dir():
+            raise BadInput(f"checkpoint {p}: {name} is a directory, not a JSON file")
         if not (p / name).is_file():
             raise BadInput(f"checkpoint {p} has no {name}")
+        try:  # what either side reads first: readable, and a JSON object (each side checks its values)
+            body = json.loads((p / name).read_bytes())
+        except OSError as e:
+            raise BadInput(f"cannot read {p / name}: {e.strerror}") from None
+        except ValueError as e:
+            raise BadInput(f"{p / name} is not valid JSON ({e})") from None
+        if not isinstance(body, dict):
+            raise BadInput(f"{p / name} must hold a JSON object")
     if not ((p / INDEX).is_file() or (p / "model.safetensors").is_file()):
         raise BadInput(f"checkpoint {p} has neither {INDEX} nor model.safetensors")
+
     return p
 
 
