@@ -230,7 +230,7 @@ stage_real_dims() {
 }
 
 : >"$log"
-{ nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm --format=csv,noheader
+{ command -v nvidia-smi >/dev/null && nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm --format=csv,noheader
   "$py" -c 'import torch; print("torch", torch.__version__, "cuda", torch.version.cuda, "hip", torch.version.hip)'
   git rev-parse --short HEAD; } 2>&1 | tee -a "$log"
 command -v tensordiff >/dev/null || "$py" -m pip install -q -e . --no-deps --no-build-isolation 2>&1 | tail -2 | tee -a "$log"
