@@ -31,9 +31,9 @@ def _epilog(examples: str, exit_status: str = EXIT) -> str:
 
 
 EPILOG_COMPARE = _epilog("""\
-  tensordiff compare dumps/sample-oracle dumps/sample-engine            # exit 1: `rope`, interleaved
-  tensordiff compare dumps/sample-oracle dumps/sample-oracle --verify   # exit 0
-  tensordiff compare dumps/sample-oracle/rope.safetensors dumps/sample-engine/rope.safetensors  # exit 1
+  tensordiff compare dumps/sample-oracle dumps/sample-engine                      # exit 1: `rope`, interleaved
+  tensordiff compare dumps/sample-oracle dumps/sample-engine --verify --fail-fast  # exit 1
+  tensordiff compare dumps/sample-oracle/patches.safetensors dumps/sample-engine/patches.safetensors  # exit 0
   tensordiff compare dumps/sample-oracle dumps/sample-engine --json report.json --html report.html  # exit 1
 With --floor DIR (the oracle's dump in B's precision) B's error is judged as a multiple of the
 floor's: README.md, "Judging in one screen".""")
