@@ -1,12 +1,12 @@
-"""Every shell example of README.md and every example of each command's `--help` runs as written
-from the repository root and exits as it says: a `# exit N` comment on the line, else 0.
+"""Every shell example of README.md and docs/ and every example of each command's `--help` runs as
+written from the repository root and exits as it says: a `# exit N` comment on the line, else 0.
 
 The examples run in a scratch directory that links every top-level entry of the repository, so
 the paths they read are the repository's and what they write (report.json, out/...) lands in the
 scratch directory. A `tensordiff ...` line runs in this process through the CLI's `main` (one torch
 import for all of them); any other line runs through bash, with this interpreter's directory first
-on PATH. A README block whose first line starts with `# GPU only` is not run. A line that reads
-only the repository and that already ran (README and help share examples) is not run again.
+on PATH. A block whose first line starts with `# GPU only` is not run. A line that reads only the
+repository and that already ran (the README and the help share examples) is not run again.
 """
 from __future__ import annotations
 
@@ -23,6 +23,7 @@ import pytest
 from tensordiff.cli import cli, main
 
 ROOT = Path(__file__).resolve().parents[1]
+DOCS = sorted((ROOT / "docs").rglob("*.md"))
 SKIP_LINKS = {".git", ".venv", "venv", "out", "__pycache__", ".pytest_cache", "build"}
 SHELL_OPERATORS = {"&&", "||", "|", ";", "&", ">", ">>", "<", "<<", "(", ")"}
 EXIT_RE = re.compile(r"\bexit (\d+)\b")
@@ -58,10 +59,10 @@ def commands(lines: list[str]) -> list[tuple[str, int]]:
     return out
 
 
-def readme_blocks() -> list[list[str]]:
-    """The lines of every ```sh / ```bash block of README.md, in order."""
+def shell_blocks(doc: Path) -> list[list[str]]:
+    """The lines of every ```sh / ```bash block of a Markdown file, in order."""
     blocks, current = [], None
-    for line in (ROOT / "README.md").read_text().splitlines():
+    for line in doc.read_text().splitlines():
         if current is None and re.fullmatch(r"```(sh|bash)\s*", line):
             current = []
         elif current is not None and line.strip() == "```":
@@ -149,8 +150,13 @@ def check_all(cmds: list[tuple[str, int]], ws: Path, capsys, monkeypatch) -> Non
     assert not failures, "\n\n".join(failures)
 
 
+def runnable(blocks: list[list[str]]) -> list[tuple[str, int]]:
+    return [c for block in blocks if not (block and block[0].strip().startswith("# GPU only"))
+            for c in commands(block)]
+
+
 def test_the_readme_opens_with_the_install_and_ci_s_test_command():
-    first = commands(readme_blocks()[0])
+    first = commands(shell_blocks(ROOT / "README.md")[0])
     assert [c for c, _ in first] == [
         'pip install torch==2.13.0 && pip install -e ".[test]" && tensordiff check deepseek-v4.1-flash',
         "python -m pytest -q"]
@@ -159,15 +165,19 @@ def test_the_readme_opens_with_the_install_and_ci_s_test_command():
 
 
 def test_every_readme_shell_example_runs_as_written(workspace, capsys, monkeypatch):
-    blocks = readme_blocks()
+    blocks = shell_blocks(ROOT / "README.md")
     # the opening block: the install is the environment this test runs in, and the suite is this
     # run; what is left to run is the main job at the end of the install line
-    cmds = [("tensordiff check deepseek-v4.1-flash", 0)]
-    for block in blocks[1:]:
-        if block and block[0].strip().startswith("# GPU only"):
-            continue
-        cmds += commands(block)
+    cmds = [("tensordiff check deepseek-v4.1-flash", 0)] + runnable(blocks[1:])
     assert len(cmds) > 10
+    check_all(cmds, workspace, capsys, monkeypatch)
+
+
+@pytest.mark.parametrize("doc", DOCS, ids=lambda p: str(p.relative_to(ROOT)))
+def test_every_docs_shell_example_runs_as_written(doc, workspace, capsys, monkeypatch):
+    cmds = runnable(shell_blocks(doc))
+    if not cmds:
+        pytest.skip(f"{doc.name} has no shell example")
     check_all(cmds, workspace, capsys, monkeypatch)
 
 
