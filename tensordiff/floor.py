@@ -60,13 +60,12 @@ WORST_ROWS = 3
 class FloorRule:
     """The multipliers: how far above its floor a clean engine's error may go.
 
-    Measured (CPU, synthetic:tiny, bf16; DeepSeek on 10 pictures, Qwen3-VL on 4; the table of
-    bench/bf16_verdict.py): the clean engines' ratios are 0.98-1.03 (rmse), 0.87-1.37 (row),
-    0.96-1.06 (cosine), their worst row at most 1.59x its own floor row (128-wide rows: a row's
-    RMSE is a 128-sample estimate); the numeric faults sit at 1.5-4.1x. The H200 clean profile
-    (issue 11) is 0.994-1.002 in RMSE. So the multipliers leave the clean engine a margin of ~10%
-    (rmse), ~10% (row), ~20% (cosine), ~25% (outlier rows), and `tensordiff calibrate` records the
-    engine's own profile for tighter gates.
+    On the CPU (synthetic:tiny, bf16; DeepSeek on 10 pictures, Qwen3-VL on 4) the clean engines'
+    ratios are 0.98-1.03 (rmse), 0.87-1.37 (row), 0.96-1.06 (cosine), their worst row at most 1.59x
+    its own floor row (128-wide rows: a row's RMSE is a 128-sample estimate); the numeric faults
+    sit at 1.5-4.1x. On a GPU (synthetic:full) the clean profile is 0.994-1.002 in RMSE. So the
+    multipliers leave the clean engine a margin of ~10% (rmse), ~10% (row), ~20% (cosine), ~25%
+    (outlier rows), and `tensordiff calibrate` records the engine's own profile for tighter gates.
     """
 
     rmse: float = 1.15
@@ -403,10 +402,10 @@ def three_way(ref: str | Path | Dump, floor: str | Path | Dump, cand: str | Path
             if t.status == "diverged" and t.metrics["exact_floor"] and not t.metrics.get("must_equal_floor_run"):
                 # Precision does not touch this tensor (a position table kept in fp32), so its floor
                 # is zero; but another device's kernels (a GPU's sin/cos) may still differ from the
-                # oracle's by an ulp (measured on the H200: every clean rope table). The calibrated
-                # profile (`must_equal_floor_run`) keeps bit-exactness where the clean engine has it.
-                # oracle's by an ulp. It is then judged element by element, with no element allowed
-                # outside the direct comparison's atol + rtol·|a| (one wrong patch still trips it).
+                # oracle's by an ulp (every clean rope table on a GPU does). It is then judged element
+                # by element, with no element allowed outside the direct comparison's atol + rtol·|a|
+                # (one wrong patch still trips it); the calibrated profile (`must_equal_floor_run`)
+                # keeps bit-exactness where the clean engine has it.
                 direct = judge.tensor(er, ec, bd, run)
                 bad = getattr(direct.metrics, "mismatches", 0)
                 if direct.status == "match" and bad:
