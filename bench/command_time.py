@@ -3,7 +3,7 @@
     python bench/command_time.py OUTDIR                 # 5 rounds of every command (CPU, tiny configs)
     python bench/command_time.py OUTDIR --rounds 1 --only compare
 
-Each command runs as its own fresh interpreter (`python -m tensordiff.cli ...`), as a user or CI
+Each command runs as its own fresh interpreter (`python -m tensordiff.commands.cli ...`), as a user or CI
 starts it; the baseline `python -c "import torch"` runs interleaved with them, round by round, so
 load on a shared machine hits both alike. Oracle dumps are cached (one untimed warm-up run of each
 command fills a cache private to this run), so `check` and `gate` time the engine, the compare
@@ -51,7 +51,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-from tensordiff.synthetic import cache_root  # noqa: E402  (TENSORDIFF_CACHE, else the user's cache folder)
+from tensordiff.cache import cache_root  # noqa: E402  (TENSORDIFF_CACHE, else the user's cache folder)
 
 FROZEN = "import torch (collector paused, frozen)"
 WATCHED = ("torch", "transformers", "scipy", "sympy", "rich", "h5py", "numpy")
@@ -139,7 +139,7 @@ def _bench(args, work: Path) -> int:
     py = sys.executable
     cmds = {k: v for k, v in commands(work).items() if not args.only or any(s in k for s in args.only)}
     baseline = [py, "-c", "import torch"]
-    # torch imported as `check` and `gate` import it (tensordiff/heap.py): the collector paused, then
+    # torch imported as `check` and `gate` import it (tensordiff/commands/heap.py): the collector paused, then
     # frozen. The commands' excess over this one is their own work; over the plain import it also
     # counts the ~0.3 s the collector spends in a plain import of torch and at its exit.
     frozen = [py, "-c", "import gc; gc.disable(); import torch; gc.freeze(); gc.enable()"]
@@ -147,7 +147,7 @@ def _bench(args, work: Path) -> int:
         subprocess.run(baseline, env=env, check=True)
 
     for name, (cli, _, rc) in cmds.items():  # fills the oracle cache; any failure is a broken bench
-        _, r, _ = _wall([py, "-m", "tensordiff.cli", *cli], env)
+        _, r, _ = _wall([py, "-m", "tensordiff.commands.cli", *cli], env)
         if r.returncode != rc:
             print(f"error: {name} exited {r.returncode}: {(r.stderr or r.stdout).strip()[-400:]}", file=sys.stderr)
             return 2
@@ -156,7 +156,7 @@ def _bench(args, work: Path) -> int:
     cpus: dict[str, list[float]] = {k: [] for k in walls}
     for _ in range(args.rounds):
         for name, argv in [("import torch", baseline), (FROZEN, frozen)] + [
-                (n, [py, "-m", "tensordiff.cli", *c]) for n, (c, _, _) in cmds.items()]:
+                (n, [py, "-m", "tensordiff.commands.cli", *c]) for n, (c, _, _) in cmds.items()]:
             wall, _, cpu = _wall(argv, env)
             walls[name].append(wall)
             cpus[name].append(cpu)
@@ -178,7 +178,7 @@ def _bench(args, work: Path) -> int:
         med, lo = statistics.median(w), min(w)
         entry = {"argv": cli, "walls_s": w, "median_s": med, "min_s": lo, "cpu_s": cpus[name],
                  "cpu_median_s": statistics.median(cpus[name]),
-                 "imports": _imported([py, "-m", "tensordiff.cli", *cli], env)}
+                 "imports": _imported([py, "-m", "tensordiff.commands.cli", *cli], env)}
         if kind == "torch+":
             # CPU seconds over torch's: on a loaded machine the steadier of the two figures
             entry.update(over_torch_s=med - torch_med, over_torch_min_s=lo - torch_min,

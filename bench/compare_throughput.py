@@ -16,7 +16,7 @@ subprocess, so that `ru_maxrss` is the peak of that route alone:
 - limit:   a plain C pass (bench/limit_maxabs.c) computing max|a-b| over `np.memmap`s of the same
            files on 2 threads: this machine's streaming limit, the big case's baseline (target:
            compare <= 1.5x limit)
-- kernel:  the native float kernel alone (tensordiff/native/float_metrics.c, every statistic and
+- kernel:  the native float kernel alone (tensordiff/judge/native/float_metrics.c, every statistic and
            the percentiles' bins as the comparator counts them: a large tensor's first chunk in a
            full histogram, the rest by cuts, metrics.CUT_MIN) in the limit route's setting, 2 threads on memmapped halves: compare /
            kernel is the comparator's overhead, kernel / limit the kernel's cost over reading;
@@ -37,7 +37,7 @@ Further cases (`--cases`, default all; each measured against its own baseline in
            script at every N, HDF5 within 1.5x of safetensors
 - memory:  one 1.6 GB-per-side fp32 tensor, compared with 1 and 2 worker threads: peak RSS
            (target <= 120 MB at any thread count)
-- cli:     `python -m tensordiff.cli compare` on dumps/sample-* (wall time, interpreter start
+- cli:     `python -m tensordiff.commands.cli compare` on dumps/sample-* (wall time, interpreter start
            included; target <= 0.25 s), beside `python -c "import numpy"`, its floor
 
 Before every measurement all dump files are read once, so each route starts page-cache warm
@@ -216,8 +216,9 @@ class _Touch:
 def route_read(a: Path, b: Path, workers: int | None = None) -> dict:
     """Stream every tensor pair through the comparator's own machinery (readers, chunks, worker
     threads, page release), reading every byte and computing nothing."""
-    from tensordiff import storage, stream
-    from tensordiff.dump import open_dump
+    from tensordiff.format import storage
+    from tensordiff.judge import stream
+    from tensordiff.format.dump import open_dump
 
     da, db = open_dump(a), open_dump(b)
     t0 = time.perf_counter()
@@ -236,8 +237,8 @@ def route_read1(a: Path, b: Path) -> dict:
 
 
 def route_compare(a: Path, b: Path) -> dict:
-    from tensordiff.compare import compare_dumps
-    from tensordiff.dump import open_dump
+    from tensordiff.pipeline.compare import compare_dumps
+    from tensordiff.format.dump import open_dump
 
     da, db = open_dump(a), open_dump(b)
     c0 = _cpu_now()
@@ -255,7 +256,7 @@ def route_compare_open(a: Path, b: Path) -> dict:
     """`compare_dumps` from the two directories, opening included: what `tensordiff compare` does
     beside its imports and its report (opening validates every manifest entry and, for HDF5,
     reads each dataset's layout through h5py)."""
-    from tensordiff.compare import compare_dumps
+    from tensordiff.pipeline.compare import compare_dumps
 
     c0 = _cpu_now()
     t0 = time.perf_counter()
@@ -273,8 +274,8 @@ def route_naive(a: Path, b: Path) -> dict:
     import torch
     from safetensors.torch import load_file
 
-    from tensordiff.dump import open_dump
-    from tensordiff.tolerance import DEFAULTS
+    from tensordiff.format.dump import open_dump
+    from tensordiff.judge.tolerance import DEFAULTS
 
     da, db = open_dump(a), open_dump(b)
     t0 = time.perf_counter()
@@ -314,7 +315,7 @@ def _halves(a: Path, b: Path, pair) -> tuple[float, float]:
     max of the results)."""
     import threading
 
-    from tensordiff.dump import open_dump
+    from tensordiff.format.dump import open_dump
 
     kinds = {"float32": 0, "bfloat16": 1, "int32": 2}
     da, db = open_dump(a), open_dump(b)
@@ -352,7 +353,7 @@ def _limit_fn():
 def route_limit(a: Path, b: Path) -> dict:
     """The streaming limit: max|a-b| in plain C (bench/limit_maxabs.c) over np.memmaps of the same
     files, each tensor split in two halves run on two threads (ctypes releases the GIL)."""
-    from tensordiff.dump import open_dump
+    from tensordiff.format.dump import open_dump
 
     f = _limit_fn()
     wall, worst = _halves(a, b, lambda x, y, ka, kb: f(x.ctypes.data, ka, y.ctypes.data, kb, x.size))
@@ -365,9 +366,9 @@ def route_kernel(a: Path, b: Path, generic: bool = False) -> dict:
     no readers, workers, page release or results. compare / kernel is the comparator's overhead,
     kernel / limit the kernel's cost over reading. Integer tensors (router ids) take the limit's
     pass. `kernel_generic`: the kernel's portable path (TENSORDIFF_NATIVE=generic)."""
-    from tensordiff import metrics as M
-    from tensordiff import native, stream
-    from tensordiff.dump import open_dump
+    from tensordiff.judge import metrics as M
+    from tensordiff.judge import native, stream
+    from tensordiff.format.dump import open_dump
 
     k, kc = native.float_kernel(), native.float_cuts()
     if k is None:
@@ -378,7 +379,7 @@ def route_kernel(a: Path, b: Path, generic: bool = False) -> dict:
     def pair(x: np.ndarray, y: np.ndarray, ka: int, kb: int) -> float:
         if 2 in (ka, kb):
             return lim(x.ctypes.data, ka, y.ctypes.data, kb, x.size)
-        store = M._STORE0.copy()
+        store = M.STORE0.copy()
         base = store.ctypes.data
         cuts, below = None, np.zeros(M.MAX_CUTS, dtype=np.int64)
         for s in range(0, x.size, stream.CHUNK):
@@ -408,7 +409,7 @@ def route_kernel_generic(a: Path, b: Path) -> dict:
 def route_kernel_nohist(a: Path, b: Path) -> dict:
     """The kernel route with the ULP histogram left out (`native.set_no_hist`, benchmark only):
     kernel / kernel_nohist is what the histogram (two percentiles' worth of bins) costs."""
-    from tensordiff import native
+    from tensordiff.judge import native
 
     if not native.set_no_hist(True):
         raise RuntimeError(f"no AVX-512 kernel to run without its histogram: {native.status}")
@@ -418,7 +419,7 @@ def route_kernel_nohist(a: Path, b: Path) -> dict:
 def route_kernel_fullhist(a: Path, b: Path) -> dict:
     """The kernel route counting every chunk in the full ULP histogram (no cuts: what the kernel
     cost before metrics.CUT_MIN): kernel_fullhist / kernel is what the cuts save."""
-    from tensordiff import metrics as M
+    from tensordiff.judge import metrics as M
 
     M.CUT_MIN = 1 << 62
     return route_kernel(a, b)
@@ -426,8 +427,8 @@ def route_kernel_fullhist(a: Path, b: Path) -> dict:
 
 def route_verify(a: Path, b: Path) -> dict:
     """`compare_dumps(A, B, verify=True)`: every tensor's sha256 checked as well."""
-    from tensordiff.compare import compare_dumps
-    from tensordiff.dump import open_dump
+    from tensordiff.pipeline.compare import compare_dumps
+    from tensordiff.format.dump import open_dump
 
     da, db = open_dump(a), open_dump(b)
     t0 = time.perf_counter()
@@ -444,7 +445,7 @@ def route_sha256(a: Path, b: Path) -> dict:
     import mmap
     import threading
 
-    from tensordiff.dump import open_dump
+    from tensordiff.format.dump import open_dump
 
     sides = [open_dump(a), open_dump(b)]
     digests: list[list[str]] = [[], []]
@@ -524,7 +525,7 @@ ROUTES = {"read": route_read, "read1": route_read1, "compare": route_compare, "c
 
 
 def child(route: str, a: str, b: str, out: str) -> None:
-    import tensordiff.compare  # noqa: F401  imports are not timed (RSS counts them)
+    import tensordiff.judge.walk
 
     if route == "naive":
         import safetensors.torch  # noqa: F401
@@ -553,7 +554,7 @@ def _env() -> dict:
     root = Path(__file__).resolve().parents[1]
     if str(root) not in sys.path:
         sys.path.insert(0, str(root))
-    from tensordiff.synthetic import cache_root
+    from tensordiff.cache import cache_root
 
     env = {**os.environ, "PYTHONPATH": str(root), "PYTHONPYCACHEPREFIX": str(cache_root() / "pycache")}
     env.pop("PYTHONDONTWRITEBYTECODE", None)
@@ -639,7 +640,7 @@ def series(root: Path, routes: list[str], repeat: dict[str, int], cold: bool) ->
 
 def _kernel_status() -> str:
     """Which float path the children use (asked in a child, like the measurements)."""
-    code = "from tensordiff import native; native.float_kernel(); print(native.status)"
+    code = "from tensordiff.judge import native; native.float_kernel(); print(native.status)"
     return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=_env()).stdout.strip()
 
 
@@ -796,7 +797,7 @@ def case_cli(repeat: int) -> dict:
     """`tensordiff compare` on the sample dumps as a user runs it (interpreter start included),
     beside `python -c "import numpy"` (its floor: the comparator is numpy only)."""
     tree = Path(__file__).resolve().parents[1]
-    cmds = {"compare": [sys.executable, "-m", "tensordiff.cli", "compare", str(tree / "dumps/sample-oracle"),
+    cmds = {"compare": [sys.executable, "-m", "tensordiff.commands.cli", "compare", str(tree / "dumps/sample-oracle"),
                         str(tree / "dumps/sample-engine")],
             "python_numpy": [sys.executable, "-c", "import numpy"]}
     out: dict = {}
@@ -901,7 +902,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         root.mkdir(parents=True, exist_ok=True)
         os.environ[LIMIT_SO_ENV] = str(_build_limit(root))
-        from tensordiff import stream
+        from tensordiff.judge import stream
 
         report: dict = {
             "benchmark": "compare_throughput",

@@ -40,8 +40,8 @@ from engine.deepseek_v41_flash.run import VisionEngine  # noqa: E402
 from oracle.deepseek_v41_flash.config import ModelArgs  # noqa: E402
 from oracle.deepseek_v41_flash.image_processor import load_image  # noqa: E402
 from oracle.deepseek_v41_flash.run import build  # noqa: E402
-from tensordiff.capture import NullRecorder, Recorder  # noqa: E402
-from tensordiff.synthetic.deepseek_v41_flash import resolve  # noqa: E402
+from tensordiff.format.capture import NullRecorder, Recorder  # noqa: E402
+from tensordiff.models.deepseek_v41_flash.synthetic import resolve  # noqa: E402
 
 DTYPES = {"bfloat16": torch.bfloat16, "float32": torch.float32}
 

@@ -42,11 +42,12 @@ def _median(fn, repeat: int) -> tuple[float, object]:
 
 
 def one(model: str, fault: str | None, args, root: Path) -> dict:
-    from tensordiff.compare import compare_dumps, resolve_contract
-    from tensordiff.diagnosis import diagnose_report
-    from tensordiff.diagnosis.replay import replay_roots
-    from tensordiff.dump import open_dump
-    from tensordiff.pipeline import CaseSpec, check
+    from tensordiff.judge.walk import resolve_contract
+    from tensordiff.pipeline.compare import compare_dumps
+    from tensordiff.judge.diagnosis import diagnose_report
+    from tensordiff.judge.diagnosis.replay import replay_roots
+    from tensordiff.format.dump import open_dump
+    from tensordiff.pipeline.case import CaseSpec, check
 
     spec = CaseSpec(model, weights=args.weights, device=args.device, dtype=args.dtype, fault=fault)
     label = f"{model}:{fault or 'clean'}"

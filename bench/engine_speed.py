@@ -54,7 +54,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
-from tensordiff.capture import NullRecorder  # noqa: E402
+from tensordiff.format.capture import NullRecorder  # noqa: E402
 
 DTYPES = {"bfloat16": torch.bfloat16, "float32": torch.float32}
 QWEN_TARGET, DEEPSEEK_TARGET_MS = 0.7, 32.0
@@ -105,7 +105,7 @@ def agreement(a: torch.Tensor, b: torch.Tensor) -> dict:
 
 # A fast route's rounding is judged as the product judges an engine: by its distance to the fp32
 # eager route (the oracle's precision) as a multiple of the bf16 eager route's own distance (the
-# floor). A bf16 engine sits at ~1-2x that floor (tensordiff.calibrate), a route that only rounds
+# floor). A bf16 engine sits at ~1-2x that floor (tensordiff.commands.calibrate), a route that only rounds
 # in another order (Inductor keeping fp32 between fused ops, another attention kernel's summation)
 # at <= ~1x; a wrong op at 10^2x and more. A fixed cosine cannot tell these apart: at 8,910 bf16
 # patches the compiled route and the eager one differ by cos 0.99985 while each is as far from fp32.
@@ -143,16 +143,16 @@ def section(res: dict, name: str, fn) -> None:
 
 def qwen(args, work: Path, order: list[str] | None = None) -> dict:
     from engine.qwen3_vl.config import load_config
-    from engine.qwen3_vl.preprocess import decode, default_processor, preprocess
+    from engine.qwen3_vl.preprocess import decode, preprocess
     from engine.qwen3_vl.runner import load_tower, speed_facts, speed_policy
     from engine.runtime.speed_path import SpeedPath
-    from tensordiff.runs import make_request
+    from tensordiff.pipeline.runs import make_request
 
     w, h = (64, 48) if args.small else (1000, 700)
     path = picture(w, h, work)
     _, req = make_request("qwen3-vl", image=str(path), weights=args.qwen_weights, device=args.device, dtype=args.dtype)
     cfg = load_config(req.weights_dir)
-    px = preprocess(decode(path), cfg.processor, default_processor())
+    px = preprocess(decode(path), cfg.processor, req.options["processor"])
     pv = px.pixel_values.to(args.device)
     grid = tuple(int(v) for v in px.grid_thw)
     out = {"weights": args.qwen_weights, "picture": [w, h], "grid_thw": list(grid), "patches": int(pv.shape[0])}
@@ -196,7 +196,7 @@ def qwen(args, work: Path, order: list[str] | None = None) -> dict:
 
     # transformers' own tower, sdpa, the same weights and patches
     from oracle.qwen3_vl import config as hf_config
-    from oracle.qwen3_vl import model as hf_model
+    import oracle.qwen3_vl.vision as hf_model
 
     hf = hf_model.build(hf_config.load_config(req.weights_dir), req.weights_dir, DTYPES[args.dtype], args.device,
                         attn="sdpa")
@@ -251,7 +251,7 @@ def fused_verdict(out: dict, args, work: Path, model: str, weights: str, extra: 
     """The tool's own verdict with the compiled block (tapped; a check is one pass, so graphs stay
     off), beside the same check eager: the compiled block must not change it."""
     for fuse in ("off", "on"):
-        cmd = [sys.executable, "-m", "tensordiff.cli", "check", model, *extra, "--weights", weights,
+        cmd = [sys.executable, "-m", "tensordiff.commands.cli", "check", model, *extra, "--weights", weights,
                "--device", args.device, "--dtype", args.dtype, "-o", f"fuse={fuse}",
                "--json", str(work / f"{model}-check-{fuse}.json")]
         try:
@@ -354,7 +354,7 @@ def attention(args, work: Path, shape=None) -> dict:
 
 def deepseek(args, work: Path, order: list[str] | None) -> dict:
     from engine.deepseek_v41_flash.run import VisionEngine
-    from tensordiff.synthetic.deepseek_v41_flash import resolve
+    from tensordiff.models.deepseek_v41_flash.synthetic import resolve
 
     gh, gw = (8, 9) if args.small else (90, 99)
     from deepseek_vision import picture as ds_picture

@@ -35,7 +35,8 @@ DEEPSEEK, QWEN = "deepseek-v4.1-flash", "qwen3-vl"
 GATE_IMAGES = ROOT / "gates" / "images"
 # faults whose route is a quantised checkpoint: their need is a property of the weights, which the
 # refusal rule cannot check from the request, so the bench routes them itself
-QUANTISED = {"fp8-scale-ignored", "fp8-scale-transposed", "fp4-nibbles-swapped", "engram-scale-ignored"}
+QUANTISED = {"fp8-scale-ignored", "fp8-scale-transposed", "fp4-nibbles-swapped", "engram-scale-ignored",
+             "wo-a-scale-dropped", "wo-a-block-128", "fp4-int8-sign-extended"}
 
 
 def side_picture(out: Path) -> Path:
@@ -45,7 +46,7 @@ def side_picture(out: Path) -> Path:
     which ceils by design, at the full one)."""
     from PIL import Image
 
-    from tensordiff.inputs import default_image_path
+    from tensordiff.pipeline.inputs import default_image_path
 
     p = out / "images" / "qwen-1000x700.png"
     if not p.exists():
@@ -110,8 +111,8 @@ def gate_text(name: str, model: str, tables: list[dict]) -> str:
 def carriers(adapter, fault, bl: list[dict]) -> list[dict]:
     """The blocks a fault runs in: the first language block that can carry it (the vision block
     for a vision fault), every block for nothing; the gate's refusal rule decides "can carry"."""
-    from tensordiff.pipeline import carrier_dtype, default_passes
-    from tensordiff.options import fault_refusal
+    from tensordiff.pipeline.case import carrier_dtype, default_passes
+    from tensordiff.pipeline.options import fault_refusal
 
     def ok(b) -> bool:
         m = b["model"]
@@ -152,7 +153,7 @@ def run_one(job: dict, out: Path, timeout: int) -> dict:
     g = out / "gates"
     toml, js, txt = g / f"{job['name']}.toml", g / f"{job['name']}.json", g / f"{job['name']}.txt"
     toml.write_text(job["text"])
-    cmd = [sys.executable, "-m", "tensordiff.cli", "gate", str(toml), "--json", str(js), "-q"]
+    cmd = [sys.executable, "-m", "tensordiff.commands.cli", "gate", str(toml), "--json", str(js), "-q"]
     if job.get("fault"):
         cmd += ["--fault", job["fault"]]
     t0 = time.perf_counter()
@@ -217,7 +218,7 @@ def main(argv=None) -> int:
     ap.add_argument("--budget-s", type=float, default=420.0, help="start no new gate after this many seconds")
     ap.add_argument("--timeout-s", type=int, default=300)
     a = ap.parse_args(argv)
-    from tensordiff import registry
+    from tensordiff.pipeline import registry
 
     out = a.out.resolve()
     (out / "gates").mkdir(parents=True, exist_ok=True)

@@ -10,10 +10,10 @@
 # sweep); `sharded` uses every GPU it sees (NPROC ranks, default 2). The repository is put on
 # PYTHONPATH; the `tensordiff` command is installed (editable, no dependencies) when missing.
 # Environment: PYTHON (default python3), TENSORDIFF_CACHE (default /tmp/tensordiff-cache),
-# NPROC and LAYERS (sharded, real-dims).
+# NPROC and LAYERS (sharded, real-dims, release), RELEASE_WEIGHTS (release: a downloaded checkpoint).
 set -u -o pipefail
 
-STAGES="hip kernels attention engines vision checks calibrated faults diagnosis language quant sharded taps real-dims"
+STAGES="hip kernels attention engines vision checks calibrated faults diagnosis language quant release sharded taps real-dims"
 DEFAULT="hip kernels engines checks"
 describe() {
   case "$1" in
@@ -28,6 +28,7 @@ describe() {
     diagnosis)  echo "bench/diagnosis_cost.py: diagnosis time against compare time, synthetic:full" ;;
     language)   echo "bench/language_verdict.py: DeepSeek language half in bf16, clean photographs and every language fault" ;;
     quant)      echo "bench/quant_checkpoint.py at released shapes, then synthetic:tiny-fp8 gate and checkpoint faults" ;;
+    release)    echo "bench/release_checkpoint.py: the release's storage (synthetic:full-layers-2, ~11 GB) through inspect, check, gate" ;;
     sharded)    echo "bench/multi_gpu_sharded.py: torchrun ranks, merged and compared, clean and sharded faults" ;;
     taps)       echo "bench/tap_overhead.py: what taps cost a forward on the GPU" ;;
     real-dims)  echo "bench/real_dims_layers.py: DeepSeek language layers at released dimensions (~32 GB checkpoint written)" ;;
@@ -105,8 +106,8 @@ stage_engines() {
   local sweep=()
   [ -f "$out/attention/attention_sweep.json" ] && sweep=(--attention-sweep "$out/attention/attention_sweep.json")
   timeout 120 "$py" -c "
-from tensordiff.synthetic.deepseek_v41_flash import resolve
-from tensordiff.synthetic.qwen3_vl import ensure
+from tensordiff.models.deepseek_v41_flash.synthetic import resolve
+from tensordiff.models.qwen3_vl.synthetic import ensure
 print(resolve('synthetic:full'), ensure('full'))" >>"$log" 2>&1
   run_py 470 bench/engine_speed.py "$dir" "${sweep[@]}"
 }
@@ -205,10 +206,16 @@ TOML
   td gate-official 0 gate "$dir/gate.toml" --json "$dir/gate-official.json"
   td semantic 0 check deepseek-v4.1-flash --weights synthetic:tiny-fp8 --image "$pic" --device cuda --prompt "$P" \
     --chunk 16 --decode 2 -o language_numerics=semantic
-  for f in fp8-scale-ignored fp8-scale-transposed fp4-nibbles-swapped engram-scale-ignored; do
+  for f in fp8-scale-ignored fp8-scale-transposed fp4-nibbles-swapped engram-scale-ignored \
+           wo-a-scale-dropped wo-a-block-128 fp4-int8-sign-extended; do
     td "fault-$f" 1 check deepseek-v4.1-flash --weights synthetic:tiny-fp8 --image "$pic" --device cuda --prompt "$P" \
       --chunk 16 --fault "$f" -o language_numerics=semantic
   done
+}
+
+stage_release() {
+  run_py 470 bench/release_checkpoint.py --out "$dir" --weights "${RELEASE_WEIGHTS:-synthetic:full-layers-2}" \
+    --layers "${LAYERS:-2}" --device cuda --dtype bfloat16
 }
 
 stage_sharded() {

@@ -31,7 +31,7 @@ from pathlib import Path
 MODEL = "deepseek-v4.1-flash"
 PROMPT = "Describe <image>."
 PHOTOS = ("astronaut", "camera", "chelsea", "coffee", "rocket", "hubble_deep_field", "immunohistochemistry", "retina")
-from tensordiff.models import deepseek_faults as D  # noqa: E402  (the fault names, by constant)
+import tensordiff.models.deepseek_v41_flash.faults as D  # noqa: E402  (the fault names, by constant)
 
 # every language fault of the table, each on a case whose geometry and weights exercise it
 # (chunk, weights, prompt, further images); the decode one last (the smoke run's fault)
@@ -41,6 +41,8 @@ FAULT_CASES = {
     D.IMAGE_SPAN_UNEXPANDED: {"prompt": "Compare <image> with <image>.", "second_image": True},
     D.FP8_SCALE_IGNORED: {"weights": "synthetic:tiny-fp8"}, D.FP8_SCALE_TRANSPOSED: {"weights": "synthetic:tiny-fp8"},
     D.FP4_NIBBLES_SWAPPED: {"weights": "synthetic:tiny-fp8"}, D.ENGRAM_SCALE_IGNORED: {"weights": "synthetic:tiny-fp8"},
+    D.WO_A_SCALE_DROPPED: {"weights": "synthetic:tiny-fp8"}, D.WO_A_BLOCK_128: {"weights": "synthetic:tiny-fp8"},
+    D.FP4_INT8_SIGN_EXTENDED: {"weights": "synthetic:tiny-fp8"},
     D.DECODE_ENGRAM_WINDOW_RESET: {},
 }
 FAULTS = tuple(FAULT_CASES)
@@ -51,7 +53,7 @@ def pictures(out: Path, quick: bool) -> list[Path]:
     (of coffee and of astronaut); the bundled picture stands in where scikit-image is missing."""
     from PIL import Image
 
-    from tensordiff.inputs import default_image_path
+    from tensordiff.pipeline.inputs import default_image_path
 
     out.mkdir(parents=True, exist_ok=True)
     pics: dict[str, Image.Image] = {}
@@ -104,7 +106,7 @@ def flips(report: dict | None) -> list[dict]:
 
 def run_case(name: str, spec, out: Path) -> dict:
     from tensordiff.errors import BadInput
-    from tensordiff.pipeline import check
+    from tensordiff.pipeline.case import check
 
     t0 = time.perf_counter()
     try:
@@ -197,7 +199,7 @@ def main() -> int:
     a = ap.parse_args()
     if a.quick:
         a.cases = "quick"
-    from tensordiff.pipeline import CaseSpec, default_passes
+    from tensordiff.pipeline.case import CaseSpec, default_passes
 
     start = time.perf_counter()
     cases_dir = a.out / "cases"
@@ -268,7 +270,7 @@ def summarise(summary: dict, out: Path, quiet: bool = False) -> None:
             for k in ("x_rmse", "x_row", "x_cosine", "worst_row_x"):
                 t[k].append(m.get(k))
     summary["clean_numeric_table"] = {b: {k: spread(v) for k, v in t.items()} for b, t in table.items()}
-    from tensordiff.models.deepseek_faults import FAULTS as TABLE
+    from tensordiff.models.deepseek_v41_flash.faults import FAULTS as TABLE
 
     named = {f.name: f.boundary for f in TABLE}
     summary["faults"] = []

@@ -55,8 +55,8 @@ def common(a, weights: str) -> list:
 
 def compare(oracle: Path, ranks: Path) -> dict:
     sys.path.insert(0, str(ROOT))
-    from tensordiff.compare import compare_dumps
-    from tensordiff.dump import open_dump
+    from tensordiff.pipeline.compare import compare_dumps
+    from tensordiff.format.dump import open_dump
 
     t0 = time.perf_counter()
     rep = compare_dumps(oracle, ranks)
@@ -116,7 +116,7 @@ def main() -> None:
         except Exception as e:  # noqa: BLE001 - only a fact for the report
             result["gpus"] = f"unknown ({e})"
     oracle = dumps / "oracle"
-    rc, secs = run([sys.executable, "-m", "tensordiff.cli", "dump", "deepseek-v4.1-flash", "--side", "oracle",
+    rc, secs = run([sys.executable, "-m", "tensordiff.commands.cli", "dump", "deepseek-v4.1-flash", "--side", "oracle",
                     "--out", oracle, *common(a, weights)], logs / "oracle.txt", a.timeout)
     result["oracle"] = {"exit": rc, "wall_s": secs}
     if rc != 0:

@@ -20,9 +20,9 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from engine.deepseek_v41_flash.language import quant as E  # noqa: E402
+from engine.deepseek_v41_flash import quant as E  # noqa: E402
 from oracle.deepseek_v41_flash import quant as O  # noqa: E402
-from tensordiff.synthetic.deepseek_v41_flash_language import quantise, synth  # noqa: E402
+from tensordiff.models.deepseek_v41_flash.synthetic_language import quantise, synth  # noqa: E402
 
 # (name, format, out, in): the released config's projections (dim 5120, q_lora 1280, 64 x 512
 # heads, o_groups 8 x o_lora 1024, experts 2304 wide)

@@ -32,9 +32,10 @@ def write_checkpoint(root: Path, layers: tuple[int, ...], base: str = "synthetic
     shards of about 4 GB; config.json and the index name exactly what is there."""
     from safetensors.torch import save_file
 
-    from tensordiff.synthetic.deepseek_v41_flash import FULL, INDEX, resolve
-    from tensordiff.synthetic.deepseek_v41_flash_language import (byte_tokenizer_compressed_vocab, language_shapes,
-                                                                  synth)
+    from tensordiff.models.deepseek_v41_flash.synthetic import FULL, INDEX, resolve
+    from tensordiff.models.deepseek_v41_flash.synthetic_language import (
+        byte_tokenizer_compressed_vocab, language_shapes, synth,
+    )
 
     if (root / INDEX).is_file() and (root / "config.json").is_file():
         return root  # written by an earlier run with --work: the same seeds give the same tensors
@@ -101,15 +102,15 @@ def reset_gpu(device: str):
 
 
 def _full_config(experts: int) -> dict:
-    from tensordiff.synthetic.deepseek_v41_flash import FULL
-    from tensordiff.synthetic.deepseek_v41_flash_language import byte_tokenizer_compressed_vocab
+    from tensordiff.models.deepseek_v41_flash.synthetic import FULL
+    from tensordiff.models.deepseek_v41_flash.synthetic_language import byte_tokenizer_compressed_vocab
 
     return {**FULL, "dtype": "bf16", "expert_dtype": None, "n_mtp_layers": 0, "n_routed_experts": experts,
             "engram_compressed_vocab_size": byte_tokenizer_compressed_vocab(FULL["vocab_size"])}
 
 
 def _tiny_config() -> dict:
-    from tensordiff.synthetic.deepseek_v41_flash import CONFIGS
+    from tensordiff.models.deepseek_v41_flash.synthetic import CONFIGS
 
     return CONFIGS["tiny"]()
 
@@ -134,9 +135,9 @@ def main(argv=None):
     a.out.mkdir(parents=True, exist_ok=True)
     layers = a.layers or ("2" if a.config == "full" else "2-5")
 
-    from tensordiff.compare import compare_dumps
-    from tensordiff.models.deepseek_v41_flash import ADAPTER
-    from tensordiff.dump import open_dump
+    from tensordiff.pipeline.compare import compare_dumps
+    from tensordiff.models.deepseek_v41_flash.adapter import ADAPTER
+    from tensordiff.format.dump import open_dump
 
     result = {"config": a.config, "layers": layers, "options": a.extra, "device": a.device, "dtype": a.dtype, "prompt": a.prompt}
     work = a.work or Path(os.environ.get("TMPDIR", "/tmp")) / f"real-dims-{os.getpid()}"
@@ -151,8 +152,8 @@ def main(argv=None):
         # comparison is of the language layers alone, not of two vision towers' rounding.
         import torch
 
-        from tensordiff.adapter import RunRequest
-        from tensordiff.capture import Recorder
+        from tensordiff.pipeline.adapter import RunRequest
+        from tensordiff.format.capture import Recorder
 
         ckpt_dir = ADAPTER.weights(weights)
         dim = json.loads((ckpt_dir / "config.json").read_text())["dim"]
@@ -168,7 +169,7 @@ def main(argv=None):
             if side == "oracle":
                 from oracle.deepseek_v41_flash.model import run
             else:
-                from engine.deepseek_v41_flash.language.run import run
+                from engine.deepseek_v41_flash.language_run import run
             req = RunRequest(weights=weights, weights_dir=ckpt_dir, prompt=a.prompt, dtype=a.dtype,
                              device="cpu" if side == "oracle" else a.device, fault=fault, options=opts)
             reset_gpu(a.device)

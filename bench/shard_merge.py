@@ -118,9 +118,9 @@ def write(root: Path, n: int, world: int) -> None:
 def child(route: str, root: Path) -> None:
     """One route in this process; prints its JSON line."""
     sys.path.insert(0, str(ROOT))
-    from tensordiff import stream
-    from tensordiff.compare import compare_dumps
-    from tensordiff.dump import open_dump
+    from tensordiff.judge import stream
+    from tensordiff.pipeline.compare import compare_dumps
+    from tensordiff.format.dump import open_dump
 
     rss0 = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     c0, t0 = time.process_time(), time.perf_counter()

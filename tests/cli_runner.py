@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import pytest
 
-from tensordiff.cli import main
+from tensordiff.commands.cli import main
 
 
 def run_cli(args, capsys) -> tuple[int, str, str]:

@@ -3,7 +3,7 @@ import shutil
 
 import pytest
 
-from tensordiff.openmp import passive_waits
+from tensordiff.commands.openmp import passive_waits
 
 # Under pytest-xdist (the default: pyproject's addopts) the workers share the cores: each one's
 # torch gets its share of threads (1 a worker with `-n auto`), set before any test module imports
@@ -16,7 +16,7 @@ if os.environ.get("PYTEST_XDIST_WORKER") and "OMP_NUM_THREADS" not in os.environ
     WORKER_THREADS = max(1, (os.cpu_count() or 1) // max(1, int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))))
     os.environ["OMP_NUM_THREADS"] = str(WORKER_THREADS)
 
-# Idle OpenMP workers sleep, as in every CLI process (tensordiff/openmp.py): set before any test
+# Idle OpenMP workers sleep, as in every CLI process (tensordiff/commands/openmp.py): set before any test
 # module imports torch. Results are the same (thread counts and partitioning do not change); on a
 # shared or loaded machine spinning workers cost the suite a large share of its CPU and wall time.
 # `PASSIVE_WAITS` says whether it reached torch (False: a user's own policy, or torch came first).

@@ -68,7 +68,7 @@ def test_the_suite_runs_torch_with_sleeping_openmp_workers(request):
     """Set by tests/conftest.py before torch was imported (a user's own policy is kept)."""
     import os
 
-    from tensordiff.openmp import VARIABLE
+    from tensordiff.commands.openmp import VARIABLE
 
     suite_conftest(request)  # loaded, once
     # passive_waits() sets the variable only before torch's import; a user's own stays as it is

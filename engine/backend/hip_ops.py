@@ -23,7 +23,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from tensordiff.models.deepseek_faults import ROUTER_TEXT_BIAS_FOR_IMAGES
+from engine.deepseek_v41_flash.faults import ROUTER_TEXT_BIAS_FOR_IMAGES
 
 from ..errors import EngineInputError
 

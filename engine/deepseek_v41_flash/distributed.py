@@ -40,9 +40,9 @@ from pathlib import Path
 import torch
 
 from ..errors import EngineInputError
-from .language.attention import Attention
-from .language.moe import ExpertBank, GateWeights, MoE
-from .language.quant import QuantWeight
+from engine.deepseek_v41_flash.attention import Attention
+from engine.deepseek_v41_flash.moe import ExpertBank, GateWeights, MoE
+from engine.deepseek_v41_flash.quant import QuantWeight
 
 SHARD_ORDER_REVERSED = "shard-order-reversed"
 PARTIAL_AS_REPLICATED = "partial-as-replicated"
@@ -253,7 +253,7 @@ def main(argv=None) -> int:
     import torch.distributed as dist
 
     from tensordiff.errors import BadInput
-    from tensordiff.runs import make_request, run_side
+    from tensordiff.pipeline.runs import make_request, run_side
 
     a = parse(argv)
     rank, world = int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))

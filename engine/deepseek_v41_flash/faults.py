@@ -1,16 +1,18 @@
 """Named bugs the engine can carry on purpose (all off by default).
 
 Each is a mistake this field really makes; the one table of names, boundaries and needs is
-`tensordiff.models.deepseek_faults` (what `tensordiff faults` lists). The engine compares
+`tensordiff.models.deepseek_v41_flash.faults` (what `tensordiff faults` lists). The engine compares
 `fault == F.ROPE_INTERLEAVED`, never a string.
 """
 from __future__ import annotations
 
-from tensordiff.models.deepseek_faults import (  # noqa: F401  (the names the engine tests against)
-    ALIGNER_FLAT_PAD, CONTAIN_CEIL, DECODE_ENGRAM_WINDOW_RESET, IMAGE_SPAN_UNEXPANDED, ENGRAM_NGRAM_ACROSS_IMAGE, ENGRAM_SCALE_IGNORED, FP4_NIBBLES_SWAPPED, FP8_SCALE_IGNORED,
-    FP8_SCALE_TRANSPOSED, GELU_TANH, LANGUAGE_NAMES, NORM_EPS, NUMERIC_NAMES, RESIDUAL_SCALE, SPLITK_BF16, TAIL_ROW_SCALE,
-    OVERLAY_CHUNK_SHIFT, PATCH_PAD_NONZERO, ROPE_INTERLEAVED, ROUTER_BIASED_WEIGHTS, ROUTER_TEXT_BIAS_FOR_IMAGES,
-    VISION_NAMES)
+from tensordiff.models.deepseek_v41_flash.faults import (
+    ALIGNER_FLAT_PAD, CONTAIN_CEIL, DECODE_ENGRAM_WINDOW_RESET, IMAGE_SPAN_UNEXPANDED,
+    ENGRAM_NGRAM_ACROSS_IMAGE, ENGRAM_SCALE_IGNORED, FP4_INT8_SIGN_EXTENDED, FP4_NIBBLES_SWAPPED, FP8_SCALE_IGNORED,
+    FP8_SCALE_TRANSPOSED, GELU_TANH, LANGUAGE_NAMES, NORM_EPS, NUMERIC_NAMES, RESIDUAL_SCALE, SPLITK_BF16,
+    TAIL_ROW_SCALE, OVERLAY_CHUNK_SHIFT, PATCH_PAD_NONZERO, ROPE_INTERLEAVED, ROUTER_BIASED_WEIGHTS,
+    ROUTER_TEXT_BIAS_FOR_IMAGES, VISION_NAMES, WO_A_BLOCK_128, WO_A_SCALE_DROPPED,
+)
 
 from ..errors import EngineInputError
 
@@ -18,7 +20,7 @@ from ..errors import EngineInputError
 # reaches the right half and an unknown name is still refused.
 VISION = VISION_NAMES  # the numeric faults included
 # Numeric faults: each moves numbers by about one to five times the bf16 noise floor, so only a
-# floor-relative verdict (tensordiff.floor, the gate's numeric pass) sees them in bf16.
+# floor-relative verdict (tensordiff.judge.floor, the gate's numeric pass) sees them in bf16.
 NUMERIC = NUMERIC_NAMES
 LANGUAGE = LANGUAGE_NAMES
 

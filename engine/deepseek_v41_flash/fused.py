@@ -1,7 +1,7 @@
 """CUDA-only speed paths for the vision tower: compiled block segments and whole-pass CUDA graphs.
 
 Both are off on the CPU and change no CPU number. On CUDA they are governed by the run options
-`fuse` and `graphs` (`-o fuse=off`, `tensordiff.models.deepseek_options`), whose defaults come
+`fuse` and `graphs` (`-o fuse=off`, `tensordiff.models.deepseek_v41_flash.options`), whose defaults come
 from environment variables (read when a `VisionEngine` is built):
 
     TENSORDIFF_FUSE    0: off; 1: on from the first pass; unset: on from an engine's second pass

@@ -3,12 +3,12 @@
     run(RunRequest(weights=..., weights_dir=..., image=..., device="cuda", dtype="bfloat16"), rec)
 
 Taps at the five boundaries are explicit `rec.record` calls guarded by `rec.enabled`, so a
-`NullRecorder` costs a branch. Options (`req.options`, typed by `tensordiff.models.deepseek_options`):
+`NullRecorder` costs a branch. Options (`req.options`, typed by `tensordiff.models.deepseek_v41_flash.options`):
 `attention` = SDPA kernel names to prefer on CUDA (see `engine.runtime.attention.KERNELS`), `fuse`
 and `graphs` = the CUDA speed paths (`fused`), `kernel_quant` = the language kernels' round trips.
 The run's `speed_path` (`VisionEngine.speed_path`) goes into the manifest: what was asked, what ran,
 the SDPA kernels taken and every fallback with its reason. Several images (`req.more_images`):
-each is planned and encoded on its own, image K >= 1 tapped under `image.K.` (`tensordiff.images`).
+each is planned and encoded on its own, image K >= 1 tapped under `image.K.` (`tensordiff.format.images`).
 """
 from __future__ import annotations
 
@@ -19,8 +19,8 @@ from pathlib import Path
 
 import torch
 
-from tensordiff.images import ImageRecorder
-from tensordiff.models.deepseek_options import OPTIONS
+from tensordiff.format.images import ImageRecorder
+from tensordiff.models.deepseek_v41_flash.options import OPTIONS
 
 from .. import backend as backends
 from ..errors import EngineInputError
@@ -29,11 +29,11 @@ from ..runtime import image as rimage
 from ..runtime.speed_path import SpeedPath
 from . import faults as F
 from . import fused as ds_fused
-from . import weights as W
+import engine.deepseek_v41_flash.checkpoint as W
 from .aligner import AlignerWeights, align, cell_index
 from .config import Config
 from .fused import GraphCache, can_compile, compile_unavailable
-from .preprocess import ImagePlan, patch_rows, plan_image, render
+from engine.deepseek_v41_flash.image_processor import ImagePlan, patch_rows, plan_image, render
 from .span import image_span
 from .vision import NORM_EPS, VisionTower, pad_patch_rows, prepare_tower, tower_shapes
 
@@ -227,7 +227,7 @@ def run(req, rec) -> None:
     eng = engine_for(req)
     t1 = time.perf_counter()
     # each image of the prompt planned by its own size; image k's taps go under `image.k.`
-    # (`tensordiff.images`; the first keeps the single-image names)
+    # (`tensordiff.format.images`; the first keeps the single-image names)
     prepared = [eng.preprocess(p) for p in (req.image, *req.more_images)]
     # model facts only: the core writes the provenance (weights, versions, the image) itself
     per_image = [{"grid": list(pl.grid), "cells": list(pl.cells), "span": pl.span} for pl, _ in prepared]
@@ -249,7 +249,7 @@ def run(req, rec) -> None:
     rec.update_run(timings={"load_weights": t1 - t0, "preprocess": t2 - t1, "forward": time.perf_counter() - t2},
                    speed_path=eng.speed_path())
     if req.prompt is not None or req.decode > 0:
-        from .language.run import SPEED, run_language
+        from engine.deepseek_v41_flash.language_run import SPEED, run_language
 
         # the tower ran once per image, above; prefill asks for an image's rows when it first
         # reaches its span

@@ -14,7 +14,7 @@ import dataclasses
 
 import torch
 
-from tensordiff import images
+from tensordiff.format import images
 
 from . import faults as F
 from .run import engine_for
@@ -23,12 +23,12 @@ from .run import engine_for
 def make_stages(req, run: dict) -> dict:
     eng = engine_for(req)
     stages = {}
-    # one set of vision stages per image, under its names (`tensordiff.images`), on its own grid
+    # one set of vision stages per image, under its names (`tensordiff.format.images`), on its own grid
     for k, facts in enumerate((run["inputs"].get("images") or [run["inputs"]])):
         stages.update(_vision_stages(eng, tuple(int(v) for v in facts["grid"]), images.prefix(k),
                                      replays_run=eng.tower.eager_at(k + 1)))
     if req.prompt is not None or req.decode > 0:  # the run went on into the language backbone
-        from .language.stages import make_language_stages
+        from engine.deepseek_v41_flash.language_stages import make_language_stages
 
         stages.update(make_language_stages(dataclasses.replace(req, fault=F.language(req.fault)), run))
     return stages
@@ -37,7 +37,7 @@ def make_stages(req, run: dict) -> dict:
 def _vision_stages(eng, grid: tuple[int, int], pre: str, replays_run: bool) -> dict:
     """replays_run: the run encoded this image with the eager block these stages run (its k-th
     forward of a fresh engine: `VisionTower.eager_at`), so on the run's own tensors they give the
-    run's own outputs, bit for bit (tensordiff.local_error skips them then)."""
+    run's own outputs, bit for bit (tensordiff.pipeline.local_error skips them then)."""
     tower = eng.tower
 
     def act(t: torch.Tensor) -> torch.Tensor:  # the residual stream's dtype, on the device

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import torch
 
-from tensordiff.models.qwen3_vl_options import OPTIONS
+from tensordiff.models.qwen3_vl.options import OPTIONS
 
 from .. import backend as backends
 from ..errors import EngineInputError
@@ -19,7 +19,7 @@ from .config import load_config
 from .decoder import Decoder
 from .positions import decode_positions, mrope_positions, tokenize
 from .sequence import Sequence
-from .preprocess import decode, default_processor, preprocess
+from .preprocess import decode, preprocess
 from .vision import VisionTower
 from .weights import load_visual
 
@@ -86,7 +86,7 @@ def run(req, rec) -> None:
     torch_dtype(req.dtype), backends.get(req.backend)  # a bad dtype or backend is refused before any work
     cfg = load_config(req.weights_dir)
     opts = OPTIONS.resolve(req.options)
-    processor = opts["processor"] or default_processor()
+    processor = opts["processor"]
 
     img = decode(Path(req.image))
     px = preprocess(img, cfg.processor, processor, raster=fault == F.MERGE_ORDER_RASTER,

@@ -31,7 +31,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from tensordiff.errors import BadInput
-from tensordiff.models.deepseek_options import OPTIONS
+from tensordiff.models.deepseek_v41_flash.options import OPTIONS
 
 from .checkpoint import default_dtype, load_into, table
 from .engram import Engram, EngramLayout, NgramHasher

@@ -6,7 +6,7 @@ Boundaries (design, "Boundaries"): `patches` [N, 588] bf16 (the official patches
 the tower whatever the tower dtype), `rope.cos` / `rope.sin` [N, rope_dim] (the tables block 0
 actually received), `block0` [N, D], `final_norm` [N, D], `aligner` [T, dim]. With several
 images (`req.more_images`, one `<image>` each), image K >= 1 records the same under `image.K.`
-(`tensordiff.images`), each planned by its own size, as the official `prepare_vl_inputs` does.
+(`tensordiff.format.images`), each planned by its own size, as the official `prepare_vl_inputs` does.
 """
 from __future__ import annotations
 
@@ -18,8 +18,8 @@ import torch
 from torch import nn
 
 from tensordiff.errors import BadInput
-from tensordiff.images import ImageRecorder
-from tensordiff.models.deepseek_options import OPTIONS
+from tensordiff.format.images import ImageRecorder
+from tensordiff.models.deepseek_v41_flash.options import OPTIONS
 
 from .checkpoint import default_dtype, load_into
 from .config import ModelArgs
@@ -93,7 +93,7 @@ def run(req, rec) -> None:
     t1 = time.perf_counter()
 
     # every image of the prompt, in order, each planned by its own size as `prepare_vl_inputs`
-    # does; image k's taps are named by `tensordiff.images` (the first keeps the plain names)
+    # does; image k's taps are named by `tensordiff.format.images` (the first keeps the plain names)
     paths = (req.image, *req.more_images)
     loaded = [load_image(p, args) for p in paths]
     # model facts only: the core writes the provenance (weights, versions, the image) itself

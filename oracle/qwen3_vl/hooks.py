@@ -13,8 +13,8 @@ from __future__ import annotations
 import torch
 from torch.overrides import TorchFunctionMode
 
-from tensordiff.capture import MemoryRecorder
-from tensordiff.taps import tap
+from tensordiff.format.capture import MemoryRecorder
+from tensordiff.format.taps import tap
 
 ADDS = {torch.Tensor.add, torch.Tensor.__add__, torch.add}
 

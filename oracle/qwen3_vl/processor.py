@@ -1,8 +1,11 @@
 """The image processor transformers picks for the checkpoint, and which one ran.
 
 transformers 5.x has a torchvision backend (`Qwen2VLImageProcessor`, what the checkpoint asks
-for) and a PIL one (`Qwen2VLImageProcessorPil`); where torchvision is missing it falls back to
-PIL. `processor` may force one ("torchvision" / "pil"); the name of what ran goes into the dump.
+for) and a PIL/NumPy one (`Qwen2VLImageProcessorPil`); its `AutoImageProcessor` picks torchvision
+where it imports, else PIL (`use_fast` is only a deprecated spelling of that choice). The run names
+its processor (the `processor` option, "pil" by default) and this module builds that class by
+name, so the same option runs the same code with torchvision installed or not; the name of what
+ran goes into the dump.
 """
 from __future__ import annotations
 
@@ -16,13 +19,14 @@ def available() -> str:
     return "torchvision" if importlib.util.find_spec("torchvision") is not None else "pil"
 
 
-def build(ckpt: Path, processor: str | None = None):
-    """-> (image processor, backend name)."""
-    backend = processor or available()
+def build(ckpt: Path, processor: str):
+    """-> (image processor, backend name) for the named processor ("pil" or "torchvision")."""
+    backend = processor
     if backend not in ("torchvision", "pil"):
         raise BadInput(f"unknown image processor {backend!r} (torchvision or pil)")
     if backend == "torchvision" and available() != "torchvision":
-        raise BadInput("the torchvision image processor was asked for, but torchvision is not installed")
+        raise BadInput("the torchvision image processor was asked for, but torchvision is not installed "
+                       "(install one built for your torch, or use the default processor=pil)")
     try:
         # (AutoImageProcessor itself requires torchvision in this release, so name the class)
         if backend == "torchvision":

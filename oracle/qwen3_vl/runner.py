@@ -9,11 +9,11 @@ from pathlib import Path
 import torch
 
 from tensordiff.errors import BadInput
-from tensordiff.models.qwen3_vl_options import OPTIONS
+from tensordiff.models.qwen3_vl.options import OPTIONS
 
 from . import config as config_mod
-from . import language as language_mod
-from . import model as model_mod
+import oracle.qwen3_vl.model as language_mod
+import oracle.qwen3_vl.vision as model_mod
 from . import positions as positions_mod
 from . import plan as plan_mod
 from . import processor as processor_mod

@@ -4,7 +4,7 @@ decode step's logits and the step it feeds.
 Greedy decoding feeds step K the argmax of a logits row (the prompt's last row for K = 1, else
 `logits.step.(K-1)`). Both sides record `token.step.K.ids` [1, 1] (the token fed) and
 `token.step.K.scores` [1, vocab] (the row it is the argmax of), so a differing token is judged as
-any top-k choice is (`tensordiff.ties`): a near-tie (two tokens' logits within the rounding of a
+any top-k choice is (`tensordiff.judge.ties`): a near-tie (two tokens' logits within the rounding of a
 right route; in bf16 an exact tie of the rounded logits, which argmax breaks to the lower id)
 picks another token on a right route, and every later step is then fed something else. That flip
 is benign, its cascade is judged by local error (the engine's decode stages run on the
@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import re
 
-from ..contract import Boundary, TensorRule
+from tensordiff.judge.contract import Boundary, TensorRule
 
 TOKEN = re.compile(r"^token\.step\.(\d+)(?:\.(ids|scores))?$")
 RULES = (TensorRule("token.step.*.ids", "topk-sets"), TensorRule("token.step.*.scores", "scores"))

@@ -33,7 +33,7 @@ def test_one_round_of_compare_against_the_torch_import(tmp_path):
 
 
 def test_a_deepseek_check_imports_no_transformers_scipy_or_sympy(tmp_path):
-    code = ("import sys\nfrom tensordiff.cli import main\n"
+    code = ("import sys\nfrom tensordiff.commands.cli import main\n"
             "try:\n    main(['check', 'deepseek-v4.1-flash'])\n"
             "finally:\n    print(sorted(m for m in ('torch', 'transformers', 'scipy', 'sympy') if m in sys.modules))\n")
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]))

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from tensordiff.models import deepseek_faults as D
+import tensordiff.models.deepseek_v41_flash.faults as D
 
 BENCH = Path(__file__).resolve().parents[2] / "bench" / "engine_speed.py"
 STRUCTURAL = (D.ROPE_INTERLEAVED, D.PATCH_PAD_NONZERO)  # a wrong op in the route
@@ -76,7 +76,7 @@ def _tiny_tower_outputs(tmp_path):
 
     from engine.deepseek_v41_flash import fused
     from engine.deepseek_v41_flash.run import VisionEngine
-    from tensordiff.synthetic.deepseek_v41_flash import resolve
+    from tensordiff.models.deepseek_v41_flash.synthetic import resolve
 
     weights, path = resolve("synthetic:tiny"), picture(8, 9, 14, tmp_path)
     out = {}

@@ -8,8 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from tensordiff import registry
-from tensordiff.models import deepseek_faults, qwen3_vl_faults
+from tensordiff.pipeline import registry
+import tensordiff.models.deepseek_v41_flash.faults as deepseek_faults
+import tensordiff.models.qwen3_vl.faults as qwen3_vl_faults
 
 BENCH = Path(__file__).resolve().parents[2] / "bench" / "fault_matrix.py"
 spec = importlib.util.spec_from_file_location("fault_matrix", BENCH)
@@ -42,7 +43,7 @@ def test_two_image_fault_goes_to_the_two_image_block():
 
 
 def test_gate_text_is_a_gate_file(tmp_path):
-    from tensordiff.gate import load_gate
+    from tensordiff.commands.gate import load_gate
 
     b = fm.blocks("cpu", "synthetic:tiny")[fm.DEEPSEEK]
     p = tmp_path / "g.toml"

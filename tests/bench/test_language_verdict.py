@@ -9,7 +9,7 @@ import importlib.util
 import json
 from pathlib import Path
 
-from tensordiff.models import deepseek_faults as D
+import tensordiff.models.deepseek_v41_flash.faults as D
 
 BENCH = Path(__file__).resolve().parents[2] / "bench"
 

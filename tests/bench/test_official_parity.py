@@ -45,7 +45,7 @@ def test_the_planted_tie_rule_keeps_the_earlier_position():
 def test_byte_tokenizer_matches_the_oracle_tokens():
     from oracle.deepseek_v41_flash.config import ModelArgs
     from oracle.deepseek_v41_flash.tokens import BYTE_OFFSET, build_prompt
-    from tensordiff.synthetic.deepseek_v41_flash import resolve
+    from tensordiff.models.deepseek_v41_flash.synthetic import resolve
 
     args = ModelArgs.from_dir(resolve("synthetic:tiny"))
     tok = P.ByteTokenizer(args.vocab_size, args.image_token_id)

@@ -2,8 +2,8 @@
 (a stage that runs the engine's own code gives the engine's tensors back bit for bit)."""
 import pytest
 
-from tensordiff.capture import MemoryRecorder
-from tensordiff.runs import make_request
+from tensordiff.format.capture import MemoryRecorder
+from tensordiff.pipeline.runs import make_request
 
 
 def _own_run(model: str, **kw):

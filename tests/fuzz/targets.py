@@ -19,10 +19,10 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
-from tensordiff.capture import FORMAT  # noqa: E402
-from tensordiff.dtypes import BY_NAME  # noqa: E402
+from tensordiff.format.capture import FORMAT  # noqa: E402
+from tensordiff.format.dtypes import BY_NAME  # noqa: E402
 from tensordiff.errors import BadInput  # noqa: E402
-from tensordiff.storage import write_hdf5, write_safetensors  # noqa: E402
+from tensordiff.format.storage import write_hdf5, write_safetensors  # noqa: E402
 
 
 def _safetensors_bytes() -> bytes:
@@ -93,6 +93,8 @@ def _image_bytes() -> list[bytes]:
 DATA = ROOT / "tests" / "data" / "import"
 HF_SAMPLE = DATA / "hf-debugger"
 HF_TRACE = "LlamaForCausalLM_debug_tree_FULL_TENSORS.json"
+SGLANG_SAMPLE = DATA / "sglang" / "tp2" / "exp"
+SGLANG_FILE = "step=0___rank=0___dump_index=1___name=x___recompute_status=disabled.pt"
 
 
 def _contract_bytes() -> list[bytes]:
@@ -103,10 +105,25 @@ def _contract_bytes() -> list[bytes]:
             b'tolerance = { atol = 1e-3, float32 = { rtol = 0.0 } }\n']
 
 
+def _sglang_bytes() -> list[bytes]:
+    """Two files of the SGLang sample (a tensor with dims, a list) as the runner names them."""
+    import torch
+
+    out = []
+    for n in ("mlp_up", "rids"):
+        obj = torch.load(next(SGLANG_SAMPLE.glob(f"step=0___rank=0___*name={n}___*.pt")), weights_only=True)
+        obj["meta"].update(name="x", dump_index=1, rank=0, step=0)
+        b = io.BytesIO()
+        torch.save(obj, b)
+        out.append(b.getvalue())
+    return out
+
+
 SEEDS = {
     "contract": _contract_bytes(),
     "polygraphy": [(DATA / "polygraphy" / n).read_bytes() for n in ("outputs.json", "inputs.json")],
     "hf-debugger": [(HF_SAMPLE / HF_TRACE).read_bytes()],
+    "sglang": _sglang_bytes(),
     "manifest": [_manifest_bytes()],
     "safetensors": [_safetensors_bytes()],
     "hdf5": [_hdf5_bytes()],
@@ -121,7 +138,7 @@ def _listing(work: Path) -> set[str]:
 
 
 def _run_manifest(data: bytes, work: Path) -> None:
-    from tensordiff.dump import open_dump
+    from tensordiff.format.dump import open_dump
 
     d = work / "dump"
     d.mkdir(exist_ok=True)
@@ -138,7 +155,7 @@ def _run_manifest(data: bytes, work: Path) -> None:
 
 
 def _run_safetensors(data: bytes, work: Path) -> None:
-    from tensordiff.storage import read_safetensors_header
+    from tensordiff.format.storage import read_safetensors_header
 
     p = work / "x.safetensors"
     p.write_bytes(data)
@@ -152,7 +169,7 @@ def _run_safetensors(data: bytes, work: Path) -> None:
 
 
 def _run_hdf5(data: bytes, work: Path) -> None:
-    from tensordiff.storage import read_hdf5_entry
+    from tensordiff.format.storage import read_hdf5_entry
 
     p = work / "x.h5"
     p.write_bytes(data)
@@ -175,8 +192,8 @@ def _run_hdf5_layout(data: bytes, work: Path) -> None:
 
     import h5py
 
-    from tensordiff.hdf5_layout import Layout
-    from tensordiff.storage import H5_ERRORS, plain_hdf5_entry, read_hdf5_entry
+    from tensordiff.format.hdf5_layout import Layout
+    from tensordiff.format.storage import H5_ERRORS, plain_hdf5_entry, read_hdf5_entry
 
     p = work / "x.h5"
     p.write_bytes(data)
@@ -205,7 +222,7 @@ def _run_hdf5_layout(data: bytes, work: Path) -> None:
 
 
 def _run_tolerance(data: bytes, work: Path) -> None:
-    from tensordiff.tolerance import load
+    from tensordiff.judge.tolerance import load
 
     p = work / "t.toml"
     p.write_bytes(data)
@@ -216,7 +233,7 @@ def _run_tolerance(data: bytes, work: Path) -> None:
 
 
 def _run_image(data: bytes, work: Path) -> None:
-    from tensordiff.provenance import describe_image
+    from tensordiff.pipeline.provenance import describe_image
 
     p = work / "img"
     p.write_bytes(data)
@@ -226,8 +243,8 @@ def _run_image(data: bytes, work: Path) -> None:
 def _run_contract(data: bytes, work: Path) -> None:
     from safetensors.numpy import save_file
 
-    from tensordiff.contract_file import load
-    from tensordiff.plain import open_any
+    from tensordiff.judge.contract_file import load
+    from tensordiff.format.plain import open_any
 
     for name, keys in (("a.safetensors", ("embed", "layers.0.out", "layers.1.out", "patches")),
                        ("b.safetensors", ("tok", "blk0", "blk1", "tokens.patches"))):
@@ -243,7 +260,7 @@ def _run_contract(data: bytes, work: Path) -> None:
 
 
 def _run_polygraphy(data: bytes, work: Path) -> None:
-    from tensordiff.import_polygraphy import read
+    from tensordiff.format.importers.polygraphy import read
 
     p = work / "r.json"
     p.write_bytes(data)
@@ -253,7 +270,7 @@ def _run_polygraphy(data: bytes, work: Path) -> None:
 def _run_hf_debugger(data: bytes, work: Path) -> None:
     import shutil
 
-    from tensordiff.import_hf_debugger import read
+    from tensordiff.format.importers.hf_debugger import read
 
     d = work / "dbg"
     if not d.exists():
@@ -262,13 +279,27 @@ def _run_hf_debugger(data: bytes, work: Path) -> None:
     read(d)
 
 
+def _run_sglang(data: bytes, work: Path) -> None:
+    from tensordiff.format.importers.sglang import read
+
+    d = work / "sg"
+    d.mkdir(exist_ok=True)
+    (d / SGLANG_FILE).write_bytes(data)
+    try:
+        read(d)
+    except BadInput as e:
+        if "no tensor to import" not in str(e):  # the list seed holds none: a refusal, as it should be
+            raise
+
+
 RUNNERS = {"contract": _run_contract, "polygraphy": _run_polygraphy, "hf-debugger": _run_hf_debugger,
+           "sglang": _run_sglang,
            "manifest": _run_manifest, "safetensors": _run_safetensors, "hdf5": _run_hdf5,
            "hdf5-layout": _run_hdf5_layout,
            "tolerance": _run_tolerance, "image": _run_image}
 # What each target itself puts in `work`; anything else appearing there is a write by the reader.
 OWN = {"contract": {"a.safetensors", "b.safetensors", "c.toml"}, "polygraphy": {"r.json"},
-       "hf-debugger": {"dbg", *(f"dbg/{p.name}" for p in HF_SAMPLE.iterdir())},
+       "hf-debugger": {"dbg", *(f"dbg/{p.name}" for p in HF_SAMPLE.iterdir())}, "sglang": {"sg", f"sg/{SGLANG_FILE}"},
        "manifest": {"dump", "dump/a.safetensors", "dump/manifest.json"}, "safetensors": {"x.safetensors"},
        "hdf5": {"x.h5"}, "hdf5-layout": {"x.h5"}, "tolerance": {"t.toml"}, "image": {"img"}}
 

@@ -10,8 +10,8 @@ from __future__ import annotations
 import pytest
 
 from hip_fake_kernels import install
-from tensordiff.compare import compare_dumps
-from tensordiff.runs import make_request, run_side
+from tensordiff.pipeline.compare import compare_dumps
+from tensordiff.pipeline.runs import make_request, run_side
 
 
 def check(model: str, tmp_path, dtype="float32"):

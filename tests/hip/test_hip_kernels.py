@@ -14,7 +14,7 @@ import torch
 from engine.backend import pad_columns
 from engine.backend.hip_ops import ROUTER_ROUTES
 from engine.backend.torch_ops import TorchBackend
-from tensordiff.models import deepseek_faults as D
+import tensordiff.models.deepseek_v41_flash.faults as D
 
 pytestmark = pytest.mark.skipif(
     not torch.cuda.is_available(),

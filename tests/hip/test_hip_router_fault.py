@@ -11,11 +11,11 @@ from __future__ import annotations
 import pytest
 import torch
 
-from tensordiff.capture import Recorder
-from tensordiff.compare import compare_dumps
-from tensordiff.contract import Contract
-from tensordiff.models import deepseek_language_contract as C
-from tensordiff.models import deepseek_faults as D
+from tensordiff.format.capture import Recorder
+from tensordiff.pipeline.compare import compare_dumps
+from tensordiff.judge.contract import Contract
+import tensordiff.models.deepseek_v41_flash.contract as C
+import tensordiff.models.deepseek_v41_flash.faults as D
 
 CONTRACT = Contract("deepseek-v4.1-flash", (), C.RULES, resolver=C.make_resolver(()), boundary_of=C.boundary_of)
 ROWS, DIM, EXPERTS, TOPK = 48, 64, 384, 6

@@ -53,7 +53,7 @@ COLLAPSE = {
 
 def image_path(name: str, directory: Path) -> Path:
     if name == "default":
-        from tensordiff.inputs import default_image_path
+        from tensordiff.pipeline.inputs import default_image_path
 
         return default_image_path()
     maker = (IMAGES.get(name) or COLLAPSE[name])[0]

@@ -11,16 +11,16 @@ from __future__ import annotations
 import pytest
 import torch
 
-from tensordiff.contract import ancestors
-from tensordiff.models import deepseek_language_contract as C
-from tensordiff.models import deepseek_v41_flash as DS
-from tensordiff.models import qwen3_vl as QW
+from tensordiff.judge.contract import ancestors
+import tensordiff.models.deepseek_v41_flash.contract as C
+import tensordiff.models.deepseek_v41_flash.adapter as DS
+import tensordiff.models.qwen3_vl.adapter as QW
 
 
 def _args(which: str):
     from oracle.deepseek_v41_flash.config import ModelArgs
-    from tensordiff.synthetic.deepseek_v41_flash import FULL
-    from tensordiff.synthetic.deepseek_v41_flash_language import language_config
+    from tensordiff.models.deepseek_v41_flash.synthetic import FULL
+    from tensordiff.models.deepseek_v41_flash.synthetic_language import language_config
 
     if which == "full":
         return ModelArgs.from_dict({k: v for k, v in FULL.items() if k in ModelArgs.__dataclass_fields__})

@@ -8,8 +8,8 @@ from __future__ import annotations
 import pytest
 from token_dumps import token_dumps
 
-from tensordiff import registry
-from tensordiff.floor import three_way
+from tensordiff.pipeline import registry
+from tensordiff.pipeline.compare import three_way
 from tensordiff.models import decode_tokens
 
 MODELS = ["deepseek-v4.1-flash", "qwen3-vl"]

@@ -11,13 +11,13 @@ default (bf16 with the kernels' quantisation) is tested in test_deepseek_languag
 import pytest
 import torch
 
-from tensordiff.adapter import RunRequest
-from tensordiff.capture import Recorder
-from tensordiff.compare import compare_dumps
-from tensordiff.contract import Contract
-from tensordiff.models import deepseek_language_contract as C
-from tensordiff.synthetic.deepseek_v41_flash_language import tiny_language_checkpoint
-from tensordiff.models import deepseek_faults as D
+from tensordiff.pipeline.adapter import RunRequest
+from tensordiff.format.capture import Recorder
+from tensordiff.pipeline.compare import compare_dumps
+from tensordiff.judge.contract import Contract
+import tensordiff.models.deepseek_v41_flash.contract as C
+from tensordiff.models.deepseek_v41_flash.synthetic_language import tiny_language_checkpoint
+import tensordiff.models.deepseek_v41_flash.faults as D
 
 CELLS = (2, 3)
 PROMPT = "A picture: <image> What does it show?"  # span starts at 12, length 10
@@ -44,7 +44,7 @@ def dump(side, req, path):
     if side == "oracle":
         from oracle.deepseek_v41_flash.model import run
     else:
-        from engine.deepseek_v41_flash.language.run import run
+        from engine.deepseek_v41_flash.language_run import run
     rec = Recorder(path, model="deepseek-v4.1-flash", producer={"name": side, "side": side})
     run(req, rec)
     rec.close()

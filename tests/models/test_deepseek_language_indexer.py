@@ -11,14 +11,14 @@ from pathlib import Path
 import pytest
 import torch
 
-from tensordiff.adapter import RunRequest
-from tensordiff.capture import Recorder
-from tensordiff.compare import compare_dumps
-from tensordiff.contract import Contract
-from tensordiff.dump import open_dump
-from tensordiff.models import deepseek_language_contract as C
-from tensordiff.synthetic import cache_root
-from tensordiff.synthetic.deepseek_v41_flash_language import language_config, write_checkpoint
+from tensordiff.pipeline.adapter import RunRequest
+from tensordiff.format.capture import Recorder
+from tensordiff.pipeline.compare import compare_dumps
+from tensordiff.judge.contract import Contract
+from tensordiff.format.dump import open_dump
+import tensordiff.models.deepseek_v41_flash.contract as C
+from tensordiff.cache import cache_root
+from tensordiff.models.deepseek_v41_flash.synthetic_language import language_config, write_checkpoint
 
 CELLS = (2, 3)
 PROMPT = "A picture: <image> What does it show? Tell me all about it, please."
@@ -39,7 +39,7 @@ def dump(side, ckpt, path, decode=0, **options):
     if side == "oracle":
         from oracle.deepseek_v41_flash.model import run
     else:
-        from engine.deepseek_v41_flash.language.run import run
+        from engine.deepseek_v41_flash.language_run import run
     req = RunRequest(weights="test", weights_dir=ckpt, prompt=PROMPT, decode=decode,
                      options={"image_rows": rows(), "cells": CELLS, "language_numerics": "semantic", **options})
     rec = Recorder(path, model="deepseek-v4.1-flash", producer={"name": side, "side": side})

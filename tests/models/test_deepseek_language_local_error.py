@@ -6,23 +6,23 @@ import dataclasses
 import pytest
 import torch
 
-from tensordiff.adapter import ModelAdapter, RunRequest
-from tensordiff.capture import Recorder
-from tensordiff.compare import compare_dumps
-from tensordiff.contract import Contract
-from tensordiff.local_error import local_error
-from tensordiff.models import deepseek_language_contract as C
-from tensordiff.synthetic.deepseek_v41_flash_language import tiny_language_checkpoint
-from tensordiff.tolerance import load
-from tensordiff.models import deepseek_faults as D
+from tensordiff.pipeline.adapter import ModelAdapter, RunRequest
+from tensordiff.format.capture import Recorder
+from tensordiff.pipeline.compare import compare_dumps
+from tensordiff.judge.contract import Contract
+from tensordiff.pipeline.local_error import local_error
+import tensordiff.models.deepseek_v41_flash.contract as C
+from tensordiff.models.deepseek_v41_flash.synthetic_language import tiny_language_checkpoint
+from tensordiff.judge.tolerance import load
+import tensordiff.models.deepseek_v41_flash.faults as D
 
-# as the adapter builds it (tensordiff/models/deepseek_v41_flash.py): a generated token is derived from its logits
+# as the adapter builds it (tensordiff/models/deepseek_v41_flash/adapter.py): a generated token is derived from its logits
 CONTRACT = Contract("deepseek-v4.1-flash", (), C.RULES, resolver=C.make_resolver(()), boundary_of=C.boundary_of,
                     scores_source=C.scores_source)
 
 
 def _runners():
-    from engine.deepseek_v41_flash.language.run import run as engine_run
+    from engine.deepseek_v41_flash.language_run import run as engine_run
     from oracle.deepseek_v41_flash.model import run as oracle_run
 
     return oracle_run, engine_run
@@ -60,7 +60,7 @@ def _engine_run(base, oracle_dump, tmp_path, fault, chunk):
 @pytest.mark.parametrize("fault,chunk", [(None, 7), (D.ROUTER_TEXT_BIAS_FOR_IMAGES, None),
                                          (D.ROUTER_BIASED_WEIGHTS, None), (D.ENGRAM_NGRAM_ACROSS_IMAGE, 5)])
 def test_local_origin(base, oracle_dump, tmp_path, fault, chunk):
-    from engine.deepseek_v41_flash.language.stages import make_language_stages
+    from engine.deepseek_v41_flash.language_stages import make_language_stages
 
     req, report, adapter = _engine_run(base, oracle_dump, tmp_path, fault, chunk)
     local = local_error(adapter, req, oracle_dump, report, load(None), tmp_path, make_stages=make_language_stages)
@@ -91,8 +91,8 @@ def test_one_pass_down_the_stack_is_the_per_layer_route_bit_for_bit(base, oracle
     `own_indexer`: the engine's candidate source ranks by negated head weights, so its own candidate
     blocks are not the reference's and the reference's forced scores decide what the later layers
     may keep (the chain must force them as the old route does)."""
-    from engine.deepseek_v41_flash.language import stages as S
-    from engine.deepseek_v41_flash.language.attention import Attention
+    import engine.deepseek_v41_flash.language_stages as S
+    from engine.deepseek_v41_flash.attention import Attention
 
     if own_indexer:
         select = Attention._select
@@ -108,7 +108,7 @@ def test_one_pass_down_the_stack_is_the_per_layer_route_bit_for_bit(base, oracle
                 self.w = w
 
         monkeypatch.setattr(Attention, "_select", contrary)
-    from tensordiff.dump import open_dump
+    from tensordiff.format.dump import open_dump
 
     req, report, adapter = _engine_run(base, oracle_dump, tmp_path, fault, chunk)
     ran = {"chain": 0}
@@ -148,8 +148,8 @@ def test_decode_steps_on_the_chains_caches_are_the_old_route_bit_for_bit(base, m
     index-key owner the last chunk published), where the prefill ran again for them: each step,
     the one that continues the first included, is bit for bit the old route's. The official
     numerics' decode reads the index keys through the owner the prefill published."""
-    from engine.deepseek_v41_flash.language import stages as S
-    from tensordiff.dump import open_dump
+    import engine.deepseek_v41_flash.language_stages as S
+    from tensordiff.format.dump import open_dump
 
     two = dataclasses.replace(base, decode=2, options={**base.options, "language_numerics": numerics})
     odir = module_tmp("lang-local-2") / f"oracle-{fault}-{numerics}"

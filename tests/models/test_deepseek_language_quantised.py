@@ -21,13 +21,13 @@ import sys
 import pytest
 import torch
 
-from tensordiff.adapter import ModelAdapter, RunRequest
-from tensordiff.capture import Recorder
-from tensordiff.compare import compare_dumps
-from tensordiff.contract import Contract
-from tensordiff.models import deepseek_faults as D
-from tensordiff.models import deepseek_language_contract as C
-from tensordiff.synthetic.deepseek_v41_flash_language import tiny_language_checkpoint
+from tensordiff.pipeline.adapter import ModelAdapter, RunRequest
+from tensordiff.format.capture import Recorder
+from tensordiff.pipeline.compare import compare_dumps
+from tensordiff.judge.contract import Contract
+import tensordiff.models.deepseek_v41_flash.faults as D
+import tensordiff.models.deepseek_v41_flash.contract as C
+from tensordiff.models.deepseek_v41_flash.synthetic_language import tiny_language_checkpoint
 
 CELLS = (2, 3)
 PROMPT = "A picture: <image> What does it show?"
@@ -37,7 +37,7 @@ QUANT_FAULTS = (D.FP8_SCALE_IGNORED, D.FP8_SCALE_TRANSPOSED, D.FP4_NIBBLES_SWAPP
 
 
 def _runners():
-    from engine.deepseek_v41_flash.language.run import run as engine_run
+    from engine.deepseek_v41_flash.language_run import run as engine_run
     from oracle.deepseek_v41_flash.model import run as oracle_run
 
     return oracle_run, engine_run
@@ -87,9 +87,9 @@ def test_official_numerics_are_the_default_and_recorded(oracles, rows, tmp_path)
 
 
 def test_official_engine_stages_match_on_the_oracles_inputs(oracles, rows, tmp_path):
-    from engine.deepseek_v41_flash.language.stages import make_language_stages
-    from tensordiff.local_error import local_error
-    from tensordiff.tolerance import load
+    from engine.deepseek_v41_flash.language_stages import make_language_stages
+    from tensordiff.pipeline.local_error import local_error
+    from tensordiff.judge.tolerance import load
 
     oracle_run, engine_run = _runners()
     req = request(rows, chunk=7)
@@ -122,7 +122,7 @@ def test_quant_faults_are_invisible_on_a_bf16_checkpoint(rows, tmp_path):
 
 
 def test_missing_scale_is_exit_2_on_both_sides(tmp_path):
-    from tensordiff.synthetic.deepseek_v41_flash import resolve
+    from tensordiff.models.deepseek_v41_flash.synthetic import resolve
 
     src = resolve("synthetic:tiny-fp8")
     ckpt = tmp_path / "ckpt"
@@ -132,7 +132,7 @@ def test_missing_scale_is_exit_2_on_both_sides(tmp_path):
     (ckpt / "model.safetensors.index.json").write_text(json.dumps(index))
     env = {**os.environ, "PYTHONPATH": os.getcwd()}
     for side in ("oracle", "engine"):
-        p = subprocess.run([sys.executable, "-m", "tensordiff.cli", "dump", "deepseek-v4.1-flash", "--side", side,
+        p = subprocess.run([sys.executable, "-m", "tensordiff.commands.cli", "dump", "deepseek-v4.1-flash", "--side", side,
                             "--out", str(tmp_path / side), "--weights", str(ckpt), "--prompt", "Look: <image> now"],
                            capture_output=True, text=True, env=env, timeout=300)
         assert p.returncode == 2, (side, p.stderr[-2000:])

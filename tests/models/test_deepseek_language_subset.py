@@ -9,9 +9,9 @@ import shutil
 import pytest
 
 from cli_runner import run_cli as cli
-from tensordiff.dump import open_dump
-from tensordiff.models import deepseek_faults as D
-from tensordiff.synthetic.deepseek_v41_flash import resolve
+from tensordiff.format.dump import open_dump
+import tensordiff.models.deepseek_v41_flash.faults as D
+from tensordiff.models.deepseek_v41_flash.synthetic import resolve
 
 MODEL = "deepseek-v4.1-flash"
 PROMPT = "Look at <image> and say what it shows."

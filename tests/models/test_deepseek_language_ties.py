@@ -6,15 +6,15 @@ import dataclasses
 import pytest
 import torch
 
-from tensordiff.adapter import ModelAdapter, RunRequest
-from tensordiff.capture import Recorder
-from tensordiff.compare import compare_dumps
-from tensordiff.contract import Contract
-from tensordiff.local_error import local_error
-from tensordiff.models import deepseek_faults as F
-from tensordiff.models import deepseek_language_contract as C
-from tensordiff.synthetic.deepseek_v41_flash_language import tiny_language_checkpoint
-from tensordiff.tolerance import load
+from tensordiff.pipeline.adapter import ModelAdapter, RunRequest
+from tensordiff.format.capture import Recorder
+from tensordiff.pipeline.compare import compare_dumps
+from tensordiff.judge.contract import Contract
+from tensordiff.pipeline.local_error import local_error
+import tensordiff.models.deepseek_v41_flash.faults as F
+import tensordiff.models.deepseek_v41_flash.contract as C
+from tensordiff.models.deepseek_v41_flash.synthetic_language import tiny_language_checkpoint
+from tensordiff.judge.tolerance import load
 from token_dumps import token_dumps
 
 CONTRACT = Contract("deepseek-v4.1-flash", (), C.RULES, resolver=C.make_resolver(()), boundary_of=C.boundary_of)
@@ -22,7 +22,7 @@ PROMPT = "A picture: <image> What does it show?"
 
 
 def _runners():
-    from engine.deepseek_v41_flash.language.run import run as engine_run
+    from engine.deepseek_v41_flash.language_run import run as engine_run
     from oracle.deepseek_v41_flash.model import run as oracle_run
 
     return oracle_run, engine_run
@@ -49,7 +49,7 @@ def oracle32(base, module_tmp):
 
 
 def local(req, oracle_dir, report, tmp_path):
-    from engine.deepseek_v41_flash.language.stages import make_language_stages
+    from engine.deepseek_v41_flash.language_stages import make_language_stages
 
     o, e = _runners()
     adapter = ModelAdapter("deepseek-v4.1-flash", CONTRACT, F.LANGUAGE_FAULTS, oracle=lambda: o, engine=lambda: e)
@@ -105,7 +105,7 @@ def test_a_decode_bug_behind_a_benign_flip_is_the_decode_steps_own_local_error(o
 def _worst_pick(monkeypatch, layer):
     """Plant an indexer bug at one layer: every full row keeps its WORST eligible group in place of
     its best, while the recorded scores stay the ones it ranked."""
-    from engine.deepseek_v41_flash.language import attention as A
+    from engine.deepseek_v41_flash import attention as A
 
     orig = A.Attention._select
 
@@ -152,8 +152,8 @@ def test_the_readme_prompt_example_passes_on_a_jpeg(tmp_path, capsys):
 
     from PIL import Image
 
-    from tensordiff.cli import main
-    from tensordiff.inputs import default_image_path
+    from tensordiff.commands.cli import main
+    from tensordiff.pipeline.inputs import default_image_path
 
     jpg = tmp_path / "picture.jpg"
     Image.open(default_image_path()).convert("RGB").save(jpg, quality=90)
@@ -188,8 +188,8 @@ def test_bf16_gate_after_benign_flips_local_error_is_clean(tmp_path):
     later indexer's eligible set differs and local error names it (measured: index.5.ids)."""
     from PIL import Image
 
-    from tensordiff.gate import from_mapping, run_gate
-    from tensordiff.inputs import default_image_path
+    from tensordiff.commands.gate import from_mapping, run_gate
+    from tensordiff.pipeline.inputs import default_image_path
 
     jpg = tmp_path / "picture.jpg"
     Image.open(default_image_path()).convert("RGB").save(jpg, quality=90)
@@ -211,8 +211,8 @@ def test_check_judges_a_cascade_by_local_error_so_a_bug_behind_a_flip_is_caught(
 
     from PIL import Image
 
-    from tensordiff.cli import main
-    from tensordiff.inputs import default_image_path
+    from tensordiff.commands.cli import main
+    from tensordiff.pipeline.inputs import default_image_path
 
     jpg = tmp_path / "picture.jpg"
     Image.open(default_image_path()).convert("RGB").save(jpg, quality=90)
@@ -229,7 +229,7 @@ def test_check_judges_a_cascade_by_local_error_so_a_bug_behind_a_flip_is_caught(
 # ----------------------------------------------------------------------------- generated tokens
 
 def test_both_sides_record_the_token_fed_to_each_step_and_the_row_it_ranked(oracle32, base, tmp_path):
-    from tensordiff.dump import open_dump
+    from tensordiff.format.dump import open_dump
 
     eng = dump("engine", base, tmp_path / "engine")
     for d in (open_dump(oracle32), open_dump(eng)):
@@ -254,7 +254,7 @@ def _tok(rep):
 def test_a_token_flip_on_a_near_tie_is_benign_and_the_steps_after_it_a_cascade(tmp_path):
     """The reference's margin (0.02) is within twice the floor run's error (0.05): another token
     on a right bf16 route. The step it feeds differs entirely: a cascade, judged by local error."""
-    from tensordiff.floor import three_way
+    from tensordiff.pipeline.compare import three_way
 
     rep = three_way(*token_dumps(tmp_path, 0.01), contract=CONTRACT_TOKENS)
     t = _tok(rep)
@@ -270,7 +270,7 @@ def test_a_token_flip_the_logits_do_not_explain_is_named_at_the_token(tmp_path):
     """A lead of 0.2 over a floor run 20x more accurate (tie floor 2 x 0.0025 + 4 bf16 unit
     roundoffs of the logits, 0.1), and a candidate that feeds a token its own logits rank second:
     both diverge at `token.step.1`, the step after it consequent, never its root."""
-    from tensordiff.floor import three_way
+    from tensordiff.pipeline.compare import three_way
 
     rep = three_way(*token_dumps(tmp_path / "a", 0.01, floor_err=0.0025, lead=0.2, width=65536),
                     contract=CONTRACT_TOKENS)
@@ -284,10 +284,10 @@ def test_a_token_flip_the_logits_do_not_explain_is_named_at_the_token(tmp_path):
 def test_a_token_flip_is_not_benign_when_the_logits_fail_their_own_rule(tmp_path):
     """The logits that chose the token are themselves wrong (10x the floor run's error): the flip
     is theirs, not a tie; `logits` is the root."""
-    from tensordiff.floor import three_way
+    from tensordiff.pipeline.compare import three_way
 
     r, f, c = token_dumps(tmp_path / "a", 0.01)
-    from tensordiff.dump import open_dump
+    from tensordiff.format.dump import open_dump
 
     bad = torch.from_numpy(open_dump(c).load("logits").copy())
     bad[:-1] += 0.5
@@ -306,7 +306,7 @@ def test_a_token_tie_is_judged_within_the_row_floor_its_logits_were_judged_by(tm
     largest row): a lead of 0.15 is beyond twice this row's own floor error (0.1 with the
     roundoff term) but within the largest floor row's (0.49): a right route may pick the other
     token there, so the flip is benign; with no such row in the floor it is not."""
-    from tensordiff.floor import three_way
+    from tensordiff.pipeline.compare import three_way
 
     kw = dict(floor_err=0.0025, lead=0.15, width=4096)
     rep = three_way(*token_dumps(tmp_path / "a", 0.01, worst_row_err=0.2, **kw), contract=CONTRACT_TOKENS)

@@ -4,11 +4,11 @@ import pytest
 import torch
 
 from engine.deepseek_v41_flash.config import Config
-from engine.deepseek_v41_flash.language import tokens as E
+from engine.deepseek_v41_flash import tokens as E
 from oracle.deepseek_v41_flash import tokens as O
 from oracle.deepseek_v41_flash.config import ModelArgs
 from tensordiff.errors import BadInput
-from tensordiff.synthetic.deepseek_v41_flash_language import language_config
+from tensordiff.models.deepseek_v41_flash.synthetic_language import language_config
 
 CFG = language_config(64)
 

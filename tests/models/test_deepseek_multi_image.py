@@ -10,14 +10,22 @@ import pytest
 from PIL import Image
 
 from deepseek_images import _smooth, image_path
-from tensordiff.compare import compare_dumps
-from tensordiff.dump import open_dump
+from tensordiff.pipeline.compare import compare_dumps
+from tensordiff.format.dump import open_dump
 from tensordiff.errors import BadInput
-from tensordiff.gate import from_mapping, run_gate
-from tensordiff.models import deepseek_faults as D
-from tensordiff.runs import check, make_request, run_side
+from tensordiff.commands.gate import from_mapping, run_gate
+import tensordiff.models.deepseek_v41_flash.faults as D
+from tensordiff.pipeline.case import CaseSpec
+from tensordiff.pipeline.case import check as check_case
+from tensordiff.pipeline.runs import make_request, run_side
 
 from cli_runner import run_cli
+
+
+def check(model: str, *, tolerances=None, out=None, oracle_dtype=None, use_cache=True, **kw):
+    """Both sides of one case, compared: its Report."""
+    return check_case(CaseSpec(model, oracle_dtype=oracle_dtype, **kw), out=out, tolerances=tolerances,
+                      use_cache=use_cache).report
 
 SEMANTIC = ("language_numerics=semantic",)  # the fp32 language mode beside the fp32 vision half
 MODEL = "deepseek-v4.1-flash"

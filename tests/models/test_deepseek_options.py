@@ -9,8 +9,8 @@ import dataclasses
 
 import pytest
 
-from tensordiff.dump import open_dump
-from tensordiff.runs import make_request, run_side
+from tensordiff.format.dump import open_dump
+from tensordiff.pipeline.runs import make_request, run_side
 
 MODEL = "deepseek-v4.1-flash"
 PROMPT = "Describe <image> briefly."

@@ -10,10 +10,10 @@ import dataclasses
 
 import pytest
 
-from tensordiff.compare import compare_dumps
-from tensordiff.registry import adapter
-from tensordiff.runs import make_request, run_side
-from tensordiff.models import deepseek_faults as D
+from tensordiff.pipeline.compare import compare_dumps
+from tensordiff.pipeline.registry import adapter
+from tensordiff.pipeline.runs import make_request, run_side
+import tensordiff.models.deepseek_v41_flash.faults as D
 
 MODEL = "deepseek-v4.1-flash"
 LANGUAGE = D.LANGUAGE_NAMES  # need a prompt: tests/models/test_deepseek_whole_model.py
@@ -57,7 +57,7 @@ def test_clean_engine_on_the_same_picture_matches(oracle_dump, tmp_path):
 def test_cli_check_exits_1_and_names_the_boundary(tmp_path, capsys):
     import json
 
-    from tensordiff.cli import main
+    from tensordiff.commands.cli import main
 
     with pytest.raises(SystemExit) as e:
         main(["check", MODEL, "--fault", D.CONTAIN_CEIL, "--json", str(tmp_path / "r.json")])

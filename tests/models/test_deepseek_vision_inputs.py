@@ -10,7 +10,7 @@ from PIL import Image
 
 from cli_runner import run_cli as cli
 from tensordiff.errors import BadInput
-from tensordiff.synthetic.deepseek_v41_flash import resolve, vision_tensor_names
+from tensordiff.models.deepseek_v41_flash.synthetic import resolve, vision_tensor_names
 
 MODEL = "deepseek-v4.1-flash"
 
@@ -81,7 +81,7 @@ def test_synthetic_layout_is_official():
 
 
 def test_full_names_and_shapes():
-    from tensordiff.synthetic.deepseek_v41_flash import FULL, vision_units
+    from tensordiff.models.deepseek_v41_flash.synthetic import FULL, vision_units
 
     shapes = {n: s for _, t in vision_units(FULL) for n, s in t.items()}
     assert shapes["vision.blocks.31.attn.wqkv.weight"] == (3072, 1024)
@@ -95,7 +95,7 @@ def test_full_names_and_shapes():
 def test_per_unit_seeding_is_independent_of_the_config():
     import torch
 
-    from tensordiff.synthetic.deepseek_v41_flash import CONFIGS, _vision_values
+    from tensordiff.models.deepseek_v41_flash.synthetic import CONFIGS, _vision_values
 
     small = {**CONFIGS["tiny"](), "vision_n_layers": 1}
     two = {**CONFIGS["tiny"](), "vision_n_layers": 2}

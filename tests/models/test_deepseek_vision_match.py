@@ -11,8 +11,8 @@ import pytest
 import torch
 
 from deepseek_images import COLLAPSE, IMAGES, image_path
-from tensordiff.compare import compare_dumps
-from tensordiff.runs import make_request, run_side
+from tensordiff.pipeline.compare import compare_dumps
+from tensordiff.pipeline.runs import make_request, run_side
 
 MODEL = "deepseek-v4.1-flash"
 
@@ -50,7 +50,7 @@ def test_collapse_branches_preprocess_identically(name, pictures):
     from engine.deepseek_v41_flash.run import VisionEngine
     from oracle.deepseek_v41_flash.config import ModelArgs
     from oracle.deepseek_v41_flash.image_processor import load_image
-    from tensordiff.synthetic.deepseek_v41_flash import resolve
+    from tensordiff.models.deepseek_v41_flash.synthetic import resolve
 
     wdir = resolve("synthetic:tiny")
     path = image_path(name, pictures)

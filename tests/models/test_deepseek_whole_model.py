@@ -6,8 +6,15 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from tensordiff.runs import check
-from tensordiff.models import deepseek_faults as D
+from tensordiff.pipeline.case import CaseSpec
+from tensordiff.pipeline.case import check as check_case
+import tensordiff.models.deepseek_v41_flash.faults as D
+
+
+def check(model: str, *, tolerances=None, out=None, oracle_dtype=None, use_cache=True, **kw):
+    """Both sides of one case, compared: its Report."""
+    return check_case(CaseSpec(model, oracle_dtype=oracle_dtype, **kw), out=out, tolerances=tolerances,
+                      use_cache=use_cache).report
 
 PROMPT = "Look: <image> What is in the picture?"
 

@@ -7,14 +7,14 @@ import sys
 import numpy as np
 import pytest
 
-from tensordiff import registry
-from tensordiff.capture import Recorder
-from tensordiff.compare import compare_dumps
-from tensordiff.contract import ancestors, topological
+from tensordiff.pipeline import registry
+from tensordiff.format.capture import Recorder
+from tensordiff.pipeline.compare import compare_dumps
+from tensordiff.judge.contract import ancestors, topological
 from tensordiff.errors import BadInput, IncomparableDumps
-from tensordiff.models import deepseek_faults as D
-from tensordiff.models.qwen3_vl import ADAPTER, CONTRACT
-from tensordiff.synthetic import qwen3_vl as S
+import tensordiff.models.deepseek_v41_flash.faults as D
+from tensordiff.models.qwen3_vl.adapter import ADAPTER, CONTRACT
+import tensordiff.models.qwen3_vl.synthetic as S
 
 
 def test_registry_finds_the_adapter():
@@ -55,7 +55,7 @@ def test_every_fault_names_a_boundary():
 
 
 def test_adapter_module_imports_no_torch():
-    code = "import sys, tensordiff.models.qwen3_vl; print('torch' in sys.modules)"
+    code = "import sys, tensordiff.models.qwen3_vl.adapter; print('torch' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "False"
 
@@ -80,7 +80,7 @@ def test_deepseek_dump_is_not_comparable_with_qwen3vl(tmp_path):
     b = _dump(tmp_path / "qw", "qwen3-vl")
     with pytest.raises(IncomparableDumps, match="contracts differ"):
         compare_dumps(a, b)
-    r = subprocess.run([sys.executable, "-m", "tensordiff.cli", "compare", str(a), str(b)], capture_output=True, text=True)
+    r = subprocess.run([sys.executable, "-m", "tensordiff.commands.cli", "compare", str(a), str(b)], capture_output=True, text=True)
     assert r.returncode == 2
     errors = [ln for ln in r.stderr.splitlines() if ln.startswith("tensordiff: error")]
     assert len(errors) == 1 and "qwen3-vl" in errors[0] and "deepseek" in errors[0]
@@ -124,7 +124,7 @@ def test_extreme_aspect_ratio_is_bad_input_on_both_sides(tmp_path, side):
     img = tmp_path / "strip.png"
     Image.new("RGB", (700, 3), (10, 20, 30)).save(img)
     out = tmp_path / "dump"
-    r = subprocess.run([sys.executable, "-m", "tensordiff.cli", "dump", "qwen3-vl", "--side", side, "--image", str(img),
+    r = subprocess.run([sys.executable, "-m", "tensordiff.commands.cli", "dump", "qwen3-vl", "--side", side, "--image", str(img),
                         "--out", str(out)], capture_output=True, text=True)
     assert r.returncode == 2, r.stderr
     errors = [ln for ln in r.stderr.splitlines() if ln.startswith("tensordiff: error")]
@@ -203,8 +203,8 @@ def test_logits_declare_a_tensor_scaled_atol_in_float32_only(tmp_path):
     sys.path.insert(0, str(__import__("pathlib").Path(__file__).parents[1] / "tensordiff"))
     from helpers_dumps import reduction_pair, write
 
-    from tensordiff.judge import Judge
-    from tensordiff.tolerance import Tolerances
+    from tensordiff.judge.judge import Judge
+    from tensordiff.judge.tolerance import Tolerances
 
     j = Judge.build(CONTRACT, Tolerances({}, {}))
     for b in ("logits", "logits.step.1", "logits.step.12"):

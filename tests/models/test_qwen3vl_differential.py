@@ -10,12 +10,12 @@ import shutil
 import pytest
 
 from qwen3vl_images import make_images
-from tensordiff.adapter import RunRequest
-from tensordiff.capture import Recorder
-from tensordiff.compare import compare_dumps
-from tensordiff.faults import CHUNK
-from tensordiff.models.qwen3_vl import ADAPTER
-from tensordiff.models import qwen3_vl_faults as QF
+from tensordiff.pipeline.adapter import RunRequest
+from tensordiff.format.capture import Recorder
+from tensordiff.pipeline.compare import compare_dumps
+from tensordiff.pipeline.faults import CHUNK
+from tensordiff.models.qwen3_vl.adapter import ADAPTER
+import tensordiff.models.qwen3_vl.faults as QF
 
 PROMPT = "Look at <image> and then at <image>, please."
 

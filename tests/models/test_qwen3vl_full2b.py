@@ -11,10 +11,10 @@ import os
 import pytest
 
 from qwen3vl_images import make_images
-from tensordiff.adapter import RunRequest
-from tensordiff.capture import Recorder
-from tensordiff.compare import compare_dumps
-from tensordiff.models.qwen3_vl import ADAPTER
+from tensordiff.pipeline.adapter import RunRequest
+from tensordiff.format.capture import Recorder
+from tensordiff.pipeline.compare import compare_dumps
+from tensordiff.models.qwen3_vl.adapter import ADAPTER
 
 pytestmark = pytest.mark.skipif(os.environ.get("TENSORDIFF_FULL2B") != "1",
                                 reason="full-2b needs ~9 GB per side: set TENSORDIFF_FULL2B=1 to run it")

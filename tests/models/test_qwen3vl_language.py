@@ -12,14 +12,14 @@ import torch
 
 from cli_runner import run_cli
 from qwen3vl_images import make_images
-from tensordiff.adapter import RunRequest
-from tensordiff.capture import Recorder
-from tensordiff.compare import compare_dumps
-from tensordiff.dump import open_dump
-from tensordiff.faults import CHUNK
-from tensordiff.local_error import local_error
-from tensordiff.models import qwen3_vl_faults as QF
-from tensordiff.models.qwen3_vl import ADAPTER
+from tensordiff.pipeline.adapter import RunRequest
+from tensordiff.format.capture import Recorder
+from tensordiff.pipeline.compare import compare_dumps
+from tensordiff.format.dump import open_dump
+from tensordiff.pipeline.faults import CHUNK
+from tensordiff.pipeline.local_error import local_error
+import tensordiff.models.qwen3_vl.faults as QF
+from tensordiff.models.qwen3_vl.adapter import ADAPTER
 
 PROMPT = "Here is a photo: <image> What does it show?"
 PHOTOS = ("astronaut", "chelsea", "coffee", "wide")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from tensordiff.capture import Recorder
+from tensordiff.format.capture import Recorder
 
 
 def token_dumps(tmp_path, cand_margin: float, floor_err: float = 0.05, cand_token=None, lead=0.02, width=4096,

@@ -1,4 +1,4 @@
-"""Many small float tensors measured in one native call (tensordiff/batch.py): every reported
+"""Many small float tensors measured in one native call (tensordiff/judge/batch.py): every reported
 number is the streamed path's, exactly; what is not eligible streams; pages are released; a
 planted fault is found the same way."""
 import json
@@ -7,8 +7,9 @@ import math
 import pytest
 import torch
 
-from tensordiff import Recorder, batch, native
-from tensordiff.compare import compare_dumps
+from tensordiff import Recorder
+from tensordiff.judge import batch, native
+from tensordiff.pipeline.compare import compare_dumps
 from tensordiff.errors import BadInput
 
 pytestmark = pytest.mark.skipif(native.float_batch() is None, reason="no native kernel on this machine")
@@ -94,9 +95,9 @@ def test_the_percentile_bins_of_c_and_numpy_agree(tmp_path):
         pairs[f"spread.{i}"] = (x, x * (1 + noise))
     a, b = _write(tmp_path, pairs)
     got = compare_dumps(a, b)
-    from tensordiff.metrics import FloatMetrics
-    from tensordiff.dtypes import BY_NAME
-    from tensordiff.tolerance import DEFAULTS
+    from tensordiff.judge.metrics import FloatMetrics
+    from tensordiff.format.dtypes import BY_NAME
+    from tensordiff.judge.tolerance import DEFAULTS
 
     f32 = BY_NAME["float32"]
     for name, (x, y) in pairs.items():
@@ -148,7 +149,7 @@ def test_what_is_not_eligible_streams(tmp_path, monkeypatch):
 def test_a_truncated_file_is_named_as_the_streamed_path_names_it(tmp_path):
     pairs = {f"t{i}": (torch.ones(25, 128) * i, torch.ones(25, 128) * i) for i in range(4)}
     a, b = _write(tmp_path, pairs)
-    from tensordiff.dump import open_dump
+    from tensordiff.format.dump import open_dump
 
     da, db = open_dump(a), open_dump(b)  # checked whole when opened; truncated after that
     f = sorted(b.glob("*.safetensors"))[2]
@@ -165,7 +166,7 @@ def test_the_pages_read_are_released(tmp_path, monkeypatch):
     monkeypatch.setattr(batch, "release_bytes", lambda mm, lo, hi, scope: (seen.append((len(mm), lo, hi)),
                                                                            real(mm, lo, hi, scope)))
     compare_dumps(a, b)
-    from tensordiff.dump import open_dump
+    from tensordiff.format.dump import open_dump
 
     for d in (open_dump(a), open_dump(b)):
         for e in d.entries:

@@ -7,13 +7,14 @@ import tomllib
 
 import pytest
 
-from tensordiff import registry
-from tensordiff.calibrate import calibrate, parse_variant, write
+from tensordiff.pipeline import registry
+from tensordiff.commands.calibrate import calibrate, parse_variant
+from tensordiff.pipeline.calibration import write
 from tensordiff.errors import BadInput
-from tensordiff.gate import load_gate, run_gate
-from tensordiff.inputs import default_image_path
-from tensordiff.report import render_text
-from tensordiff.tolerance import load as load_tolerances
+from tensordiff.commands.gate import load_gate, run_gate
+from tensordiff.pipeline.inputs import default_image_path
+from tensordiff.reports.text import render_text
+from tensordiff.judge.tolerance import load as load_tolerances
 
 import test_gate_toy as toy
 
@@ -85,7 +86,7 @@ def test_reference_as_its_own_variant_is_bad_input(toys):
 
 
 def test_cli_calibrate_writes_a_loadable_file(toys, tmp_path, capsys):
-    from tensordiff.cli import main
+    from tensordiff.commands.cli import main
 
     cfg = toy.write_gate(tmp_path)
     with pytest.raises(SystemExit) as e:
@@ -126,8 +127,8 @@ def test_a_runner_option_variant_is_checked_against_the_models_table(toys, model
 
 
 def test_a_variant_value_reaches_the_oracle_typed(toys):
-    from tensordiff.calibrate import variant_request
-    from tensordiff.runs import make_request
+    from tensordiff.commands.calibrate import variant_request
+    from tensordiff.pipeline.runs import make_request
 
     ad, req = make_request("qwen3-vl")
     v = variant_request(req, parse_variant("attn=eager"), ad)
@@ -143,7 +144,8 @@ def _two_pictures(tmp_path):
 
 
 def test_calibrate_records_the_clean_engines_profile_and_multipliers(toys, tmp_path):
-    from tensordiff.floor import DEFAULT_RULE, profile_of, rule_of
+    from tensordiff.judge.floor import DEFAULT_RULE
+    from tensordiff.pipeline.calibration import profile_of, rule_of
 
     cal = calibrate(toy.NAME, _two_pictures(tmp_path), variants=["dtype=bfloat16"])
     assert cal.profile is not None and cal.profile.images == 2 and not cal.profile.failed

@@ -17,12 +17,14 @@ import numpy as np
 import pytest
 import torch
 
-from tensordiff.adapter import Fault
-from tensordiff.calibrate import calibrate, engine_mismatch, engine_of, engine_record, write
+from tensordiff.pipeline.adapter import Fault
+from tensordiff.commands.calibrate import calibrate
+from tensordiff.pipeline.calibration import engine_mismatch, engine_of, engine_record, write
 from tensordiff.errors import BadInput
-from tensordiff.floor import profile_band, profile_of
-from tensordiff.gate import load_gate, run_gate
-from tensordiff.options import Option, OptionTable
+from tensordiff.judge.floor import profile_band
+from tensordiff.pipeline.calibration import profile_of
+from tensordiff.commands.gate import load_gate, run_gate
+from tensordiff.pipeline.options import Option, OptionTable
 
 import test_gate_toy as toy
 
@@ -61,7 +63,7 @@ def toys(monkeypatch, tmp_path):
     toy.install(monkeypatch)
     import sys
 
-    from tensordiff import registry
+    from tensordiff.pipeline import registry
 
     monkeypatch.setattr(sys.modules[__name__], "_calls", itertools.count())  # every test sees the same runs
 
@@ -74,7 +76,7 @@ def toys(monkeypatch, tmp_path):
 def _pictures(tmp_path):
     from PIL import Image
 
-    from tensordiff.inputs import default_image_path
+    from tensordiff.pipeline.inputs import default_image_path
 
     d = tmp_path / "pics"
     d.mkdir(exist_ok=True)
@@ -142,7 +144,7 @@ def test_without_repeats_the_band_can_miss_the_run_to_run_variation(toys, tmp_pa
 
 
 def test_a_gate_refuses_a_profile_measured_under_other_engine_options(toys, tmp_path, capsys):
-    from tensordiff.cli import main
+    from tensordiff.commands.cli import main
 
     imgs = _pictures(tmp_path)
     write(calibrate(JITTER, imgs, variants=["dtype=bfloat16"], options=("fuse=off",)), tmp_path / "cal.toml")
@@ -192,7 +194,7 @@ def test_semantic_only_gates_do_not_use_the_profile_and_are_not_refused(toys, tm
 
 
 def test_engine_record_and_mismatch_with_the_deepseek_table():
-    from tensordiff import registry
+    from tensordiff.pipeline import registry
 
     ad = registry.adapter("deepseek-v4.1-flash")
     rec = engine_record(ad, "torch", "cuda:0", ("fuse=on", "graphs=on"))
@@ -225,7 +227,7 @@ def test_engine_of_reads_the_record(tmp_path):
 
 
 def test_cli_calibrate_repeats_under_the_gates_options(toys, tmp_path, capsys):
-    from tensordiff.cli import main
+    from tensordiff.commands.cli import main
 
     _pictures(tmp_path)
     gate = toy.write_gate(tmp_path, 'images = ["pics"]\noptions = { fuse = "on" }\n', model=JITTER)

@@ -6,11 +6,11 @@ import json
 
 import pytest
 
-from tensordiff.cli import main
-from tensordiff.models import deepseek_faults as D
-from tensordiff.models import qwen3_vl_faults as Q
-from tensordiff.models.deepseek_options import OPTIONS as DS
-from tensordiff.models.qwen3_vl_options import OPTIONS as QW
+from tensordiff.commands.cli import main
+import tensordiff.models.deepseek_v41_flash.faults as D
+import tensordiff.models.qwen3_vl.faults as Q
+from tensordiff.models.deepseek_v41_flash.options import OPTIONS as DS
+from tensordiff.models.qwen3_vl.options import OPTIONS as QW
 
 DEEPSEEK, QWEN = "deepseek-v4.1-flash", "qwen3-vl"
 

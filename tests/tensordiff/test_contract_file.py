@@ -5,10 +5,10 @@ import numpy as np
 import pytest
 from safetensors.numpy import save_file
 
-from tensordiff.compare import compare_dumps
-from tensordiff.contract_file import load
+from tensordiff.pipeline.compare import compare_dumps
+from tensordiff.judge.contract_file import load
 from tensordiff.errors import BadInput
-from tensordiff.plain import open_any
+from tensordiff.format.plain import open_any
 from tests.cli_runner import run_cli
 
 CONTRACT = """
@@ -219,7 +219,7 @@ def test_any_structure_is_a_contract_or_one_clear_error(tmp_path):
     from hypothesis import HealthCheck, given, settings
     from hypothesis import strategies as st
 
-    from tensordiff.contract_file import parse
+    from tensordiff.judge.contract_file import parse
 
     atoms = st.one_of(st.none(), st.booleans(), st.integers(-3, 3), st.floats(allow_nan=True),
                       st.sampled_from(["a", "b", "hidden.{L}", "hidden.{L-1}", "x.{K}", "*", "", "grid", "exact",

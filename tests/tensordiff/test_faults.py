@@ -8,10 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from tensordiff import registry
-from tensordiff.faults import CHUNK, FLOAT32, LANGUAGE, Fault, Need, find, refusal
-from tensordiff.models import deepseek_faults as D
-from tensordiff.models import qwen3_vl_faults as Q
+from tensordiff.pipeline import registry
+from tensordiff.pipeline.faults import CHUNK, FLOAT32, LANGUAGE, Fault, Need, find, refusal
+import tensordiff.models.deepseek_v41_flash.faults as D
+import tensordiff.models.qwen3_vl.faults as Q
 
 ROOT = Path(__file__).resolve().parents[2]
 TABLES = {"deepseek-v4.1-flash": D, "qwen3-vl": Q}
@@ -67,7 +67,7 @@ def test_no_fault_name_is_a_string_literal_outside_its_table():
     """The names live in the tables; code compares against the constants (docstrings and
     comments may name a fault, a bare string in code may not)."""
     names = {f.name for t in TABLES.values() for f in t.FAULTS}
-    tables = {ROOT / "tensordiff/models/deepseek_faults.py", ROOT / "tensordiff/models/qwen3_vl_faults.py"}
+    tables = {ROOT / "tensordiff/models/deepseek_v41_flash/faults.py", ROOT / "tensordiff/models/qwen3_vl/faults.py"}
     bad = []
     for pkg in ("tensordiff", "engine", "oracle", "tests"):
         for p in (ROOT / pkg).rglob("*.py"):

@@ -5,9 +5,11 @@ import math
 import pytest
 import torch
 
-from tensordiff.compare import compare_dumps
+from tensordiff.pipeline.compare import compare_dumps
 from tensordiff.errors import BadInput
-from tensordiff.floor import DEFAULT_RULE, FloorRule, profile_band, profile_of, rule_of, three_way
+from tensordiff.judge.floor import DEFAULT_RULE, FloorRule, profile_band
+from tensordiff.pipeline.calibration import profile_of, rule_of
+from tensordiff.pipeline.compare import three_way
 
 from helpers_dumps import write
 
@@ -151,7 +153,7 @@ def test_compare_cli_floor(tmp_path):
     import sys
 
     r, f, c = _dumps(tmp_path)
-    run = lambda *a: subprocess.run([sys.executable, "-m", "tensordiff.cli", "compare", *map(str, a)],  # noqa: E731
+    run = lambda *a: subprocess.run([sys.executable, "-m", "tensordiff.commands.cli", "compare", *map(str, a)],  # noqa: E731
                                     capture_output=True, text=True)
     ok = run(r, c, "--floor", f)
     assert ok.returncode == 0 and "× floor" in ok.stdout, ok.stdout + ok.stderr
@@ -160,13 +162,13 @@ def test_compare_cli_floor(tmp_path):
 
 
 def test_worst_rows_name_token_positions_and_types(tmp_path):
-    from tensordiff.layout import token_type
+    from tensordiff.judge.layout import token_type
 
     run = {"language": {"span_start": 3}, "inputs": {"cells": [2, 2]}}  # START, I I NL, I I NL, END
     assert [token_type(p, run) for p in (0, 3, 4, 6, 7, 9, 10, 11)] == [
         "TEXT", "START", "IMAGE cell (y=0, x=0)", "NEWLINE", "IMAGE cell (y=1, x=0)", "NEWLINE", "END", "TEXT"]
     assert token_type(5, {}) is None
-    from tensordiff.contract import Boundary, Contract
+    from tensordiff.judge.contract import Boundary, Contract
 
     contract = Contract("toy-tokens", (Boundary("hidden", (), "residual stream", layout="tokens"),))
     g = torch.Generator().manual_seed(0)
@@ -181,7 +183,7 @@ def test_worst_rows_name_token_positions_and_types(tmp_path):
 
 
 def test_profile_summary_and_measured_multipliers(tmp_path):
-    from tensordiff.floor import OUTLIER_MARGIN, Profile
+    from tensordiff.judge.floor import OUTLIER_MARGIN, Profile
 
     prof = Profile()
     for seed in (0, 1):
@@ -208,7 +210,7 @@ def test_profile_summary_and_measured_multipliers(tmp_path):
 
 
 def test_a_tensor_the_clean_engine_computes_bit_equal_to_the_floor_run_stays_so(tmp_path):
-    from tensordiff.floor import Profile
+    from tensordiff.judge.floor import Profile
 
     def as_floor(c):  # the engine computes aligner exactly as the oracle does in bf16
         c["aligner"] = _low(_ref()["aligner"], 1)
@@ -281,7 +283,7 @@ def test_short_rows_are_judged_in_blocks(tmp_path, monkeypatch):
     exceed 2x their own floor by chance alone (the H200's rocket false alarm at router.0.weights,
     worst row 2.54x); pooled into blocks of >= MIN_ROW_ELEMS elements they do not, and a row
     whose weights are 2% off is still caught, named by its block."""
-    from tensordiff import rows
+    from tensordiff.judge import rows
 
     dumps = _short_rows(tmp_path / "clean")
     monkeypatch.setattr(rows, "MIN_ROW_ELEMS", 1)  # the old rule: every 2-element row alone
@@ -338,3 +340,18 @@ def test_a_decode_step_is_judged_as_one_more_row_of_the_prompt_logits(tmp_path):
     b = _t(bad, "logits.step.1")
     assert b.status == "diverged" and _t(bad, "logits").status == "match", str(bad)
     assert b.metrics["family"]["x_floor"] > DEFAULT_RULE.row and "largest row of `logits`" in b.reason, b.reason
+
+
+def test_the_numeric_reports_tolerances_line_names_the_multipliers_source(tmp_path):
+    """Floor-relative tensors say whose multipliers judged them (the defaults, a file's
+    [floor_rule], a calibration's) and whether a calibrated profile did too."""
+    dumps = _dumps(tmp_path)
+    rep = three_way(*dumps)
+    assert rep.tolerances.startswith("floor-relative, default multipliers: ")
+    cal = tmp_path / "cal.toml"
+    cal.write_text('[calibration]\nmodel = "toy"\n[floor_rule]\nrmse = 1.2\n'
+                   "[profile.block0.rmse]\nmin = 0.9\nmax = 1.1\nn = 3\n")
+    rep = three_way(*dumps, rule_of(cal), profile=profile_of(cal))
+    assert _t(rep, "block0").tolerance["source"] == (f"floor-relative, calibration {cal} [floor_rule] multipliers, "
+                                                     "the clean engine's calibrated profile")
+    assert f"calibration {cal} [floor_rule] multipliers: " in rep.tolerances

@@ -9,7 +9,7 @@ import pytest
 from PIL import Image
 
 from tensordiff.errors import BadInput
-from tensordiff.gate import load_gate, run_gate
+from tensordiff.commands.gate import load_gate, run_gate
 
 import test_gate_toy as toy
 
@@ -26,7 +26,7 @@ def _png(path: Path, size=(90, 60), color=(200, 30, 30)) -> Path:
 
 
 def _run_cli(argv, capsys):
-    from tensordiff.cli import main
+    from tensordiff.commands.cli import main
 
     with pytest.raises(SystemExit) as e:
         main(argv)
@@ -192,7 +192,7 @@ def test_cli_gate_pass_writes_json_junit_html(tmp_path, capsys):
     data = json.loads((tmp_path / "g.json").read_text())
     assert data["passed"] is True
     assert {"weights", "oracle", "engine", "compare", "report", "total"} <= set(data["timings"])
-    assert data["cases"][0]["report"]["verdict"] == "match"
+    assert data["cases"][0]["verdict"] == "match"
     root = ET.parse(tmp_path / "g.xml").getroot()
     assert root.tag == "testsuites" and root.get("failures") == "0"
     assert len(root.findall(".//testcase")) == 5
@@ -244,7 +244,7 @@ def _toy_with_a_language_fault(monkeypatch):
     """The toy, whose aligner fault now says it needs the language route (a prompt)."""
     import dataclasses
 
-    from tensordiff.faults import LANGUAGE
+    from tensordiff.pipeline.faults import LANGUAGE
 
     faults = tuple(dataclasses.replace(f, needs=(LANGUAGE,)) if f.name == "aligner-bias" else f for f in toy.FAULTS)
     monkeypatch.setitem(toy.TOYS, toy.NAME, dataclasses.replace(toy.ADAPTER, faults=faults))

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from tensordiff import registry
-from tensordiff.gate import load_gate, run_gate
+from tensordiff.pipeline import registry
+from tensordiff.commands.gate import load_gate, run_gate
 
 GATES = Path(__file__).resolve().parents[2] / "gates"
 
@@ -37,7 +37,7 @@ def test_example_gate_passes_on_the_clean_engine(model, tmp_path):
         assert c.local is not None and c.local.available
         assert c.local.origin is None, c.local.summary()
         assert c.views, "image boundaries get heatmaps"
-    from tensordiff.report_junit import write_junit
+    from tensordiff.reports.junit import write_junit
 
     write_junit(res.cases, tmp_path / "g.xml")
     root = ET.parse(tmp_path / "g.xml").getroot()
@@ -62,8 +62,8 @@ def small_picture(module_tmp) -> Path:
 
 @pytest.mark.parametrize("fault", _faults("deepseek-v4.1-flash"))
 def test_every_deepseek_fault_fails_the_gate_at_its_boundary(fault, small_picture):
-    from tensordiff.faults import SEVERAL_IMAGES
-    from tensordiff.gate import from_mapping
+    from tensordiff.pipeline.faults import SEVERAL_IMAGES
+    from tensordiff.commands.gate import from_mapping
 
     _gate("deepseek-v4.1-flash")
     want = registry.adapter("deepseek-v4.1-flash").fault(fault).boundary
@@ -126,7 +126,7 @@ def _shards_holding(ckpt: Path, prefixes) -> set[str]:
 
 def test_gate_reads_only_the_shards_the_vision_path_needs(tmp_path, small_picture):
     _gate("deepseek-v4.1-flash")
-    from tensordiff.gate import from_mapping
+    from tensordiff.commands.gate import from_mapping
 
     ckpt = _checkpoint_copy(tmp_path)
     vision = _shards_holding(ckpt, {"vision", "aligner", "image_start", "image_end", "image_newline"})
@@ -152,7 +152,7 @@ def test_partial_checkpoint_is_one_error_naming_the_missing_tensors(tmp_path, ca
     index.write_text(json.dumps(data))
     cfg = tmp_path / "g.toml"
     cfg.write_text(f'[[model]]\nname = "deepseek-v4.1-flash"\nweights = "{ckpt}"\n')
-    from tensordiff.cli import main
+    from tensordiff.commands.cli import main
 
     with pytest.raises(SystemExit) as e:
         main(["gate", str(cfg), "--no-cache"])

@@ -8,10 +8,10 @@ from dataclasses import replace
 import pytest
 
 from tensordiff.errors import BadInput
-from tensordiff.gate import ModelCase, GateConfig, case_passes, from_mapping, run_gate
-from tensordiff.inputs import default_image_path
-from tensordiff.models import deepseek_faults as D
-from tensordiff.models import qwen3_vl_faults as Q
+from tensordiff.commands.gate import ModelCase, GateConfig, case_passes, from_mapping, run_gate
+from tensordiff.pipeline.inputs import default_image_path
+import tensordiff.models.deepseek_v41_flash.faults as D
+import tensordiff.models.qwen3_vl.faults as Q
 
 DS, QW = "deepseek-v4.1-flash", "qwen3-vl"
 
@@ -87,8 +87,8 @@ def test_approximations_are_caught_by_the_semantic_pass_of_a_bfloat16_gate(model
 
 
 def test_reports_show_both_passes(tmp_path):
-    from tensordiff.report_html import render_html
-    from tensordiff.report_junit import render_junit
+    from tensordiff.reports.html import render_html
+    from tensordiff.reports.junit import render_junit
 
     res = run_gate(_cfg(), fault=D.RESIDUAL_SCALE, echo=lambda s: None, progress=False, html=True)
     xml = render_junit(res.cases)

@@ -25,8 +25,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from tensordiff.adapter import Fault, ModelAdapter
-from tensordiff.contract import Boundary, Contract
+from tensordiff.pipeline.adapter import Fault, ModelAdapter
+from tensordiff.judge.contract import Boundary, Contract
 
 NAME = "toy-vision"
 GRID = (4, 6)
@@ -144,7 +144,7 @@ def engine_stages(req, run):
 
 def weights_dir(spec: str) -> Path:
     from tensordiff.errors import BadInput
-    from tensordiff.synthetic import cache_root
+    from tensordiff.cache import cache_root
 
     if spec != "synthetic:tiny":
         raise BadInput(f"the toy model only has synthetic:tiny weights, not {spec!r}")
@@ -174,7 +174,7 @@ TOYS = {ADAPTER.name: ADAPTER, NO_STAGES.name: NO_STAGES}
 
 def install(monkeypatch) -> None:
     """Make the registry see the toy adapters (beside the installed ones)."""
-    from tensordiff import registry
+    from tensordiff.pipeline import registry
 
     real_adapter, real_names, real_contract = registry.adapter, registry.names, registry.contract
     monkeypatch.setattr(registry, "adapter", lambda n: TOYS[n] if n in TOYS else real_adapter(n))
@@ -191,9 +191,9 @@ def write_gate(tmp_path: Path, body: str = "", name: str = "gate.toml", model: s
 # ----------------------------------------------------------------------------- the toy's own tests
 
 def test_toy_engine_matches_oracle_when_clean():
-    from tensordiff.capture import MemoryRecorder
-    from tensordiff.adapter import RunRequest
-    from tensordiff.inputs import default_image_path
+    from tensordiff.format.capture import MemoryRecorder
+    from tensordiff.pipeline.adapter import RunRequest
+    from tensordiff.pipeline.inputs import default_image_path
 
     a, b = MemoryRecorder(), MemoryRecorder()
     req = RunRequest("synthetic:tiny", image=default_image_path())
@@ -206,8 +206,8 @@ def test_toy_engine_matches_oracle_when_clean():
 
 def test_toy_drift_is_within_tolerance_at_block0_and_beyond_it_after_the_gain():
     # the premise of the local-error test: the drift alone passes at block0, fails at final_norm
-    from tensordiff.inputs import default_image_path
-    from tensordiff.tolerance import DEFAULTS
+    from tensordiff.pipeline.inputs import default_image_path
+    from tensordiff.judge.tolerance import DEFAULTS
 
     tol = DEFAULTS["float32"]
     p = patches_of(default_image_path())

@@ -9,12 +9,12 @@ import pytest
 import torch
 from helpers_dumps import write
 
-from tensordiff.dump import open_dump
-from tensordiff.gate import GateResult, load_gate
-from tensordiff.geometry import Coverage, exercised, read_plan
-from tensordiff.models import deepseek_v41_flash as DS
-from tensordiff.models import qwen3_vl as QW
-from tensordiff.pipeline import CaseResult
+from tensordiff.format.dump import open_dump
+from tensordiff.commands.gate import GateResult, load_gate
+from tensordiff.judge.geometry import Coverage, exercised, read_plan
+import tensordiff.models.deepseek_v41_flash.adapter as DS
+import tensordiff.models.qwen3_vl.adapter as QW
+from tensordiff.pipeline.case import CaseResult
 
 GATES = Path(__file__).resolve().parents[2] / "gates"
 
@@ -88,7 +88,7 @@ def test_the_example_gate_images_reach_every_rule(adapter):
         w, h = Image.open(img).size
         if adapter is DS.ADAPTER:
             from engine.deepseek_v41_flash.config import Config
-            from engine.deepseek_v41_flash.preprocess import plan_image
+            from engine.deepseek_v41_flash.image_processor import plan_image
 
             rec = plan_image(w, h, Config.load(wdir)).record()
         else:

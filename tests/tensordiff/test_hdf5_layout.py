@@ -11,9 +11,9 @@ import torch
 from helpers_dumps import write
 
 from tensordiff import open_dump
-from tensordiff.dtypes import BY_NAME
-from tensordiff.hdf5_layout import Layout
-from tensordiff.storage import plain_hdf5_entry, read_hdf5_entry, write_hdf5
+from tensordiff.format.dtypes import BY_NAME
+from tensordiff.format.hdf5_layout import Layout
+from tensordiff.format.storage import plain_hdf5_entry, read_hdf5_entry, write_hdf5
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "fuzz"))
 from targets import SEEDS, check  # noqa: E402

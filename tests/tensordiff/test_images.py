@@ -1,10 +1,10 @@
-"""Naming several images' vision boundaries in one dump (`tensordiff.images`), and the DeepSeek
+"""Naming several images' vision boundaries in one dump (`tensordiff.format.images`), and the DeepSeek
 contract built from them."""
 import pytest
 
-from tensordiff import images
-from tensordiff.contract import ancestors
-from tensordiff.models.deepseek_v41_flash import CONTRACT
+from tensordiff.format import images
+from tensordiff.judge.contract import ancestors
+from tensordiff.models.deepseek_v41_flash.adapter import CONTRACT
 
 
 def test_the_first_image_keeps_the_single_image_names():

@@ -12,8 +12,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tensordiff.dump import open_dump
-from tensordiff.import_polygraphy import read
+from tensordiff.format.dump import open_dump
+from tensordiff.format.importers.polygraphy import read
 from tests.cli_runner import run_cli
 
 SAMPLES = Path(__file__).resolve().parents[1] / "data" / "import" / "polygraphy"

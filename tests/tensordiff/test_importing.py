@@ -2,9 +2,9 @@
 import numpy as np
 import pytest
 
-from tensordiff.dump import open_dump
+from tensordiff.format.dump import open_dump
 from tensordiff.errors import BadInput
-from tensordiff.importing import Imported, dump_name, write
+from tensordiff.format.importers import Imported, dump_name, write
 
 
 @pytest.mark.parametrize("orig,want", [

@@ -6,9 +6,9 @@ from pathlib import Path
 import pytest
 from PIL import Image
 
-from tensordiff.cli import main
+from tensordiff.commands.cli import main
 from tensordiff.errors import BadInput
-from tensordiff.inputs import check_image, notes
+from tensordiff.pipeline.inputs import check_image, notes
 
 ROOT = Path(__file__).resolve().parents[2]
 DEFAULT = ROOT / "tensordiff" / "data" / "default.png"

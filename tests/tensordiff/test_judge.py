@@ -7,14 +7,14 @@ import pytest
 import torch
 from helpers_dumps import write
 
-from tensordiff.adapter import ModelAdapter
-from tensordiff.compare import compare_dumps
-from tensordiff.contract import Boundary, Contract, ContractError, TensorRule
-from tensordiff.judge import Judge
-from tensordiff.local_error import local_error
-from tensordiff.models import deepseek_language_contract as C
-from tensordiff.runs import make_request
-from tensordiff.tolerance import Tolerances
+from tensordiff.pipeline.adapter import ModelAdapter
+from tensordiff.pipeline.compare import compare_dumps
+from tensordiff.judge.contract import Boundary, Contract, ContractError, TensorRule
+from tensordiff.judge.judge import Judge
+from tensordiff.pipeline.local_error import local_error
+import tensordiff.models.deepseek_v41_flash.contract as C
+from tensordiff.pipeline.runs import make_request
+from tensordiff.judge.tolerance import Tolerances
 
 # The language contract's own rules for the indexer ids: top-k sets, judged tie-aware against the
 # scores recorded beside them (no blanket fraction of rows allowed to differ).
@@ -190,7 +190,7 @@ def test_the_scale_is_float32_only_so_bf16_logits_are_judged_as_before(tmp_path)
 
 
 def test_the_report_shows_the_scaled_atol(tmp_path):
-    from tensordiff.report import render_text
+    from tensordiff.reports.text import render_text
 
     o, e = _logits_pair(tmp_path)
     text = render_text(compare_dumps(o, e, Tolerances({}, {}), contract=SCALED))
@@ -200,7 +200,7 @@ def test_the_report_shows_the_scaled_atol(tmp_path):
 def test_the_bf16_numeric_pass_on_logits_is_unchanged_by_the_scale(tmp_path):
     from helpers_dumps import reduction_pair
 
-    from tensordiff.floor import three_way
+    from tensordiff.pipeline.compare import three_way
 
     a, b = reduction_pair()
     floor_run, cand = a.bfloat16().float(), (b + 0.01 * b.std() * torch.randn_like(b)).bfloat16().float()

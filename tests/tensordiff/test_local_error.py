@@ -3,12 +3,12 @@ from __future__ import annotations
 
 import pytest
 
-from tensordiff.compare import compare_dumps
-from tensordiff.gate import load_gate, run_gate
-from tensordiff.inputs import default_image_path
-from tensordiff.local_error import local_error
-from tensordiff.runs import make_request, run_side
-from tensordiff.tolerance import Tolerances
+from tensordiff.pipeline.compare import compare_dumps
+from tensordiff.commands.gate import load_gate, run_gate
+from tensordiff.pipeline.inputs import default_image_path
+from tensordiff.pipeline.local_error import local_error
+from tensordiff.pipeline.runs import make_request, run_side
+from tensordiff.judge.tolerance import Tolerances
 
 import test_gate_toy as toy
 
@@ -139,7 +139,7 @@ def test_gate_fails_on_a_local_origin_even_if_end_to_end_passes(tmp_path):
 
     report, local = _case(tmp_path, make_stages=make)
     assert report.verdict == "match" and local.origin == "final_norm"
-    from tensordiff.gate import CaseResult
+    from tensordiff.commands.gate import CaseResult
 
     case = CaseResult(toy.NAME, default_image_path(), None, "float32", "x", report=report, local=local)
     assert not case.passed and "local origin `final_norm`" in case.summary_line()
@@ -238,7 +238,7 @@ def _decode_adapter(ref, scale: float):
 
     import torch
 
-    from tensordiff.contract import Boundary, Contract
+    from tensordiff.judge.contract import Boundary, Contract
 
     contract = Contract("toy-decode", (Boundary("hidden"), Boundary("logits", ("hidden",)),
                                        Boundary("logits.step.1", ("logits",)),
@@ -262,8 +262,8 @@ def test_a_decode_step_of_the_numeric_pass_is_judged_three_way(tmp_path):
     floor run's by about the floor itself, far past the bf16 direct tolerance (the H200's false
     alarms at logits.step.2 / .4); judged three-way (its error against the reference as a row of
     the logits' floor) it passes, and a step 3x as wrong is the origin."""
-    from tensordiff.floor import DEFAULT_RULE
-    from tensordiff.local_error import LocalReport, LocalResult, decode_three_way
+    from tensordiff.judge.floor import DEFAULT_RULE
+    from tensordiff.pipeline.local_error import LocalReport, LocalResult, decode_three_way
 
     r, f, ref = _decode_dumps(tmp_path)
     req = type("Req", (), {"dtype": "bfloat16"})()
@@ -272,13 +272,17 @@ def test_a_decode_step_of_the_numeric_pass_is_judged_three_way(tmp_path):
         return LocalReport(True, [LocalResult("logits", "match"), LocalResult("logits.step.1", "diverged", "direct"),
                                   LocalResult("logits.step.2", "diverged", "direct")])
 
+    from tensordiff.judge.judge import Judge
+    from tensordiff.judge.tolerance import Tolerances
+
+    judge = Judge.build(_decode_adapter(ref, 1.0).contract, Tolerances({}, {}), ("bfloat16",), floor_rule=DEFAULT_RULE)
     clean = local_report()
-    decode_three_way(_decode_adapter(ref, 1.0), req, r, f, clean, tmp_path / "clean", DEFAULT_RULE)
+    decode_three_way(_decode_adapter(ref, 1.0), req, r, f, clean, tmp_path / "clean", judge)
     assert clean.origin is None, clean.summary()
     t = clean.get("logits.step.1").tensors[0]
     assert t.metrics["family"]["of"] == "logits" and t.metrics["family"]["x_floor"] < 1.1, t.metrics["family"]
     # the old judgement of the same step: bf16 against the floor run's bf16, the direct tolerance
-    from tensordiff.compare import compare_dumps
+    from tensordiff.pipeline.compare import compare_dumps
 
     from helpers_dumps import write
 
@@ -287,7 +291,7 @@ def test_a_decode_step_of_the_numeric_pass_is_judged_three_way(tmp_path):
                                     boundaries={"logits.step.1": "logits.step.1"}))
     assert direct.boundary("logits.step.1").tensors[0].status == "diverged"
     bad = local_report()
-    decode_three_way(_decode_adapter(ref, 3.0), req, r, f, bad, tmp_path / "bad", DEFAULT_RULE)
+    decode_three_way(_decode_adapter(ref, 3.0), req, r, f, bad, tmp_path / "bad", judge)
     assert bad.origin == "logits.step.1", bad.summary()
     assert "three-way" in bad.get("logits.step.1").reason and "largest row of `logits`" in bad.summary()
     assert bad.get("logits").status == "match"  # a prompt stage keeps its own verdict
@@ -301,8 +305,8 @@ def test_a_choice_taken_from_another_boundarys_output_has_no_stage_of_its_own(tm
     import torch
 
     from helpers_dumps import write
-    from tensordiff.contract import Boundary, Contract
-    from tensordiff.local_error import local_error
+    from tensordiff.judge.contract import Boundary, Contract
+    from tensordiff.pipeline.local_error import local_error
 
     names = {"logits": "logits", "token.step.1.ids": "token.step.1", "token.step.1.scores": "token.step.1"}
     t = {"logits": torch.randn(2, 8), "token.step.1.ids": torch.tensor([[3]]), "token.step.1.scores": torch.randn(1, 8)}
@@ -322,7 +326,7 @@ def test_a_choice_taken_from_another_boundarys_output_has_no_stage_of_its_own(tm
 def test_a_stage_converts_only_the_inputs_it_reads(tmp_path, monkeypatch):
     """Offered everything upstream, a stage reads a few: only those are read from the dump and
     converted (a decode step is offered the prompt's logits and never reads them)."""
-    import tensordiff.local_error as le
+    import tensordiff.pipeline.local_error as le
 
     made, real = [], le._to_torch
     monkeypatch.setattr(le, "_to_torch", lambda d, e: made.append(e.name) or real(d, e))

@@ -7,10 +7,10 @@ import math
 import numpy as np
 import pytest
 
-from tensordiff import metrics as M
-from tensordiff.dtypes import BY_NAME, narrower
-from tensordiff.native import float_kernel
-from tensordiff.tolerance import DEFAULTS
+from tensordiff.judge import metrics as M
+from tensordiff.format.dtypes import BY_NAME, narrower
+from tensordiff.judge.native import float_kernel
+from tensordiff.judge.tolerance import DEFAULTS
 
 NATIVE = float_kernel() is not None
 MIN_EXP = {"float64": -1022, "float32": -126, "float16": -14, "bfloat16": -126}
@@ -179,7 +179,7 @@ def test_numpy_path_splits_large_chunks_without_changing_results(monkeypatch):
 
 
 def _stored_pair(tmp_path, a: np.ndarray, b: np.ndarray, dt: str):
-    from tensordiff.storage import read_safetensors_header, write_safetensors
+    from tensordiff.format.storage import read_safetensors_header, write_safetensors
 
     out = []
     for side, x in (("a", a), ("b", b)):
@@ -191,7 +191,7 @@ def _stored_pair(tmp_path, a: np.ndarray, b: np.ndarray, dt: str):
 
 @pytest.mark.parametrize("workers", [1, 2])
 def test_stream_pair_threads_give_the_sequential_answer(tmp_path, workers):
-    from tensordiff.stream import stream_pair
+    from tensordiff.judge.stream import stream_pair
 
     rng = np.random.default_rng(3)
     ids_a = np.argsort(rng.random((4000, 16)), axis=1)[:, :4].astype(np.int32)
@@ -215,7 +215,7 @@ def test_stream_pair_threads_give_the_sequential_answer(tmp_path, workers):
 
 
 def test_stream_pair_reraises_a_worker_error(tmp_path):
-    from tensordiff.stream import stream_pair
+    from tensordiff.judge.stream import stream_pair
 
     sa, sb = _stored_pair(tmp_path, np.zeros(10_000, np.float32), np.zeros(10_000, np.float32), "float32")
 
@@ -260,8 +260,8 @@ def test_release_drops_pages_and_later_reads_still_see_the_data(tmp_path):
 
 
 def test_exact_mode_on_floats_compares_values_not_truncated_integers():
-    from tensordiff.dtypes import BY_NAME
-    from tensordiff.metrics import ExactMetrics
+    from tensordiff.format.dtypes import BY_NAME
+    from tensordiff.judge.metrics import ExactMetrics
 
     f32, bf16 = BY_NAME["float32"], BY_NAME["bfloat16"]
     a = np.array([0.5, 1.25, np.nan], np.float32)

@@ -1,4 +1,4 @@
-"""The native kernel's two paths (tensordiff/native/float_metrics.c): the AVX-512 intrinsics
+"""The native kernel's two paths (tensordiff/judge/native/float_metrics.c): the AVX-512 intrinsics
 blocks against the generic loop and the numpy reference, its bins for every key, and the proven
 error bound of its float sums."""
 from __future__ import annotations
@@ -9,10 +9,10 @@ import math
 import numpy as np
 import pytest
 
-from tensordiff import metrics as M
-from tensordiff import native
-from tensordiff.dtypes import BY_NAME, narrower
-from tensordiff.tolerance import DEFAULTS
+from tensordiff.judge import metrics as M
+from tensordiff.judge import native
+from tensordiff.format.dtypes import BY_NAME, narrower
+from tensordiff.judge.tolerance import DEFAULTS
 
 from test_metrics_streaming import edge_case, reference, stored, streamed
 
@@ -301,7 +301,7 @@ def test_the_benchmarks_no_histogram_switch_drops_only_the_histogram():
 def _cuts_call(a, ka, b, kb, cuts):
     """td_float_update_cuts on one call: (its counters and accumulators, the counts below each cut)."""
     f = native.float_cuts()
-    store = M._STORE0.copy()
+    store = M.STORE0.copy()
     base = store.ctypes.data
     c = np.array(cuts, dtype=np.int32)
     below = np.zeros(len(cuts), dtype=np.int64)
@@ -311,7 +311,7 @@ def _cuts_call(a, ka, b, kb, cuts):
 
 
 def _hist_call(a, ka, b, kb):
-    store = M._STORE0.copy()
+    store = M.STORE0.copy()
     base = store.ctypes.data
     assert native.float_kernel()(a.ctypes.data, ka, b.ctypes.data, kb, a.size, 0, 1e-5, 1.3e-6, 2.0 ** -126, 2.0 ** -23,
                                  base + 22 * 8, M._NBINS, None, 0, 0, base, base + 80) == 0

@@ -1,4 +1,4 @@
-"""The CLI's OpenMP workers sleep between parallel regions (tensordiff/openmp.py): the runtime torch
+"""The CLI's OpenMP workers sleep between parallel regions (tensordiff/commands/openmp.py): the runtime torch
 loads in a CLI process reports no spinning, a user's own policy is kept, and too late is said."""
 import os
 import re
@@ -25,21 +25,21 @@ def _spin_count(code: str, **env) -> str:
 
 
 def test_a_cli_process_has_sleeping_workers():
-    assert _spin_count("import tensordiff.cli, torch; torch.ones(1 << 16).sum()") == "0"
+    assert _spin_count("import tensordiff.commands.cli, torch; torch.ones(1 << 16).sum()") == "0"
 
 
 def test_without_it_workers_spin():
     # the fault that proves the check: torch imported before the CLI is too late to ask
-    assert _spin_count("import torch, tensordiff.cli; torch.ones(1 << 16).sum()") != "0"
+    assert _spin_count("import torch, tensordiff.commands.cli; torch.ones(1 << 16).sum()") != "0"
 
 
 def test_a_users_policy_is_kept():
-    assert _spin_count("import tensordiff.cli, torch, os; assert os.environ['OMP_WAIT_POLICY'] == 'ACTIVE'",
+    assert _spin_count("import tensordiff.commands.cli, torch, os; assert os.environ['OMP_WAIT_POLICY'] == 'ACTIVE'",
                        OMP_WAIT_POLICY="ACTIVE") != "0"
 
 
 def test_it_says_when_it_is_too_late(monkeypatch):
-    from tensordiff import openmp
+    from tensordiff.commands import openmp
 
     monkeypatch.setenv(openmp.VARIABLE, "unset")  # restored (removed) after the test
     monkeypatch.delenv(openmp.VARIABLE)
@@ -49,7 +49,7 @@ def test_it_says_when_it_is_too_late(monkeypatch):
 
 
 def test_it_sets_the_policy_before_torch(monkeypatch):
-    from tensordiff import openmp
+    from tensordiff.commands import openmp
 
     monkeypatch.setenv(openmp.VARIABLE, "unset")  # restored (removed) after the test
     monkeypatch.delenv(openmp.VARIABLE)

@@ -4,17 +4,19 @@ from __future__ import annotations
 
 import pytest
 
-from tensordiff import registry
-from tensordiff.adapter import ModelAdapter
-from tensordiff.contract import Contract
+from tensordiff.pipeline import registry
+from tensordiff.pipeline.adapter import ModelAdapter
+from tensordiff.judge.contract import Contract
 from tensordiff.errors import BadInput
-from tensordiff.faults import FLOAT32, LANGUAGE, Fault
-from tensordiff.models import deepseek_faults as D
-from tensordiff.models import qwen3_vl_faults as Q
-from tensordiff.models.deepseek_options import OPTIONS as DS
-from tensordiff.models.qwen3_vl_options import OPTIONS as QW
-from tensordiff.options import (Option, OptionTable, fault_refusal, oracle_option, parse_assignments, parse_bool,
-                                render, validate_request)
+from tensordiff.pipeline.faults import FLOAT32, LANGUAGE, Fault
+import tensordiff.models.deepseek_v41_flash.faults as D
+import tensordiff.models.qwen3_vl.faults as Q
+from tensordiff.models.deepseek_v41_flash.options import OPTIONS as DS
+from tensordiff.models.qwen3_vl.options import OPTIONS as QW
+from tensordiff.pipeline.options import (
+    Option, OptionTable, fault_refusal, oracle_option, parse_assignments, parse_bool, render,
+    validate_request,
+)
 
 DEEPSEEK, QWEN = "deepseek-v4.1-flash", "qwen3-vl"
 
@@ -69,14 +71,14 @@ def test_parse_fills_every_default(monkeypatch):
     monkeypatch.delenv("TENSORDIFF_FUSE", raising=False)
     monkeypatch.delenv("TENSORDIFF_GRAPHS", raising=False)
     assert set(DS.parse({}, DEEPSEEK)) == set(DS.names)
-    assert QW.parse({}, QWEN) == {"processor": None, "attention": "sdpa", "fuse": "auto", "graphs": "auto"}
+    assert QW.parse({}, QWEN) == {"processor": "pil", "attention": "sdpa", "fuse": "auto", "graphs": "auto"}
 
 
 def test_qwen_attention_is_typed_and_attn_still_accepted(monkeypatch):
     monkeypatch.delenv("TENSORDIFF_FUSE", raising=False)
     monkeypatch.delenv("TENSORDIFF_GRAPHS", raising=False)
     assert QW.parse({"attn": "eager"}, QWEN)["attention"] == "eager"
-    assert QW.resolve({"attn": "eager"}) == {"processor": None, "attention": "eager", "fuse": "auto",
+    assert QW.resolve({"attn": "eager"}) == {"processor": "pil", "attention": "eager", "fuse": "auto",
                                              "graphs": "auto"}
     with pytest.raises(BadInput, match="'nonsense' is not one of sdpa, eager"):
         QW.parse({"attn": "nonsense"}, QWEN)

@@ -13,10 +13,10 @@ from pathlib import Path
 import pytest
 from safetensors.torch import load_file, save_file
 
-from tensordiff import oracle_cache, registry
-from tensordiff.compare import compare_dumps
-from tensordiff.pipeline import CaseSpec, check, oracle_dump
-from tensordiff.runs import make_request
+from tensordiff.pipeline import oracle_cache, registry
+from tensordiff.pipeline.compare import compare_dumps
+from tensordiff.pipeline.case import CaseSpec, check, oracle_dump
+from tensordiff.pipeline.runs import make_request
 
 import test_gate_toy as toy
 
@@ -110,9 +110,9 @@ import sys, time
 sys.path.insert(0, {here!r})
 import test_gate_toy as toy
 from dataclasses import replace
-from tensordiff.adapter import RunRequest
-from tensordiff.inputs import default_image_path
-from tensordiff.pipeline import oracle_dump
+from tensordiff.pipeline.adapter import RunRequest
+from tensordiff.pipeline.inputs import default_image_path
+from tensordiff.pipeline.case import oracle_dump
 
 def slow(req, rec):  # both processes are inside the oracle at once
     time.sleep(1.0)

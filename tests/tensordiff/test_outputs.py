@@ -1,4 +1,4 @@
-"""Report paths never land on an input or on a file that is not ours (tensordiff/outputs.py)."""
+"""Report paths never land on an input or on a file that is not ours (tensordiff/reports/outputs.py)."""
 import json
 from pathlib import Path
 
@@ -7,7 +7,7 @@ from helpers_dumps import pipeline, write
 
 from cli_runner import run_cli as run
 from tensordiff.errors import BadInput
-from tensordiff.outputs import dump_root, guard
+from tensordiff.reports.outputs import dump_root, guard
 
 ROOT = Path(__file__).resolve().parents[2]
 SAMPLES = ROOT / "dumps"

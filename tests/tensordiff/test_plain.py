@@ -5,9 +5,9 @@ import numpy as np
 import pytest
 from safetensors.numpy import save_file
 
-from tensordiff.compare import compare_dumps
+from tensordiff.pipeline.compare import compare_dumps
 from tensordiff.errors import BadInput
-from tensordiff.plain import PRODUCER, open_any
+from tensordiff.format.plain import PRODUCER, open_any
 from tests.cli_runner import run_cli
 
 

@@ -14,7 +14,7 @@ PKG = ROOT / "tests" / "data" / "adapter_pkg"
 def tensordiff(*args, tmp_path, extra_path=PKG):
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT), str(extra_path)]),
                TENSORDIFF_CACHE=str(tmp_path / "cache"))
-    return subprocess.run([sys.executable, "-m", "tensordiff.cli", *map(str, args)], capture_output=True, text=True,
+    return subprocess.run([sys.executable, "-m", "tensordiff.commands.cli", *map(str, args)], capture_output=True, text=True,
                           env=env, cwd=tmp_path, timeout=300)
 
 
@@ -45,11 +45,11 @@ def test_a_broken_entry_point_is_one_line_naming_the_package(tmp_path):
     p = tensordiff("check", "bad-missing", tmp_path=tmp_path, extra_path=bad)
     assert p.returncode == 2 and "reinstall tdbad" in p.stderr and len(p.stderr.strip().splitlines()) == 1
     p = tensordiff("faults", "bad-type", tmp_path=tmp_path, extra_path=bad)
-    assert p.returncode == 2 and "not a tensordiff.adapter.ModelAdapter" in p.stderr, p.stderr
+    assert p.returncode == 2 and "not a tensordiff.pipeline.adapter.ModelAdapter" in p.stderr, p.stderr
 
 
 def test_a_model_no_distribution_declares_is_absent_without_importlib_metadata(tmp_path):
-    code = ("import sys; from tensordiff import registry; assert registry.contract('no-such-model') is None; "
+    code = ("import sys; from tensordiff.pipeline import registry; assert registry.contract('no-such-model') is None; "
             "print('importlib.metadata' in sys.modules)")
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT), str(PKG)]), TENSORDIFF_CACHE=str(tmp_path))
     p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
@@ -59,7 +59,7 @@ def test_a_model_no_distribution_declares_is_absent_without_importlib_metadata(t
 def test_the_fast_negative_never_hides_an_installed_adapter(monkeypatch, tmp_path):
     """Only a "no" is decided without importlib.metadata: a dist-info declaring the name, a zip
     on the path, or another finder of distributions sends the lookup to importlib.metadata."""
-    from tensordiff import registry
+    from tensordiff.pipeline import registry
 
     monkeypatch.syspath_prepend(str(PKG))
     assert registry._may_declare("toy-gray") and not registry._may_declare("no-such-model")
@@ -84,7 +84,7 @@ def test_entry_points_are_scanned_once_per_sys_path(monkeypatch):
     # a package into a fresh site dir does) is seen, as the fault of a scan kept too long
     import importlib.metadata
 
-    from tensordiff import registry
+    from tensordiff.pipeline import registry
 
     scans = []
     real = importlib.metadata.entry_points

@@ -13,11 +13,13 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from tensordiff.compare import compare_dumps
-from tensordiff.dump import open_dump
-from tensordiff.report_html import canvas_from_patches, error_grid, heat_rgba, heat_views, render_html, write_html
-from tensordiff.report_junit import case_of
-from tensordiff.result import BoundaryResult, Report, TensorResult
+from tensordiff.pipeline.compare import compare_dumps
+from tensordiff.format.dump import open_dump
+from tensordiff.reports.html import (
+    canvas_from_patches, error_grid, heat_rgba, heat_views, render_html, write_html,
+)
+from tensordiff.reports.junit import case_of
+from tensordiff.judge.result import BoundaryResult, Report, TensorResult
 
 DUMPS = Path(__file__).resolve().parents[2] / "dumps"
 CHROMIUM = "/usr/bin/chromium"

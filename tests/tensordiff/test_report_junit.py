@@ -6,9 +6,9 @@ import shutil
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
-from tensordiff.compare import compare_dumps
-from tensordiff.report_junit import case_of, render_junit, write_junit
-from tensordiff.result import BoundaryResult, Report, TensorResult
+from tensordiff.pipeline.compare import compare_dumps
+from tensordiff.reports.junit import case_of, render_junit, write_junit
+from tensordiff.judge.result import BoundaryResult, Report, TensorResult
 
 DUMPS = Path(__file__).resolve().parents[2] / "dumps"
 EVIL = '<script>alert("x")</script>&\x01"\''

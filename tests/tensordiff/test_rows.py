@@ -4,7 +4,7 @@ import math
 import numpy as np
 import pytest
 
-from tensordiff.rows import RowErrors, shape_rows
+from tensordiff.judge.rows import RowErrors, shape_rows
 
 
 def test_streamed_rows_equal_the_direct_computation():

@@ -6,10 +6,10 @@ import pytest
 import torch
 from helpers_dumps import write
 
-from tensordiff import stream
-from tensordiff.dump import open_dump
-from tensordiff.scale import rms, scaled
-from tensordiff.tolerance import DEFAULTS, Tolerance
+from tensordiff.judge import stream
+from tensordiff.format.dump import open_dump
+from tensordiff.judge.scale import rms, scaled
+from tensordiff.judge.tolerance import DEFAULTS, Tolerance
 
 
 def _stored(tmp_path, x):
@@ -17,7 +17,7 @@ def _stored(tmp_path, x):
 
 
 def test_rms_of_a_tensor_across_chunks(tmp_path, monkeypatch):
-    monkeypatch.setattr("tensordiff.scale.CHUNK", 1000)  # several chunks, one short at the end
+    monkeypatch.setattr("tensordiff.judge.scale.CHUNK", 1000)  # several chunks, one short at the end
     x = torch.randn(37, 101, generator=torch.Generator().manual_seed(1)) * 40
     assert rms(_stored(tmp_path, x)) == pytest.approx(float(x.double().pow(2).mean().sqrt()), rel=1e-12)
 
@@ -43,7 +43,7 @@ def test_scaled_measures_only_what_declares_a_scale(tmp_path):
 def test_a_memo_measures_each_reference_once_and_only_by_its_content(tmp_path, monkeypatch):
     """The pipeline's judge keeps the scales it measured: a case's comparison and its local error
     judge the same oracle tensor, which is read once; another content (sha256) is measured anew."""
-    import tensordiff.scale as sc
+    import tensordiff.judge.scale as sc
 
     calls = []
     real = sc.rms
@@ -61,8 +61,8 @@ def test_a_memo_measures_each_reference_once_and_only_by_its_content(tmp_path, m
 
 
 def test_each_judge_has_its_own_scales():
-    from tensordiff.contract import Contract
-    from tensordiff.judge import Judge
+    from tensordiff.judge.contract import Contract
+    from tensordiff.judge.judge import Judge
 
     a, b = Judge.build(Contract("m", ())), Judge.build(Contract("m", ()))
     assert a.scales == {} and a.scales is not b.scales and a == b  # the memo is no part of a judge's identity

@@ -1,15 +1,16 @@
 """Sharded dumps: rank directories and rank-tagged entries merged into logical tensors, streamed,
-and every structural fault refused naming the ranks (tensordiff/shard.py)."""
+and every structural fault refused naming the ranks (tensordiff/format/shard.py)."""
 import json
 from pathlib import Path
 
 import numpy as np
 import pytest
 
-from tensordiff import shard, stream
-from tensordiff.capture import Recorder
-from tensordiff.compare import compare_dumps
-from tensordiff.dump import open_dump
+from tensordiff.format import shard
+from tensordiff.judge import stream
+from tensordiff.format.capture import Recorder
+from tensordiff.pipeline.compare import compare_dumps
+from tensordiff.format.dump import open_dump
 from tensordiff.errors import BadInput
 from tests.cli_runner import run_cli
 
@@ -80,8 +81,8 @@ def test_streamed_reads_of_any_range_are_exact(tmp_path, step, monkeypatch):
 def test_rank_tagged_entries_in_one_directory(tmp_path):
     d = tmp_path / "tagged"
     d.mkdir()
-    from tensordiff.storage import write_safetensors
-    from tensordiff.dtypes import BY_NAME
+    from tensordiff.format.storage import write_safetensors
+    from tensordiff.format.dtypes import BY_NAME
 
     f32 = BY_NAME["float32"]
     write_safetensors(d / "t.safetensors", {"x.0": (split(0, 2), f32), "x.1": (split(1, 2), f32)})
@@ -245,7 +246,7 @@ def test_inspect_shows_logical_shapes(tmp_path, capsys):
     assert code == 0, err
     assert "sharded run of 2 ranks" in out
     line = next(ln for ln in out.splitlines() if ln.startswith("x "))
-    assert "[6, 8]" in line and "shard axis 1, ranks 0,1" in line
+    assert "6 × 8" in line and "shard axis 1, ranks 0,1" in line
 
 
 def test_merging_streams_in_the_comparators_chunks(tmp_path, monkeypatch):
@@ -254,7 +255,7 @@ def test_merging_streams_in_the_comparators_chunks(tmp_path, monkeypatch):
     big = rng.standard_normal((40, 24)).astype(np.float32)
     p = ranks(tmp_path / "e", 3, lambda r: {"b": (split(r, 3, 1, big), {"dims": "t h[tp]"})})
     seen = []
-    from tensordiff import shard as sh
+    from tensordiff.format import shard as sh
 
     orig = sh.MergedReader.read
 

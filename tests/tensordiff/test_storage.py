@@ -32,7 +32,7 @@ def test_a_checkpoint_shard_layout_takes_any_dtype_a_dump_does_not(tmp_path):
     import json as _json
     import struct as _struct
 
-    from tensordiff.storage import read_safetensors_header, read_safetensors_layout
+    from tensordiff.format.storage import read_safetensors_header, read_safetensors_layout
 
     hb = _json.dumps({"w": {"dtype": "F8_E4M3", "shape": [2, 3], "data_offsets": [0, 6]}}).encode()
     p = tmp_path / "fp8.safetensors"
@@ -51,7 +51,7 @@ def test_a_checkpoint_shard_layout_takes_any_dtype_a_dump_does_not(tmp_path):
 def test_readers_share_one_mapping_per_file_inside_shared_files(tmp_path):
     import numpy as np
 
-    from tensordiff import storage
+    from tensordiff.format import storage
 
     d = write(tmp_path / "d", {"x.a": torch.arange(10.0), "x.b": torch.arange(5.0) * 2})
     ea, eb = open_dump(d).entry("x.a"), open_dump(d).entry("x.b")
@@ -66,7 +66,7 @@ def test_readers_share_one_mapping_per_file_inside_shared_files(tmp_path):
 
 def test_a_dump_rewritten_between_two_comparisons_is_read_afresh(tmp_path):
     # no mapping outlives its comparison: the second one sees the new bytes, not the old file's
-    from tensordiff.compare import compare_dumps
+    from tensordiff.pipeline.compare import compare_dumps
 
     a = write(tmp_path / "a", {"x": torch.ones(64)})
     b = write(tmp_path / "b", {"x": torch.ones(64)})
@@ -81,7 +81,7 @@ def test_a_dump_rewritten_between_two_comparisons_is_read_afresh(tmp_path):
 def test_released_pages_shared_with_a_neighbour_lose_nothing(tmp_path):
     import numpy as np
 
-    from tensordiff import storage
+    from tensordiff.format import storage
 
     xs = {f"t.{i}": torch.arange(i, i + 777, dtype=torch.float32) for i in range(12)}  # 3108-byte tensors
     d = write(tmp_path / "d", xs)
@@ -101,8 +101,8 @@ def test_hdf5_datasets_read_in_place_when_they_can_and_through_h5py_otherwise(tm
     import h5py
     import numpy as np
 
-    from tensordiff import storage
-    from tensordiff.dtypes import BY_NAME
+    from tensordiff.format import storage
+    from tensordiff.format.dtypes import BY_NAME
 
     x = np.arange(6000, dtype=np.float32).reshape(60, 100) * 0.5
     p = tmp_path / "t.h5"
@@ -126,7 +126,7 @@ def test_a_big_endian_hdf5_dataset_is_not_read_in_place(tmp_path):
     import h5py
     import numpy as np
 
-    from tensordiff import storage
+    from tensordiff.format import storage
 
     p = tmp_path / "t.h5"
     with h5py.File(p, "w") as f:
@@ -138,7 +138,7 @@ def test_a_big_endian_hdf5_dataset_is_not_read_in_place(tmp_path):
 def test_small_releases_are_gathered_but_every_page_goes_and_the_backlog_is_bounded(tmp_path, monkeypatch):
     import mmap
 
-    from tensordiff import storage
+    from tensordiff.format import storage
 
     xs = {f"t.{i}": torch.arange(i, i + 1000, dtype=torch.float32) for i in range(200)}  # 4 kB each
     dump = open_dump(write(tmp_path / "d", xs))
@@ -164,7 +164,7 @@ def test_small_releases_are_gathered_but_every_page_goes_and_the_backlog_is_boun
 
 
 def test_outside_shared_files_a_release_is_immediate(tmp_path, monkeypatch):
-    from tensordiff import storage
+    from tensordiff.format import storage
 
     dump = open_dump(write(tmp_path / "d", {"x": torch.ones(5000)}))
     calls = []
@@ -178,7 +178,7 @@ def test_outside_shared_files_a_release_is_immediate(tmp_path, monkeypatch):
 @pytest.mark.parametrize("fmt", ["safetensors", "hdf5"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16, torch.float64])
 def test_one_element_is_read_in_place_inside_and_outside_shared_files(tmp_path, fmt, dtype):
-    from tensordiff import storage
+    from tensordiff.format import storage
 
     d = write(tmp_path / "d", {"x": torch.arange(5000, dtype=torch.float32) * 0.25,
                                "y": torch.arange(7, dtype=torch.int32) - 3}, fmt=fmt)
@@ -199,7 +199,7 @@ def test_hdf5_entries_are_the_same_by_either_lookup(tmp_path):
     import h5py
     import numpy as np
 
-    from tensordiff.storage import read_hdf5_entry
+    from tensordiff.format.storage import read_hdf5_entry
 
     p = tmp_path / "t.h5"
     x = np.arange(12, dtype=np.float32).reshape(3, 4)
@@ -230,7 +230,7 @@ def test_a_streamed_tensors_releases_are_gathered_into_huge_page_aligned_extents
     # inside a huge page splits it), every page released in the end and the backlog bounded
     import mmap
 
-    from tensordiff import storage
+    from tensordiff.format import storage
 
     span, huge = 4 << 20, storage.HUGE_PAGE
     monkeypatch.setattr(storage, "RELEASE_SPAN", span)

@@ -9,11 +9,11 @@ import time
 import numpy as np
 import pytest
 
-from tensordiff import metrics as M
-from tensordiff import stream
-from tensordiff.dtypes import BY_NAME
-from tensordiff.storage import read_safetensors_header, write_safetensors
-from tensordiff.tolerance import DEFAULTS
+from tensordiff.judge import metrics as M
+from tensordiff.judge import stream
+from tensordiff.format.dtypes import BY_NAME
+from tensordiff.format.storage import read_safetensors_header, write_safetensors
+from tensordiff.judge.tolerance import DEFAULTS
 
 F32 = BY_NAME["float32"]
 

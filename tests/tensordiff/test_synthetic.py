@@ -5,8 +5,8 @@ import stat
 
 import pytest
 
-from tensordiff.cli import main
-from tensordiff.synthetic.deepseek_v41_flash import INDEX, resolve
+from tensordiff.commands.cli import main
+from tensordiff.models.deepseek_v41_flash.synthetic import INDEX, resolve
 
 
 def run(args, capsys):

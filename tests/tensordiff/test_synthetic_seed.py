@@ -4,7 +4,7 @@ import pytest
 from safetensors import safe_open
 
 from tensordiff.errors import BadInput
-from tensordiff.synthetic.deepseek_v41_flash import INDEX, resolve, split_seed
+from tensordiff.models.deepseek_v41_flash.synthetic import INDEX, resolve, split_seed
 
 
 @pytest.mark.parametrize("variant, expect", [("full-s2", ("full", 2)), ("tiny-fp8-s3", ("tiny-fp8", 3)),
@@ -47,7 +47,7 @@ def test_a_bad_seed_or_size_is_bad_input(spec, tmp_path, monkeypatch):
 
 
 def test_qwen_seeds_change_every_unit_and_keep_the_config(tmp_path, monkeypatch):
-    from tensordiff.synthetic import qwen3_vl as q
+    import tensordiff.models.qwen3_vl.synthetic as q
 
     monkeypatch.setenv("TENSORDIFF_CACHE", str(tmp_path))
     assert q.split_seed("full-s2") == ("full", 2) and q.split_seed("full-2b") == ("full-2b", 0)

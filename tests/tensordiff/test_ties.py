@@ -3,8 +3,8 @@ scores' error, and a flip's cascade downstream does not fail the run; every othe
 named at the choice itself."""
 import torch
 
-from tensordiff.compare import compare_dumps
-from tensordiff.contract import Boundary, Contract, TensorRule
+from tensordiff.pipeline.compare import compare_dumps
+from tensordiff.judge.contract import Boundary, Contract, TensorRule
 
 from helpers_dumps import write
 
@@ -160,7 +160,7 @@ def test_the_numeric_pass_judges_a_flip_by_the_tie_rule_with_the_floor_runs_erro
     """floor.three_way (the gate's numeric pass) reads the tie rule as the direct comparison does,
     the near-tie floor being the floor run's own error of the scores: a flip inside it is benign,
     the same flip where the floor run barely moves the scores is a divergence of the choice."""
-    from tensordiff.floor import three_way
+    from tensordiff.pipeline.compare import three_way
 
     sa, sb = near_tie(scores())
     ia, ib = top2(sa), top2(sb)

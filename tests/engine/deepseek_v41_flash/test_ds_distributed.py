@@ -12,11 +12,11 @@ import torch
 
 import engine.backend as backends
 from engine.deepseek_v41_flash.distributed import FAULTS, Parallel
-from engine.deepseek_v41_flash.language.attention import Attention, ChunkShared
-from engine.deepseek_v41_flash.language.model import LanguageModel
-from engine.deepseek_v41_flash.language.moe import MoE
-from tensordiff.compare import compare_dumps
-from tensordiff.synthetic.deepseek_v41_flash_language import tiny_language_checkpoint
+from engine.deepseek_v41_flash.attention import Attention, ChunkShared
+from engine.deepseek_v41_flash.model import LanguageModel
+from engine.deepseek_v41_flash.moe import MoE
+from tensordiff.pipeline.compare import compare_dumps
+from tensordiff.models.deepseek_v41_flash.synthetic_language import tiny_language_checkpoint
 
 ROOT = Path(__file__).resolve().parents[3]
 SEMANTIC = ["-o", "language_numerics=semantic"]
@@ -88,7 +88,7 @@ def env():
 
 def oracle_dump(out: Path, picture, numerics) -> Path:
     # in this process: what is tested here is the sharded runs, not the `dump` command's process
-    from tensordiff.cli import main
+    from tensordiff.commands.cli import main
 
     with pytest.raises(SystemExit) as e:
         main(["dump", "deepseek-v4.1-flash", "--side", "oracle", "--image", str(picture), "--prompt",

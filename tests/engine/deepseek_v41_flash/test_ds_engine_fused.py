@@ -12,11 +12,11 @@ import engine.deepseek_v41_flash.run as run_mod
 from engine.backend import get as get_backend
 from engine.deepseek_v41_flash.run import VisionEngine
 from engine.deepseek_v41_flash.vision import VisionBlock
-from tensordiff.compare import compare_dumps
-from tensordiff.dump import open_dump
-from tensordiff.runs import make_request, run_side
-from tensordiff.models import deepseek_faults as D
-from tensordiff.synthetic.deepseek_v41_flash import resolve
+from tensordiff.pipeline.compare import compare_dumps
+from tensordiff.format.dump import open_dump
+from tensordiff.pipeline.runs import make_request, run_side
+import tensordiff.models.deepseek_v41_flash.faults as D
+from tensordiff.models.deepseek_v41_flash.synthetic import resolve
 
 
 @pytest.fixture

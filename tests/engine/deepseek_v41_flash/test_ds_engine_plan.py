@@ -7,7 +7,7 @@ import torch
 from PIL import Image
 
 from engine.deepseek_v41_flash.config import Config
-from engine.deepseek_v41_flash.preprocess import patch_rows, plan_image, render
+from engine.deepseek_v41_flash.image_processor import patch_rows, plan_image, render
 from engine.runtime import sizing
 
 CFG = Config()

@@ -9,8 +9,8 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 
 import engine.runtime.fused as fused  # the block compiler lives in the runtime
 import engine.deepseek_v41_flash.run as run_mod
-from tensordiff.dump import open_dump
-from tensordiff.runs import make_request, run_side
+from tensordiff.format.dump import open_dump
+from tensordiff.pipeline.runs import make_request, run_side
 
 
 @pytest.fixture(autouse=True)
@@ -113,8 +113,8 @@ def test_a_backends_slower_op_is_delegated_to_torch_from_the_first_compiled_pass
     import engine.backend as backends
     import engine.deepseek_v41_flash.fused as ds_fused
     from engine.deepseek_v41_flash.run import VisionEngine
-    from tensordiff.capture import NullRecorder
-    from tensordiff.synthetic.deepseek_v41_flash import resolve
+    from tensordiff.format.capture import NullRecorder
+    from tensordiff.models.deepseek_v41_flash.synthetic import resolve
 
     class Eager:  # the compiled block's place, run eagerly (compiling is not what is tested here)
         def __init__(self, block):
@@ -177,8 +177,8 @@ def test_the_block_runs_torchs_ops_when_they_make_the_whole_block_faster(monkeyp
     import engine.backend as backends
     import engine.deepseek_v41_flash.fused as ds_fused
     from engine.deepseek_v41_flash.run import VisionEngine
-    from tensordiff.capture import NullRecorder
-    from tensordiff.synthetic.deepseek_v41_flash import resolve
+    from tensordiff.format.capture import NullRecorder
+    from tensordiff.models.deepseek_v41_flash.synthetic import resolve
 
     class Eager:
         def __init__(self, block):
@@ -228,8 +228,8 @@ def test_the_backends_block_stays_when_it_is_not_slower(monkeypatch, tmp_path):
     import engine.backend as backends
     import engine.deepseek_v41_flash.fused as ds_fused
     from engine.deepseek_v41_flash.run import VisionEngine
-    from tensordiff.capture import NullRecorder
-    from tensordiff.synthetic.deepseek_v41_flash import resolve
+    from tensordiff.format.capture import NullRecorder
+    from tensordiff.models.deepseek_v41_flash.synthetic import resolve
 
     class Eager:
         def __init__(self, block):

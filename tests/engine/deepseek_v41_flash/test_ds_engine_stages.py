@@ -5,7 +5,7 @@ import dataclasses
 import pytest
 
 from engine.deepseek_v41_flash.stages import make_stages
-from tensordiff.models import deepseek_faults as D
+import tensordiff.models.deepseek_v41_flash.faults as D
 
 
 @pytest.fixture(scope="module")

@@ -10,9 +10,9 @@ from engine.deepseek_v41_flash.rope import rope_tables
 from engine.deepseek_v41_flash.run import VisionEngine
 from engine.deepseek_v41_flash.vision import pad_patch_rows
 from engine.errors import EngineInputError
-from tensordiff.capture import MemoryRecorder
-from tensordiff.inputs import default_image_path
-from tensordiff.synthetic.deepseek_v41_flash import resolve
+from tensordiff.format.capture import MemoryRecorder
+from tensordiff.pipeline.inputs import default_image_path
+from tensordiff.models.deepseek_v41_flash.synthetic import resolve
 
 
 def test_rope_tables_blocked_and_interleaved():

@@ -5,10 +5,10 @@ import pytest
 import torch
 
 import engine.backend as backends
-from engine.deepseek_v41_flash.language.model import LanguageModel
-from engine.deepseek_v41_flash.language.tokens import tokenize
-from tensordiff.capture import MemoryRecorder
-from tensordiff.synthetic.deepseek_v41_flash_language import tiny_language_checkpoint
+from engine.deepseek_v41_flash.model import LanguageModel
+from engine.deepseek_v41_flash.tokens import tokenize
+from tensordiff.format.capture import MemoryRecorder
+from tensordiff.models.deepseek_v41_flash.synthetic_language import tiny_language_checkpoint
 
 CELLS = (2, 3)
 PROMPT = "Look <image> then tell."

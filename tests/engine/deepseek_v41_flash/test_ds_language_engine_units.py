@@ -7,12 +7,12 @@ import torch
 
 import engine.backend as backends
 from engine.deepseek_v41_flash.config import Config
-from engine.deepseek_v41_flash.language.engram import EngramHashState, EngramTables
-from engine.deepseek_v41_flash.language.moe import ExpertBank, GateWeights, MoE
-from engine.deepseek_v41_flash.language.tokens import compressed_token_map, tokenize
+from engine.deepseek_v41_flash.engram import EngramHashState, EngramTables
+from engine.deepseek_v41_flash.moe import ExpertBank, GateWeights, MoE
+from engine.deepseek_v41_flash.tokens import compressed_token_map, tokenize
 from engine.errors import EngineInputError
-from tensordiff.synthetic.deepseek_v41_flash_language import language_config
-from tensordiff.models import deepseek_faults as D
+from tensordiff.models.deepseek_v41_flash.synthetic_language import language_config
+import tensordiff.models.deepseek_v41_flash.faults as D
 
 RAW = [0.60, 0.55, 0.50, 0.45]
 
@@ -119,14 +119,14 @@ def test_tokenizer_refuses_two_images_and_a_tag_without_an_image(tables):
 
 
 def test_fp4_grid_rounds_half_to_even_codes():
-    from engine.deepseek_v41_flash.language.quant import e2m1
+    from engine.deepseek_v41_flash.quant import e2m1
 
     v = torch.tensor([0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0, -5.0, 0.26, 5.1, 6.0])
     assert e2m1(v).tolist() == [0.0, 1.0, 1.0, 2.0, 2.0, 4.0, 4.0, -4.0, 0.5, 6.0, 6.0]
 
 
 def test_fp8_quantisation_uses_power_of_two_block_scales():
-    from engine.deepseek_v41_flash.language.quant import fp8, pow2_ceil
+    from engine.deepseek_v41_flash.quant import fp8, pow2_ceil
 
     assert pow2_ceil(torch.tensor([1.0, 1.5, 0.25, 0.3])).tolist() == [1.0, 2.0, 0.25, 0.5]
     x = torch.zeros(64)
@@ -136,7 +136,7 @@ def test_fp8_quantisation_uses_power_of_two_block_scales():
 
 
 def test_candidate_blocks_pin_the_newest_block_and_keep_the_best_other(tables):
-    from engine.deepseek_v41_flash.language.attention import Attention
+    from engine.deepseek_v41_flash.attention import Attention
 
     _, cfg = tables
     attn = Attention.__new__(Attention)
@@ -150,7 +150,7 @@ def test_candidate_blocks_pin_the_newest_block_and_keep_the_best_other(tables):
 
 
 def test_index_ties_go_to_the_earlier_position():
-    from engine.deepseek_v41_flash.language.attention import _best_first
+    from engine.deepseek_v41_flash.attention import _best_first
 
     values, order = _best_first(torch.tensor([[-1.0, 0.0, 0.0, 0.5, 0.0, 0.0]]))
     assert order[0, :3].tolist() == [3, 1, 2]

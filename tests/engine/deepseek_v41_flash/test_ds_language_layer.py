@@ -6,13 +6,13 @@ import dataclasses
 import pytest
 import torch
 
-from engine.deepseek_v41_flash.language.layer import LayerOut, index_ids
-from engine.deepseek_v41_flash.language.run import run as engine_run
-from engine.deepseek_v41_flash.language.stages import make_language_stages
-from tensordiff.adapter import RunRequest
-from tensordiff.capture import MemoryRecorder
-from tensordiff.models import deepseek_faults as D
-from tensordiff.synthetic.deepseek_v41_flash_language import tiny_language_checkpoint
+from engine.deepseek_v41_flash.layer import LayerOut, index_ids
+from engine.deepseek_v41_flash.language_run import run as engine_run
+from engine.deepseek_v41_flash.language_stages import make_language_stages
+from tensordiff.pipeline.adapter import RunRequest
+from tensordiff.format.capture import MemoryRecorder
+import tensordiff.models.deepseek_v41_flash.faults as D
+from tensordiff.models.deepseek_v41_flash.synthetic_language import tiny_language_checkpoint
 
 
 @pytest.fixture(scope="module")

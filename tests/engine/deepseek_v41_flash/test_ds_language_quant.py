@@ -1,13 +1,13 @@
-"""The engine's reading of quantised checkpoints (`engine/deepseek_v41_flash/language/quant.py`):
+"""The engine's reading of quantised checkpoints (`engine/deepseek_v41_flash/quant.py`):
 FP4 decoding by its bit fields, block scales laid out per output row, the dequantising matmul,
 and refusals naming the tensor."""
 import pytest
 import torch
 
 from engine.deepseek_v41_flash.config import Config
-from engine.deepseek_v41_flash.language import quant as Q
+from engine.deepseek_v41_flash import quant as Q
 from engine.errors import EngineInputError
-from tensordiff.synthetic.deepseek_v41_flash_language import quantise, synth
+from tensordiff.models.deepseek_v41_flash.synthetic_language import quantise, synth
 
 E2M1 = [0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0]
 
@@ -93,8 +93,8 @@ def test_formats_follow_the_config():
 
 
 @pytest.mark.parametrize("edit,match", [
-    (lambda t, n: t.update({n: t[n].to(torch.bfloat16)}), r"layers\.0\.attn\.wq_a\.weight: stored as torch\.bfloat16"),
-    (lambda t, n: t.update({Q.scale_name(n): t[Q.scale_name(n)].float()}), r"wq_a\.scale: scale stored as torch\.float32"),
+    (lambda t, n: t.update({n: t[n].to(torch.bfloat16)}), r"layers\.0\.attn\.wq_a\.weight: stored as bfloat16"),
+    (lambda t, n: t.update({Q.scale_name(n): t[Q.scale_name(n)].float()}), r"wq_a\.scale: scale stored as float32"),
     (lambda t, n: t.update({Q.scale_name(n): t[Q.scale_name(n)][:, :1]}), r"wq_a\.scale: scale has shape \[1, 1\]"),
 ])
 def test_prepare_refuses_what_it_does_not_understand(edit, match):

@@ -12,9 +12,9 @@ import engine.qwen3_vl.runner as runner
 import engine.runtime.fused as fused
 from engine.qwen3_vl.config import load_config
 from engine.qwen3_vl.vision import QwenBlock
-from tensordiff.capture import MemoryRecorder
-from tensordiff.models import qwen3_vl_faults as Q
-from tensordiff.runs import make_request
+from tensordiff.format.capture import MemoryRecorder
+import tensordiff.models.qwen3_vl.faults as Q
+from tensordiff.pipeline.runs import make_request
 
 BOUNDARIES = {"pos_embed", "rope.cos", "rope.sin", "block0", "final_norm", "aligner"}
 
@@ -138,7 +138,7 @@ class _CpuGraphCache(fused.GraphCache):
 def test_graph_route_replays_per_grid_and_never_on_a_tapped_pass(monkeypatch):
     import engine.qwen3_vl.vision as vision
     from engine.qwen3_vl.preprocess import preprocess
-    from tensordiff.capture import NullRecorder
+    from tensordiff.format.capture import NullRecorder
 
     monkeypatch.setattr(vision, "GraphCache", _CpuGraphCache)
     _, req = make_request("qwen3-vl")

@@ -46,7 +46,7 @@ def test_config_needs_the_preprocessor_config(tmp_path):
 
     from engine.errors import EngineInputError
     from engine.qwen3_vl.config import load_config
-    from tensordiff.synthetic.qwen3_vl import ensure
+    from tensordiff.models.qwen3_vl.synthetic import ensure
 
     ckpt = tmp_path / "c"
     shutil.copytree(ensure("tiny"), ckpt)

@@ -8,7 +8,7 @@ import pytest
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from engine.qwen3_vl.stages import make_stages
-from tensordiff.models import qwen3_vl_faults as Q
+import tensordiff.models.qwen3_vl.faults as Q
 
 
 @pytest.fixture(scope="module")

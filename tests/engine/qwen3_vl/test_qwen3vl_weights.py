@@ -10,7 +10,7 @@ from engine.qwen3_vl import weights as W
 from engine.qwen3_vl.config import load_config
 from engine.qwen3_vl.weights import load_visual, visual_shapes
 from engine.runtime import shards
-from tensordiff.models.qwen3_vl import ADAPTER
+from tensordiff.models.qwen3_vl.adapter import ADAPTER
 
 
 @pytest.fixture

@@ -4,8 +4,8 @@ import torch
 from oracle.deepseek_v41_flash.config import ModelArgs
 from oracle.deepseek_v41_flash.model import ImageSpan, build, generate
 from oracle.deepseek_v41_flash.tokens import build_prompt
-from tensordiff.capture import MemoryRecorder
-from tensordiff.synthetic.deepseek_v41_flash_language import tiny_language_checkpoint
+from tensordiff.format.capture import MemoryRecorder
+from tensordiff.models.deepseek_v41_flash.synthetic_language import tiny_language_checkpoint
 
 
 def test_image_token_stops_generation_and_steps_extend_the_prompt():

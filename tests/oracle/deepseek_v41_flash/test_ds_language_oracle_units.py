@@ -9,7 +9,7 @@ from oracle.deepseek_v41_flash.config import ModelArgs
 from oracle.deepseek_v41_flash.engram import EngramLayout, NgramHasher
 from oracle.deepseek_v41_flash.model import Gate, hc_split_sinkhorn
 from oracle.deepseek_v41_flash.tokens import build_prompt, compressed_token_map
-from tensordiff.synthetic.deepseek_v41_flash_language import language_config
+from tensordiff.models.deepseek_v41_flash.synthetic_language import language_config
 
 
 def logit_for(score: float) -> float:

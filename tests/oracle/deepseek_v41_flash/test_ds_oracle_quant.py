@@ -10,7 +10,7 @@ from safetensors.torch import load_file, save_file
 
 from oracle.deepseek_v41_flash import quant as Q
 from tensordiff.errors import BadInput
-from tensordiff.synthetic.deepseek_v41_flash_language import quantise, synth, tiny_language_checkpoint
+from tensordiff.models.deepseek_v41_flash.synthetic_language import quantise, synth, tiny_language_checkpoint
 
 
 def test_kernel_quantisation_round_trips():
@@ -53,7 +53,7 @@ def test_dequantise_inverts_the_checkpoint_writer(fmt, shape):
     assert (values.abs() <= (6.0 if fmt == "fp4" else 448.0)).all()
     assert torch.equal(values, Q.weight_values(w))
     # and it is the writer's master (times its per-block gain) within the format's rounding
-    from tensordiff.synthetic.deepseek_v41_flash_language import _block_gains
+    from tensordiff.models.deepseek_v41_flash.synthetic_language import _block_gains
 
     gained = synth(name, shape, "bfloat16").float() * _block_gains(name, *shape, 32 if fmt == "fp8" else 1)
     err = (deq - gained).abs()
@@ -146,9 +146,9 @@ def _engram_table_without_scale(t, cfg, wmap):
 
 @pytest.mark.parametrize("edit,match", [
     (_drop_scale, r"lacks layers\.0\.attn\.wkv\.scale"),
-    (_scale_fp32, r"layers\.0\.attn\.wkv\.scale .*stored as torch\.float32"),
-    (_fp8_under_bf16_config, r"stored as torch\.float8_e4m3fn, but the config makes it a plain"),
-    (_bf16_where_fp8, r"layers\.0\.attn\.wq_a\.weight .*stored as torch\.bfloat16.*float8_e4m3fn"),
+    (_scale_fp32, r"layers\.0\.attn\.wkv\.scale .*stored as float32"),
+    (_fp8_under_bf16_config, r"stored as float8_e4m3fn, but the config makes it a plain"),
+    (_bf16_where_fp8, r"layers\.0\.attn\.wq_a\.weight .*stored as bfloat16.*float8_e4m3fn"),
     (_engram_table_without_scale, r"lacks layers\.1\.engram\.embed\.scale"),
 ])
 def test_format_errors_name_the_tensor(tmp_path, edit, match):

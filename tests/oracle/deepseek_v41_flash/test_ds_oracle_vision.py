@@ -11,11 +11,11 @@ from oracle.deepseek_v41_flash.checkpoint import load_tensors
 from oracle.deepseek_v41_flash.config import ModelArgs
 from oracle.deepseek_v41_flash.run import run
 from oracle.deepseek_v41_flash.vision import Aligner, apply_rotary, get_vision_cos_sin
-from tensordiff.adapter import RunRequest
-from tensordiff.capture import MemoryRecorder
+from tensordiff.pipeline.adapter import RunRequest
+from tensordiff.format.capture import MemoryRecorder
 from tensordiff.errors import BadInput
-from tensordiff.inputs import default_image_path
-from tensordiff.synthetic.deepseek_v41_flash import resolve
+from tensordiff.pipeline.inputs import default_image_path
+from tensordiff.models.deepseek_v41_flash.synthetic import resolve
 
 
 def test_rope_tables_are_blocked_row_then_col():

@@ -7,12 +7,12 @@ import pytest
 import torch
 
 from oracle.qwen3_vl import config as C
-from oracle.qwen3_vl import model as M
+import oracle.qwen3_vl.vision as M
 from oracle.qwen3_vl import positions as POS
 from oracle.qwen3_vl import processor as PR
 from oracle.qwen3_vl.hooks import Taps
 from tensordiff.errors import BadInput
-from tensordiff.synthetic.qwen3_vl import ensure
+from tensordiff.models.qwen3_vl.synthetic import ensure
 
 
 @pytest.fixture(scope="module")

@@ -6,10 +6,10 @@ import pytest
 import torch
 
 from oracle.qwen3_vl import config as C
-from oracle.qwen3_vl import language as L
+import oracle.qwen3_vl.model as L
 from oracle.qwen3_vl import positions as POS
 from tensordiff.errors import BadInput
-from tensordiff.synthetic.qwen3_vl import ensure
+from tensordiff.models.qwen3_vl.synthetic import ensure
 
 
 @pytest.fixture(scope="module")

@@ -7,8 +7,8 @@ import pytest
 import torch
 
 from tensordiff import Recorder
-from tensordiff.compare import compare_dumps
-from tensordiff.contract import Boundary, Contract
+from tensordiff.pipeline.compare import compare_dumps
+from tensordiff.judge.contract import Boundary, Contract
 
 MODEL = "toy-diagnosis"
 

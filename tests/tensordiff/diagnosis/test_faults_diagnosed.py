@@ -8,9 +8,10 @@ import pytest
 import torch
 from PIL import Image
 
-from tensordiff.models import deepseek_faults as D
-from tensordiff.models import qwen3_vl_faults as Q
-from tensordiff.pipeline import CaseSpec, check
+import tensordiff.models.deepseek_v41_flash.faults as D
+import tensordiff.models.qwen3_vl.faults as Q
+from tensordiff.pipeline.case import CaseSpec, check
+from tensordiff.reports.text import render_text
 
 DEEPSEEK, QWEN = "deepseek-v4.1-flash", "qwen3-vl"
 
@@ -19,7 +20,7 @@ def _diagnosis(case):
     r = case.report
     assert r.verdict == "diverged"
     (root,) = r.earliest
-    return root, r.boundary(root).diagnosis, str(r)
+    return root, r.boundary(root).diagnosis, render_text(r)
 
 
 @pytest.mark.parametrize("model,fault,boundary,name,text", [
@@ -49,7 +50,7 @@ def test_a_resize_rounded_up_to_the_factor_is_a_size_finding(tmp_path):
 def test_the_clean_engine_gets_no_diagnosis(model):
     r = check(CaseSpec(model)).report
     assert r.verdict == "match"
-    assert r.as_json()["diagnosis"] == {} and "diagnosis:" not in str(r)
+    assert r.as_json()["diagnosis"] == {} and "diagnosis:" not in render_text(r)
 
 
 @pytest.mark.parametrize("model,fault", [
@@ -80,19 +81,19 @@ PROMPT = "A picture: <image> What does it show?"  # the span starts at 12, 10 ro
 
 @pytest.fixture(scope="module")
 def language(module_tmp):
-    from tensordiff.synthetic.deepseek_v41_flash_language import tiny_language_checkpoint
+    from tensordiff.models.deepseek_v41_flash.synthetic_language import tiny_language_checkpoint
 
     return tiny_language_checkpoint(), torch.randn(CELLS[0] * CELLS[1], 64, generator=torch.Generator().manual_seed(7))
 
 
 def _language_dump(side, checkpoint, rows, path, **kw):
-    from tensordiff.adapter import RunRequest
-    from tensordiff.capture import Recorder
+    from tensordiff.pipeline.adapter import RunRequest
+    from tensordiff.format.capture import Recorder
 
     if side == "oracle":
         from oracle.deepseek_v41_flash.model import run
     else:
-        from engine.deepseek_v41_flash.language.run import run
+        from engine.deepseek_v41_flash.language_run import run
     req = RunRequest(weights="synthetic:tiny-language", weights_dir=checkpoint, prompt=PROMPT,
                      options={"image_rows": rows, "cells": CELLS, "language_numerics": "semantic"}, **kw)
     with Recorder(path, model=DEEPSEEK, producer={"name": side, "side": side}) as rec:
@@ -101,9 +102,9 @@ def _language_dump(side, checkpoint, rows, path, **kw):
 
 
 def test_the_span_overlaid_at_one_offset_in_every_chunk_is_a_row_shift(language, tmp_path):
-    from tensordiff.compare import compare_dumps
-    from tensordiff.contract import Contract
-    from tensordiff.models import deepseek_language_contract as C
+    from tensordiff.pipeline.compare import compare_dumps
+    from tensordiff.judge.contract import Contract
+    import tensordiff.models.deepseek_v41_flash.contract as C
 
     contract = Contract(DEEPSEEK, (), C.RULES, resolver=C.make_resolver(()), boundary_of=C.boundary_of)
     ckpt, rows = language
@@ -198,4 +199,4 @@ def test_a_head_without_the_final_norm_is_a_per_row_scale(photos):
 def test_the_clean_language_runs_get_no_diagnosis(photos):
     for r in (_qwen_language(photos, decode=2).report, _deepseek_two_images(photos).report):
         assert r.verdict == "match", r.earliest
-        assert r.as_json()["diagnosis"] == {} and "diagnosis:" not in str(r)
+        assert r.as_json()["diagnosis"] == {} and "diagnosis:" not in render_text(r)

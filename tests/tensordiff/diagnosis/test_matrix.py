@@ -7,9 +7,9 @@ import tracemalloc
 import numpy as np
 from conftest import rand, write
 
-from tensordiff.diagnosis.matrix import SAMPLE_ELEMENTS, Matrix, sample_rows
-from tensordiff.diagnosis.run import diagnose_tensor
-from tensordiff.dump import open_dump
+from tensordiff.judge.diagnosis.matrix import SAMPLE_ELEMENTS, Matrix, sample_rows
+from tensordiff.judge.diagnosis.run import diagnose_tensor
+from tensordiff.format.dump import open_dump
 
 
 def test_take_returns_rows_in_the_order_asked(tmp_path):

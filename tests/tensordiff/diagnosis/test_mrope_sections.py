@@ -6,9 +6,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from tensordiff.compare import compare_dumps
-from tensordiff.contract import Boundary, Contract
-from tensordiff.diagnosis.mrope_sections import describe
+from tensordiff.pipeline.compare import compare_dumps
+from tensordiff.judge.contract import Boundary, Contract
+from tensordiff.judge.diagnosis.mrope_sections import describe
 
 from conftest import MODEL, write
 

@@ -6,9 +6,9 @@ import numpy as np
 import torch
 from conftest import write
 
-from tensordiff.compare import compare_dumps
-from tensordiff.contract import Boundary, Contract
-from tensordiff.diagnosis.replay import replay_roots
+from tensordiff.pipeline.compare import compare_dumps
+from tensordiff.judge.contract import Boundary, Contract
+from tensordiff.judge.diagnosis.replay import replay_roots
 
 H, W, R, C = 6, 8, 3, 4  # an 6x8 grid into 3x3 cells: the width is not a multiple of 3
 CH, CW = -(-H // R), -(-W // R)

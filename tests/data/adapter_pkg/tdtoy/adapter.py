@@ -1,10 +1,10 @@
 """The adapter: a contract, one fault, two runners named lazily, a weights resolver."""
 from pathlib import Path
 
-from tensordiff.adapter import ModelAdapter, lazy
-from tensordiff.contract import Boundary, Contract
+from tensordiff.pipeline.adapter import ModelAdapter, lazy
+from tensordiff.judge.contract import Boundary, Contract
 from tensordiff.errors import BadInput
-from tensordiff.faults import Fault
+from tensordiff.pipeline.faults import Fault
 
 
 def weights(spec: str) -> Path:
