@@ -95,8 +95,8 @@ class CheckpointView:
             out.append("  nothing: every tensor is read as stored (plain floats cast to the run's dtype)")
         out.append(f"a run with --layers {_ids(self.run_layers) or 'none'} reads:")
         out += [f"  {part}: {_size(b)}" for part, b in self.reads.items()]
-        out.append(f"  each side reads these once: the oracle into host memory (its language half runs on the "
-                   f"CPU), the engine onto --device")
+        out.append("  each side reads these once: the oracle into host memory (its language half runs on the "
+                   "CPU), the engine onto --device")
         out.append(f"  the weights digest hashes the shards holding them once: {_size(self.hashed)} "
                    "(remembered by file stat afterwards)")
         if self.problems:
