@@ -1,6 +1,6 @@
 """Every named fault through the gate's default bf16 route (semantic + numeric pass, local error),
-and the clean engine on the same cases: issue 11's "every named fault is caught at its boundary in
-at least one of the two passes" and "local error and end to end agree on every fault's origin".
+and the clean engine on the same cases: is every named fault caught at its boundary in at least
+one of the two passes, and do local error and end to end agree on every fault's origin?
 
     python bench/fault_matrix.py OUTDIR [--device cuda] [--vision-weights synthetic:full]
                                         [--workers 6] [--only NAME,...] [--budget-s 420]

@@ -6,6 +6,7 @@ Exit status everywhere: 0 all within tolerance, 1 a material divergence, 2 bad i
 from __future__ import annotations
 
 import sys
+import textwrap
 from pathlib import Path
 
 from tensordiff.commands.openmp import passive_waits
@@ -38,13 +39,24 @@ from tensordiff.version import VERSION  # noqa: E402
 from tensordiff.errors import BadInput  # noqa: E402
 from tensordiff.reports.outputs import gate_inputs, guard, guard_reports  # noqa: E402
 
-EPILOG_COMPARE = """\b
-Exit status: 0 every boundary within tolerance, 1 a material divergence, 2 bad input.
-Examples:
-  tensordiff compare dumps/sample-oracle dumps/sample-engine
-  tensordiff compare oracle/ engine/ --json report.json --tolerances tol.toml
-  tensordiff compare oracle-fp32/ engine-bf16/ --floor oracle-bf16/   # numeric pass: x floor
-"""
+EXIT = ("Exit status: 0 every boundary within tolerance, 1 a material divergence, 2 bad input or usage "
+        "(one line on stderr).")
+
+
+def _epilog(examples: str, exit_status: str = EXIT) -> str:
+    """A command's help ends with its examples (each runs as written from the repository root;
+    the comment says the exit status it gives) and its exit statuses."""
+    wrapped = "\n".join(textwrap.wrap(exit_status, 96))
+    return f"\b\nExamples (from the repository root):\n{examples.rstrip()}\n\n\b\n{wrapped}\n"
+
+
+EPILOG_COMPARE = _epilog("""\
+  tensordiff compare dumps/sample-oracle dumps/sample-engine                      # exit 1: `rope`, interleaved
+  tensordiff compare dumps/sample-oracle dumps/sample-engine --verify --fail-fast  # exit 1
+  tensordiff compare dumps/sample-oracle/patches.safetensors dumps/sample-engine/patches.safetensors  # exit 0
+  tensordiff compare dumps/sample-oracle dumps/sample-engine --json report.json --html report.html  # exit 1
+With --floor DIR (the oracle's dump in B's precision) B's error is judged as a multiple of the
+floor's: README.md, "Judging in one screen".""")
 
 
 def _console():
@@ -87,11 +99,15 @@ def cli():
     boundaries, and name the EARLIEST material divergence.
 
     \b
-    Start here:
-      tensordiff check deepseek-v4.1-flash        # oracle + engine on the embedded image
-      tensordiff faults                           # planted bugs, and where each must be caught
-      tensordiff check qwen3-vl --fault rope-hw-swap
-      tensordiff compare DIR_A DIR_B --json r.json
+    Start here (from the repository root):
+      tensordiff check deepseek-v4.1-flash                         # exit 0: all 6 boundaries match
+      tensordiff check deepseek-v4.1-flash --fault aligner-flat-pad  # exit 1: names `aligner`
+      tensordiff faults                                            # exit 0: the planted bugs
+      tensordiff compare dumps/sample-oracle dumps/sample-engine   # exit 1: names `rope`
+
+    \b
+    Exit status everywhere: 0 every boundary within tolerance, 1 a material divergence, 2 bad
+    input or usage (one line on stderr, no traceback). `tensordiff COMMAND --help` for each.
     """
 
 
@@ -111,7 +127,7 @@ def cli():
                    "as a multiple of the floor's (three-way, row-aware).")
 @click.option("--contract", "contract_path", type=click.Path(path_type=Path),
               help="A contract file (TOML) naming the boundaries of A's and B's tensors, their DAG, layout, "
-                   "modes and tolerances (see README: contract files).")
+                   "modes and tolerances (README.md, \"Contract files\").")
 @ALL_OPTION
 def compare(a, b, json_path, tolerances, fail_fast, verify, junit_path=None, html_path=None, floor_dir=None,
             show_all=False, contract_path=None):
@@ -147,6 +163,14 @@ def compare(a, b, json_path, tolerances, fail_fast, verify, junit_path=None, htm
                       cases=[lone_case(report, da if html_path else None)], junit_path=junit_path,
                       html_path=html_path, title=f"tensordiff: {report.model}")
     sys.exit(_print_report(report, show_all))
+
+
+EPILOG_INSPECT = _epilog("""\
+  tensordiff inspect dumps/sample-engine             # exit 0
+  tensordiff inspect dumps/sample-engine --verify    # exit 0: every tensor's sha256 checked""",
+                         "Exit status: 0 listed (and verified), 2 bad input: a dump or checkpoint that cannot be read "
+                         "(a checkpoint's whole report is printed first), a sha256 that does not match (one line on "
+                         "stderr).")
 
 
 def _is_checkpoint(directory: Path) -> bool:
@@ -187,7 +211,7 @@ def _unverified(da, db) -> list[str]:
     return notes
 
 
-@cli.command()
+@cli.command(epilog=EPILOG_INSPECT)
 @click.argument("directory", type=click.Path(path_type=Path))
 @click.option("--verify", is_flag=True, help="Read every tensor and check its sha256 (a dump).")
 @click.option("--layers", default=None, metavar="IDS",
@@ -275,8 +299,6 @@ class _ModelCommand(click.Command):
     """A command taking MODEL: its --help ends with every installed model's option table."""
 
     def format_epilog(self, ctx, formatter):
-        super().format_epilog(ctx, formatter)
-
         with formatter.section("Model options (-o NAME=VALUE; also `tensordiff options MODEL`)"):
             for name in registry.names():
                 try:
@@ -284,9 +306,20 @@ class _ModelCommand(click.Command):
                 except BadInput as e:  # an adapter that cannot load: say so, keep the help
                     text = f"{name}: {e}"
                 formatter.write_text("\b\n" + text)
+        super().format_epilog(ctx, formatter)  # the examples and exit statuses last
 
 
-@cli.command(cls=_ModelCommand)
+EPILOG_DUMP = _epilog("""\
+  tensordiff dump deepseek-v4.1-flash --side oracle --out out/oracle --force       # exit 0
+  tensordiff dump deepseek-v4.1-flash --side engine --out out/engine --force \\
+      --fault rope-interleaved                                                    # exit 0
+  tensordiff compare out/oracle out/engine                                         # exit 1: `rope`
+  tensordiff dump qwen3-vl --side engine --image gates/images/qwen-odd-150x230.png --out out/qwen --force  # exit 0""",
+                      "Exit status: 0 the dump was written, 2 bad input or usage (one line on stderr); an existing "
+                      "--out is replaced only with --force, and only when it is a tensordiff dump.")
+
+
+@cli.command(cls=_ModelCommand, epilog=EPILOG_DUMP)
 @click.argument("model")
 @click.option("--side", type=click.Choice(["oracle", "engine"]), required=True)
 @click.option("--out", type=click.Path(path_type=Path), required=True, help="Dump directory to create.")
@@ -303,7 +336,17 @@ def dump(model, side, out, fmt, force, **kw):
     click.echo(f"wrote {path}")
 
 
-@cli.command(cls=_ModelCommand)
+EPILOG_CHECK = _epilog("""\
+  tensordiff check deepseek-v4.1-flash                                   # exit 0: all 6 boundaries match
+  tensordiff check deepseek-v4.1-flash --fault aligner-flat-pad          # exit 1: names `aligner`
+  tensordiff check deepseek-v4.1-flash --image gates/images/deepseek-small-300x200.png \\
+      --prompt "Describe <image>." --chunk 16 --decode 2                 # exit 0: the language half too
+  tensordiff check qwen3-vl --image gates/images/qwen-odd-150x230.png --json report.json --html report.html  # exit 0""",
+                       "Exit status: 0 every boundary within tolerance (in every pass), 1 a material divergence "
+                       "(end to end, or the local error of a stage), 2 bad input or usage (one line on stderr).")
+
+
+@cli.command(cls=_ModelCommand, epilog=EPILOG_CHECK)
 @click.argument("model")
 @_model_options
 @click.option("--json", "json_path", type=click.Path(path_type=Path), help="Also write the machine report here.")
@@ -366,7 +409,9 @@ def _pass_verdicts(case) -> str:
     return f"{'PASS' if case.passed else 'FAIL'} ({'; '.join(parts)})"
 
 
-@cli.command()
+@cli.command(epilog=_epilog("""\
+  tensordiff faults                        # exit 0: every installed model's faults
+  tensordiff faults qwen3-vl               # exit 0""", "Exit status: 0 listed, 2 an unknown model (one line on stderr)."))
 @click.argument("model", required=False)
 def faults(model):
     """List the named faults the engine can carry and the boundary each must trip."""
@@ -382,7 +427,9 @@ def faults(model):
                 click.echo(f"  {'':<32}    {'':<16} needs: {f.needs_text}")
 
 
-@cli.command()
+@cli.command(epilog=_epilog("""\
+  tensordiff options                       # exit 0: every installed model's options
+  tensordiff options deepseek-v4.1-flash   # exit 0""", "Exit status: 0 listed, 2 an unknown model (one line on stderr)."))
 @click.argument("model", required=False)
 def options(model):
     """List each model's run options (-o NAME=VALUE): name, type, default, which side reads it, help."""
@@ -392,15 +439,12 @@ def options(model):
     click.echo("\n\n".join(render(registry.adapter(n)) for n in names))
 
 
-EPILOG_GATE = """\b
-Exit status: 0 every case within tolerance, 1 a material divergence (end to end or local), 2 bad
-input (config, images, weights).
-Examples:
-  tensordiff gate gates/deepseek-v4.1-flash.toml --junit gate.xml --html gate.html
-  tensordiff gate gates/qwen3-vl.toml --fault rope-hw-swap      # must exit 1
-  tensordiff gate gates/deepseek-v4.1-flash.toml --device cuda --weights synthetic:full \\
-      --dtype bfloat16 --oracle-dtype float32 --json gate.json
-"""
+EPILOG_GATE = _epilog("""\
+  tensordiff gate gates/deepseek-v4.1-flash.toml --junit gate.xml --html gate.html   # exit 0
+  tensordiff gate gates/qwen3-vl.toml --fault rope-hw-swap -q                         # exit 1
+The gate file's keys: gates/README.md.""",
+                      "Exit status: 0 every case within tolerance, 1 a material divergence (end to end or local), "
+                      "2 bad input (config, images, weights, tolerances; one line on stderr).")
 
 
 @cli.command(epilog=EPILOG_GATE)
@@ -470,7 +514,13 @@ def gate(config, json_path, junit_path, html_path, out, models, fault, weights, 
     sys.exit(res.exit_code)
 
 
-@cli.command()
+EPILOG_CALIBRATE = _epilog("""\
+  tensordiff calibrate gates/deepseek-v4.1-flash.toml --out calibration.toml   # exit 0
+Then name the file in the gate (`tolerances = "calibration.toml"`, a path relative to the gate file):
+gates/README.md, "Calibration: tolerances from the noise floor".""", "Exit status: 0 the file was written, 2 bad input or usage (one line on stderr).")
+
+
+@cli.command(epilog=EPILOG_CALIBRATE)
 @click.argument("config", type=click.Path(path_type=Path))
 @click.option("--out", type=click.Path(path_type=Path), required=True,
               help="Tolerance file to write; with several models put {model} in the name.")
@@ -513,7 +563,15 @@ def calibrate(config, out, models, variants, multiple, dtype, device, no_cache, 
         click.echo(f"wrote {path}")
 
 
-@cli.group("import")
+EXIT_IMPORT = ("Exit status: 0 the dump was written, 2 bad input or usage (one line on stderr; a file that would "
+               "need unpickling is refused, never loaded).")
+
+
+@cli.group("import", epilog=_epilog("""\
+  tensordiff import hf-debugger tests/data/import/hf-debugger --out out/hf-dump --force           # exit 0
+  tensordiff import polygraphy tests/data/import/polygraphy/outputs.json --out out/poly --force  # exit 0
+  tensordiff import sglang tests/data/import/sglang/tp2/exp --out out/sglang-tp2 --force         # exit 0""",
+                                      EXIT_IMPORT))
 def import_():
     """Turn another tool's saved tensors into a tensordiff dump (no pickle is ever loaded)."""
 
@@ -536,7 +594,10 @@ def _write_import(imp, out, model, force):
     click.echo(f"wrote {path}: {len(imp.tensors)} tensors from {imp.tool}")
 
 
-@import_.command("hf-debugger")
+@import_.command("hf-debugger", epilog=_epilog("""\
+  tensordiff import hf-debugger tests/data/import/hf-debugger --out out/hf-dump --force   # exit 0
+  tensordiff inspect out/hf-dump                                                          # exit 0""",
+                                               EXIT_IMPORT))
 @click.argument("directory", type=click.Path(path_type=Path))
 @_import_options
 def import_hf_debugger(directory, out, model, force):
@@ -546,7 +607,11 @@ def import_hf_debugger(directory, out, model, force):
     _write_import(imp, out, model or imp.facts.get("model_class") or "plain", force)
 
 
-@import_.command("polygraphy")
+@import_.command("polygraphy", epilog=_epilog("""\
+  tensordiff import polygraphy tests/data/import/polygraphy/outputs.json --out out/poly --force  # exit 0
+  tensordiff import polygraphy tests/data/import/polygraphy/two_runners.json --runner ort-b \\
+      --iteration 1 --out out/poly-b --force                                                     # exit 0""",
+                                              EXIT_IMPORT))
 @click.argument("file", type=click.Path(path_type=Path))
 @click.option("--runner", default=None, help="Which runner's results (needed when the file holds several).")
 @click.option("--iteration", type=click.IntRange(min=0), default=None,
@@ -559,7 +624,12 @@ def import_polygraphy(file, runner, iteration, out, model, force):
     _write_import(imp, out, model or "plain", force)
 
 
-@import_.command("sglang")
+@import_.command("sglang", epilog=_epilog("""\
+  tensordiff import sglang tests/data/import/sglang/tp1/exp --out out/sglang-tp1 --force   # exit 0
+  tensordiff import sglang tests/data/import/sglang/tp2/exp --out out/sglang-tp2 --force   # exit 0: rank0, rank1
+  tensordiff compare out/sglang-tp1 out/sglang-tp2                                          # exit 0: shards merged
+  tensordiff import sglang tests/data/import/sglang/tp2/exp --rank 1 --step 0 --out out/sglang-r1 --force  # exit 0
+A worked example, a planted bug named at its module: examples/sglang_dump/README.md.""", EXIT_IMPORT))
 @click.argument("directory", type=click.Path(path_type=Path))
 @click.option("--step", type=click.IntRange(min=0), default=None,
               help="Import this step only, under the plain names (default: every step; later ones as NAME.step.K).")

@@ -59,13 +59,12 @@ WORST_ROWS = 3
 class FloorRule:
     """The multipliers: how far above its floor a clean engine's error may go.
 
-    Measured (CPU, synthetic:tiny, bf16; DeepSeek on 10 pictures, Qwen3-VL on 4; the table of
-    bench/bf16_verdict.py): the clean engines' ratios are 0.98-1.03 (rmse), 0.87-1.37 (row),
-    0.96-1.06 (cosine), their worst row at most 1.59x its own floor row (128-wide rows: a row's
-    RMSE is a 128-sample estimate); the numeric faults sit at 1.5-4.1x. The H200 clean profile
-    (issue 11) is 0.994-1.002 in RMSE. So the multipliers leave the clean engine a margin of ~10%
-    (rmse), ~10% (row), ~20% (cosine), ~25% (outlier rows), and `tensordiff calibrate` records the
-    engine's own profile for tighter gates.
+    On the CPU (synthetic:tiny, bf16; DeepSeek on 10 pictures, Qwen3-VL on 4) the clean engines'
+    ratios are 0.98-1.03 (rmse), 0.87-1.37 (row), 0.96-1.06 (cosine), their worst row at most 1.59x
+    its own floor row (128-wide rows: a row's RMSE is a 128-sample estimate); the numeric faults
+    sit at 1.5-4.1x. On a GPU (synthetic:full) the clean profile is 0.994-1.002 in RMSE. So the
+    multipliers leave the clean engine a margin of ~10% (rmse), ~10% (row), ~20% (cosine), ~25%
+    (outlier rows), and `tensordiff calibrate` records the engine's own profile for tighter gates.
     """
 
     rmse: float = 1.15

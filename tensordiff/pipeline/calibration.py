@@ -256,8 +256,8 @@ def engine_of(path) -> dict | None:
 def check_engine(path, adapter, backend: str, device: str, options=(), weights: str | None = None,
                  where: str = "gate") -> None:
     """Refuse (BadInput) a profile measured under other engine options, or on other weights, than
-    this run's. Weights too: measured on CPU (synthetic:tiny, four photographs), the clean
-    engine's block0 RMSE ratio on seed-2 weights is 1.003x, outside the seed-0 profile's band
+    this run's. Weights too: on the CPU (synthetic:tiny, four photographs) the clean engine's
+    block0 RMSE ratio on seed-2 weights is 1.003x, outside the seed-0 profile's band
     [0.9972, 1.001]; a profile does not transfer across weights, so it would false-alarm."""
     why = engine_mismatch(engine_of(path), engine_record(adapter, backend, device, options))
     cal = read_toml(path).get("calibration")

@@ -1,4 +1,4 @@
-"""Fuzz targets for the readers that face untrusted files (issue 13).
+"""Fuzz targets for the readers that face untrusted files.
 
 Each target takes arbitrary bytes, puts them where the reader looks (a file in `work`), and runs
 the reader: it must return a result or raise BadInput, never another exception, and write

@@ -1,8 +1,8 @@
 """DeepSeek V4.1 Flash's options reach both runners typed. The language default is the official
 numerics (bf16 with the kernels' rounding), so `-o kernel_quant=on` is the default run tensor for
-tensor; in the semantic mode (no rounding) `-o kernel_quant=false` is that mode's default run (it
-used to be `bool("false")`, i.e. ON), and `kernel_quant=true` really changes the dump there, so
-the equalities below could fail."""
+tensor; in the semantic mode (no rounding) `-o kernel_quant=false` is that mode's default run (a
+string "false" read as a bool would be ON), and `kernel_quant=true` really changes the dump there,
+so the equalities below could fail."""
 from __future__ import annotations
 
 import dataclasses

@@ -80,7 +80,7 @@ def test_bad_names_refused(tmp_path, name):
             r.record(name, torch.ones(1))
 
 
-# ---------------------------------------------------------------- replacing only our own dumps (issue 13)
+# ---------------------------------------------------------------- replacing only our own dumps
 
 def test_overwrite_refuses_a_directory_that_is_not_a_dump(tmp_path):
     user = tmp_path / "photos"

@@ -107,7 +107,7 @@ def test_help_teaches():
     assert p.returncode == 0 and "EARLIEST" in p.stdout and "compare" in p.stdout
 
 
-# ---------------------------------------------------------------- issue 13
+# ---------------------------------------------------------------- interrupts and bad input
 
 def test_ctrl_c_exits_130(capsys, monkeypatch):
     from tensordiff.pipeline import registry

@@ -223,13 +223,3 @@ def test_oracle_option_types_the_value():
 def test_oracle_option_refuses_what_the_oracle_does_not_read(model, key, value, match):
     with pytest.raises(BadInput, match=match):
         oracle_option(registry.adapter(model), key, value, f"--variant {key}={value}")
-
-
-def test_the_readme_documents_every_option():
-    from pathlib import Path
-
-    text = (Path(__file__).resolve().parents[2] / "README.md").read_text()
-    section = text[text.index("### Run options"):]
-    for table in (DS, QW):
-        for o in table.options:
-            assert f"`{o.name}`" in section, o.name

@@ -1,4 +1,4 @@
-"""One fresh process of the VML first-call race check (tests/tensordiff/test_warmup.py, bench/vml_race.py).
+"""One fresh process of the VML first-call race check (tests/tensordiff/test_warmup.py).
 
     python tests/tensordiff/vml_worker.py [--plant]     # prints one JSON line: {"defects": [...]}
 
@@ -8,7 +8,7 @@ tables as the process's first large cos/sin, on at least two intra-op threads; t
 parallel call of every VML-routed op. A defect is a rope table off the unit circle or any first
 call that differs, bit for bit, from the same call repeated once the dispatch is settled.
 `--plant` is the fault that proves the check: the first half of the engine's rope.cos is
-replaced by oneMKL's low-accuracy kernel (vmsCos with VML_EP), the defect seen in issue 13.
+replaced by oneMKL's low-accuracy kernel (vmsCos with VML_EP), the defect the race produces.
 """
 from __future__ import annotations
 
