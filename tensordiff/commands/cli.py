@@ -248,12 +248,12 @@ def inspect(directory, verify, layers):
                      f"{e.stored.file.name}:{e.stored.key}{status}"))
     click.echo("\n".join(dump_table(rows)))
     click.echo(f"{len(d.entries)} tensors, {d.nbytes / 1e6:.1f} MB")
-    if verify and d.entries and all(e.sha256 is None and not any(p.sha256 for p in getattr(e.stored, "parts", ()))
-                                    for e in d.entries):
-        raise BadInput(f"--verify: no tensor of {d.path} records a sha256; nothing was verified")
     frozen = replay_check.note(d, read=verify)  # without --verify, from the manifest's digests only
     if frozen:
         click.echo(f"note: {frozen}")
+    if verify and d.entries and all(e.sha256 is None and not any(p.sha256 for p in getattr(e.stored, "parts", ()))
+                                    for e in d.entries):
+        raise BadInput(f"--verify: no tensor of {d.path} records a sha256; nothing was verified")
     if bad:
         raise BadInput(f"{bad} tensor(s) in {d.path} fail their sha256: the files are corrupt")
 
