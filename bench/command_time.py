@@ -9,7 +9,7 @@ load on a shared machine hits both alike. Oracle dumps are cached (one untimed w
 command fills a cache private to this run), so `check` and `gate` time the engine, the compare
 and the imports, which is what runs on every commit.
 
-Targets (issue 15, on the tiny configs):
+Targets (on the tiny configs):
     check             <= torch import + 0.5 s
     gate (one image)  <= torch import + 0.8 s
     compare           <= 0.25 s (torch-free)

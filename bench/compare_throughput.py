@@ -640,7 +640,7 @@ def series(root: Path, routes: list[str], repeat: dict[str, int], cold: bool) ->
 
 def _kernel_status() -> str:
     """Which float path the children use (asked in a child, like the measurements)."""
-    code = "from tensordiff import native; native.float_kernel(); print(native.status)"
+    code = "from tensordiff.judge import native; native.float_kernel(); print(native.status)"
     return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=_env()).stdout.strip()
 
 

@@ -1,7 +1,7 @@
 """Benchmark: what the diagnosis costs beside the comparison it follows, on the default picture.
 
     python bench/diagnosis_cost.py OUT                                  # CPU, synthetic:tiny
-    python bench/diagnosis_cost.py OUT --weights synthetic:full --device cuda   # an H200 (bench/diagnosis_cost.sh)
+    python bench/diagnosis_cost.py OUT --weights synthetic:full --device cuda   # GPU (bash bench/gpu.sh OUT diagnosis)
 
 For the clean engine and each planted fault (layout faults, and numeric ones that get no
 diagnosis, which is the dearest case: every hypothesis is tried and the stage replay runs), one

@@ -1,9 +1,9 @@
 """The engines' speed on one GPU, each figure a ratio to a baseline measured in the same run.
 
-    python bench/engine_speed.py OUTDIR                     # H200: full shapes, bf16 (bench/engine_speed.sh)
+    python bench/engine_speed.py OUTDIR                     # GPU: full shapes, bf16 (bash bench/gpu.sh OUT engines)
     python bench/engine_speed.py OUTDIR --device cpu --small   # smoke: tiny weights, small grids, fp32
 
-Writes OUTDIR/engine_speed.json, one section per figure of issue 15 (each also in `checks`):
+Writes OUTDIR/engine_speed.json, one section per figure (each also in `checks`):
 
 - `qwen`: Qwen3-VL's vision tower on a 1000x700 picture (2,728 patches), synthetic:full in bf16,
   untapped passes: the engine eager, compiled only, CUDA graphs only and both (the default
@@ -29,7 +29,8 @@ Writes OUTDIR/engine_speed.json, one section per figure of issue 15 (each also i
   eager in fp32, as a multiple of the bf16 eager route's (the floor, `against_floor`: <= 2x); the
   cosine to the eager route is kept as a figure (bf16 rounding order alone moves it to ~0.9998).
 `--attention-sweep OUTDIR/attention_sweep.json` (bench/attention_sweep.py) puts each shape's best
-Triton config among those the Triton kernel times at its first call (`bench/gpu_round3.sh` does).
+Triton config among those the Triton kernel times at its first call (`bench/gpu.sh` does after its
+`attention` stage).
 Exit status 0 when the run completed (a missed target is a figure, not a failure), 1 when a
 verdict check failed, 2 on bad arguments.
 """
@@ -142,7 +143,7 @@ def section(res: dict, name: str, fn) -> None:
 
 def qwen(args, work: Path, order: list[str] | None = None) -> dict:
     from engine.qwen3_vl.config import load_config
-    from engine.qwen3_vl.preprocess import decode, default_processor, preprocess
+    from engine.qwen3_vl.preprocess import decode, preprocess
     from engine.qwen3_vl.runner import load_tower, speed_facts, speed_policy
     from engine.runtime.speed_path import SpeedPath
     from tensordiff.pipeline.runs import make_request
@@ -151,7 +152,7 @@ def qwen(args, work: Path, order: list[str] | None = None) -> dict:
     path = picture(w, h, work)
     _, req = make_request("qwen3-vl", image=str(path), weights=args.qwen_weights, device=args.device, dtype=args.dtype)
     cfg = load_config(req.weights_dir)
-    px = preprocess(decode(path), cfg.processor, default_processor())
+    px = preprocess(decode(path), cfg.processor, req.options["processor"])
     pv = px.pixel_values.to(args.device)
     grid = tuple(int(v) for v in px.grid_thw)
     out = {"weights": args.qwen_weights, "picture": [w, h], "grid_thw": list(grid), "patches": int(pv.shape[0])}

@@ -41,6 +41,8 @@ FAULT_CASES = {
     D.IMAGE_SPAN_UNEXPANDED: {"prompt": "Compare <image> with <image>.", "second_image": True},
     D.FP8_SCALE_IGNORED: {"weights": "synthetic:tiny-fp8"}, D.FP8_SCALE_TRANSPOSED: {"weights": "synthetic:tiny-fp8"},
     D.FP4_NIBBLES_SWAPPED: {"weights": "synthetic:tiny-fp8"}, D.ENGRAM_SCALE_IGNORED: {"weights": "synthetic:tiny-fp8"},
+    D.WO_A_SCALE_DROPPED: {"weights": "synthetic:tiny-fp8"}, D.WO_A_BLOCK_128: {"weights": "synthetic:tiny-fp8"},
+    D.FP4_INT8_SIGN_EXTENDED: {"weights": "synthetic:tiny-fp8"},
     D.EMBED_LAST_ROW_SCALE: {}, D.ROUTER_LAST_ROW_RENORM: {}, D.DECODE_ROPE_OFF_BY_ONE: {},
     D.DECODE_ENGRAM_WINDOW_RESET: {},
 }

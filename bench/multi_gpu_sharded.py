@@ -8,8 +8,8 @@ expert-parallel engine (one process per rank), each run's rank dumps merged and 
 Runs the clean check and the three sharded faults (`--faults none` skips them). On CUDA the
 collectives are NCCL; ranks sharing one GPU make NCCL refuse ("duplicate GPU"), so then the
 check is run again with gloo on CUDA tensors (the engine reduces host copies) and the JSON says
-which backend ran and why. `bench/multi_gpu_sharded.sh` is the entry that also sets the NVLink
-multicast switches off for every process torchrun starts.
+which backend ran and why. NVLink multicast is switched off for every process torchrun starts
+(`NO_MULTICAST`, recorded in each rank's manifest).
 
 OUT/multi_gpu_sharded.json: per check the torchrun wall time, each rank's peak GPU memory and
 own run time (from its manifest), the merge + compare time, the verdict, the earliest boundary

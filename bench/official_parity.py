@@ -8,8 +8,9 @@ repository tenstorrent/tt-metal under models/demos/deepseek_v3_d_p/reference/dee
 this bench imports them from there as a package and never downloads anything. Nothing of them
 is in this repository.
 
-On `synthetic:tiny-fp8` (the official quantised layout: FP8 dense weights with block scales, FP4
-experts, the FP8 Engram table) it runs
+On `synthetic:tiny-fp8` (the official quantised layout as the release stores it: FP8 dense weights
+with block scales, FP4 experts in int8 tensors, `wo_a` FP8 with its block scale, the FP8 Engram
+table; converted on load as the official loader converts them) it runs
 
   - the official pipeline as the official code runs it: `prepare_vl_inputs` (tokens, per-image
     spans, image preprocessing), `Transformer.forward` in bf16 with the kernels' quantisation
@@ -137,9 +138,24 @@ def load_weights(model, checkpoint: Path) -> None:
     if missing:
         raise SystemExit(f"the checkpoint lacks {missing[:4]}")
     quantised = (torch.float8_e4m3fn, torch.float8_e8m0fnu, torch.float4_e2m1fn_x2)
-    for name, p in params.items():
+
+    def stored(name):
         with safe_open(str(checkpoint / index[name]), "pt") as f:
-            t = f.get_tensor(name)
+            return f.get_tensor(name)
+
+    for name, p in params.items():
+        t = stored(name)
+        # the released shards, converted as the official loader does: the FP8 `wo_a` times its
+        # e8m0 block scale (blocks of rows / scale rows by columns / scale columns) in fp32, then
+        # bf16; the routed experts' int8 bytes taken as float4_e2m1fn_x2
+        scale = name[: -len("weight")] + "scale"
+        if name.endswith(".attn.wo_a.weight") and t.dtype == torch.float8_e4m3fn and scale in index:
+            s = stored(scale).float()
+            r, c = t.size(0) // s.size(0), t.size(1) // s.size(1)
+            t = (t.float().view(s.size(0), r, s.size(1), c) * s.view(s.size(0), 1, s.size(1), 1)).view(t.shape)
+            t = t.to(torch.bfloat16)
+        elif ".ffn.experts." in name and t.dtype == torch.int8 and p.dtype == torch.float4_e2m1fn_x2:
+            t = t.view(torch.float4_e2m1fn_x2)
         if p.dtype in quantised or t.dtype in quantised:
             assert t.dtype == p.dtype and t.shape == p.shape, (name, t.dtype, p.dtype, t.shape, p.shape)
             p.data = t

@@ -9,9 +9,9 @@ both ends; the suite runs once, on a fresh TENSORDIFF_CACHE as on CI, with `benc
 recording each test's wall and CPU seconds (its own process and the children it waited for, so
 xdist workers and CLI subprocesses count).
 
-Issue 15's target is 6 minutes of wall on a quiet 2-core machine. The ratio is what carries from
-machine to machine; on this one torch's import takes 1.5-1.9 s, so 6 minutes is about 190-240
-imports. Writes OUTDIR/suite_time.json: the suite's wall and CPU seconds, the baseline's median
+The target is 6 minutes of wall on a quiet 2-core machine. The ratio is what carries from
+machine to machine: where torch's import takes 1.5-1.9 s, 6 minutes is about 190-240 imports.
+Writes OUTDIR/suite_time.json: the suite's wall and CPU seconds, the baseline's median
 wall and CPU, both ratios, the pytest summary line and its exit status, the collection's cost
 and the 40 slowest tests by CPU. Exit status: pytest's (no time is asserted; a slow shared
 machine is not an error), 2 on bad arguments.

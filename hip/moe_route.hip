@@ -4,7 +4,7 @@
 // (sum + 1e-20) and multiplied by route_scale.
 //
 // Routes (`threads_per_row`; 0 is default_route below: filter_redux, and from a dtype's row count
-// on filter_g16 (f32) / exact_bf16 (bf16), the thresholds measured on the H200):
+// on filter_g16 (f32) / exact_bf16 (bf16), at the row counts where they become the faster):
 //  - wave (-1): one row per wave, k rounds of wave maxima over packed (key, id) values (main's);
 //  - wave_lb (-2): the same kernel with more resident blocks asked of the compiler
 //    (__launch_bounds__'s second argument: at most 64 registers a thread);
@@ -71,7 +71,7 @@ __device__ inline T wave_max(T v, int ws) {
 // The k-th largest (1 <= k <= G) of G UNIQUE values, one a lane of a group of G lanes (lane its
 // number in the group); every lane gets it. A bitonic sort of the group by xor shuffles,
 // descending (lane 0 the largest): log2(G) (log2(G) + 1) / 2 dependent steps, 10 for 16, against
-// k rounds of log2(G) for k maxima (24 for top-6: exact_bf16's threshold, session 8), then lane
+// k rounds of log2(G) for k maxima (24 for top-6), then lane
 // k - 1's value. Unique values make it the same number as the rounds of maxima.
 template <int G>
 __device__ inline uint32_t group_kth_largest(uint32_t v, int k, int lane) {
@@ -193,8 +193,7 @@ moe_route_wave(const void* __restrict__ logits, const float* __restrict__ bias, 
   const typename E::raw* lr = static_cast<const typename E::raw*>(logits) + row * experts;
 
   // every slot's logit loaded first, unconditionally (a slot past the row reads the row's last
-  // expert and is ignored): the PT loads in flight together, not one behind each branch (the
-  // filter routes' 1.4x, round 5)
+  // expert and is ignored): the PT loads in flight together, not one behind each branch
   const int n_exp = (int)experts;  // <= 1,024
   float lv[PT];
 #pragma unroll
@@ -277,12 +276,11 @@ void launch_wave(int64_t rows, int64_t experts, hipStream_t s, const void* logit
 
 // ---- The filter routes: a cheap bound on every expert, the exact score for candidates only ----
 //
-// Where the wave route's time goes (65,536 rows x 384, H200, 229 us): every expert pays the
-// accurate expf + log1pf + sqrtf (~50 instructions; 25.2 M experts, ~1.26 G thread instructions:
-// ~38 us of the whole GPU's fp32 issue rate by itself, so bf16's 44 us target is out of reach while
-// every expert pays them), then k = 6 rounds, each 5 dependent 64-bit shuffle steps (10 shuffles
-// and 64-bit compares) and the winner's rescan of its 12 slots (~120 instructions the whole warp
-// waits for): ~1,800 warp instructions a row, ~113 us at a perfect issue rate.
+// Where the wave route's time goes (65,536 rows x 384): every expert pays the accurate expf +
+// log1pf + sqrtf (~50 instructions; 25.2 M experts, ~1.26 G thread instructions), then k = 6
+// rounds, each 5 dependent 64-bit shuffle steps (10 shuffles and 64-bit compares) and the
+// winner's rescan of its 12 slots (~120 instructions the whole warp waits for): ~1,800 warp
+// instructions a row.
 //
 // The filter routes (exact by construction, one row per wave as the wave route):
 //  1. every expert: a fast bound [lo, hi] on its exact key (port_fast_exp/log/sqrt, 3 MUFU and
@@ -317,21 +315,13 @@ void launch_wave(int64_t rows, int64_t experts, hipStream_t s, const void* logit
 // documented worst case, and a margin made too tight
 // (-DTD_ROUTER_FILTER_FAULT_NO_MARGIN) fails tests/hip/test_hip_moe_route_simt.py.
 //
-// Expected (warp32, 384 experts, top-6; per row, counted from the source and its PTX): the fast
-// bound ~22 instructions an expert (264); the rest ~300 with the threshold's 6 rounds of 5 shuffle
-// steps (filter), ~230 with one REDUX a round (filter_redux): the prefix count (~23), the
-// candidates' exact scores (1-2 rounds of ~60 per lane, the busiest lane's), ranks (~40), the
-// weights (~30). filter ~570, filter_redux ~500 against the wave route's ~1,800. At a perfect
-// issue rate (528 schedulers x 1.98 GHz) 65,536 rows take 36 / 31 us; at the wave route's issue
-// efficiency (~50%) ~70 / 60 us: 3-4x wave_lb, f32's 84 us target likely met, bf16's 44 us (the
-// same instructions, half the bytes) not.
-// Measured (H200, round 5's final run, f32 / bf16 us at 65,536 rows): filter_g16 68.2 / 61.9,
-// filter_redux 77.1 / 76.9, filter 87.5 / 87.2; wave_lb 229.5; at 1,024 rows filter_redux 5.07 /
-// 4.94, filter 5.9 / 5.6, filter_g16 8.0 / 7.4, wave 14.1. Until every slot's load was hoisted out
-// of its branch (step 1) all of them measured ~115-143 us: the time was each lane waiting on one
-// memory latency per slot, not the instruction counts above. Session 6 (H200): the crossover
-// and the default by rows are at default_route below; the wave routes got the same hoisted loads
-// (65,536 rows: wave 269.0 -> 213.4 us, wave_lb 230.2 -> 201.7; 1,024 rows: wave 14.1 -> 11.3).
+// Per row (warp32, 384 experts, top-6, counted from the source and its PTX): the fast bound ~22
+// instructions an expert (264); the rest ~300 with the threshold's 6 rounds of 5 shuffle steps
+// (filter), ~230 with one REDUX a round (filter_redux): the prefix count (~23), the candidates'
+// exact scores (1-2 rounds of ~60 per lane, the busiest lane's), ranks (~40), the weights (~30).
+// filter ~570, filter_redux ~500 against the wave route's ~1,800. Every slot's load is issued
+// before any is used (step 1): behind its own branch each slot would cost a lane one memory
+// latency, which outweighs the instruction counts. The routes' times: bench/README.md.
 constexpr float kFilterRel = 0x1p-10f;  // the margin's relative part (60x the fast functions')
 constexpr float kFilterAbs = 0x1p-8f;   // and its absolute part (5x the log's error under a root)
 #ifdef TD_ROUTER_FILTER_FAULT_NO_MARGIN
@@ -373,38 +363,19 @@ __device__ inline float score_margin(float a, float margin_scale) {
 // first launch computes the table in every block and block 0 publishes it (g_score_table_ready).
 // A lane's experts are contiguous quads (one 8-byte load of 4 logits, one 16-byte shared load of
 // their biases): 384 experts on 16 lanes are 6 quads a lane. T is taken with the lane's number
-// in the low bits, so that the values are unique (step 2: ties dropped one lane a round; since
-// session 8 their k-th largest comes from a sort, group_kth_largest). (A REDUX a round with each group's
-// lane mask does not pay: nvcc checks the mask for uniformity and, the two groups of a warp
-// naming different masks, always takes its divergent fallback; measured, session 7.)
-// Measured (H200, session 7, 65,536 rows x 384 bf16 top-6; filter_g16 70-72 us throughout): the
-// first form (a branch a slot for the off-window exact score, biases from global memory, a fill
-// kernel a call) 72.2 us, no gain: the time is issue slots (ncu: 0.65 issued a scheduler-cycle,
-// 1,280 warp instructions a warp's 2 rows), and the per-slot branch (BSSY/BRA/BSYNC and the shared
-// window's address again, ~20 instructions a slot) ate the table's savings. Then, by ncu's
-// per-instruction counts: no branch a slot 63.2; biases in shared memory (one 16-byte shared load
-// a quad) -6.6 us; the fill kernel a call 1.4 us (now inside the route); whole-lane rows
-// specialised and the per-row invariants out of the loop; 52.6 (946 instructions a warp's rows);
-// the NaN entry in place of a select a slot 50.3-50.9 (26.2% of the copy roofline). Lost: loading
-// the next row block's quads during this one (spills at 64 registers: 68.4 against 63.2), unrolling
-// the threshold's rounds (63.0 against 63.2), the REDUX above; 5 blocks a multiprocessor (a list
-// of 32, 48 registers) measured 71.1 against 72.2 in the first form, with spills, and left no room.
-// Session 8 (H200, bench/router_session8.sh: each form beside session 7's source in one process,
-// bench/kernels.py's graph replay; ncu's executed warp instructions a warp's 2 rows): session 7's
-// 51.2-51.6 us there (930 instructions). Both logits of a word indexed at once (table_index2, 16-bit
-// lanes: keys 244 -> 197 static instructions a lane) and the weights' sum from two 16-byte loads
-// (the unrolled sum had rebuilt its shared address in a branch a term: 132 -> 70): 48.4 (820).
-// The threshold by a sort of the group's 16 unique values (group_kth_largest: 10 dependent
-// shuffle steps, not 24) 47.2 against 48.1 with the rounds; the next row block's quads loaded once
-// the keys are consumed (the profile's largest stall was the first use of a row's loads) 47.2
-// against 47.7; the ranks' loop unrolled 4: 46.1 (the compiler's 16: 47.2; 1 / 2 / 8: 46.5 / 46.3 /
-// 47.5); the filter kernel's shared arrays one object (the candidates' loop rebuilt each array's
-// shared address). Final: 45.36 us (29.3% of the copy roofline in that run; bench/kernels.py's
-// exact_bf16 reads ~1.5% lower than the harness in one run), 7.2 us at 1,024 rows. Lost: each
-// candidate's logit loaded one candidate ahead (46.6 against 45.4: 5 more registers, no gain), 5
-// blocks a multiprocessor (48 registers: 47.0 against 47.2 before the ranks' unroll, 47.8 against
-// 47.2 once it spilled). Kept: the prefetch (without it 46.1 against 45.4). ncu: 0.59-0.60 issued
-// a scheduler-cycle at 44% achieved occupancy in every form; 798-806 instructions a warp's 2 rows.
+// in the low bits, so that the values are unique (step 2), and their k-th largest comes from a
+// sort (group_kth_largest: 10 dependent shuffle steps for 16 values, not 24). (A REDUX a round
+// with each group's lane mask does not pay: nvcc checks the mask for uniformity and, the two
+// groups of a warp naming different masks, always takes its divergent fallback.)
+// The route's time is issue slots, so its form keeps the instructions a row low: no branch a slot
+// (the off-window logit reads the NaN entry instead), biases in shared memory (one 16-byte shared
+// load a quad), the table filled inside the route (no fill kernel a call), whole-lane rows
+// specialised and the per-row invariants out of the loop, both logits of a 32-bit word indexed at
+// once (table_index2, 16-bit lanes), the weights' sum from two 16-byte shared loads, the next row
+// block's quads loaded once this row's keys are consumed, the ranks' loop unrolled 4, and the
+// filter kernel's shared arrays one object (the candidates' loop does not rebuild each array's
+// address). At 64 registers a thread there is no room for more: loading the next row block's
+// quads earlier, or each candidate's logit ahead, or a fifth block a multiprocessor spills.
 constexpr uint32_t kTableLoBits = 102u << 7;  // the bf16 bits of 2^-25, the window's lowest
 constexpr int kTableHalf = 4096;              // a sign's entries: the window's 4,095 values, then a NaN
 constexpr int kTableSize = 2 * kTableHalf;    // positive, then negative: 8,192 floats
@@ -420,7 +391,7 @@ __device__ inline uint32_t table_bits(int i) {
 
 // The table's indices of the two bf16 logits of a 32-bit word (bits h0 in the low half, h1 in the
 // high), i0 | i1 << 16, both halves at once (16-bit lanes in one register: a bf16 row's words as
-// loaded, one VIADD.16x2 and one VIMNMX.U16x2 on sm_90 for two logits; session 8). Per half:
+// loaded, one VIADD.16x2 and one VIMNMX.U16x2 on sm_90 for two logits). Per half:
 // x = h - (the window's lowest bits) mod 2^16, so the positive window is x in [0, 4095) and the
 // negative one [0x8000, 0x8fff); the index min(x & 0x7fff, 4095) | x's bit 15 moved to bit 12. A
 // logit off the window reads its sign's last entry, NaN.
@@ -546,8 +517,7 @@ __device__ inline int expert_lane(int e, int gw) {
 // per-row step (the threshold's rounds, the prefix count, the exact scores, the ranks) serves
 // several rows with one instruction: filter_g16. TAB (bf16, G 16): the keys exact from the table
 // (exact_bf16, above), persistent blocks.
-// exact_bf16's ranks: the inner loop unrolled 4 (session 8, H200: 46.1 us at 65,536 rows against
-// 47.2 at the compiler's 16 and 46.5 / 46.3 at 1 / 2)
+// exact_bf16's ranks: the inner loop unrolled 4 (faster than the compiler's 16, or 1, 2 or 8)
 constexpr int kExactRankUnroll = 4;
 template <int DT, int PT, bool REDUX, int G, bool TAB>
 __global__ void __launch_bounds__(256, 4)
@@ -563,7 +533,7 @@ moe_route_filter(const void* __restrict__ logits, const float* __restrict__ bias
   constexpr int kSlots = kCap > 0 ? kCap : 1;
   // One shared object, so that every array is its base plus a constant (separate arrays had
   // their shared-window addresses rebuilt inside the candidates' loop: ~14 instructions a
-  // candidate, session 8's profile)
+  // candidate)
   struct Shared {
     unsigned long long cand_key[kGroups][kSlots];
     float cand_s[kGroups][kSlots];
@@ -600,7 +570,7 @@ moe_route_filter(const void* __restrict__ logits, const float* __restrict__ bias
   const bool full = TAB && n_quads == Q * gw;  // every slot of every lane an expert (384 on 16 lanes)
   // TAB: the quads of this thread's row in row block rb, loaded into `pre` one row block ahead
   // (issued once a row's keys are consumed, so the loads' latency hides behind its candidates,
-  // ranks and weights; session 8). A row past the end loads the last row (valid memory, unused).
+  // ranks and weights). A row past the end loads the last row (valid memory, unused).
   uint2 pre[Q];
   auto load_quads = [&](int64_t rb) {
     const int64_t r = rb * per_block + my_row < rows ? rb * per_block + my_row : rows - 1;
@@ -907,54 +877,34 @@ void launch_tpr(int64_t pt, dim3 grid, hipStream_t s, const void* logits, const 
 
 // 1,024 rows of 384 experts (1.5 MB) are far too small to be bandwidth-bound: the copy roofline
 // (0.4 us) is below one kernel launch's latency, so that case measures latency, not throughput.
-// One row per block (64, 128, 256 threads) measured 10.4, 10.2 and 16.0 us on an H200: each of
-// the k rounds a block-wide step with two barriers. One row per wave (k rounds of wave maxima)
-// measured 13.6 us there, and 266 us at 65,536 rows (9.5% of the roofline).
+// One row per block (64, 128, 256 threads) pays, in each of the k rounds, a block-wide step with
+// two barriers; one row per wave (k rounds of wave maxima) pays the accurate score of every
+// expert and k dependent rounds of shuffles.
 
 // Routes by `threads_per_row`: 64 / 128 / 256 the block route; 0 the default; a negative code a
 // named route (engine/backend/hip_ops.py ROUTER_ROUTES spells the same codes):
-constexpr int kRouteWave = -1;       // one row per wave, k rounds of wave maxima (main's, round 2)
+constexpr int kRouteWave = -1;       // one row per wave, k rounds of wave maxima
 constexpr int kRouteWaveLb = -2;     // the same, 4 blocks of 256 resident asked (<= 64 registers a thread)
 constexpr int kRouteFilter = -6;     // a fast bound on every expert, the exact score for candidates only
 constexpr int kRouteFilterRedux = -7;  // the same, the threshold's wave maxima one REDUX each (sm_80+)
 constexpr int kRouteFilterG16 = -11;  // filter's fast bound, a row a group of 16 lanes, one launch a row group
 constexpr int kRouteExactBf16 = -13;  // bf16: exact keys from a table of scores, filter_g16's steps, persistent
-// THE DEFAULT ROUTE (threads_per_row 0): the fastest measured on the H200 at 1,024 rows and within
-// 13% of the fastest at 65,536. Round 5's final run (every route, one process) at 65,536 rows x 384:
-// filter_g16 68.2 us f32 / 61.9 bf16, filter_redux 77.1 / 76.9 (33.0% / 17.3% of the copy
-// roofline), filter 87.5 / 87.2, wave_lb 229.5 / 229.6; at 1,024 rows (launch bound) filter_redux
-// 5.07 / 4.94, filter 5.9 / 5.6, filter_g16 8.0 / 7.4, wave 14.1. Round 4's default was wave_lb
-// (229.2 us; wave 269.0). Since session 6 the default chooses by row count (default_route below).
-// Removed (2026-12-01, round 5): filter_table (-8), filter_table_g16 (-9), filter_table_g16_count
-// (-10) and filter_g16_count (-12): a table of exact scores as the bound (persistent blocks) and
-// the threshold by counting. Each lost to filter_redux or filter_g16 at both sizes in the final
-// run (65,536 rows f32: 85.8, 78.8, 83.1 and 85.1 us; 1,024 rows: 8.6, 14.5, 14.3 and 13.4 us);
-// their codes are refused.
-// Removed (2026-12-01), not to be re-added blindly: the group routes group16 (-3), group16_lb (-4)
-// and group32 (-5), one row per 16 or 32 lanes with ranks counted over shuffles. They lost every
-// H200 measurement (65,536 x 384 fp32: wave_lb 229 us, group16_lb 291.8, group32 319.1, group16
-// 362.0: 106-121 registers a thread, low occupancy) and their templates (10 slot tiers x 2 launch
-// bounds x 2 dtypes) took ~94 s of hipcc and ~102 s of nvcc against ~2 s for any other kernel
-// file. Their codes stay unused: td_moe_route refuses them (TD_BAD_SHAPE).
+// THE DEFAULT ROUTE (threads_per_row 0) below the row thresholds: filter_redux, the fastest at
+// 1,024 rows (launch bound).
+// Removed, their codes refused (td_moe_route returns TD_BAD_SHAPE): filter_table (-8),
+// filter_table_g16 (-9), filter_table_g16_count (-10) and filter_g16_count (-12), a table of
+// exact scores as the bound and the threshold by counting; the group routes group16 (-3),
+// group16_lb (-4) and group32 (-5), one row per 16 or 32 lanes with ranks counted over shuffles
+// (106-121 registers a thread, and templates that made this file the build's slowest by far).
+// Each was slower than a kept route at every measured size.
 constexpr int kDefaultRoute = kRouteFilterRedux;
-// The default by row count (session 6, H200 at 7c6e4ff, 384 experts top-6, one sweep, us):
-// filter_g16 has the better throughput, filter_redux the shorter row (g16's lane walks 24 slots
-// to redux's 12: 12.9 against 5.4 us at 1,024 rows, launch-latency bound). f32: redux 41.7 /
-// g16 44.1 at 32,768 rows, 79.1 / 75.2 at 65,536; bf16 (the same instructions, half the bytes, so
-// g16's throughput pays sooner): 22.5 / 24.7 at 16,384, 41.3 / 40.3 at 32,768. filter_g16 from
-// the midpoint of each bracket on (bench/kernels.py --router-sweep measures it again). The final
-// sweep (merged main, 9 row counts) put bf16's bracket between 24,576 rows (redux 31.8 us,
-// g16 32.7) and the next count, 32,768 (41.2 / 40.6), so bf16's threshold is 28,672; f32's held
-// (49,152 rows: 59.5 / 58.9). The choice
-// changes no number: every route is the wave route bit for bit. (The CPU tests build other
-// thresholds to run both sides on a few rows.)
-// Session 7 (H200, this file's final form, bench/router_session7.sh (since folded into router_session8.sh), us): bf16 from 6,144 rows on is
-// exact_bf16's, the midpoint of its bracket: 4,096 rows redux 6.93 / exact 8.89 (its persistent
-// blocks copy the table and biases first), 8,192: 12.08 / 11.55, 16,384: 21.54 / 17.04, 65,536:
-// 75.90 / 50.92 (filter_g16 69.69); fp32 unchanged.
-// Session 8's sweep (bench/router_session8.sh, exact_bf16 one step before its final form, us):
-// 4,096 rows redux 6.66 / exact 8.68, 8,192: 11.60 / 11.70 (a tie, under 1%), 16,384: 20.76 /
-// 16.38, 65,536: 73.09 / 46.37; the threshold stays at 6,144 (the final form is faster again).
+// The default by row count: filter_g16 has the better throughput, filter_redux the shorter row
+// (g16's lane walks 24 slots to redux's 12, which costs latency on few rows); bf16 (the same
+// instructions, half the bytes) has exact_bf16, whose persistent blocks copy the table and biases
+// first. Each threshold is the midpoint of the bracket where the faster route changes in
+// `bench/kernels.py --router-sweep`: filter_g16 from 49,152 fp32 rows, exact_bf16 from 6,144 bf16
+// rows. The choice changes no number: every route is the wave route bit for bit. (The CPU tests
+// build other thresholds to run both sides on a few rows.)
 #ifndef TD_ROUTER_G16_FROM_ROWS_F32
 #define TD_ROUTER_G16_FROM_ROWS_F32 49152
 #endif

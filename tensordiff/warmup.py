@@ -1,6 +1,6 @@
 """Resolving oneMKL VML's lazy kernel dispatch before two threads can race for it.
 
-The root cause of "rope.cos is sometimes wrong under CPU load" (issue 13): ATen hands a
+Why `rope.cos` could come out wrong under CPU load: ATen hands a
 contiguous float32/float64 unary op (cos, sin, exp, sqrt, erf, ...) to MKL VML from every
 intra-op thread, each on its own chunk, asking for high accuracy (VML_HA). oneMKL 2024.2, the
 build linked into torch's CPU wheels, picks each VML function's kernel (ISA x accuracy) lazily on
@@ -15,7 +15,7 @@ widens the window (upstream: pytorch/pytorch#188792).
 grain, so the call runs on one thread and resolves the dispatch before any parallel call can.
 It runs once per process, before the first run of either side (`runs.make_request`,
 `runs.run_side`), when a `Recorder` opens in a process that uses torch, and in the test session.
-`TENSORDIFF_VML_WARMUP=0` skips it: only for demonstrating the race (`bench/vml_race.py`).
+`TENSORDIFF_VML_WARMUP=0` skips it: only for demonstrating the race (`tests/tensordiff/vml_worker.py`).
 """
 from __future__ import annotations
 

@@ -25,7 +25,7 @@ PASSIVE_WAITS = passive_waits()
 
 # Dumps a test module shares live in directories that go when the module's tests are done
 # (kept only when one of them failed, for the post-mortem). The suite writes about 8 GB of dumps
-# over a run; held until the session ends they filled a CI machine's disk.
+# over a run; held until the session ends they would fill a CI machine's disk.
 @pytest.fixture(scope="module")
 def module_tmp(tmp_path_factory, request):
     """module_tmp(name) -> tmp_path_factory.mktemp(name), removed with its module."""

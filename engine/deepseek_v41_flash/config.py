@@ -5,6 +5,7 @@ overrides them. Unknown keys are refused, so a misspelt key never silently keeps
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Literal
@@ -113,15 +114,76 @@ class Config:
             raw = json.loads(path.read_text())
         except FileNotFoundError:
             raise EngineInputError(f"{path} is missing (a checkpoint needs its config.json)") from None
-        except (OSError, ValueError) as e:
+        except IsADirectoryError:
+            raise EngineInputError(f"{path} is a directory; a checkpoint's config.json is a file") from None
+        except OSError as e:
+            raise EngineInputError(f"cannot read {path}: {e.strerror}") from None
+        except ValueError as e:
             raise EngineInputError(f"{path} is not readable JSON ({e})") from None
-        known = {f.name for f in fields(cls)}
-        unknown = sorted(set(raw) - known)
+        if not isinstance(raw, dict):
+            raise EngineInputError(f"{path} must hold a JSON object of config keys")
+        known = {f.name: f for f in fields(cls)}
+        unknown = sorted(set(raw) - set(known))
         if unknown:
             raise EngineInputError(f"{path}: unknown config keys {unknown}")
+        for key, value in raw.items():
+            why = _refusal(key, known[key].type, value)
+            if why:
+                raise EngineInputError(f"{path}: {key} = {json.dumps(value)[:60]} is refused: {why}")
         cfg = cls(**{k: tuple(v) if isinstance(v, list) else v for k, v in raw.items()})
+        if len(cfg.compress_ratios) < cfg.n_layers:
+            raise EngineInputError(f"{path}: compress_ratios lists {len(cfg.compress_ratios)} layers, n_layers is "
+                                   f"{cfg.n_layers}: one ratio per layer is needed")
+        for key in ("kv_source_layers", "index_source_layers", "engram_layer_ids"):
+            if any(i >= cfg.n_layers for i in getattr(cfg, key)):
+                raise EngineInputError(f"{path}: {key} {list(getattr(cfg, key))} names a layer beyond n_layers "
+                                       f"{cfg.n_layers}")
+        if cfg.n_activated_experts > cfg.n_routed_experts:
+            raise EngineInputError(f"{path}: n_activated_experts {cfg.n_activated_experts} exceeds "
+                                   f"n_routed_experts {cfg.n_routed_experts}")
+        if cfg.rope_head_dim % 2 or cfg.rope_head_dim > cfg.head_dim:
+            raise EngineInputError(f"{path}: rope_head_dim {cfg.rope_head_dim} must be even and within head_dim "
+                                   f"{cfg.head_dim}")
         if cfg.vision_n_layers <= 0:
             raise EngineInputError(f"{path}: vision_n_layers is {cfg.vision_n_layers}; this checkpoint has no vision tower")
         if cfg.vision_dim % cfg.vision_n_heads or cfg.vision_head_dim % 2:
             raise EngineInputError(f"{path}: vision_dim {cfg.vision_dim} does not split into {cfg.vision_n_heads} even heads")
         return cfg
+
+
+# Fields that may be zero (switches, ids, optional parts); every other integer sizes something and
+# must be >= 1. candidate_source_layer < 0 switches pre-filtering off, so it may be any integer.
+MAY_BE_ZERO = frozenset({"n_mtp_layers", "n_shared_experts", "original_seq_len", "vision_n_layers", "engram_pad_id",
+                         "image_token_id", "dspark_block_size", "dspark_noise_token_id", "dspark_markov_rank",
+                         "dspark_n_routed_experts", "dspark_n_activated_experts"})
+ANY_INT = frozenset({"candidate_source_layer"})
+CHOICES = {"dtype": ("bf16", "fp8"), "expert_dtype": ("fp4", None), "score_func": ("softmax", "sigmoid", "sqrtsoftplus")}
+
+
+def _refusal(key: str, annotation: str, value) -> str | None:
+    """Why `value` cannot stand for field `key` (its annotation as written above), or None."""
+    if key in CHOICES:
+        return None if value in CHOICES[key] and (value is None or isinstance(value, str)) else \
+            f"expected one of {', '.join(json.dumps(c) for c in CHOICES[key])}"
+    if annotation.startswith("tuple[int"):
+        if not isinstance(value, list) or not all(type(v) is int and v >= 0 for v in value):
+            return "expected a list of integers >= 0"
+        if key == "engram_num_embeddings" and 0 in value:
+            return "expected table sizes >= 1"
+        return None
+    if annotation == "bool":
+        return None if type(value) is bool else "expected true or false"
+    if annotation == "float":
+        if type(value) not in (int, float) or not math.isfinite(value) or value <= 0:
+            return "expected a finite number > 0"
+        return None
+    if annotation.startswith("int"):
+        if value is None and "None" in annotation:
+            return None
+        if type(value) is not int:
+            return "expected an integer"
+        if key in ANY_INT:
+            return None
+        floor = 0 if key in MAY_BE_ZERO else 1
+        return None if value >= floor else f"expected an integer >= {floor}"
+    return None

@@ -170,10 +170,14 @@ class LanguageModel:
         cfg = Config.load(checkpoint)
         ids = parse_layers(layers, cfg)
         names = cls.tensor_names(cfg, ids)
+        # the release stores `wo_a` FP8 with a block scale (`quant.released_wo_a`)
+        names += W.stored_beside(checkpoint, names, "attn.wo_a.weight", "attn.wo_a.scale")
         if parallel is not None:  # a rank reads only the tensors it holds
             names = [n for n in names if parallel.reads(n, cfg)]
-        # every tensor's shape checked against the config before its data is read
-        t = W.read(checkpoint, names, shapes=language_shapes(cfg, ids))
+        # every tensor's shape checked against the config before its data is read; the release's
+        # routed experts may be int8 bytes of packed FP4 (half the logical columns)
+        packed = frozenset(n for n in names if quant.ROUTED_EXPERT.match(n))
+        t = W.read(checkpoint, names, shapes=language_shapes(cfg, ids), packed=packed)
         return cls(cfg, t, dtype, backend, fault, device, kernel_quant, ids, index_keys, parallel)
 
     def sequence(self, input_ids: torch.Tensor, token_types: torch.Tensor,

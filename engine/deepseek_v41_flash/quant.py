@@ -10,6 +10,7 @@ backend wrapper whose `linear` multiplies by them.
 """
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 import torch
@@ -77,7 +78,61 @@ DENSE = ("attn.wq_a", "attn.wq_b", "attn.wkv", "attn.wo_b", "attn.indexer.wq_b",
          "ffn.shared_experts.w1", "ffn.shared_experts.w2", "ffn.shared_experts.w3")
 
 # Checkpoint-reading faults (off by default), each a bug a quantised reader really has.
-FAULTS = (F.FP8_SCALE_IGNORED, F.FP8_SCALE_TRANSPOSED, F.FP4_NIBBLES_SWAPPED, F.ENGRAM_SCALE_IGNORED)
+FAULTS = (F.FP8_SCALE_IGNORED, F.FP8_SCALE_TRANSPOSED, F.FP4_NIBBLES_SWAPPED, F.ENGRAM_SCALE_IGNORED,
+          F.WO_A_SCALE_DROPPED, F.WO_A_BLOCK_128, F.FP4_INT8_SIGN_EXTENDED)
+
+# Two tensors of the released shards are stored otherwise than the official modules hold them, and
+# are converted here on load, as the official loader does:
+# - `layers.N.attn.wo_a.weight`: e4m3 beside an e8m0 `wo_a.scale` whose shape cuts the weight into
+#   equal blocks; each value times its block's scale in fp32, rounded to bf16 (the official module
+#   declares `wo_a` bf16), the scale then unused. Stored bf16 without a scale (the converted
+#   layout), it is read as it is.
+# - routed experts' `w1` / `w2` / `w3`: the packed FP4 bytes (two e2m1 codes a byte, the even
+#   element in the low nibble) in a tensor stored as int8, the same bytes as a float4_e2m1fn_x2
+#   one; the engine takes the bytes unsigned either way.
+WO_A = re.compile(r"^layers\.\d+\.attn\.wo_a\.weight$")
+ROUTED_EXPERT = re.compile(r"^layers\.\d+\.ffn\.experts\.\d+\.w[123]\.weight$")
+
+
+def dtype_name(dtype: torch.dtype) -> str:
+    return str(dtype).removeprefix("torch.")
+
+
+def released_wo_a(t: dict, name: str, fault: str | None = None) -> torch.Tensor | None:
+    """The release's FP8 `wo_a` with its block scale, as bf16; None when it is stored plain
+    without a scale (the converted layout)."""
+    w, sname = t[name], scale_name(name)
+    if w.dtype != E4M3:
+        if sname in t:
+            raise _bad(name, f"stored as {dtype_name(w.dtype)} beside a block scale {sname}: expected float8_e4m3fn "
+                             "with that scale (the release) or bfloat16 without one (converted)")
+        return None
+    if sname not in t:
+        raise _bad(name, f"stored as float8_e4m3fn without its block scale {sname}: expected FP8 with that scale "
+                         "(the release) or bfloat16 (converted); not cast silently")
+    s = t[sname]
+    if s.dtype != E8M0:
+        raise _bad(sname, f"scale stored as {dtype_name(s.dtype)}, expected float8_e8m0fnu (power-of-two block scales)")
+    rows, cols = w.shape
+    if s.dim() != 2 or 0 in s.shape or rows % s.shape[0] or cols % s.shape[1]:
+        raise _bad(sname, f"scale has shape {list(s.shape)}, which does not cut a [{rows}, {cols}] weight into "
+                          "whole blocks")
+    block_rows, block_cols = rows // s.shape[0], cols // s.shape[1]
+    if fault == F.WO_A_BLOCK_128:  # another checkpoint family's fixed block
+        block_rows = block_cols = 128
+    scale = s.float().repeat_interleave(block_rows, 0)[:rows].repeat_interleave(block_cols, 1)[:, :cols]
+    if fault == F.WO_A_SCALE_DROPPED:
+        scale = torch.ones_like(scale)
+    return (w.float() * scale).to(torch.bfloat16)
+
+
+def _sign_extended(w: torch.Tensor) -> torch.Tensor:
+    """The bytes a signed reader of int8-stored FP4 ends up with: the high nibble taken by an
+    arithmetic shift comes out -8..-1 for a negative byte, which a `code >= 8` sign test reads
+    as positive, so the odd element keeps its magnitude and loses its sign."""
+    high = w.to(torch.int16) >> 4
+    code = (high & 0x7) | ((high >= 8).to(torch.int16) << 3)
+    return ((w.to(torch.int16) & 0xF) | (code << 4)).to(torch.uint8)
 
 
 def weight_format(cfg, name: str) -> str | None:
@@ -164,8 +219,8 @@ def plain(t: dict, name: str, dtype, device) -> torch.Tensor:
     would be cast without its scale)."""
     w = t[name]
     if w.dtype not in PLAIN:
-        raise _bad(name, f"stored as {w.dtype}, but the config makes it a plain tensor (dtype / expert_dtype): "
-                         "not cast silently")
+        raise _bad(name, f"stored as {dtype_name(w.dtype)}, but the config makes it a plain tensor (dtype / "
+                         "expert_dtype): not cast silently")
     return w.to(device=device, dtype=dtype).contiguous()
 
 
@@ -174,11 +229,14 @@ def prepare(t: dict, name: str, fmt: str, device, fault: str | None = None):
     raw parts of the Engram table for "fp8-rows")."""
     w, sname = t[name], scale_name(name)
     want = E2M1_X2 if fmt == "fp4" else E4M3
-    if w.dtype != want:
-        raise _bad(name, f"stored as {w.dtype}, the config's dtype / expert_dtype make it {want}")
+    released = fmt == "fp4" and w.dtype == torch.int8 and ROUTED_EXPERT.match(name) is not None
+    if w.dtype != want and not released:
+        also = " (or int8 holding its packed bytes, as the release)" if fmt == "fp4" and ROUTED_EXPERT.match(name) else ""
+        raise _bad(name, f"stored as {dtype_name(w.dtype)}, the config's dtype / expert_dtype make it "
+                         f"{dtype_name(want)}{also}")
     s = t[sname]
     if s.dtype != E8M0:
-        raise _bad(sname, f"scale stored as {s.dtype}, expected {E8M0} (power-of-two block scales)")
+        raise _bad(sname, f"scale stored as {dtype_name(s.dtype)}, expected float8_e8m0fnu (power-of-two block scales)")
     rows = w.shape[0]
     cols = w.shape[1] * (2 if fmt == "fp4" else 1)
     grid = (-(-rows // BLOCK), -(-cols // BLOCK)) if fmt == "fp8" else (rows, cols // BLOCK)
@@ -192,6 +250,8 @@ def prepare(t: dict, name: str, fmt: str, device, fault: str | None = None):
     if fmt == "fp8":
         scale = scale.repeat_interleave(BLOCK, dim=0)[:rows]  # one row of block scales per output row
     data = w.view(torch.uint8) if fmt == "fp4" else w
+    if released and fault == F.FP4_INT8_SIGN_EXTENDED:
+        data = _sign_extended(w)
     if fault == F.FP4_NIBBLES_SWAPPED and fmt == "fp4":
         data = (data << 4) | (data >> 4)
     data, scale = data.to(device).contiguous(), scale.to(device).contiguous()
@@ -203,6 +263,9 @@ def weight(t: dict, name: str, cfg, dtype, device, fault: str | None = None):
     quantised, else a plain tensor in `dtype`."""
     fmt = weight_format(cfg, name)
     if fmt is None:
+        converted = released_wo_a(t, name, fault) if WO_A.match(name) else None
+        if converted is not None:
+            return converted.to(device=device, dtype=dtype).contiguous()
         return plain(t, name, dtype, device)
     if fmt == "fp8-rows":
         return QuantTable(*prepare(t, name, fmt, device, fault), dtype)

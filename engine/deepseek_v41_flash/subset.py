@@ -27,6 +27,8 @@ def parse_layers(spec, cfg) -> tuple[int, ...]:
             a, b = int(lo), int(hi) if sep else int(lo)
         except ValueError:
             raise EngineInputError(f"layers {spec!r}: expected ids and ranges like 0-2 or 0,2") from None
+        if a > b >= 0:
+            raise EngineInputError(f"layers {spec!r}: {part.strip()} counts down; a range goes up, as {b}-{a}")
         if a > b or a < 0 or b >= n:
             raise EngineInputError(f"layers {spec!r}: {part.strip()} is not a range inside 0-{n - 1}")
         out.update(range(a, b + 1))

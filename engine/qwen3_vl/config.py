@@ -5,6 +5,7 @@ Field names are the JSON keys: the vision path, the image-token positions and th
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass, fields
 from pathlib import Path
 
@@ -68,6 +69,7 @@ class TextConfig:
     rope_theta: float = 5000000.0
     mrope_section: tuple[int, ...] = (24, 20, 20)
     mrope_interleaved: bool = True
+    max_position_embeddings: int = 262144  # the longest sequence (prompt + decode steps) it serves
 
 
 @dataclass(frozen=True)
@@ -82,56 +84,123 @@ class Qwen3VLConfig:
     vision_end_token_id: int = 151653
 
 
-def _pick(cls, raw: dict, **extra):
-    names = {f.name for f in fields(cls)}
-    kw = {k: v for k, v in raw.items() if k in names}
+# Integer fields that may be 0 (token ids); every other integer sizes something and is >= 1.
+MAY_BE_ZERO = frozenset({"image_token_id", "video_token_id", "vision_start_token_id", "vision_end_token_id"})
+
+
+def _field_refusal(name: str, annotation: str, v) -> str | None:
+    """Why `v` cannot be field `name` of the annotation written above, or None."""
+    if annotation == "bool":
+        return None if type(v) is bool else "expected true or false"
+    if annotation == "str":
+        return None if isinstance(v, str) and v else "expected a non-empty string"
+    if annotation == "int":
+        low = 0 if name in MAY_BE_ZERO else 1
+        return None if type(v) is int and v >= low else f"expected an integer >= {low}"
+    if annotation == "float":
+        ok = type(v) in (int, float) and math.isfinite(v) and v > 0
+        return None if ok else "expected a finite number > 0"
+    if annotation == "tuple[int, ...]":
+        ok = isinstance(v, (list, tuple)) and all(type(x) is int and x >= 0 for x in v)
+        return None if ok else "expected a list of integers >= 0"
+    if annotation == "tuple[float, ...]":
+        ok = isinstance(v, (list, tuple)) and all(type(x) in (int, float) and math.isfinite(x) for x in v)
+        return None if ok else "expected a list of finite numbers"
+    return None
+
+
+def _pick(cls, raw: dict, where: str = "", **extra):
+    """The dataclass from the JSON keys it names, each value checked against its field first."""
+    types = {f.name: f.type for f in fields(cls)}
+    kw = {k: v for k, v in raw.items() if k in types}
     kw.update(extra)
     for k, v in kw.items():
+        why = _field_refusal(k, types[k], v)
+        if why:
+            raise EngineInputError(f"{where}{k} = {json.dumps(v)[:60]} is refused: {why}")
         if isinstance(v, list):
             kw[k] = tuple(v)
     return cls(**kw)
 
 
 def _read_json(path: Path) -> dict:
+    if path.is_dir():
+        raise EngineInputError(f"{path} is a directory; the checkpoint's {path.name} is a file")
     if not path.is_file():
         raise EngineInputError(f"checkpoint is missing {path.name} ({path})")
     try:
-        return json.loads(path.read_text())
+        raw = json.loads(path.read_text())
     except json.JSONDecodeError as e:
         raise EngineInputError(f"{path} is not valid JSON ({e})") from None
+    except (OSError, UnicodeDecodeError) as e:
+        raise EngineInputError(f"cannot read {path}: {getattr(e, 'strerror', None) or e}") from None
+    if not isinstance(raw, dict):
+        raise EngineInputError(f"{path} must hold a JSON object")
+    return raw
+
+
+def _table(raw: dict, key: str, where: str) -> dict:
+    v = raw.get(key)
+    if v is None:
+        return {}
+    if not isinstance(v, dict):
+        raise EngineInputError(f"{where}{key} = {json.dumps(v)[:60]} is refused: expected a JSON object")
+    return v
 
 
 def load_config(ckpt: Path) -> Qwen3VLConfig:
-    raw = _read_json(Path(ckpt) / "config.json")
+    cp = Path(ckpt) / "config.json"
+    raw = _read_json(cp)
     if raw.get("model_type") != "qwen3_vl" or "vision_config" not in raw:
         raise EngineInputError(f"{ckpt}/config.json is not a Qwen3-VL config (model_type {raw.get('model_type')!r})")
-    vraw = raw["vision_config"]
-    theta = (vraw.get("rope_parameters") or {}).get("rope_theta", vraw.get("rope_theta", 10000.0))
-    vision = _pick(VisionConfig, vraw, rope_theta=float(theta))
+    where = f"{cp}: vision_config."
+    vraw = _table(raw, "vision_config", f"{cp}: ")
+    theta = _table(vraw, "rope_parameters", where).get("rope_theta", vraw.get("rope_theta", 10000.0))
+    vision = _pick(VisionConfig, vraw, where, rope_theta=theta)
     if vision.num_position_embeddings != vision.grid_side ** 2:
-        raise EngineInputError(f"num_position_embeddings {vision.num_position_embeddings} is not a square")
+        raise EngineInputError(f"{where}num_position_embeddings {vision.num_position_embeddings} is not a square")
+    if vision.hidden_size % vision.num_heads or vision.head_dim % 4:
+        raise EngineInputError(f"{where}hidden_size {vision.hidden_size} does not split into num_heads "
+                               f"{vision.num_heads} heads of a size divisible by 4 (2D RoPE)")
+    if any(i >= vision.depth for i in vision.deepstack_visual_indexes):
+        raise EngineInputError(f"{where}deepstack_visual_indexes {list(vision.deepstack_visual_indexes)} name a "
+                               f"block beyond depth {vision.depth}")
+    if vision.in_channels != 3:
+        raise EngineInputError(f"{where}in_channels {vision.in_channels}: the vision path reads RGB (3)")
     pp = Path(ckpt) / "preprocessor_config.json"
     praw = _read_json(pp)  # the processor's defaults are Qwen2-VL's (patch 14, CLIP mean): never guess
-    size = dict(praw.get("size") or {})
+    size = dict(_table(praw, "size", f"{pp}: "))
     # the processor's constructor lets top-level min_pixels / max_pixels override `size`
     if praw.get("min_pixels") is not None:
         size["shortest_edge"] = praw["min_pixels"]
     if praw.get("max_pixels") is not None:
         size["longest_edge"] = praw["max_pixels"]
-    proc = _pick(ProcessorConfig, {**praw, **size})
+    proc = _pick(ProcessorConfig, {**praw, **size}, f"{pp}: ")
+    if proc.shortest_edge > proc.longest_edge:
+        raise EngineInputError(f"{pp}: shortest_edge (min pixels) {proc.shortest_edge} exceeds longest_edge "
+                               f"(max pixels) {proc.longest_edge}")
+    for key in ("image_mean", "image_std"):
+        v = getattr(proc, key)
+        if len(v) != 3 or (key == "image_std" and not all(x > 0 for x in v)):
+            raise EngineInputError(f"{pp}: {key} = {list(v)} is refused: expected 3 numbers (R, G, B)"
+                                   + (", each > 0" if key == "image_std" else ""))
     if proc.patch_size != vision.patch_size or proc.merge_size != vision.spatial_merge_size:
         raise EngineInputError(f"{pp.name} (patch {proc.patch_size}, merge {proc.merge_size}) disagrees with config.json "
                                f"(patch {vision.patch_size}, merge {vision.spatial_merge_size})")
     text = None
     if isinstance(raw.get("text_config"), dict):
         traw = raw["text_config"]
-        rope = traw.get("rope_parameters") or traw.get("rope_scaling") or {}
-        text = _pick(TextConfig, traw, rope_theta=float(rope.get("rope_theta", traw.get("rope_theta", 5000000.0))),
-                     mrope_section=tuple(rope.get("mrope_section", (24, 20, 20))),
-                     mrope_interleaved=bool(rope.get("mrope_interleaved", True)))
+        where = f"{cp}: text_config."
+        rope = _table(traw, "rope_parameters", where) or _table(traw, "rope_scaling", where)
+        text = _pick(TextConfig, traw, where, rope_theta=rope.get("rope_theta", traw.get("rope_theta", 5000000.0)),
+                     mrope_section=rope.get("mrope_section", (24, 20, 20)),
+                     mrope_interleaved=rope.get("mrope_interleaved", True))
+        if text.num_attention_heads % text.num_key_value_heads:
+            raise EngineInputError(f"{where}num_attention_heads {text.num_attention_heads} is not a multiple of "
+                                   f"num_key_value_heads {text.num_key_value_heads}")
         if sum(text.mrope_section) * 2 != text.head_dim:
             raise EngineInputError(f"mrope_section {list(text.mrope_section)} does not cover head_dim {text.head_dim}")
         if text.hidden_act != "silu" or text.attention_bias:
             raise EngineInputError(f"text hidden_act {text.hidden_act!r} / attention_bias {text.attention_bias} "
                                    "is not supported (silu, no bias)")
-    return _pick(Qwen3VLConfig, raw, vision=vision, processor=proc, text=text)
+    return _pick(Qwen3VLConfig, raw, f"{cp}: ", vision=vision, processor=proc, text=text)

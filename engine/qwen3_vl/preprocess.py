@@ -11,7 +11,6 @@ Two processor semantics, as transformers has two Qwen2-VL image processors:
 """
 from __future__ import annotations
 
-import importlib.util
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -24,11 +23,6 @@ from .config import ProcessorConfig
 from .smart_resize import ResizePlan, plan
 
 PROCESSORS = ("pil", "torchvision")
-
-
-def default_processor() -> str:
-    """The processor transformers would pick: the fast one where torchvision is importable."""
-    return "torchvision" if importlib.util.find_spec("torchvision") is not None else "pil"
 
 
 @dataclass(frozen=True)

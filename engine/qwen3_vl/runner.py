@@ -19,7 +19,7 @@ from .config import load_config
 from .decoder import Decoder
 from .positions import decode_positions, mrope_positions, tokenize
 from .sequence import Sequence
-from .preprocess import decode, default_processor, preprocess
+from .preprocess import decode, preprocess
 from .vision import VisionTower
 from .weights import load_visual
 
@@ -85,12 +85,19 @@ def run(req, rec) -> None:
         raise EngineInputError(f"decode steps must be >= 0, not {req.decode}")
     torch_dtype(req.dtype), backends.get(req.backend)  # a bad dtype or backend is refused before any work
     cfg = load_config(req.weights_dir)
+    if req.decode and cfg.text is not None and req.decode >= cfg.text.max_position_embeddings:
+        # refused before any work: the prompt comes on top, so no such sequence fits
+        raise EngineInputError(f"decode {req.decode} steps cannot fit the text model's max_position_embeddings "
+                               f"{cfg.text.max_position_embeddings} (prompt tokens + decode steps); ask for fewer")
     opts = OPTIONS.resolve(req.options)
-    processor = opts["processor"] or default_processor()
+    processor = opts["processor"]
 
     img = decode(Path(req.image))
-    px = preprocess(img, cfg.processor, processor, raster=fault == F.MERGE_ORDER_RASTER,
-                    ceil_sides=fault == F.RESIZE_CEIL_SIDES)
+    try:
+        px = preprocess(img, cfg.processor, processor, raster=fault == F.MERGE_ORDER_RASTER,
+                        ceil_sides=fault == F.RESIZE_CEIL_SIDES)
+    except EngineInputError as e:  # the picture's own fault (its size, its shape): name the file
+        raise EngineInputError(f"{req.image}: {e}") from None
     grid_thw = px.grid_thw
     for name, t in px.plan.record().items():
         rec.record(name, t, boundary="plan")
@@ -105,6 +112,9 @@ def run(req, rec) -> None:
         seen = tower(px.pixel_values.to(req.device), grid_thw, rec)
 
     prompt = tokenize(req.prompt, grid_thw, cfg)
+    if cfg.text is not None and prompt.input_ids.shape[0] + req.decode > cfg.text.max_position_embeddings:
+        raise EngineInputError(f"prompt of {prompt.input_ids.shape[0]} tokens + decode {req.decode} steps exceeds "
+                               f"the text model's max_position_embeddings {cfg.text.max_position_embeddings}")
     pos, deltas = mrope_positions(prompt, cfg.vision.spatial_merge_size)
     carried = 0 if fault == F.MROPE_NO_DELTA else deltas  # what decoding will add
     rec.record("positions.ids", pos)

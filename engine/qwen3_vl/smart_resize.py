@@ -57,7 +57,8 @@ def smart_resize(height: int, width: int, factor: int, min_pixels: int, max_pixe
     if min(height, width) <= 0:
         raise EngineInputError(f"image of {width}x{height} pixels has no area")
     if max(height, width) / min(height, width) > MAX_ASPECT:
-        raise EngineInputError(f"image of {width}x{height} pixels has an aspect ratio over {MAX_ASPECT}")
+        raise EngineInputError(f"image of {width}x{height} pixels has an aspect ratio over {MAX_ASPECT}:1, which "
+                               f"Qwen3-VL refuses; crop or pad it to under {MAX_ASPECT}:1")
     h, w = rounded(height, width, factor, sides)
     if h * w > max_pixels:
         beta = math.sqrt(height * width / max_pixels)

@@ -21,6 +21,17 @@ INDEX = "model.safetensors.index.json"
 LONE = "model.safetensors"
 
 
+# safetensors dtype names in torch's words, for messages
+_NAMES = {"BOOL": "bool", "U8": "uint8", "I8": "int8", "I16": "int16", "U16": "uint16", "I32": "int32",
+          "U32": "uint32", "I64": "int64", "U64": "uint64", "F16": "float16", "BF16": "bfloat16", "F32": "float32",
+          "F64": "float64", "F8_E4M3": "float8_e4m3fn", "F8_E5M2": "float8_e5m2", "F8_E8M0": "float8_e8m0fnu",
+          "F4": "float4_e2m1fn_x2"}
+
+
+def _plain(dtype: str) -> str:
+    return _NAMES.get(dtype, dtype)
+
+
 def _open(path: Path, device="cpu"):
     try:
         return safe_open(str(path), framework="pt", device=str(device))
@@ -63,9 +74,11 @@ def shard_path(root: Path, shard: str, tensor: str) -> Path:
 
 
 def read(root: str | Path, names: list[str], device="cpu",
-         shapes: dict[str, tuple[int, ...]] | None = None) -> dict[str, torch.Tensor]:
+         shapes: dict[str, tuple[int, ...]] | None = None, packed: frozenset[str] = frozenset()) -> dict[str, torch.Tensor]:
     """{name: tensor as stored, on `device`}. All names absent from the index are reported
-    together; `shapes` (name -> the shape the config implies) is checked before any data is read."""
+    together; `shapes` (name -> the shape the config implies) is checked before any data is read.
+    `packed`: names whose 4-bit values may be stored two a byte in an int8 tensor, whose last
+    dimension is then half the implied one."""
     root = Path(root)
     wmap = weight_map(root)
     absent = [n for n in names if n not in wmap]
@@ -84,8 +97,15 @@ def read(root: str | Path, names: list[str], device="cpu",
                 if k not in present:
                     raise EngineInputError(f"shard {root / shard} lacks {k}, which the index places there")
                 want = (shapes or {}).get(k)
-                got = tuple(f.get_slice(k).get_shape())
-                if want is not None and got != tuple(want):
+                sl = f.get_slice(k)
+                got, stored = tuple(sl.get_shape()), sl.get_dtype()
+                if want is not None and k in packed:
+                    halved = (*want[:-1], want[-1] // 2)
+                    if got != (halved if stored == "I8" else tuple(want)):
+                        raise EngineInputError(
+                            f"{k} in {root / shard} is stored as {_plain(stored)} {list(got)}; expected "
+                            f"{list(want)} of packed 4-bit values (float4_e2m1fn_x2) or their {list(halved)} bytes as int8")
+                elif want is not None and got != tuple(want):
                     raise EngineInputError(f"{k} in {root / shard} has shape {list(got)}, the config implies {list(want)}")
                 try:
                     out[k] = f.get_tensor(k)

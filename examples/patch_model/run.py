@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import argparse
 import sys
-import tempfile
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
@@ -27,6 +26,8 @@ import reference  # noqa: E402
 import reimplementation  # noqa: E402
 import tensordiff  # noqa: E402
 from tensordiff.commands.cli import main as tensordiff_main  # noqa: E402
+from tensordiff.errors import BadInput  # noqa: E402
+from tensordiff.pipeline.case import workspace  # noqa: E402
 
 H, W = 24, 40  # a 3 x 5 patch grid: not square, so a transposed grid is not a relabelling
 
@@ -34,15 +35,36 @@ H, W = 24, 40  # a 3 x 5 patch grid: not square, so a transposed grid is not a r
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--bug", choices=reimplementation.BUGS, help="plant a bug in the reimplementation")
-    ap.add_argument("--out", type=Path, help="keep the dumps here (a new directory; default: a temporary one)")
+    ap.add_argument("--out", type=Path, help="keep the dumps here (a new directory; default: the last run's "
+                                              "directory in the tensordiff cache, replaced by the next run)")
     ap.add_argument("--json", type=Path, help="also write the machine report here")
     args = ap.parse_args(argv)
     if args.out is not None and args.out.exists():
         print(f"run.py: error: {args.out} already exists; pick a new --out", file=sys.stderr)
         sys.exit(2)
-    out = args.out or Path(tempfile.mkdtemp(prefix="tensordiff-example-"))
-    out.mkdir(parents=True, exist_ok=True)
+    if args.out is not None:
+        args.out.mkdir(parents=True)
+        write_dumps(args.out, args.bug)
+        out, kept = args.out, "kept for good"
+    else:  # written under a staging name, then swapped into <cache>/last/example/patch_model/ in one step
+        try:
+            with workspace(None, "example", "patch_model") as ws:
+                write_dumps(ws.path, args.bug)
+        except BadInput as e:  # that directory is someone else's, or no cache directory can be made
+            print(f"run.py: error: {e}", file=sys.stderr)
+            sys.exit(2)
+        out = ws.final if ws.replaced else ws.path
+        kept = "the last run's, replaced by the next; --out DIR keeps them"
+    print(f"dumps in {out} ({kept}): reference/ (tensordiff.tap), reimplementation.safetensors (plain)", flush=True)
+    cmd = ["compare", str(out / "reference"), str(out / "reimplementation.safetensors"),
+           "--contract", str(HERE / "contract.toml")]
+    if args.json:
+        cmd += ["--json", str(args.json)]
+    tensordiff_main(cmd)
 
+
+def write_dumps(out: Path, bug: str | None) -> None:
+    """The reference's dump (through `tensordiff.tap`) and the reimplementation's plain file in `out`."""
     torch.manual_seed(0)
     grid = (H // reference.PATCH, W // reference.PATCH)
     model = reference.PatchModel(grid).eval()
@@ -55,14 +77,7 @@ def main(argv=None) -> None:
                 tensordiff.tap(model, reference.TAPS, rec):
             model(image)
         reimplementation.run(image, str(out / "weights.safetensors"), str(out / "reimplementation.safetensors"),
-                             bug=args.bug)
-
-    print(f"dumps in {out}: reference/ (tensordiff.tap), reimplementation.safetensors (plain)", flush=True)
-    cmd = ["compare", str(out / "reference"), str(out / "reimplementation.safetensors"),
-           "--contract", str(HERE / "contract.toml")]
-    if args.json:
-        cmd += ["--json", str(args.json)]
-    tensordiff_main(cmd)
+                             bug=bug)
 
 
 if __name__ == "__main__":

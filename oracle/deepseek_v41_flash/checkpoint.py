@@ -2,9 +2,21 @@
 
 A released checkpoint is 48 shards; the vision tensors are a few hundred MB of the first one, so
 only the names asked for are read (safetensors' `safe_open` maps the file and slices by key).
+
+Two tensors of the released shards are not stored the way the official modules hold them, and
+are converted on load as the official loader converts them (upstream `convert.py`):
+- `layers.N.attn.wo_a.weight` is stored FP8 (e4m3) beside a block scale `layers.N.attn.wo_a.scale`
+  (e8m0); the weight is cut into blocks of (rows / scale rows) x (columns / scale columns), each
+  block multiplied by its scale in fp32, the product cast to bf16, and the scale dropped;
+- a routed expert's `layers.N.ffn.experts.E.w{1,2,3}.weight` holds packed FP4 (two e2m1 codes a
+  byte, the even element in the low nibble) in a tensor stored as int8; its bytes are viewed as
+  float4_e2m1fn_x2, unchanged.
+The converted layout (bf16 `wo_a` without a scale, FP4 experts stored as float4) reads as is.
+Anything else is refused naming the tensor, its stored dtype and what was expected.
 """
 from __future__ import annotations
 
+import re
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -54,11 +66,65 @@ def check_stored(name: str, stored: torch.dtype, declared: torch.dtype, checkpoi
     else would be a silent cast (an FP8 weight read without its scale), so it is bad input."""
     if declared in QUANTISED:
         if stored != declared:
-            raise BadInput(f"{name} in {checkpoint} is stored as {stored}, but the config's dtype / expert_dtype "
-                           f"make it {declared}: not converted")
+            also = " (or int8 holding its packed bytes)" if declared == torch.float4_e2m1fn_x2 and ROUTED_EXPERT.match(name) else ""
+            raise BadInput(f"{name} in {checkpoint} is stored as {dtype_name(stored)}, but the config's dtype / "
+                           f"expert_dtype make it {dtype_name(declared)}{also}: not converted")
     elif stored not in PLAIN:
-        raise BadInput(f"{name} in {checkpoint} is stored as {stored}, but the config makes it a plain {declared} "
-                       f"tensor (a quantised weight under a bf16 config?): not cast silently")
+        raise BadInput(f"{name} in {checkpoint} is stored as {dtype_name(stored)}, but the config makes it a plain "
+                       f"{dtype_name(declared)} tensor (a quantised weight under a bf16 config?): not cast silently")
+
+
+def dtype_name(dtype: torch.dtype) -> str:
+    return str(dtype).removeprefix("torch.")
+
+
+# The release's two stored-differently tensors (see the module docstring).
+WO_A = re.compile(r"^layers\.\d+\.attn\.wo_a\.weight$")
+ROUTED_EXPERT = re.compile(r"^layers\.\d+\.ffn\.experts\.\d+\.w[123]\.weight$")
+
+
+def wo_a_scale(name: str) -> str:
+    return name[: -len("weight")] + "scale"
+
+
+def released_scales(wmap: dict[str, str], names: list[str]) -> list[str]:
+    """The block scales stored beside the `wo_a` weights among `names` (the released layout)."""
+    return [wo_a_scale(n) for n in names if WO_A.match(n) and wo_a_scale(n) in wmap]
+
+
+def dequantise_wo_a(name: str, w: torch.Tensor, s: torch.Tensor, checkpoint: Path) -> torch.Tensor:
+    """The official conversion of an FP8 `wo_a`: blocks of (rows / scale rows) x (columns / scale
+    columns), each times its e8m0 scale in fp32, then bf16."""
+    sname = wo_a_scale(name)
+    if s.dtype != torch.float8_e8m0fnu:
+        raise BadInput(f"{sname} in {checkpoint} is stored as {dtype_name(s.dtype)}, expected float8_e8m0fnu "
+                       f"(the power-of-two block scale of {name})")
+    if w.dim() != 2 or s.dim() != 2 or 0 in s.shape or w.size(0) % s.size(0) or w.size(1) % s.size(1):
+        raise BadInput(f"{sname} in {checkpoint} has shape {list(s.shape)}, which does not cut {name} "
+                       f"{list(w.shape)} into whole blocks")
+    rows, cols = w.size(0) // s.size(0), w.size(1) // s.size(1)
+    blocks = w.unflatten(0, (s.size(0), rows)).unflatten(-1, (s.size(1), cols)).float()
+    return (blocks * s.float()[:, None, :, None]).flatten(2, 3).flatten(0, 1).to(torch.bfloat16)
+
+
+def as_declared(name: str, stored: dict[str, torch.Tensor], declared: torch.dtype, checkpoint: Path) -> torch.Tensor:
+    """The tensor `name` as its module declares it: the release's FP8 `wo_a` (with its scale in
+    `stored`) dequantised to bf16, an int8-stored routed expert viewed as FP4; anything else as
+    stored (then checked by `check_stored`)."""
+    t = stored[name]
+    if WO_A.match(name):
+        sname = wo_a_scale(name)
+        if t.dtype == torch.float8_e4m3fn and declared in PLAIN:
+            if sname not in stored:
+                raise BadInput(f"{name} in {checkpoint} is stored as float8_e4m3fn without its block scale {sname}: "
+                               f"expected FP8 with that scale (the release) or bfloat16 (converted); not cast silently")
+            return dequantise_wo_a(name, t, stored[sname], checkpoint)
+        if sname in stored:
+            raise BadInput(f"{name} in {checkpoint} is stored as {dtype_name(t.dtype)} beside a block scale {sname}: "
+                           "expected float8_e4m3fn with that scale (the release) or bfloat16 without one (converted)")
+    if ROUTED_EXPERT.match(name) and t.dtype == torch.int8 and declared == torch.float4_e2m1fn_x2:
+        return t.view(torch.float4_e2m1fn_x2)  # the same bytes: two e2m1 codes each, low nibble first
+    return t
 
 
 def missing_scales(wmap: dict[str, str], names: list[str]) -> list[str]:
@@ -72,16 +138,17 @@ def load_into(model: torch.nn.Module, checkpoint: Path, device=None) -> torch.nn
     declares fp32) unless it is quantised (see `check_stored`); a shape that disagrees with the
     config is bad input, and so is a quantised weight without its scale."""
     params = dict(model.named_parameters())
-    no_scale = missing_scales(weight_map(checkpoint), list(params))
+    wmap = weight_map(checkpoint)
+    no_scale = missing_scales(wmap, list(params))
     if no_scale:
         s = no_scale[0]
         more = f" (and {len(no_scale) - 1} more)" if len(no_scale) > 1 else ""
         raise BadInput(f"checkpoint {checkpoint} lacks {s}{more}: the config's dtype / expert_dtype make "
                        f"{s[: -len('scale')]}weight quantised, and it is not read without its block scale")
-    stored = load_tensors(checkpoint, list(params))
+    stored = load_tensors(checkpoint, list(params) + released_scales(wmap, list(params)))
     state = {}
     for name, p in params.items():
-        t = stored[name]
+        t = as_declared(name, stored, p.dtype, checkpoint)  # the release's conversions
         check_stored(name, t.dtype, p.dtype, checkpoint)  # the format first: it explains a shape
         if tuple(t.shape) != tuple(p.shape):
             raise BadInput(f"{name} in {checkpoint} has shape {list(t.shape)}, the config implies {list(p.shape)}")

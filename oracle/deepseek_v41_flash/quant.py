@@ -77,12 +77,21 @@ def fp4_round_trip(x: torch.Tensor, block: int, e4m3_scale: bool = False) -> tor
     return (_e2m1(v) * scale).flatten(-2).to(x.dtype)
 
 
+def _fp4_value(codes: torch.Tensor) -> torch.Tensor:
+    """4-bit e2m1 codes -> fp32: bit 3 the sign, bits 2..0 the magnitude's index in E2M1."""
+    mag = E2M1[codes & 0x7]
+    return torch.where(codes >= 8, -mag, mag)
+
+
+# The two values of every byte, even element (low nibble) first: unpacking is one lookup a byte
+# (a released layer's routed experts are 13.6G values).
+_BYTE = torch.arange(256)
+FP4_PAIRS = torch.stack([_fp4_value(_BYTE & 0x0F), _fp4_value(_BYTE >> 4)], dim=-1)
+
+
 def unpack_fp4(w: torch.Tensor) -> torch.Tensor:
     """float4_e2m1fn_x2 [..., K/2] -> fp32 [..., K]: low nibble the even element, bit 3 the sign."""
-    b = w.view(torch.uint8)
-    codes = torch.stack([b & 0x0F, b >> 4], dim=-1).flatten(-2).long()
-    mag = E2M1.to(w.device)[codes & 0x7]
-    return torch.where(codes >= 8, -mag, mag)
+    return FP4_PAIRS.to(w.device)[w.view(torch.uint8).long()].flatten(-2)
 
 
 def weight_values(weight: torch.Tensor) -> torch.Tensor:
@@ -100,7 +109,8 @@ def row_scales(weight: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
 
 def dequantise(weight: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
     """fp32 [out, in], exact: each value times its block's power of two."""
-    return weight_values(weight) * row_scales(weight, scale).repeat_interleave(BLOCK, dim=1)
+    values = weight_values(weight).unflatten(-1, (-1, BLOCK))
+    return (values * row_scales(weight, scale).unsqueeze(-1)).flatten(-2)
 
 
 def block_scaled_gemm(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:

@@ -17,6 +17,8 @@ def layer_ids(spec, args) -> tuple[int, ...]:
         if not first.isdigit() or (dash and not last.isdigit()):
             raise BadInput(f"layers {spec!r}: write layer ids and ranges such as 0-2 or 0,2")
         a, b = int(first), int(last) if dash else int(first)
+        if a > b:
+            raise BadInput(f"layers {spec!r}: the range {piece.strip()} runs backwards; write it low to high ({b}-{a})")
         if not a <= b < args.n_layers:
             raise BadInput(f"layers {spec!r}: {piece.strip()} is not inside 0-{args.n_layers - 1}")
         ids.update(range(a, b + 1))

@@ -1,12 +1,17 @@
 """The image processor transformers picks for the checkpoint, and which one ran.
 
 transformers 5.x has a torchvision backend (`Qwen2VLImageProcessor`, what the checkpoint asks
-for) and a PIL one (`Qwen2VLImageProcessorPil`); where torchvision is missing it falls back to
-PIL. `processor` may force one ("torchvision" / "pil"); the name of what ran goes into the dump.
+for) and a PIL/NumPy one (`Qwen2VLImageProcessorPil`); its `AutoImageProcessor` picks torchvision
+where it imports, else PIL (`use_fast` is only a deprecated spelling of that choice). The run names
+its processor (the `processor` option, "pil" by default) and this module builds that class by
+name, so the same option runs the same code with torchvision installed or not; the name of what
+ran goes into the dump.
 """
 from __future__ import annotations
 
 import importlib.util
+import json
+import math
 from pathlib import Path
 
 from tensordiff.errors import BadInput
@@ -16,13 +21,61 @@ def available() -> str:
     return "torchvision" if importlib.util.find_spec("torchvision") is not None else "pil"
 
 
-def build(ckpt: Path, processor: str | None = None):
-    """-> (image processor, backend name)."""
-    backend = processor or available()
+def check_preprocessor(path: Path) -> None:
+    """The values of preprocessor_config.json the processor computes with, before it is built:
+    BadInput naming the file and the key (transformers takes them as they come)."""
+    if path.is_dir():
+        raise BadInput(f"{path} is a directory; the checkpoint's preprocessor_config.json is a file")
+    try:
+        raw = json.loads(path.read_bytes())
+    except FileNotFoundError:
+        raise BadInput(f"checkpoint {path.parent} has no {path.name}") from None
+    except OSError as e:
+        raise BadInput(f"cannot read {path}: {e.strerror}") from None
+    except ValueError as e:
+        raise BadInput(f"{path} is not valid JSON ({e})") from None
+    if not isinstance(raw, dict):
+        raise BadInput(f"{path} must hold a JSON object")
+
+    def want(key: str, value, what: str):
+        return BadInput(f"{path}: {key} is {json.dumps(value)[:60]}; expected {what}")
+
+    size = raw.get("size", {})
+    if not isinstance(size, dict):
+        raise want("size", size, "a JSON object {shortest_edge, longest_edge}")
+    pixels = {"shortest_edge": raw.get("min_pixels", size.get("shortest_edge")),
+              "longest_edge": raw.get("max_pixels", size.get("longest_edge"))}
+    for key, v in (("patch_size", raw.get("patch_size")), ("merge_size", raw.get("merge_size")),
+                   ("temporal_patch_size", raw.get("temporal_patch_size")), *pixels.items()):
+        if v is not None and not (type(v) is int and v >= 1):
+            raise want(key, v, "a whole number >= 1")
+    if None not in pixels.values() and pixels["shortest_edge"] > pixels["longest_edge"]:
+        raise want("shortest_edge", pixels["shortest_edge"], f"at most longest_edge {pixels['longest_edge']}")
+    for key in ("image_mean", "image_std"):
+        v = raw.get(key)
+        if v is None:
+            continue
+        if not (isinstance(v, list) and len(v) == 3 and all(type(x) in (int, float) and math.isfinite(x) for x in v)):
+            raise want(key, v, "3 finite numbers (R, G, B)")
+        if key == "image_std" and min(v) <= 0:
+            raise want(key, v, "3 numbers > 0 (each channel is divided by its std)")
+    v = raw.get("rescale_factor")
+    if v is not None and not (type(v) in (int, float) and math.isfinite(v) and v > 0):
+        raise want("rescale_factor", v, "a finite number > 0")
+    for key in ("do_resize", "do_rescale", "do_normalize", "do_convert_rgb"):
+        if key in raw and type(raw[key]) is not bool:
+            raise want(key, raw[key], "true or false")
+
+
+def build(ckpt: Path, processor: str):
+    """-> (image processor, backend name) for the named processor ("pil" or "torchvision")."""
+    check_preprocessor(Path(ckpt) / "preprocessor_config.json")
+    backend = processor
     if backend not in ("torchvision", "pil"):
         raise BadInput(f"unknown image processor {backend!r} (torchvision or pil)")
     if backend == "torchvision" and available() != "torchvision":
-        raise BadInput("the torchvision image processor was asked for, but torchvision is not installed")
+        raise BadInput("the torchvision image processor was asked for, but torchvision is not installed "
+                       "(install one built for your torch, or use the default processor=pil)")
     try:
         # (AutoImageProcessor itself requires torchvision in this release, so name the class)
         if backend == "torchvision":

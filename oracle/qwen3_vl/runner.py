@@ -49,12 +49,17 @@ def run(req, rec) -> None:
     dtype = DTYPES[req.dtype]
     opts = OPTIONS.resolve(req.options)  # typed, defaults filled
     cfg = config_mod.load_config(req.weights_dir)
+    limit = cfg.text_config.max_position_embeddings
+    if req.decode >= limit:  # refused before any work: the prompt comes on top of the decode steps
+        raise BadInput(f"--decode {req.decode} cannot fit the text model's max_position_embeddings {limit} "
+                       "(prompt tokens + decode steps); ask for fewer steps")
     proc, ran = processor_mod.build(req.weights_dir, opts["processor"])
     image = processor_mod.load_image(Path(req.image))
     try:
         batch = proc(images=[image], return_tensors="pt")
     except ValueError as e:  # e.g. smart_resize's aspect-ratio limit: the user's picture, not a bug
-        raise BadInput(f"the image processor refuses {req.image}: {e}") from None
+        what = "; crop or pad the picture to a less extreme aspect ratio" if "aspect ratio" in str(e) else ""
+        raise BadInput(f"the image processor refuses {req.image}: {e}{what}") from None
     pixel_values, grid_thw = batch["pixel_values"], batch["image_grid_thw"]
     for name, t in plan_mod.plan_record(proc, image, grid_thw).items():
         rec.record(name, t, boundary="plan")
@@ -82,6 +87,9 @@ def run(req, rec) -> None:
     assert torch.equal(got["aligner"], out.pooler_output), "merger hook and pooler_output disagree"
 
     ids = positions_mod.input_ids(req.prompt, grid_thw, cfg)
+    if ids.shape[1] + req.decode > limit:
+        raise BadInput(f"prompt of {ids.shape[1]} tokens + --decode {req.decode} steps exceeds the text model's "
+                       f"max_position_embeddings {limit}")
     pos, deltas, dec = positions_mod.mrope(ids, grid_thw, cfg, req.decode)
     rec.record("positions.ids", pos.to(torch.int64))
     rec.record("positions.rope_deltas", deltas.to(torch.int64))

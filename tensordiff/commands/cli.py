@@ -6,17 +6,19 @@ Exit status everywhere: 0 all within tolerance, 1 a material divergence, 2 bad i
 from __future__ import annotations
 
 import sys
+import textwrap
 from pathlib import Path
 
 from tensordiff.commands.openmp import passive_waits
 from tensordiff.commands.calibrate import DEFAULT_VARIANTS, calibrate as run_calibrate
 from tensordiff.pipeline.calibration import rule_of, write as write_calibration
 from tensordiff.commands.gate import load_gate, render_breakdown, run_gate
-from tensordiff.commands.heap import freeze_torch, own_process
+from tensordiff.commands import heap
 from tensordiff.format import importers
 from tensordiff.format.dump import open_dump
-from tensordiff.format.importers import hf_debugger, polygraphy
+from tensordiff.format.importers import hf_debugger, polygraphy, sglang
 from tensordiff.format.plain import open_any
+from tensordiff.judge import replay_check
 from tensordiff.judge.contract_file import load as load_contract
 from tensordiff.judge.rank_check import parts_verified
 from tensordiff.pipeline import registry
@@ -27,6 +29,7 @@ from tensordiff.pipeline.compare import compare_dumps, three_way
 from tensordiff.pipeline.options import render
 from tensordiff.pipeline.runs import make_request, run_dtype, run_side
 from tensordiff.reports.text import print_rich, render_text
+from tensordiff.reports.text import dump_header, dump_table, shape_text
 
 passive_waits()  # before anything imports torch: idle OpenMP workers sleep, not spin (see openmp.py)
 
@@ -36,13 +39,24 @@ from tensordiff.version import VERSION  # noqa: E402
 from tensordiff.errors import BadInput  # noqa: E402
 from tensordiff.reports.outputs import gate_inputs, guard, guard_reports  # noqa: E402
 
-EPILOG_COMPARE = """\b
-Exit status: 0 every boundary within tolerance, 1 a material divergence, 2 bad input.
-Examples:
-  tensordiff compare dumps/sample-oracle dumps/sample-engine
-  tensordiff compare oracle/ engine/ --json report.json --tolerances tol.toml
-  tensordiff compare oracle-fp32/ engine-bf16/ --floor oracle-bf16/   # numeric pass: x floor
-"""
+EXIT = ("Exit status: 0 every boundary within tolerance, 1 a material divergence, 2 bad input or usage "
+        "(one line on stderr).")
+
+
+def _epilog(examples: str, exit_status: str = EXIT) -> str:
+    """A command's help ends with its examples (each runs as written from the repository root;
+    the comment says the exit status it gives) and its exit statuses."""
+    wrapped = "\n".join(textwrap.wrap(exit_status, 96))
+    return f"\b\nExamples (from the repository root):\n{examples.rstrip()}\n\n\b\n{wrapped}\n"
+
+
+EPILOG_COMPARE = _epilog("""\
+  tensordiff compare dumps/sample-oracle dumps/sample-engine                      # exit 1: `rope`, interleaved
+  tensordiff compare dumps/sample-oracle dumps/sample-engine --verify --fail-fast  # exit 1
+  tensordiff compare dumps/sample-oracle/patches.safetensors dumps/sample-engine/patches.safetensors  # exit 0
+  tensordiff compare dumps/sample-oracle dumps/sample-engine --json report.json --html report.html  # exit 1
+With --floor DIR (the oracle's dump in B's precision) B's error is judged as a multiple of the
+floor's: README.md, "Judging in one screen".""")
 
 
 def _console():
@@ -85,11 +99,15 @@ def cli():
     boundaries, and name the EARLIEST material divergence.
 
     \b
-    Start here:
-      tensordiff check deepseek-v4.1-flash        # oracle + engine on the embedded image
-      tensordiff faults                           # planted bugs, and where each must be caught
-      tensordiff check qwen3-vl --fault rope-hw-swap
-      tensordiff compare DIR_A DIR_B --json r.json
+    Start here (from the repository root):
+      tensordiff check deepseek-v4.1-flash                         # exit 0: all 6 boundaries match
+      tensordiff check deepseek-v4.1-flash --fault aligner-flat-pad  # exit 1: names `aligner`
+      tensordiff faults                                            # exit 0: the planted bugs
+      tensordiff compare dumps/sample-oracle dumps/sample-engine   # exit 1: names `rope`
+
+    \b
+    Exit status everywhere: 0 every boundary within tolerance, 1 a material divergence, 2 bad
+    input or usage (one line on stderr, no traceback). `tensordiff COMMAND --help` for each.
     """
 
 
@@ -109,7 +127,7 @@ def cli():
                    "as a multiple of the floor's (three-way, row-aware).")
 @click.option("--contract", "contract_path", type=click.Path(path_type=Path),
               help="A contract file (TOML) naming the boundaries of A's and B's tensors, their DAG, layout, "
-                   "modes and tolerances (see README: contract files).")
+                   "modes and tolerances (README.md, \"Contract files\").")
 @ALL_OPTION
 def compare(a, b, json_path, tolerances, fail_fast, verify, junit_path=None, html_path=None, floor_dir=None,
             show_all=False, contract_path=None):
@@ -122,6 +140,8 @@ def compare(a, b, json_path, tolerances, fail_fast, verify, junit_path=None, htm
         raise BadInput("--contract and --floor cannot be combined (the three-way pass reads the model's own contract)")
     if contract_path is not None:
         da, db, contract, contract_notes = load_contract(contract_path).bind(da, db)
+    if verify:
+        contract_notes += _unverified(da, db)
     if floor_dir is not None:
         report = three_way(da, open_dump(floor_dir), db, rule_of(tolerances), tolerances=tolerances)
     else:
@@ -134,6 +154,9 @@ def compare(a, b, json_path, tolerances, fail_fast, verify, junit_path=None, htm
     elif report is None:
         report = compare_dumps(da, db, tolerances, contract=contract, fail_fast=fail_fast, verify=verify)
     report.notes[:0] = contract_notes
+    compared = [t for bd in report.boundaries for t in bd.tensors]
+    if compared and all(t.status == "skipped" for t in compared):
+        raise BadInput(f"nothing compared: every tensor that {a} and {b} both hold is empty")
     if json_path or junit_path or html_path:  # the report writers (and their imports) only when asked for
 
         write_reports(report_json=report.as_json(), json_path=json_path,
@@ -142,19 +165,73 @@ def compare(a, b, json_path, tolerances, fail_fast, verify, junit_path=None, htm
     sys.exit(_print_report(report, show_all))
 
 
-@cli.command()
+EPILOG_INSPECT = _epilog("""\
+  tensordiff inspect dumps/sample-engine             # exit 0
+  tensordiff inspect dumps/sample-engine --verify    # exit 0: every tensor's sha256 checked""",
+                         "Exit status: 0 listed (and verified), 2 bad input: a dump or checkpoint that cannot be read "
+                         "(a checkpoint's whole report is printed first), a sha256 that does not match (one line on "
+                         "stderr).")
+
+
+def _is_checkpoint(directory: Path) -> bool:
+    """A model checkpoint directory (config.json and safetensors weights, no dump manifest)."""
+    return (directory.is_dir() and not (directory / "manifest.json").exists() and (directory / "config.json").is_file()
+            and ((directory / "model.safetensors.index.json").is_file() or (directory / "model.safetensors").is_file()))
+
+
+def _inspect_checkpoint(directory: Path, layers: str | None) -> None:
+    for name in registry.names():
+        adapter = registry.adapter(name)
+        view = adapter.checkpoint()(directory, layers) if adapter.checkpoint is not None else None
+        if view is not None:
+            for line in view.lines():
+                click.echo(line)
+            if view.problems:
+                more = f" (and {len(view.problems) - 1} more, listed above)" if len(view.problems) > 1 else ""
+                raise BadInput(f"{directory} cannot be read by that run: {view.problems[0]}{more}")
+            return
+    raise BadInput(f"{directory} is a checkpoint directory, but no installed model adapter describes its config.json")
+
+
+def _unverified(da, db) -> list[str]:
+    """`--verify`'s notes on the tensors it cannot check (no sha256 recorded); exit 2 when no
+    tensor of either dump has one: nothing would be verified."""
+    notes = []
+    def digested(e) -> bool:  # a merged (sharded) tensor is verified through its ranks' parts
+        return e.sha256 is not None or any(p.sha256 for p in getattr(e.stored, "parts", ()))
+
+    bare = {side: [e.name for e in d.entries if not digested(e)] for side, d in (("A", da), ("B", db))}
+    if all(len(bare[s]) == len(d.entries) for s, d in (("A", da), ("B", db))):
+        raise BadInput(f"--verify: no tensor of {da.path} or {db.path} records a sha256; nothing would be "
+                       "verified (drop --verify, or record the dumps with tensordiff's Recorder)")
+    for side, names in bare.items():
+        if names:
+            notes.append(f"--verify: {len(names)} tensor(s) of side {side} record no sha256 and were not verified: "
+                         f"{', '.join(names[:5])}{', ...' if len(names) > 5 else ''}")
+    return notes
+
+
+@cli.command(epilog=EPILOG_INSPECT)
 @click.argument("directory", type=click.Path(path_type=Path))
-@click.option("--verify", is_flag=True, help="Read every tensor and check its sha256.")
-def inspect(directory, verify):
+@click.option("--verify", is_flag=True, help="Read every tensor and check its sha256 (a dump).")
+@click.option("--layers", default=None, metavar="IDS",
+              help="A checkpoint: the DeepSeek language layers a run would read (e.g. 0-2 or 0,2; default all).")
+def inspect(directory, verify, layers):
     """List a dump's model, producer, run and tensors (reads no tensor data unless --verify);
-    a plain .safetensors file or folder is listed too."""
+    a plain .safetensors file or folder is listed too. On a model checkpoint directory: the
+    model, the units and layers present, how each tensor group is stored, what a run converts on
+    load, what is missing, and the bytes a run with --layers reads (headers only)."""
+    if _is_checkpoint(directory):
+        if verify:
+            raise BadInput("--verify checks a dump's sha256s; a checkpoint has none (inspect it without --verify)")
+        return _inspect_checkpoint(directory, layers)
+    if layers is not None:
+        raise BadInput(f"--layers describes a checkpoint directory; {directory} is not one")
     d = open_any(directory)
-    click.echo(f"dump {d.path}: model {d.model}, producer {d.producer}")
+    click.echo("\n".join(dump_header(d)))
     if d.world:  # rank dumps merged: the shapes below are the logical (whole) ones
         click.echo(f"  sharded run of {d.world} ranks; shapes are the merged tensors'")
-    for k, v in d.run.items():
-        click.echo(f"  run.{k}: {v}")
-    click.echo(f"{'tensor':<28} {'boundary':<16} {'dtype':<9} {'shape':<20} {'MB':>9}  file")
+    rows = []
     bad = 0
     for e in d.entries:
         status = ""
@@ -167,9 +244,16 @@ def inspect(directory, verify):
             ok = e.sha256 is None or e.computed_sha256() == e.sha256
             status = "  sha256 ok" if ok and e.sha256 else ("  no sha256" if ok else "  SHA256 MISMATCH")
             bad += not ok
-        click.echo(f"{e.name:<28} {e.boundary:<16} {e.dtype.name:<9} {str(list(e.shape)):<20} "
-                   f"{e.stored.nbytes / 1e6:>9.3f}  {e.stored.file.name}:{e.stored.key}{status}")
+        rows.append((e.name, e.boundary, e.dtype.name, shape_text(e.shape), f"{e.stored.nbytes / 1e6:.3f}",
+                     f"{e.stored.file.name}:{e.stored.key}{status}"))
+    click.echo("\n".join(dump_table(rows)))
     click.echo(f"{len(d.entries)} tensors, {d.nbytes / 1e6:.1f} MB")
+    frozen = replay_check.note(d, read=verify)  # without --verify, from the manifest's digests only
+    if frozen:
+        click.echo(f"note: {frozen}")
+    if verify and d.entries and all(e.sha256 is None and not any(p.sha256 for p in getattr(e.stored, "parts", ()))
+                                    for e in d.entries):
+        raise BadInput(f"--verify: no tensor of {d.path} records a sha256; nothing was verified")
     if bad:
         raise BadInput(f"{bad} tensor(s) in {d.path} fail their sha256: the files are corrupt")
 
@@ -203,7 +287,8 @@ def _model_options(f):
         click.option("--layers", default=None, metavar="IDS",
                      help="DeepSeek language backbone: run only these layers (e.g. 0-2 or 0,2), real dimensions."),
         click.option("--processor", type=click.Choice(["pil", "torchvision"]), default=None,
-                     help="Qwen3-VL image processor for both sides (default: torchvision when importable, else PIL)."),
+                     help="Qwen3-VL image processor for both sides (default: pil; torchvision needs a torchvision "
+                          "built for your torch)."),
         click.option("--option", "-o", "extra", multiple=True, metavar="NAME=VALUE",
                      help="A model's run option, repeatable (e.g. -o attention=math, -o kernel_quant=false); "
                           "each model's are listed below and by `tensordiff options MODEL`."),
@@ -217,8 +302,6 @@ class _ModelCommand(click.Command):
     """A command taking MODEL: its --help ends with every installed model's option table."""
 
     def format_epilog(self, ctx, formatter):
-        super().format_epilog(ctx, formatter)
-
         with formatter.section("Model options (-o NAME=VALUE; also `tensordiff options MODEL`)"):
             for name in registry.names():
                 try:
@@ -226,14 +309,26 @@ class _ModelCommand(click.Command):
                 except BadInput as e:  # an adapter that cannot load: say so, keep the help
                     text = f"{name}: {e}"
                 formatter.write_text("\b\n" + text)
+        super().format_epilog(ctx, formatter)  # the examples and exit statuses last
 
 
-@cli.command(cls=_ModelCommand)
+EPILOG_DUMP = _epilog("""\
+  tensordiff dump deepseek-v4.1-flash --side oracle --out out/oracle --force       # exit 0
+  tensordiff dump deepseek-v4.1-flash --side engine --out out/engine --force \\
+      --fault rope-interleaved                                                    # exit 0
+  tensordiff compare out/oracle out/engine                                         # exit 1: `rope`
+  tensordiff dump qwen3-vl --side engine --image gates/images/qwen-odd-150x230.png --out out/qwen --force  # exit 0""",
+                      "Exit status: 0 the dump was written, 2 bad input or usage (one line on stderr); an existing "
+                      "--out is replaced only with --force, and only when it is a tensordiff dump.")
+
+
+@cli.command(cls=_ModelCommand, epilog=EPILOG_DUMP)
 @click.argument("model")
 @click.option("--side", type=click.Choice(["oracle", "engine"]), required=True)
 @click.option("--out", type=click.Path(path_type=Path), required=True, help="Dump directory to create.")
 @click.option("--format", "fmt", type=click.Choice(["safetensors", "hdf5"]), default="safetensors", show_default=True)
-@click.option("--force", is_flag=True, help="Replace an existing tensordiff dump at --out (never any other file or directory).")
+@click.option("--force", is_flag=True, help="Replace an existing tensordiff dump at --out: its manifest and the files "
+              "it names; a directory holding any other file is refused.")
 @_model_options
 def dump(model, side, out, fmt, force, **kw):
     """Run one side of MODEL on an image and write its boundary tensors to a dump directory."""
@@ -244,7 +339,17 @@ def dump(model, side, out, fmt, force, **kw):
     click.echo(f"wrote {path}")
 
 
-@cli.command(cls=_ModelCommand)
+EPILOG_CHECK = _epilog("""\
+  tensordiff check deepseek-v4.1-flash                                   # exit 0: all 6 boundaries match
+  tensordiff check deepseek-v4.1-flash --fault aligner-flat-pad          # exit 1: names `aligner`
+  tensordiff check deepseek-v4.1-flash --image gates/images/deepseek-small-300x200.png \\
+      --prompt "Describe <image>." --chunk 16 --decode 2                 # exit 0: the language half too
+  tensordiff check qwen3-vl --image gates/images/qwen-odd-150x230.png --json report.json --html report.html  # exit 0""",
+                       "Exit status: 0 every boundary within tolerance (in every pass), 1 a material divergence "
+                       "(end to end, or the local error of a stage), 2 bad input or usage (one line on stderr).")
+
+
+@cli.command(cls=_ModelCommand, epilog=EPILOG_CHECK)
 @click.argument("model")
 @_model_options
 @click.option("--json", "json_path", type=click.Path(path_type=Path), help="Also write the machine report here.")
@@ -278,7 +383,7 @@ def check(model, json_path, tolerances, out, oracle_dtype, no_cache, passes="aut
                           out])
     kw["dtype"] = run_dtype(registry.adapter(model), kw.get("weights") or "synthetic:tiny", kw.get("dtype"))
     chosen = parse_passes(passes, kw["dtype"], oracle_dtype)
-    freeze_torch()  # torch's objects out of the collector's way (a command's own process only: heap.py)
+    heap.freeze_torch()  # torch's objects out of the collector's way (a command's own process only: heap.py)
     case = run_check(CaseSpec(model, oracle_dtype=oracle_dtype, passes=chosen, **kw), out=out, tolerances=tolerances,
                      use_cache=not no_cache, views=html_path is not None, local=local)
     both = case.numeric is not None
@@ -320,7 +425,9 @@ def _pass_verdicts(case) -> str:
     return f"{'PASS' if case.passed else 'FAIL'} ({'; '.join(parts)})"
 
 
-@cli.command()
+@cli.command(epilog=_epilog("""\
+  tensordiff faults                        # exit 0: every installed model's faults
+  tensordiff faults qwen3-vl               # exit 0""", "Exit status: 0 listed, 2 an unknown model (one line on stderr)."))
 @click.argument("model", required=False)
 def faults(model):
     """List the named faults the engine can carry and the boundary each must trip."""
@@ -336,7 +443,9 @@ def faults(model):
                 click.echo(f"  {'':<32}    {'':<16} needs: {f.needs_text}")
 
 
-@cli.command()
+@cli.command(epilog=_epilog("""\
+  tensordiff options                       # exit 0: every installed model's options
+  tensordiff options deepseek-v4.1-flash   # exit 0""", "Exit status: 0 listed, 2 an unknown model (one line on stderr)."))
 @click.argument("model", required=False)
 def options(model):
     """List each model's run options (-o NAME=VALUE): name, type, default, which side reads it, help."""
@@ -346,15 +455,12 @@ def options(model):
     click.echo("\n\n".join(render(registry.adapter(n)) for n in names))
 
 
-EPILOG_GATE = """\b
-Exit status: 0 every case within tolerance, 1 a material divergence (end to end or local), 2 bad
-input (config, images, weights).
-Examples:
-  tensordiff gate gates/deepseek-v4.1-flash.toml --junit gate.xml --html gate.html
-  tensordiff gate gates/qwen3-vl.toml --fault rope-hw-swap      # must exit 1
-  tensordiff gate gates/deepseek-v4.1-flash.toml --device cuda --weights synthetic:full \\
-      --dtype bfloat16 --oracle-dtype float32 --json gate.json
-"""
+EPILOG_GATE = _epilog("""\
+  tensordiff gate gates/deepseek-v4.1-flash.toml --junit gate.xml --html gate.html   # exit 0
+  tensordiff gate gates/qwen3-vl.toml --fault rope-hw-swap -q                         # exit 1
+The gate file's keys: gates/README.md.""",
+                      "Exit status: 0 every case within tolerance, 1 a material divergence (end to end or local), "
+                      "2 bad input (config, images, weights, tolerances; one line on stderr).")
 
 
 @cli.command(epilog=EPILOG_GATE)
@@ -389,7 +495,7 @@ def gate(config, json_path, junit_path, html_path, out, models, fault, weights, 
     weights = check_weights(weights, Path.cwd(), "--weights") if weights is not None else None
     overrides = {"weights": weights, "device": device, "dtype": dtype, "oracle_dtype": oracle_dtype, "backend": backend,
                  "layers": layers}
-    freeze_torch()  # torch's objects out of the collector's way (a command's own process only: heap.py)
+    heap.freeze_torch()  # torch's objects out of the collector's way (a command's own process only: heap.py)
     res = run_gate(cfg, fault=fault, models=list(models) or None, out=out, use_cache=False if no_cache else None,
                    local=False if no_local_error else None, overrides=overrides, html=html_path is not None,
                    echo=click.echo)
@@ -424,7 +530,13 @@ def gate(config, json_path, junit_path, html_path, out, models, fault, weights, 
     sys.exit(res.exit_code)
 
 
-@cli.command()
+EPILOG_CALIBRATE = _epilog("""\
+  tensordiff calibrate gates/deepseek-v4.1-flash.toml --out calibration.toml   # exit 0
+Then name the file in the gate (`tolerances = "calibration.toml"`, a path relative to the gate file):
+gates/README.md, "Calibration: tolerances from the noise floor".""", "Exit status: 0 the file was written, 2 bad input or usage (one line on stderr).")
+
+
+@cli.command(epilog=EPILOG_CALIBRATE)
 @click.argument("config", type=click.Path(path_type=Path))
 @click.option("--out", type=click.Path(path_type=Path), required=True,
               help="Tolerance file to write; with several models put {model} in the name.")
@@ -467,7 +579,15 @@ def calibrate(config, out, models, variants, multiple, dtype, device, no_cache, 
         click.echo(f"wrote {path}")
 
 
-@cli.group("import")
+EXIT_IMPORT = ("Exit status: 0 the dump was written, 2 bad input or usage (one line on stderr; a file that would "
+               "need unpickling is refused, never loaded).")
+
+
+@cli.group("import", epilog=_epilog("""\
+  tensordiff import hf-debugger tests/data/import/hf-debugger --out out/hf-dump --force           # exit 0
+  tensordiff import polygraphy tests/data/import/polygraphy/outputs.json --out out/poly --force  # exit 0
+  tensordiff import sglang tests/data/import/sglang/tp2/exp --out out/sglang-tp2 --force         # exit 0""",
+                                      EXIT_IMPORT))
 def import_():
     """Turn another tool's saved tensors into a tensordiff dump (no pickle is ever loaded)."""
 
@@ -476,7 +596,8 @@ def _import_options(f):
     for o in reversed([
         click.option("--out", type=click.Path(path_type=Path), required=True, help="Dump directory to create."),
         click.option("--model", default=None, help="The dump's model name (default: the tool's, else 'plain')."),
-        click.option("--force", is_flag=True, help="Replace an existing tensordiff dump at --out (nothing else)."),
+        click.option("--force", is_flag=True, help="Replace an existing tensordiff dump at --out: its manifest and "
+                     "the files it names (any other file: refused)."),
     ]):
         f = o(f)
     return f
@@ -489,7 +610,10 @@ def _write_import(imp, out, model, force):
     click.echo(f"wrote {path}: {len(imp.tensors)} tensors from {imp.tool}")
 
 
-@import_.command("hf-debugger")
+@import_.command("hf-debugger", epilog=_epilog("""\
+  tensordiff import hf-debugger tests/data/import/hf-debugger --out out/hf-dump --force   # exit 0
+  tensordiff inspect out/hf-dump                                                          # exit 0""",
+                                               EXIT_IMPORT))
 @click.argument("directory", type=click.Path(path_type=Path))
 @_import_options
 def import_hf_debugger(directory, out, model, force):
@@ -499,7 +623,11 @@ def import_hf_debugger(directory, out, model, force):
     _write_import(imp, out, model or imp.facts.get("model_class") or "plain", force)
 
 
-@import_.command("polygraphy")
+@import_.command("polygraphy", epilog=_epilog("""\
+  tensordiff import polygraphy tests/data/import/polygraphy/outputs.json --out out/poly --force  # exit 0
+  tensordiff import polygraphy tests/data/import/polygraphy/two_runners.json --runner ort-b \\
+      --iteration 1 --out out/poly-b --force                                                     # exit 0""",
+                                              EXIT_IMPORT))
 @click.argument("file", type=click.Path(path_type=Path))
 @click.option("--runner", default=None, help="Which runner's results (needed when the file holds several).")
 @click.option("--iteration", type=click.IntRange(min=0), default=None,
@@ -512,10 +640,43 @@ def import_polygraphy(file, runner, iteration, out, model, force):
     _write_import(imp, out, model or "plain", force)
 
 
+@import_.command("sglang", epilog=_epilog("""\
+  tensordiff import sglang tests/data/import/sglang/tp1/exp --out out/sglang-tp1 --force   # exit 0
+  tensordiff import sglang tests/data/import/sglang/tp2/exp --out out/sglang-tp2 --force   # exit 0: rank0, rank1
+  tensordiff compare out/sglang-tp1 out/sglang-tp2                                          # exit 0: shards merged
+  tensordiff import sglang tests/data/import/sglang/tp2/exp --rank 1 --step 0 --out out/sglang-r1 --force  # exit 0
+A worked example, a planted bug named at its module: examples/sglang_dump/README.md.""", EXIT_IMPORT))
+@click.argument("directory", type=click.Path(path_type=Path))
+@click.option("--step", type=click.IntRange(min=0), default=None,
+              help="Import this step only, under the plain names (default: every step; later ones as NAME.step.K).")
+@click.option("--rank", "ranks", type=click.IntRange(min=0), multiple=True,
+              help="Import this rank only (repeat it for a group of ranks; default: every rank).")
+@click.option("--name", "names", multiple=True,
+              help="Import the dumper names matching this glob only (repeatable), e.g. 'non_intrusive__model.layers.0.*'.")
+@_import_options
+def import_sglang(directory, step, ranks, names, out, model, force):
+    """Import SGLang's dumper output (DIRECTORY: its <dir>/<exp_name>, or <dir> with one experiment).
+    Several ranks become one rank dump per rank (OUT/rank0, ...), their dims mapped so that compare
+    merges the shards; values are read with torch.load(weights_only=True) only."""
+    parts = sglang.read(directory, step=step, ranks=tuple(ranks) or None, names=tuple(names) or None)
+    if len(parts) == 1:
+        _write_import(parts[0], out, model or "plain", force)
+        return
+    path = importers.write_ranks(parts, out, model=model or "plain", overwrite=force)
+    for note in parts[0].notes:
+        click.echo(f"note: {note}", err=True)
+    click.echo(f"wrote {path}: {len(parts)} rank dumps (rank0..rank{len(parts) - 1}), "
+               f"{sum(len(p.tensors) for p in parts)} tensors from {parts[0].tool}")
+
+
+def _one_line(text) -> str:
+    return str(text).strip().replace("\r", "\\r").replace("\n", "\\n")
+
+
 def main(argv=None) -> None:
     if argv is None:  # the console script: this process is the command (a test passes its arguments)
 
-        own_process()
+        heap.own_process()
     try:
         rv = cli.main(args=argv, prog_name="tensordiff", standalone_mode=False)
     except click.UsageError as e:
@@ -536,7 +697,13 @@ def main(argv=None) -> None:
         click.echo(f"tensordiff: error: {e.format_message()}", err=True)
         sys.exit(2)
     except BadInput as e:
-        click.echo(f"tensordiff: error: {str(e).splitlines()[0] if str(e) else type(e).__name__}", err=True)
+        # one line: a newline inside the message (a file name may hold one) is shown escaped, not cut at
+        click.echo(f"tensordiff: error: {_one_line(str(e)) or type(e).__name__}", err=True)
+        sys.exit(2)
+    except PermissionError as e:  # a file the user may not read or write: theirs to fix, not a bug
+        where = f"{_one_line(e.filename)}: " if e.filename else ""
+        click.echo(f"tensordiff: error: {where}permission denied ({e.strerror}); give this user access "
+                   "to it or pick another path", err=True)
         sys.exit(2)
     except KeyboardInterrupt:
         click.echo("tensordiff: interrupted", err=True)

@@ -124,7 +124,10 @@ def _check(table: dict, allowed: dict, where: str) -> None:
 
 
 def _resolve(base: Path, p: str) -> Path:
-    q = Path(p).expanduser()
+    try:
+        q = Path(p).expanduser()
+    except RuntimeError:  # ~name of no user on this machine
+        raise BadInput(f"{p!r}: {p.split('/')[0]} is no user's home directory on this machine") from None
     return q if q.is_absolute() else base / q
 
 
@@ -427,23 +430,26 @@ def run_gate(cfg: GateConfig, *, fault: str | None = None, models: list[str] | N
     for m in mcs:
         if (m.tolerances is not None or "numeric" in case_passes(m)) and m.tolerances not in floors:
             floors[m.tolerances] = (rule_of(m.tolerances), profile_of(m.tolerances))
-    with workspace(out, "tensordiff-gate-") as (root, kept), \
+    with workspace(out, "gate", cfg.name) as ws, \
             _Progress(len(plan), show, steps=len(STAGES) - (0 if html else 1)) as prog:
+        where = (f"dumps: {ws.final} (--out)" if ws.out else
+                 f"dumps: {ws.final} once the gate ends (this gate's last run, replaced by the next; --out DIR keeps them)")
+        prog.log(where) if prog.p else echo(where)
         for i, (m, img, prompt) in enumerate(plan):
             adapter = adapters[m.name]
             f = fault if fault and _refusal(adapter, fault, m, prompt, img) is None else None
             dt = m.dtype if m.oracle_dtype in (None, m.dtype) else f"{m.dtype} (oracle {m.oracle_dtype})"
             label = _label(m.name, img, prompt, dt, base, f)
             prog.case(label)
-            work = root / f"case-{i:03d}"
+            work = ws.path / f"case-{i:03d}"
             work.mkdir(parents=True, exist_ok=True)
             imgs = img if isinstance(img, tuple) else (img,)  # a several-image case: one prompt, in order
             spec = CaseSpec(m.name, image=imgs[0], more_images=imgs[1:], weights=m.weights, device=m.device, dtype=m.dtype,
                             oracle_dtype=m.oracle_dtype, backend=m.backend, fault=f, prompt=prompt, chunk=m.chunk,
                             decode=m.decode, extra=m.options, passes=case_passes(m), layers=m.layers)
-            case = run_case(spec, work, kept=kept, tolerances=tols[m.tolerances], use_cache=use_cache,
-                            local=m.local_error if local is None else local, views=html, label=label, prog=prog,
-                            adapter=adapter, floor=floors.get(m.tolerances))
+            case = ws.hold(run_case(spec, work, kept=True, copy_oracle=ws.out, tolerances=tols[m.tolerances],
+                                    use_cache=use_cache, local=m.local_error if local is None else local, views=html,
+                                    label=label, prog=prog, adapter=adapter, floor=floors.get(m.tolerances)))
             results.append(case)
             prog.done_case()
             line = case.summary_line()

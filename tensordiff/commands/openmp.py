@@ -4,9 +4,9 @@ torch's CPU wheels use GNU OpenMP. Left alone, libgomp keeps each intra-op worke
 every parallel region (GOMP_SPINCOUNT, about 300,000 spins) so that the next region starts at
 once. That is right on a machine whose cores are all ours; on a shared one (CI runners, a
 developer box, this 2-core machine under other work) a spinning worker burns the time slice the
-thread it waits for needs, and every small op pays a scheduler round trip. Measured on the
-DeepSeek tiny tower (3,774 patches, bench/command_time.py's gate, 2 cores under load 5-8): the
-engine's forward took 1.2-1.9 s wall and 0.5-0.75 s CPU with spinning workers, 0.33-0.39 s wall
+thread it waits for needs, and every small op pays a scheduler round trip. On the DeepSeek tiny
+tower (3,774 patches, bench/command_time.py's gate, 2 cores under load 5-8) the engine's forward
+took 1.2-1.9 s wall and 0.5-0.75 s CPU with spinning workers, 0.33-0.39 s wall
 and 0.2 s CPU with passive ones, the same as one thread; an elementwise op of 483k floats went
 from 9 ms to 0.3 ms.
 

@@ -4,9 +4,11 @@
         run_my_engine(out=tmp_path / "dump")          # writes a tensordiff dump
         tensordiff_baseline.check(tmp_path / "dump")  # fails with the earliest-divergence report
 
-The baseline lives next to the test module (`<module>/<test name>.tensordiff/`) unless a path
-is given. A missing baseline is written and the test fails saying so; `--tensordiff-regen`
-rewrites baselines instead of asserting (like `--force-regen` in pytest-regressions).
+The baseline lives next to the test module (`<module dir>/<module name>/<test name>.tensordiff/`)
+unless a path is given. A missing baseline is written and the test fails saying so;
+`--tensordiff-regen` rewrites baselines instead of asserting (like `--force-regen` in
+pytest-regressions) and fails each test whose baseline it refreshed, so a regeneration never
+passes; `--tensordiff-tolerances FILE` is the tolerance file of every check that names none.
 
 A dump computed in bf16/fp16 is judged against its floor when one is given: the baseline is then
 the float32 reference and `floor` the reference's own run in that precision (three-way,

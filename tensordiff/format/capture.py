@@ -7,6 +7,10 @@
 `record` copies at once (a later kernel may overwrite the buffer it was handed); the
 directory appears only when the recorder closes cleanly (written under a temporary name, then
 renamed), and an existing dump is never replaced unless `overwrite=True`.
+
+Recording is refused while a CUDA graph is being captured (`refuse_in_graph_capture`): what a
+record takes then is the capture's placeholder, and every replay writes that one buffer again, so
+each decode step would hold the last step's values. Serving engines (SGLang, vLLM) capture decode.
 """
 from __future__ import annotations
 
@@ -14,6 +18,7 @@ import hashlib
 import json
 import os
 import re
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -29,6 +34,21 @@ FORMAT = "tensordiff-dump"
 VERSION = 1
 # \Z, not $: "$" also matches before a trailing newline, and "patches\n" is not a name
 NAME_RE = re.compile(r"\A[A-Za-z0-9_][A-Za-z0-9_.\-]*\Z")
+
+
+IN_GRAPH = ("it ran while a CUDA graph was being captured: it would record the capture's placeholder, and every "
+            "replay would overwrite that one buffer; dump decode eagerly (SGLang --disable-cuda-graph, vLLM "
+            "--enforce-eager) or record outside the graph (its static outputs, after each replay)")
+
+
+def refuse_in_graph_capture(what: str) -> None:
+    """BadInput when the current CUDA stream is capturing a graph (`what` names the record or
+    tap). A process that never touched CUDA is not capturing: the query is skipped there."""
+    torch = sys.modules.get("torch")
+    if torch is None or not torch.cuda.is_initialized():
+        return
+    if torch.cuda.is_current_stream_capturing():
+        raise BadInput(f"{what}: {IN_GRAPH}")
 
 
 def default_boundary(name: str) -> str:
@@ -80,11 +100,30 @@ def is_dump_dir(path: Path) -> bool:
 
 
 def refuse_unless_dump(path: Path) -> None:
+    """`--force` replaces a dump only: a directory holding our manifest and nothing but the files
+    that manifest names (what a dump wrote); any other file in it is the user's, and refused."""
     if not is_dump_dir(path):
         kind = "a file" if path.is_file() and not path.is_symlink() else (
             "a link" if path.is_symlink() else "a directory that is not a tensordiff dump")
         raise BadInput(f"{path} is {kind}; --force only replaces a tensordiff dump (a directory with its "
                        "manifest.json), so pick another --out or remove it yourself")
+    stranger = _stranger(path)
+    if stranger is not None:
+        raise BadInput(f"{path} holds {stranger!r}, which its manifest does not name; --force only replaces what a "
+                       "dump wrote, so move that file out or pick another --out")
+
+
+def _stranger(path: Path) -> str | None:
+    """The first entry (in name order) of a dump directory that is neither its manifest nor a file
+    the manifest names; None when there is none."""
+    try:
+        with open(path / "manifest.json", "rb") as f:
+            tensors = json.loads(f.read(64 << 20).decode("utf-8")).get("tensors")
+        names = {"manifest.json"} | {t["file"] for t in tensors if isinstance(t, dict) and isinstance(t.get("file"), str)}
+        present = sorted(os.listdir(path))
+    except (OSError, UnicodeDecodeError, ValueError, AttributeError, TypeError) as e:
+        raise BadInput(f"cannot read the dump {path} that --force would replace ({e})") from None
+    return next((n for n in present if n not in names or not (path / n).is_file() or (path / n).is_symlink()), None)
 
 
 def merge_run(run: dict, fields: dict) -> None:
@@ -98,7 +137,8 @@ def merge_run(run: dict, fields: dict) -> None:
             run[k] = v
 
 
-def _umask() -> int:
+def current_umask() -> int:
+    """The process's umask (read by setting it and back)."""
     old = os.umask(0o022)
     os.umask(old)
     return old
@@ -143,6 +183,12 @@ class Recorder:
                 raise BadInput(f"{self.path} already exists; refusing to overwrite it (pass --force to replace a dump)")
             refuse_unless_dump(self.path)
         parent = self.path.resolve().parent
+        for up in (parent, *parent.parents):  # a path under a regular file can never be made
+            if up.exists():
+                if not up.is_dir():
+                    raise BadInput(f"{self.path} cannot be created: {up} is a file, not a directory; "
+                                   "pick an --out outside it")
+                break
         if not parent.exists():
             try:
                 parent.mkdir(parents=True, exist_ok=True)
@@ -162,6 +208,7 @@ class Recorder:
         if self._closed:
             raise RuntimeError("recorder is closed")
         check_name(name)
+        refuse_in_graph_capture(f"record({name!r})")
         if name in self._names:
             raise BadInput(f"tensor {name!r} recorded twice")
         b = boundary or default_boundary(name)
@@ -230,7 +277,7 @@ class Recorder:
             manifest = {"format": FORMAT, "version": VERSION, "model": self.model, "producer": self.producer,
                         "run": self.run, "tensors": entries}
             (tmp / "manifest.json").write_text(json.dumps(manifest, indent=1) + "\n")
-            os.chmod(tmp, 0o777 & ~_umask())  # mkdtemp makes 0700; a dump (and a shared cache) is readable
+            os.chmod(tmp, 0o777 & ~current_umask())  # mkdtemp makes 0700; a dump (and a shared cache) is readable
             fsync_dir(tmp)
             if self.path.exists() or self.path.is_symlink():
                 if not self.overwrite:
@@ -288,6 +335,7 @@ class MemoryRecorder:
 
     def record(self, name: str, tensor: Any, *, boundary: str | None = None) -> None:
         check_name(name)
+        refuse_in_graph_capture(f"record({name!r})")
         if name in self.tensors:
             raise BadInput(f"tensor {name!r} recorded twice")
         self.tensors[name] = tensor.detach().clone() if hasattr(tensor, "detach") else np.array(tensor, copy=True)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -22,6 +23,7 @@ from tensordiff.format.hdf5_layout import Layout
 from tensordiff.format.storage import H5_ERRORS
 
 MAX_MANIFEST = 64 * 1024 * 1024
+SHA256_RE = re.compile(r"\A[0-9a-fA-F]{64}\Z")
 
 
 @dataclass(frozen=True)
@@ -188,7 +190,8 @@ def _open_one(root: Path) -> tuple[Dump, list]:
         raise BadInput(f"{root} is a file; a dump is a directory with manifest.json")
     mpath = root / "manifest.json"
     if not mpath.is_file():
-        raise BadInput(f"{root} has no manifest.json (not a tensordiff dump)")
+        raise BadInput(f"{mpath} is a directory; a dump's manifest.json is a file" if mpath.is_dir()
+                       else f"{root} has no manifest.json (not a tensordiff dump)")
     try:  # a symlink out of the dump is confined like the tensor files
         mpath.resolve().relative_to(root.resolve())
     except ValueError:
@@ -200,6 +203,8 @@ def _open_one(root: Path) -> tuple[Dump, list]:
         m = json.loads(mpath.read_text(encoding="utf-8"))
     except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as e:  # deep nesting: RecursionError
         raise BadInput(f"{mpath} is not valid JSON ({type(e).__name__}: {str(e)[:200]})") from None
+    except OSError as e:  # unreadable to this user
+        raise BadInput(f"cannot read {mpath}: {e.strerror}") from None
     if not isinstance(m, dict):
         raise BadInput(f"{mpath}: expected a JSON object")
     if m.get("format") != FORMAT:
@@ -254,10 +259,15 @@ def _entry(mpath: Path, root: Path, root_resolved: Path, i: int, t, seen: set[tu
     if not isinstance(boundary, str) or not NAME_RE.match(boundary):
         raise BadInput(f"{mpath}: tensor {name!r} has an invalid boundary {boundary!r}")
     rel = t.get("file")
+    if "file" not in t or rel is None:
+        raise BadInput(f"{mpath}: tensor {name!r} has no 'file' (the name of the tensor file inside the dump "
+                       "that holds it, e.g. \"patches.safetensors\")")
     fpath = files.get(rel) if isinstance(rel, str) else None
     if fpath is None:
         fpath = _inside(root, rel, "file", root_resolved)
         file_kind(fpath)
+        if fpath.is_dir():
+            raise BadInput(f"{mpath}: tensor {name!r} names file {rel!r}, which is a directory, not a tensor file")
         if not fpath.is_file():
             raise BadInput(f"{mpath}: tensor {name!r} names file {t.get('file')!r}, which is missing")
         files[rel] = fpath
@@ -285,7 +295,11 @@ def _entry(mpath: Path, root: Path, root_resolved: Path, i: int, t, seen: set[tu
     if want_shape is not None and list(want_shape) != list(st.shape):
         raise BadInput(f"{mpath}: tensor {name!r} has shape {list(st.shape)} in its file but {want_shape} in the manifest")
     sha = t.get("sha256")
-    return Entry(name, boundary, st, sha if isinstance(sha, str) else None), rank
+    if sha is not None and not (isinstance(sha, str) and SHA256_RE.match(sha)):
+        # a digest that cannot be checked is refused, never skipped: `--verify` would pass it unread
+        raise BadInput(f"{mpath}: tensor {name!r} has sha256 {str(sha)[:80]!r} ({type(sha).__name__}); a sha256 is "
+                       "64 hex digits in a string, or absent")
+    return Entry(name, boundary, st, sha.lower() if sha is not None else None), rank
 
 
 def _hdf5(fpath: Path, key: str, dtype_name, layouts: dict, h5files: dict, stack: contextlib.ExitStack) -> StoredTensor:

@@ -321,8 +321,12 @@ def read_safetensors_layout(path: Path) -> tuple[dict[str, tuple[str, tuple[int,
     end)} with absolute byte offsets, each entry's integers checked and its bytes inside the
     file. A checkpoint shard (FP8 weights, FP8 scales) is checked with this; a dump's tensors
     are read with `read_safetensors_header`. Raises BadInput naming the file and the fault."""
-    size = path.stat().st_size
-    with open(path, "rb") as f:
+    try:
+        size = path.stat().st_size
+        f = open(path, "rb")
+    except OSError as e:  # unreadable to this user, or a directory
+        raise BadInput(f"cannot read {path}: {e.strerror}") from None
+    with f:
         head = f.read(8)
         if len(head) < 8:
             raise BadInput(f"{path}: truncated safetensors file ({size} bytes, no header)")

@@ -13,7 +13,9 @@ argument `name` (`self_attn@input[hidden_states]`). `@return` taps a method rath
 computations a model writes as a method, not a submodule (transformers' `_deepstack_process`);
 the method is wrapped on that one instance for the tap's life, its body runs unchanged. What a hook sees goes straight into the recorder, which
 copies it at once (`Recorder.record`): a later in-place op cannot change what was recorded, and
-the dump still appears only when the recorder closes cleanly.
+the dump still appears only when the recorder closes cleanly. A tap that fires while a CUDA graph
+is being captured is refused (`capture.refuse_in_graph_capture`): tap an eager decode, or record
+outside the graph.
 
 A module that runs twice while tapped (reused in one forward, or a second forward) would silently
 record its first or its last call, so a second call is refused, unless `every_call=True`, which
@@ -29,7 +31,7 @@ from dataclasses import dataclass
 from typing import Any, Mapping
 
 from tensordiff.errors import BadInput
-from tensordiff.format.capture import check_name
+from tensordiff.format.capture import check_name, refuse_in_graph_capture
 
 _ABSENT = object()
 
@@ -178,6 +180,7 @@ class Tap:
     def _record(self, p: Point, value: Any, selected: bool = False) -> None:
         if not self.enabled:
             return
+        refuse_in_graph_capture(f"tap point {p.name!r}")  # before counting: the refused call is not a call
         k = self.calls.get(p.name, 0)
         self.calls[p.name] = k + 1
         if k and not self.every_call:

@@ -75,6 +75,8 @@ class Contract:
     # Tolerances the model itself knows it needs (fnmatch pattern -> tolerance fields), e.g. a
     # top-k over near-tied scores. A user's file or [tool.tensordiff] overrides them.
     tolerances: dict = field(default_factory=dict, compare=False)
+    # how a report names those tolerances' source (default: `contract <model>`)
+    tolerances_source: str = field(default="", compare=False)
     # A choice's scores tensor that is a row of another tensor (a generated token's: the logits it
     # is the argmax of) -> that tensor's name: a pass judges those scores by that tensor's verdict.
     scores_source: Callable[[str], str | None] | None = field(default=None, compare=False)

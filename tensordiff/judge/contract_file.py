@@ -177,7 +177,8 @@ class ContractFile:
             topological(bounds)
         except ValueError as e:
             raise BadInput(f"{self.path}: {e}") from None
-        return Contract(self.model, tuple(bounds), tuple(rules), tolerances=tols)
+        return Contract(self.model, tuple(bounds), tuple(rules), tolerances=tols,
+                        tolerances_source=f"contract file {self.path}")
 
 
 def _expand(inp: str, vals: dict[str, int]) -> str | None:
@@ -199,7 +200,8 @@ def _expand(inp: str, vals: dict[str, int]) -> str | None:
 def load(path: str | Path) -> ContractFile:
     p = Path(path)
     if not p.is_file():
-        raise BadInput(f"contract file {p} does not exist")
+        raise BadInput(f"contract file {p} is a directory; pass the TOML file itself" if p.is_dir()
+                       else f"contract file {p} does not exist")
     try:
         data = tomllib.loads(p.read_bytes().decode("utf-8"))
     except UnicodeDecodeError as e:

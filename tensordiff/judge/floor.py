@@ -40,7 +40,7 @@ from __future__ import annotations
 
 import math
 import re
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 
 import numpy as np
 
@@ -59,13 +59,12 @@ WORST_ROWS = 3
 class FloorRule:
     """The multipliers: how far above its floor a clean engine's error may go.
 
-    Measured (CPU, synthetic:tiny, bf16; DeepSeek on 10 pictures, Qwen3-VL on 4; the table of
-    bench/bf16_verdict.py): the clean engines' ratios are 0.98-1.03 (rmse), 0.87-1.37 (row),
-    0.96-1.06 (cosine), their worst row at most 1.59x its own floor row (128-wide rows: a row's
-    RMSE is a 128-sample estimate); the numeric faults sit at 1.5-4.1x. The H200 clean profile
-    (issue 11) is 0.994-1.002 in RMSE. So the multipliers leave the clean engine a margin of ~10%
-    (rmse), ~10% (row), ~20% (cosine), ~25% (outlier rows), and `tensordiff calibrate` records the
-    engine's own profile for tighter gates.
+    On the CPU (synthetic:tiny, bf16; DeepSeek on 10 pictures, Qwen3-VL on 4) the clean engines'
+    ratios are 0.98-1.03 (rmse), 0.87-1.37 (row), 0.96-1.06 (cosine), their worst row at most 1.59x
+    its own floor row (128-wide rows: a row's RMSE is a 128-sample estimate); the numeric faults
+    sit at 1.5-4.1x. On a GPU (synthetic:full) the clean profile is 0.994-1.002 in RMSE. So the
+    multipliers leave the clean engine a margin of ~10% (rmse), ~10% (row), ~20% (cosine), ~25%
+    (outlier rows), and `tensordiff calibrate` records the engine's own profile for tighter gates.
     """
 
     rmse: float = 1.15
@@ -73,9 +72,10 @@ class FloorRule:
     cosine: float = 1.3
     outlier: float = 2.0
     max_outliers: int = 0
+    source: str = field(default="default", compare=False)  # where the multipliers came from (a file's [floor_rule])
 
     def as_dict(self) -> dict:
-        return asdict(self)
+        return {k: v for k, v in asdict(self).items() if k != "source"}
 
 
 DEFAULT_RULE = FloorRule()
@@ -84,7 +84,7 @@ DEFAULT_RULE = FloorRule()
 def rule_from_mapping(m: dict | None, where: str = "floor rule") -> FloorRule:
     if not m:
         return DEFAULT_RULE
-    known = set(FloorRule.__dataclass_fields__)
+    known = set(FloorRule.__dataclass_fields__) - {"source"}
     out = {}
     for k, v in m.items():
         if k not in known:
@@ -92,7 +92,7 @@ def rule_from_mapping(m: dict | None, where: str = "floor rule") -> FloorRule:
         if not isinstance(v, (int, float)) or isinstance(v, bool) or v < (0 if k == "max_outliers" else 1):
             raise BadInput(f"{where}.{k} must be a number >= {0 if k == 'max_outliers' else 1}, not {v!r}")
         out[k] = int(v) if k == "max_outliers" else float(v)
-    return FloorRule(**out)
+    return FloorRule(**out, source=where)
 
 
 # ----------------------------------------------------------------------------- one tensor

@@ -71,18 +71,12 @@ class Judge:
         tols = tolerances if isinstance(tolerances, Tolerances) else load_tolerances(tolerances)
         dts = tuple(dict.fromkeys(d for d in run_dtypes if isinstance(d, str) and d in BY_NAME
                                   and BY_NAME[d].is_float))
-        return cls(contract, with_contract(tols, contract.tolerances), dts, floor_rule, profile)
+        return cls(contract, with_contract(tols, contract.tolerances,
+                                           contract.tolerances_source or f"contract {contract.model}"), dts, floor_rule, profile)
 
     def numeric(self, rule: floors.FloorRule = floors.DEFAULT_RULE, profile: Mapping | None = None) -> "Judge":
         """This judge for the numeric pass: float values against the floor run by `rule`."""
         return Judge(self.contract, self.tolerances, self.run_dtypes, rule, profile, self.scales)
-
-    @property
-    def rule_text(self) -> str:
-        """What judged the tensors, for the report's tolerances line."""
-        if self.floor_rule is not None:
-            return f"floor-relative {self.floor_rule.as_dict()}"
-        return self.tolerances.origin
 
     # ------------------------------------------------------------------ the rules
 
@@ -124,6 +118,9 @@ class Judge:
             return res, None, None, None
         if da.is_float != db.is_float:
             res.status, res.reason = "incomparable", f"{da.name} vs {db.name} (float vs integer)"
+            return res, None, None, None
+        if not ea.stored.numel:  # equal shapes with a zero in them: reported as not compared, never as a match
+            res.status, res.reason = "skipped", f"empty on both sides (shape {list(ea.shape)}): no element to compare"
             return res, None, None, None
         mode = res.mode = self.mode(ea.name, da)
         if not da.is_float:
@@ -210,12 +207,14 @@ class Judge:
                 and seen.floor is not None and fam in seen.ref.names and fam in seen.floor.names:
             seen.families[fam] = floors.family_floor(seen.ref.entry(fam), seen.floor.entry(fam))
         family = (fam, seen.families[fam]) if fam in seen.families else None
-        st = floors.statistics(er, ef, ec, rule, boundary.layout, run, (self.profile or {}).get(er.name), family)
+        profile = (self.profile or {}).get(er.name)
+        st = floors.statistics(er, ef, ec, rule, boundary.layout, run, profile, family)
         local = st.pop("_local")
         t = TensorResult(er.name, boundary.name, "diverged" if st.pop("material") else "match", reason=st.pop("reason"),
                          mode="floor", dtype={"a": er.dtype.name, "floor": ef.dtype.name, "b": ec.dtype.name},
                          shape={"a": list(er.shape), "b": list(ec.shape)}, metrics=st,
-                         tolerance={"rule": rule.as_dict(), "source": "floor-relative"})
+                         tolerance={"rule": rule.as_dict(), "source": f"floor-relative, {rule.source} multipliers"
+                                    + (", the clean engine's calibrated profile" if profile else "")})
         if len(er.shape) >= 2:  # per-row × floor: the heatmap's values (a block's on each of its rows)
             sizes = block_sizes(st["rows"], st["rows_per_block"])
             t.row_error = [float(x) if math.isfinite(x) else 1e30 for x in np.repeat(local, sizes)]
@@ -275,8 +274,9 @@ class Judge:
                 br.tensors.append(TensorResult(name, bd.name, "missing", reason=f"not in the {', '.join(where)}"))
                 continue
             if name not in ents_a or name not in ents_b:
-                br.tensors.append(TensorResult(name, bd.name, "missing",
-                                               reason=missing[1] if name in ents_a else missing[0]))
+                side, e = ("a", ents_a[name]) if name in ents_a else ("b", ents_b[name])
+                br.tensors.append(TensorResult(name, bd.name, "missing", reason=missing[1] if side == "a" else missing[0],
+                                               dtype={side: e.dtype.name}, shape={side: list(e.shape)}))
                 continue
             ea, eb = ents_a[name], ents_b[name]
             if numeric:
@@ -450,6 +450,8 @@ def boundary_dtypes(boundary: str, run: dict | None) -> tuple[str, ...]:
 def settle(tensors: list[TensorResult]) -> tuple[str, str]:
     """A boundary's (status, reason) from its tensors."""
     statuses = {t.status for t in tensors}
+    if statuses == {"skipped"}:  # every tensor empty: the boundary was not compared either
+        return "skipped", "; ".join(f"{t.name}: {t.reason}" for t in tensors)
     for s in SETTLE_ORDER:
         if s in statuses:
             return s, "; ".join(f"{t.name}: {t.reason}" for t in tensors if t.status == s)

@@ -67,6 +67,8 @@ class FloatResult(MetricResult):
     inf: tuple[int, int]
     nonfinite_mismatch: int
     range: tuple[tuple[float, float], tuple[float, float]]  # ((min A, max A), (min B, max B))
+    finite_pairs: int = 0  # elements finite on both sides: all the other metrics see
+    finite_max_abs: float = 0.0  # max |a - b| over those pairs (max_abs is inf beside a one-sided NaN/Inf)
 
     def as_json(self) -> dict:
         return {"numel": self.numel, "max_abs": self.max_abs, "mean_abs": self.mean_abs, "max_rel": self.max_rel,
@@ -75,7 +77,8 @@ class FloatResult(MetricResult):
                 "mismatch_fraction": self.mismatch_fraction, "mismatches": self.mismatches,
                 "nan": {"a": self.nan[0], "b": self.nan[1]}, "inf": {"a": self.inf[0], "b": self.inf[1]},
                 "nonfinite_mismatch": self.nonfinite_mismatch,
-                "range": {"a": list(self.range[0]), "b": list(self.range[1])}}
+                "range": {"a": list(self.range[0]), "b": list(self.range[1])},
+                "finite_pairs": self.finite_pairs, "finite_max_abs": self.finite_max_abs}
 
 
 @dataclass(frozen=True, eq=False)
@@ -593,14 +596,16 @@ def float_result(I: list, D: list, pct_bins: list[int], unit: str) -> FloatResul
     bad = int(I[_VIOL] + I[MISMATCH])
     ulp_max = float(D[_ULP_MAX])
     p50, p99 = (min(_UPPER_LIST[b], ulp_max) if b >= 0 else 0.0 for b in pct_bins)
-    max_abs = math.inf if I[MISMATCH] else (float(D[_MAX_ABS]) if I[WORST] >= 0 else 0.0)
+    finite_max = float(D[_MAX_ABS]) if I[WORST] >= 0 else 0.0
+    max_abs = math.inf if I[MISMATCH] else finite_max
     return FloatResult(
         numel=n, max_abs=max_abs, mean_abs=float(D[_SUM_ABS]) / f, max_rel=float(D[_MAX_REL]),
         rmse=math.sqrt(sum_sq_err / f), cosine=cos, sqnr_db=sqnr, ulp_p50=p50,
         ulp_p99=p99, ulp_max=ulp_max, ulp_unit=unit,
         mismatch_fraction=bad / max(n, 1), mismatches=bad, nan=(int(I[_NAN_A]), int(I[_NAN_B])),
         inf=(int(I[_INF_A]), int(I[_INF_B])), nonfinite_mismatch=int(I[MISMATCH]),
-        range=((float(D[_MIN_A]), float(D[_MAX_A])), (float(D[_MIN_B]), float(D[_MAX_B]))))
+        range=((float(D[_MIN_A]), float(D[_MAX_A])), (float(D[_MIN_B]), float(D[_MAX_B]))),
+        finite_pairs=int(I[_FINITE]), finite_max_abs=finite_max)
 
 
 def float_verdict(r: FloatResult, t: Tolerance, I: list) -> tuple[bool, str]:
@@ -608,6 +613,11 @@ def float_verdict(r: FloatResult, t: Tolerance, I: list) -> tuple[bool, str]:
     if I[MISMATCH]:
         return True, (f"NaN/Inf on one side only ({I[MISMATCH]} elements; A nan={I[_NAN_A]} inf={I[_INF_A]}, "
                       f"B nan={I[_NAN_B]} inf={I[_INF_B]})")
+    if I[_N] and not I[_FINITE]:
+        # NaN or the same infinity everywhere on both sides: nothing was compared, so nothing passed
+        return True, (f"no finite element on either side ({I[_N]} elements; A nan={I[_NAN_A]} inf={I[_INF_A]}, "
+                      f"B nan={I[_NAN_B]} inf={I[_INF_B]}): nothing to compare (a tensor meant to hold no "
+                      "finite value is compared with mode \"exact\")")
     if r.mismatch_fraction > t.max_mismatch:
         return True, (f"{r.mismatches} of {r.numel} elements ({100 * r.mismatch_fraction:.3g}%) outside "
                       f"atol={t.atol_text()} rtol={t.rtol:g} (allowed {100 * t.max_mismatch:.3g}%); max abs {r.max_abs:.4g}")

@@ -93,6 +93,7 @@ class Report:
     producers: dict = field(default_factory=dict)
     runs: dict = field(default_factory=dict)
     tolerances: str = "defaults"
+    where: str = ""  # where the dumps A and B name are kept and until when (set by the pipeline)
     # how the float tensors were judged (`walk.judgement`): {"kind": "direct" | "two-way" |
     # "three-way", ...}; two-way (a low-precision side, no floor run) says what it cannot see
     judgement: dict = field(default_factory=lambda: {"kind": "direct"})
@@ -152,7 +153,7 @@ class Report:
         return json_safe({"verdict": self.verdict, "earliest": self.earliest,
                         "look": [self.boundary(n).look_between for n in self.earliest],
                         "diagnosis": {b.name: b.diagnosis for b in self.boundaries if b.diagnosis is not None},
-                        "a": self.a, "b": self.b, "model": self.model, "notes": self.notes,
+                        "a": self.a, "b": self.b, "where": self.where, "model": self.model, "notes": self.notes,
                         "tolerances": self.tolerances, "producers": self.producers, "runs": self.runs,
                         "judgement": self.judgement, "generated": self.generated,
                         "boundaries": [b.as_json() for b in self.boundaries]})

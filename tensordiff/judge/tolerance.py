@@ -28,6 +28,12 @@ Overrides: a TOML file (`--tolerances`) or `[tool.tensordiff]` in the nearest py
 
 A per-boundary value wins over a dtype default; a boundary-at-dtype value wins over both.
 
+Every value carries where it came from (`Tolerance.origins`, `Tolerance.source`): the dtype
+default, a user's file or `[tool.tensordiff]` table, a calibration file (one with a
+`[calibration]` table, written by `tensordiff calibrate`), or the model's contract
+(`Contract.tolerances`, labelled `Contract.tolerances_source`). A report's tolerances line
+(`sources_line`) counts the tensors each source judged.
+
 Magnitude-aware atol (`atol_scale = "rms"`): atol is then in units of the reference tensor's
 scale, atol_eff = atol x max(1, RMS of A over its finite elements), measured by the comparator in
 one extra streamed pass over A (only for tensors that declare it). Why: a long reduction carries
@@ -53,7 +59,7 @@ import fnmatch
 import math
 import sys
 import tomllib
-from dataclasses import dataclass, fields, replace
+from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
@@ -67,9 +73,10 @@ class Tolerance:
     max_mismatch: float = 0.0  # fraction of elements (rows for top-k) allowed outside
     min_cosine: float | None = None
     floor: float | None = None  # measured noise floor (max abs), when calibrated
-    source: str = "default"
+    source: str = "default"  # where its values came from, in words (`describe_origins`)
     atol_scale: str | None = None  # "rms": atol is in units of max(1, RMS of the reference tensor)
     scale: float | None = None  # that RMS, once the comparator has measured it (never set by a file)
+    origins: tuple[tuple[str, str], ...] = ()  # (field, source) of each value not the dtype default's
 
     @property
     def effective_atol(self) -> float:
@@ -95,7 +102,10 @@ class Tolerance:
         """The inverse of `as_dict` (a report's stored tolerance); unknown keys are ignored, a
         missing atol or rtol reads as 0 (a hand-written or older report may hold only some)."""
         names = {f.name for f in fields(cls)}
-        return cls(**{"atol": 0.0, "rtol": 0.0, **{k: v for k, v in d.items() if k in names}})
+        kw = {k: v for k, v in d.items() if k in names}
+        if "origins" in kw:  # JSON holds the pairs as lists
+            kw["origins"] = tuple(tuple(o) for o in kw["origins"])
+        return cls(**{"atol": 0.0, "rtol": 0.0, **kw})
 
     def as_dict(self) -> dict:
         # every field by name (dataclasses.asdict deep-copies: ~0.1 ms, once per compared tensor)
@@ -111,7 +121,9 @@ DEFAULTS: dict[str, Tolerance] = {
     "bfloat16": Tolerance(atol=1.6e-2, rtol=1.6e-2, max_mismatch=0.1, min_cosine=0.999),
     "int": Tolerance(atol=0.0, rtol=0.0, max_mismatch=0.0),
 }
-_FIELDS = {f.name for f in fields(Tolerance)} - {"source", "scale"}
+DEFAULTS = {k: replace(v, source=f"default ({k})") for k, v in DEFAULTS.items()}
+_FIELDS = {f.name for f in fields(Tolerance)} - {"source", "scale", "origins"}
+FRACTIONS = {"max_mismatch": "a fraction of the elements", "min_cosine": "a cosine similarity"}
 ATOL_SCALES = ("rms",)  # what `atol_scale` may name ("none" in a file: not scaled)
 
 
@@ -119,29 +131,77 @@ ATOL_SCALES = ("rms",)  # what `atol_scale` may name ("none" in a file: not scal
 class Tolerances:
     dtypes: dict[str, dict[str, Any]]
     boundaries: dict[str, dict[str, Any]]  # pattern -> fields (+ nested dtype tables)
-    origin: str = "defaults"
+    origin: str = "defaults"  # where the user's tables come from (a file, [tool.tensordiff]) or "defaults"
+    sources: dict[str, str] = field(default_factory=dict)  # pattern -> its source when not `origin` (a contract)
 
     def for_(self, boundary: str, dtype: str) -> Tolerance:
         key = dtype if dtype in DEFAULTS else "int"
         tol = DEFAULTS[key]
+        origins: dict[str, str] = {}
+
+        def apply(tol: Tolerance, table: dict, label: str) -> Tolerance:
+            origins.update(dict.fromkeys(table, label))
+            return replace(tol, **table)
+
         if key in self.dtypes:
-            tol = replace(tol, **self.dtypes[key], source=f"{self.origin} [{key}]")
+            tol = apply(tol, self.dtypes[key], f"{self.origin} [{key}]")
         for pattern, table in self.boundaries.items():
             if fnmatch.fnmatchcase(boundary, pattern):
+                where = self.sources.get(pattern, self.origin)
                 flat = {k: v for k, v in table.items() if k in _FIELDS}
                 if flat:
-                    tol = replace(tol, **flat, source=f"{self.origin} [boundaries.{pattern}]")
+                    tol = apply(tol, flat, f"{where} [boundaries.{pattern}]")
                 if isinstance(table.get(key), dict):
-                    tol = replace(tol, **table[key], source=f"{self.origin} [boundaries.{pattern}.{key}]")
-        return tol
+                    tol = apply(tol, table[key], f"{where} [boundaries.{pattern}.{key}]")
+        pairs = tuple(origins.items())
+        return replace(tol, origins=pairs, source=describe_origins(pairs, key))
 
 
-def with_contract(tols: Tolerances, tables: dict) -> Tolerances:
-    """The contract's own per-boundary tables first, so the user's matching tables win."""
+def describe_origins(origins: tuple[tuple[str, str], ...], key: str) -> str:
+    """A tolerance's source in words: each source with the fields it set, over the dtype default,
+    e.g. `contract qwen3-vl [boundaries.logits.float32] (atol_scale) over default (float32)`."""
+    base = f"default ({key})"
+    by: dict[str, list[str]] = {}
+    for name, label in origins:
+        by.setdefault(label, []).append(name)
+    if not by:
+        return base
+    return " + ".join(f"{label} ({', '.join(names)})" for label, names in by.items()) + f" over {base}"
+
+
+def sources_line(tensors, origin: str = "defaults") -> str:
+    """A report's tolerances line: each source and the tensors it judged (counted; a few named
+    where it is not a dtype default), and the user's file when none of its tables applied."""
+    groups: dict[str, list[str]] = {}
+    for t in tensors:
+        src = (t.tolerance or {}).get("source")
+        if src:
+            groups.setdefault(src, []).append(t.name)
+    parts = []
+    for src, names in groups.items():
+        n = f"{len(names)} tensor{'s' if len(names) != 1 else ''}"
+        if not src.startswith("default ("):
+            n += f" ({', '.join(names[:3])}{', …' if len(names) > 3 else ''})"
+        parts.append(f"{src}: {n}")
+    if origin != "defaults" and not any(origin in src for src in groups):
+        parts.append(f"{origin}: no table of it applies here")
+    return "; ".join(parts) or "none applied (nothing was compared)"
+
+
+def file_label(mapping: dict, origin: str) -> str:
+    """How a tolerance file's values are labelled: `calibration PATH` for a file `tensordiff
+    calibrate` wrote (it has a `[calibration]` table), else the file itself."""
+    return f"calibration {origin}" if isinstance(mapping.get("calibration"), dict) else origin
+
+
+def with_contract(tols: Tolerances, tables: dict, source: str = "contract") -> Tolerances:
+    """The contract's own per-boundary tables first, so the user's matching tables win; their
+    values are labelled `source` (`Contract.tolerances_source`)."""
     if not tables:
         return tols
     checked = {pattern: check_table(t, f"contract tolerances {pattern}") for pattern, t in tables.items()}
-    return replace(tols, boundaries={**checked, **tols.boundaries})
+    return replace(tols, boundaries={**checked, **tols.boundaries},
+                   sources={**{p: source for p in checked if p not in tols.boundaries}, **tols.sources})
 
 
 def check_table(t: Any, where: str) -> dict[str, Any]:
@@ -160,6 +220,10 @@ def check_table(t: Any, where: str) -> dict[str, Any]:
             # element pass; inf would too: a tolerance is a finite number >= 0
             if v is not None and (not isinstance(v, (int, float)) or isinstance(v, bool) or not math.isfinite(v) or v < 0):
                 raise BadInput(f"{where}.{k} must be a finite non-negative number, not {v!r}")
+            # a fraction and a cosine cannot pass 1: above it every tensor fails (min_cosine) or
+            # none ever can (max_mismatch), which no file means to say
+            if v is not None and k in FRACTIONS and v > 1:
+                raise BadInput(f"{where}.{k} must lie in [0, 1] ({FRACTIONS[k]}), not {v!r}")
             out[k] = float(v) if v is not None else None
         else:
             raise BadInput(f"{where}: unknown key {k!r} (known: {', '.join(sorted(_FIELDS))} or a dtype)")
@@ -167,7 +231,7 @@ def check_table(t: Any, where: str) -> dict[str, Any]:
 
 
 def from_mapping(m: dict, origin: str) -> Tolerances:
-    m = m.get("tolerances", m)
+    outer, m = m, m.get("tolerances", m)
     if not isinstance(m, dict):
         raise BadInput(f"{origin}: [tolerances] must be a table")
     dtypes, bounds = {}, {}
@@ -184,7 +248,7 @@ def from_mapping(m: dict, origin: str) -> Tolerances:
             continue  # written by `tensordiff calibrate`: the report's floors, the numeric pass's rule and profile
         else:
             raise BadInput(f"{origin}: unknown tolerance table {k!r} (a dtype name or 'boundaries')")
-    return Tolerances(dtypes, bounds, origin)
+    return Tolerances(dtypes, bounds, file_label(outer, origin))
 
 
 def _text(p: Path) -> str:
@@ -203,7 +267,8 @@ def read_toml(path) -> dict:
         return {}
     p = Path(path)
     if not p.is_file():
-        raise BadInput(f"tolerance file {p} does not exist")
+        raise BadInput(f"tolerance file {p} is a directory; pass the TOML file itself" if p.is_dir()
+                       else f"tolerance file {p} does not exist")
     try:
         return tomllib.loads(_text(p))
     except tomllib.TOMLDecodeError as e:

@@ -16,7 +16,7 @@ import threading
 from pathlib import Path
 from typing import Callable, Mapping
 
-from tensordiff.judge import rank_check
+from tensordiff.judge import rank_check, replay_check
 from tensordiff.judge.contract import Boundary, Contract, chain, topological
 from tensordiff.format.dump import Dump, Entry, open_dump
 from tensordiff.errors import BadInput, IncomparableDumps
@@ -27,7 +27,7 @@ from tensordiff.judge.metrics import FloatResult
 from tensordiff.format.plain import adopt, open_any
 from tensordiff.judge.result import FAILING, BoundaryResult, Report
 from tensordiff.format.storage import shared_files
-from tensordiff.judge.tolerance import Tolerances
+from tensordiff.judge.tolerance import Tolerances, sources_line
 from tensordiff.judge.diagnosis import diagnose_report
 
 Progress = Callable[[int], None]  # called with bytes consumed (both sides)
@@ -135,7 +135,8 @@ def walk_dumps(a: str | Path | Dump, b: str | Path | Dump,
     how = judgement(da, db, report_rows, df if numeric else None)
     if how["kind"] == "two-way":
         notes.insert(0, how["note"])
-    return Report(str(da.path), str(db.path), da.model, report_rows, notes, producers, runs, judge.rule_text, how)
+    return Report(str(da.path), str(db.path), da.model, report_rows, notes, producers, runs,
+                  sources_line((t for b in report_rows for t in b.tensors), judge.tolerances.origin), judgement=how)
 
 
 LOW_PRECISION = ("bfloat16", "float16")
@@ -255,6 +256,7 @@ def _run_notes(da: Dump, db: Dump) -> list[str]:
             va, vb = va.get("sha256") or va.get("image", {}), vb.get("sha256") or vb.get("image", {})
         if va and vb and va != vb:
             notes.append(f"the two runs had different {k}: the comparison may be meaningless")
+    notes += [n for n in (replay_check.note(d) for d in (da, db)) if n]  # decode a captured graph froze
     return notes
 
 

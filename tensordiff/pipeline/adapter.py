@@ -91,6 +91,10 @@ class ModelAdapter:
     # "float32"; a checkpoint's is what its config declares): what a run with no --dtype computes
     # (`runs.run_dtype`). None: float32.
     official_dtype: Callable[[str], str] | None = None
+    # Optional: `tensordiff inspect CKPT` on a checkpoint directory. Returns `describe(path,
+    # layers)`, which gives None for a directory of another model, else a view with `lines()` (the
+    # report, plain words) and `problems` (what stops a run: missing shards, tensors, scales).
+    checkpoint: Callable[[], Callable[[Path, str | None], Any]] | None = None
 
     def runner(self, side: str) -> Runner:
         if side not in SIDES:

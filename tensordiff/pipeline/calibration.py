@@ -19,7 +19,7 @@ from typing import Any
 from tensordiff.errors import BadInput
 from tensordiff.format.storage import write_text_atomic
 from tensordiff.judge.floor import RATIOS, FloorRule, rule_from_mapping
-from tensordiff.judge.tolerance import DEFAULTS, from_mapping, read_toml
+from tensordiff.judge.tolerance import DEFAULTS, file_label, from_mapping, read_toml
 from tensordiff.pipeline.options import NO_OPTIONS, parse_assignments
 
 
@@ -190,7 +190,8 @@ def _num(x: float) -> str:
 
 def rule_of(path) -> FloorRule:
     """The `[floor_rule]` table of a tolerance / calibration file, else the measured defaults."""
-    return rule_from_mapping(read_toml(path).get("floor_rule"), f"{path} [floor_rule]")
+    m = read_toml(path)
+    return rule_from_mapping(m.get("floor_rule"), f"{file_label(m, str(path))} [floor_rule]")
 
 
 def profile_of(path) -> dict:
@@ -255,8 +256,8 @@ def engine_of(path) -> dict | None:
 def check_engine(path, adapter, backend: str, device: str, options=(), weights: str | None = None,
                  where: str = "gate") -> None:
     """Refuse (BadInput) a profile measured under other engine options, or on other weights, than
-    this run's. Weights too: measured on CPU (synthetic:tiny, four photographs), the clean
-    engine's block0 RMSE ratio on seed-2 weights is 1.003x, outside the seed-0 profile's band
+    this run's. Weights too: on the CPU (synthetic:tiny, four photographs) the clean engine's
+    block0 RMSE ratio on seed-2 weights is 1.003x, outside the seed-0 profile's band
     [0.9972, 1.001]; a profile does not transfer across weights, so it would false-alarm."""
     why = engine_mismatch(engine_of(path), engine_record(adapter, backend, device, options))
     cal = read_toml(path).get("calibration")

@@ -7,12 +7,21 @@ from `oracle_dump` here. Nothing else assembles these steps.
     case = check(spec)                  # a CaseResult: report, local error, timings, dumps
     case.report.verdict                 # "match" | "diverged"
 
-Where dumps go: under `out` when given (refused when it exists and is not empty); otherwise in a
-temporary directory removed when the case ends, and the report says so in its notes. A cached
-oracle dump is used in place (it outlives the command) unless `out` asks for a copy.
+Where dumps go: under `out` when given (refused when it exists and is not empty); otherwise in the
+last-run directory of the command, `<cache>/last/check/<model>/` (`check`) or
+`<cache>/last/gate/<gate name>/` (`gate`): written under a staging name beside it and swapped into
+place when the command ends, replacing the previous run's (only a directory that carries
+`LAST_MARK`, which only this module writes, is ever replaced or removed). Every path a report
+names exists after the command, and the report says where its dumps are and until when
+(`Report.where`). A cached oracle dump is used in place (it outlives the command) unless `out`
+asks for a copy.
 """
 from __future__ import annotations
 
+import ctypes
+import errno
+import os
+import re
 import shutil
 import sys
 import tempfile
@@ -40,6 +49,7 @@ from tensordiff.pipeline.runs import make_request, run_dtype, run_side
 from tensordiff.reports.html import heat_views, write_html
 from tensordiff.reports.junit import case_of, write_junit
 from tensordiff.reports.text import diagnosis_brief, headline, tokens_changed
+from tensordiff.cache import cache_root
 
 # The passes a case can run (`CaseSpec.passes`; the gate picks them with `gate.case_passes`):
 #   semantic  engine float32 against oracle float32: approximations (a tanh GELU) that bf16 hides;
@@ -201,25 +211,183 @@ def check_weights(spec: str, base: Path, where: str) -> str:
     else a checkpoint directory (relative to `base`), returned absolute."""
     if spec.startswith("synthetic:"):
         return spec
-    p = Path(spec).expanduser()
+    try:
+        p = Path(spec).expanduser()
+    except RuntimeError:  # ~name of no user on this machine
+        raise BadInput(f"{where}: weights {spec!r}: {spec.split('/')[0]} is no user's home directory on this "
+                       "machine") from None
     p = p if p.is_absolute() else base / p
     if not p.is_dir():
         raise BadInput(f"{where}: weights {spec!r} is neither synthetic:<variant> nor a checkpoint directory ({p})")
     return str(p.resolve())
 
 
+LAST = "last"  # <cache>/last/<command>/<name>/: the last run's dumps of each model (check) or gate
+LAST_MARK = ".tensordiff-last-run"  # in every last-run directory: the mark that it is ours to replace
+
+
+def last_dir(command: str, name: str) -> Path:
+    """Where the last run of `command` ("check", "gate") on `name` (a model, a gate) keeps its
+    dumps: `<cache>/last/<command>/<name>/` (the name with anything but letters, digits, `.`, `_`
+    and `-` as `_`)."""
+    safe = re.sub(r"[^A-Za-z0-9._-]", "_", name).lstrip(".") or "_"
+    return cache_root() / LAST / command / safe
+
+
+def _ours(p: Path) -> bool:
+    return p.is_dir() and not p.is_symlink() and (p / LAST_MARK).is_file()
+
+
+def _exchange(a: Path, b: Path) -> bool:
+    """Swap two directories in one step (Linux `renameat2(RENAME_EXCHANGE)`): no moment where
+    either name is missing. False where the system or the file system has no such call."""
+    if not sys.platform.startswith("linux"):
+        return False
+    try:
+        fn = ctypes.CDLL(None, use_errno=True).renameat2
+    except (OSError, AttributeError):
+        return False
+    at_fdcwd, rename_exchange = -100, 2
+    if fn(at_fdcwd, os.fsencode(a), at_fdcwd, os.fsencode(b), rename_exchange) == 0:
+        return True
+    err = ctypes.get_errno()
+    if err in (errno.ENOSYS, errno.EINVAL, errno.EOPNOTSUPP):
+        return False
+    raise OSError(err, os.strerror(err), str(b))
+
+
+@dataclass
+class Workspace:
+    """Where a command's dumps are written (`path`) and where they are after it (`final`).
+
+    Under `--out` both are the user's directory. Otherwise `path` is a staging directory beside the
+    last-run directory `final`, swapped into its place by `close()` (the previous run's, which
+    carries `LAST_MARK`, is removed); the cases handed to `hold()` then name `final`, and each
+    report's `where` says where its dumps are and until when."""
+
+    path: Path
+    final: Path
+    out: bool  # the user's --out: kept for good, the cached oracle copied beside the engine
+    command: str = "check"
+    name: str = ""
+    cases: list = field(default_factory=list)
+    replaced: bool = True  # close() put `path` in `final`'s place (False: `final` was not ours)
+
+    def hold(self, case: "CaseResult") -> "CaseResult":
+        """A case whose dumps are in this workspace: its paths follow the directory on close."""
+        self.cases.append(case)
+        return case
+
+    def close(self) -> None:
+        if not self.out:
+            self.replaced = _commit(self.path, self.final)
+            if self.replaced:
+                for c in self.cases:
+                    relocate(c, self.path, self.final)
+        for c in self.cases:
+            for r in (c.report, c.numeric):
+                if r is not None:
+                    r.where = self.where(c)
+
+    def discard(self) -> None:
+        """The command failed: its staging directory goes; the previous run's stays as it was."""
+        if not self.out:
+            shutil.rmtree(self.path, ignore_errors=True)
+
+    def where(self, case: "CaseResult") -> str:
+        """The line under A and B: where the dumps are and until when."""
+        cached = ""
+        oracle = case.dumps.get("oracle")
+        if oracle and not any(Path(oracle).is_relative_to(d) for d in (self.final, self.path)):
+            cached = "; the oracle's dump is the cache entry A names"
+        if self.out:
+            return f"kept in {self.final} (--out){cached}"
+        if not self.replaced:
+            return (f"in {self.path}: {self.final} is not a tensordiff last-run directory (no {LAST_MARK}), "
+                    f"so it was left as it is{cached}")
+        return (f"this run's, in {self.final}, until the next {self.command} of {self.name} replaces them "
+                f"(--out DIR keeps a run's dumps for good){cached}")
+
+
+def _commit(staging: Path, final: Path) -> bool:
+    """Put `staging` in `final`'s place; the previous run's directory there is removed only when it
+    carries LAST_MARK. False (staging left where it is) when `final` is something else. Another
+    process's commit of the same name may run at the same time: the last one stays."""
+    for _ in range(8):
+        try:
+            return _swap(staging, final)
+        except FileNotFoundError:  # `final` went away between two steps (another commit): again
+            continue
+    return _swap(staging, final)
+
+
+def _swap(staging: Path, final: Path) -> bool:
+    try:
+        os.rename(staging, final)  # nothing there yet
+        return True
+    except OSError as e:
+        if e.errno not in (errno.EEXIST, errno.ENOTEMPTY, errno.ENOTDIR, errno.EISDIR):
+            raise
+    if not _ours(final):
+        return False
+    if _exchange(staging, final):
+        if not _ours(staging):  # what came back is not ours after all (replaced meanwhile): undo
+            _exchange(staging, final)
+            return False
+        shutil.rmtree(staging, ignore_errors=True)
+        return True
+    aside = Path(tempfile.mkdtemp(prefix=f".{final.name}.replaced-", dir=final.parent))
+    try:
+        os.rename(final, aside / "run")
+        os.rename(staging, final)
+    finally:
+        shutil.rmtree(aside, ignore_errors=True)
+    return True
+
+
+def relocate(case: "CaseResult", old: Path, new: Path) -> None:
+    """The paths a case names under `old` named under `new` (the workspace moved)."""
+    o, n = str(old), str(new)
+
+    def moved(s: str) -> str:
+        return n + s[len(o):] if s == o or s.startswith(o + os.sep) else s
+
+    case.dumps = {k: moved(v) for k, v in case.dumps.items()}
+    for r in (case.report, case.numeric):
+        if r is not None:
+            r.a, r.b = moved(r.a), moved(r.b)
+            r.notes = [note.replace(o, n) for note in r.notes]
+
+
 @contextmanager
-def workspace(out: Path | None, prefix: str) -> Iterator[tuple[Path, bool]]:
-    """(directory for the dumps, kept?): `out` itself, or a temporary directory removed on exit."""
+def workspace(out: Path | None, command: str, name: str) -> Iterator[Workspace]:
+    """The directory of a command's dumps: `out` itself, or a staging directory that becomes
+    `last_dir(command, name)` when the command ends (removed if it fails). Refused before anything
+    runs when that directory exists and is not ours."""
     if out is not None:
         out.mkdir(parents=True, exist_ok=True)
-        yield out, True
+        ws = Workspace(out, out, True, command, name)
+        yield ws
+        ws.close()
         return
-    tmp = Path(tempfile.mkdtemp(prefix=prefix))
+    final = last_dir(command, name)
+    if (final.exists() or final.is_symlink()) and not _ours(final):
+        raise BadInput(f"{final} exists and is not a tensordiff last-run directory (no {LAST_MARK}): "
+                       "move it away, or pass --out DIR")
+    final.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{final.name}.staging-", dir=final.parent))
+    mask = os.umask(0o022)
+    os.umask(mask)
+    os.chmod(staging, 0o777 & ~mask)  # mkdtemp makes it private; the cache's directories are readable
+    (staging / LAST_MARK).write_text(f"tensordiff {command} {name}: the last run's dumps, replaced by the next "
+                                     "run; safe to delete\n")
+    ws = Workspace(staging, final, False, command, name)
     try:
-        yield tmp, False
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
+        yield ws
+    except BaseException:
+        ws.discard()
+        raise
+    ws.close()
 
 
 # ----------------------------------------------------------------------------- one case
@@ -335,16 +503,18 @@ def status(msg: str) -> None:
 
 def run_case(spec: CaseSpec, work: Path, *, kept: bool, tolerances=None, use_cache: bool = True,
              local: bool | None = None, views: bool = False, label: str | None = None, prog=None,
-             adapter: ModelAdapter | None = None, floor=None) -> CaseResult:
+             adapter: ModelAdapter | None = None, floor=None, copy_oracle: bool | None = None) -> CaseResult:
     """Oracle (cached), engine, comparison, local error, report views, for one case. `work` holds
     this case's dumps (`oracle/`, `engine/`, `local/`); `kept` says whether it outlives the
-    command. `tolerances` are the user's (a `Tolerances`, a file or None). `spec.passes` says
-    what runs (`PASSES`; none given: `default_passes` of the dtype, the model's official one when
-    none is given): the first of semantic / direct gives `report`; numeric gives `numeric` (or
-    `report` when it runs alone), judged by `floor` = (FloorRule, profile) or the defaults.
-    `local`: each pass's local error always (True), or (None) for a pass that diverged, so every
-    fault a pass names has its local origin; a pass with a near-tie flip's cascade runs it in
-    any case (what the flip feeds is judged there)."""
+    command (if not, the report's notes say its dumps are gone); `copy_oracle` (default: `kept`)
+    copies a cached oracle dump into `work/oracle` beside the engine's (`--out`). `tolerances` are
+    the user's (a `Tolerances`, a file or None). `spec.passes` says what runs (`PASSES`; none
+    given: `default_passes` of the dtype, the model's official one when none is given): the first
+    of semantic / direct gives `report`; numeric gives `numeric` (or `report` when it runs alone),
+    judged by `floor` = (FloorRule, profile) or the defaults. `local`: each pass's local error
+    always (True), or (None) for a pass that diverged, so every fault a pass names has its local
+    origin; a pass with a near-tie flip's cascade runs it in any case (what the flip feeds is
+    judged there)."""
     label = label or spec.model
     say = status if prog is None else (lambda msg: None)  # a gate shows its own progress
     case = CaseResult(spec.model, Path(spec.image) if spec.image else Path(), spec.prompt, spec.dtype or "", label,
@@ -371,7 +541,7 @@ def run_case(spec: CaseSpec, work: Path, *, kept: bool, tolerances=None, use_cac
         od = oracle_dump(adapter, oreq, work / "oracle", use_cache)
         case.oracle_cached, case.oracle_cache = od.cached, od.cache
         odir = od.path
-        if kept and odir != work / "oracle":  # --out keeps both dumps side by side
+        if (kept if copy_oracle is None else copy_oracle) and odir != work / "oracle":  # --out: side by side
             shutil.copytree(odir, work / "oracle")
             odir = work / "oracle"
     with timed(case.timings, "engine", prog, label):
@@ -472,8 +642,10 @@ def check(spec: CaseSpec, *, out: str | Path | None = None, tolerances=None, use
           views: bool = False, local: bool | None = None) -> CaseResult:
     """`tensordiff check`: one case."""
     out = prepare_out(out)
-    with workspace(out, "tensordiff-check-") as (work, kept):
-        return run_case(spec, work, kept=kept, tolerances=tolerances, use_cache=use_cache, views=views, local=local)
+    with workspace(out, "check", spec.model) as ws:
+        ws.hold(run_case(spec, ws.path, kept=True, copy_oracle=ws.out, tolerances=tolerances, use_cache=use_cache,
+                         views=views, local=local))
+    return ws.cases[0]
 
 
 # ----------------------------------------------------------------------------- report files

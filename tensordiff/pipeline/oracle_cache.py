@@ -13,11 +13,12 @@ written under a unique staging name and renamed into place, so two processes sha
 never see half a dump; when both compute the same key, the first rename wins and the second
 process uses that one.
 
-A process hashes an entry once: a verified entry's files are remembered by their stat (device,
-inode, size, mtime, ctime), and a later lookup in the same process whose files all stat the same
-is verified already (a gate or a test run reads one entry for many cases). Any write to a file
-moves its ctime, which no one can set back; files changed less than `RACY_S` before their
-verification began are hashed again every time (git's "racily clean" rule: a write in the same
+A process hashes an entry once: a verified entry's files are remembered by their stat key
+(`provenance.stat_key`: device, inode, size, mtime, ctime, the one key every cache here uses),
+and a later lookup in the same process whose files all stat the same is verified already (a gate
+or a test run reads one entry for many cases). Any write to a file moves its ctime, which no one
+can set back; files changed less than `provenance.RACY_NS` before their verification began are
+hashed again every time (`provenance.settled`, git's "racily clean" rule: a write in the same
 clock tick as the stat would keep every field).
 """
 from __future__ import annotations
@@ -35,7 +36,7 @@ from typing import Callable
 from tensordiff.errors import BadInput
 from tensordiff.cache import cache_root
 from tensordiff.format.dump import open_dump
-from tensordiff.pipeline.provenance import image_digest, run_weights, source_digest, versions
+from tensordiff.pipeline.provenance import image_digest, run_weights, settled, source_digest, stat_key, versions
 
 
 @dataclass(frozen=True)
@@ -67,20 +68,18 @@ def key(adapter, req) -> str | None:
 
 # entry path -> the stat signature of its files when this process last verified it (see above)
 _VERIFIED: dict[str, tuple] = {}
-RACY_S = 2.0
 
 
 def _signature(path: Path) -> tuple | None:
-    """(name, dev, ino, size, mtime_ns, ctime_ns) of every file of the entry, sorted; None when
-    it holds anything but plain files (never remembered)."""
+    """(name, stat key) of every file of the entry, sorted; None when it holds anything but
+    plain files (never remembered)."""
     out = []
     try:
         with os.scandir(path) as it:
             for f in it:
                 if not f.is_file(follow_symlinks=False):
                     return None
-                st = f.stat(follow_symlinks=False)
-                out.append((f.name, st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns))
+                out.append((f.name, stat_key(f.stat(follow_symlinks=False))))
     except OSError:
         return None
     return tuple(sorted(out))
@@ -95,8 +94,7 @@ def verified(path: Path) -> str | None:
     began = time.time_ns()
     why = verify(path)
     _VERIFIED.pop(str(path), None)
-    if why is None and sig is not None and _signature(path) == sig \
-            and all(began - max(m, c) > RACY_S * 1e9 for *_, m, c in sig):
+    if why is None and sig is not None and _signature(path) == sig and all(settled(k, began) for _, k in sig):
         _VERIFIED[str(path)] = sig
     return why
 

@@ -6,8 +6,11 @@ kernel it used) through `Recorder.update_run`, which merges them in deeply.
   the weights a run reads: sha256 over the name and the sha256 of the BYTES of every file it
   reads (the JSON files, and the safetensors shards holding the tensor-name prefixes the
   adapter declares for the run, or all shards). A file's sha256 is cached in the cache dir by
-  (size, mtime_ns, inode), so a second run costs a stat per file; a file edited in place
-  changes its mtime and is hashed again.
+  its `stat_key` (device, inode, size, mtime, ctime), so a second run costs a stat per file. Any
+  write moves a file's ctime, which no tool can set back (`cp -p`, `rsync -t`, `os.utime` restore
+  the mtime only), so a file rewritten in place is hashed again; a file changed within
+  `RACY_NS` of the hash is not remembered (`settled`). Every cache of this package that keys a
+  file by its stat takes the key from `stat_key` (the oracle cache's entries too).
 - `versions()`: the library versions a dump depends on.
 - `describe_image(path)`: the input image (sha256, size, mode, format, and the file facts
   `inputs.file_facts`: frames, the frame used, the EXIF orientation tag).
@@ -25,6 +28,7 @@ import json
 import os
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 from tensordiff.errors import BadInput
@@ -77,11 +81,30 @@ def _hash_cache_dir() -> Path:
     return d
 
 
+# A file whose last change lies within this of the moment it was read is not remembered by its
+# stat: a write in the same clock tick as that change would keep every field (git's "racily
+# clean" rule).
+RACY_NS = 2_000_000_000
+
+
+def stat_key(st: os.stat_result) -> tuple[int, int, int, int, int]:
+    """The one key by which every cache here remembers a file: (device, inode, size, mtime_ns,
+    ctime_ns). The ctime is what makes it safe: any write moves it, and nothing sets it back."""
+    return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+
+
+def settled(key: tuple[int, ...], began_ns: int) -> bool:
+    """Whether a file of stat key `key`, read from `began_ns` (time.time_ns) on, may be
+    remembered by that key: its last change (mtime or ctime) is more than RACY_NS older."""
+    return began_ns - max(key[3], key[4]) > RACY_NS
+
+
 def file_sha256(path: str | Path) -> str:
-    """sha256 of a file's bytes, remembered by (size, mtime_ns, inode): a second call is a stat."""
+    """sha256 of a file's bytes, remembered by its `stat_key`: a second call is a stat."""
     p = Path(path).resolve()
+    began = time.time_ns()
     st = p.stat()
-    stamp = {"size": st.st_size, "mtime_ns": st.st_mtime_ns, "inode": st.st_ino}
+    stamp = list(stat_key(st))
     memo = _hash_cache_dir() / (hashlib.sha256(str(p).encode()).hexdigest()[:32] + ".json")
     try:
         rec = json.loads(memo.read_text())
@@ -94,7 +117,9 @@ def file_sha256(path: str | Path) -> str:
         for block in iter(lambda: f.read(BLOCK), b""):
             h.update(block)
     digest = h.hexdigest()
-    if p.stat().st_mtime_ns == st.st_mtime_ns:  # not rewritten while we read it: worth remembering
+    # not rewritten while we read it, and not changed so recently that a later write could keep
+    # every field of the key: worth remembering
+    if list(stat_key(p.stat())) == stamp and settled(stamp, began):
         fd, tmp = tempfile.mkstemp(prefix=f".{memo.name}.", dir=memo.parent)  # unique per writer
         with os.fdopen(fd, "w") as f:
             json.dump({"path": str(p), "stamp": stamp, "sha256": digest}, f)

@@ -25,13 +25,17 @@ import numpy as np
 from tensordiff.format.storage import write_text_atomic
 from tensordiff.judge.tolerance import Tolerance
 from tensordiff.judge.layout import row_position
-from tensordiff.reports.text import diagnosis_lines, headline, headline as head
+from tensordiff.reports.text import diagnosis_lines, dtype_text, headline, headline as head
 from tensordiff.judge.result import FAILING, Report
 from tensordiff.version import VERSION
 
 IMAGE_LAYOUTS = ("grid", "merge", "merged", "cells")
 MAX_SIDE = 480  # px of the longest side of a heatmap picture: readable, and the page stays small
 MIN_SIDE = 320
+# The largest patch grid a heatmap is drawn on: 16M patches (a 65,536-pixel square at patch 16),
+# far beyond any model's budget; a larger one in a manifest or contract gets no heatmap.
+MAX_GRID_SIDE = 1 << 16
+MAX_GRID_CELLS = 1 << 24
 
 
 def esc(s) -> str:
@@ -54,8 +58,11 @@ class HeatView:
 # ----------------------------------------------------------------------------- geometry
 
 def _grid(run: dict, key: str) -> tuple[int, int] | None:
+    """run.inputs.grid / .cells as (h, w); None when absent, malformed or larger than any picture
+    (a manifest or contract is untrusted, and the heatmap allocates the grid)."""
     g = (run.get("inputs") or {}).get(key) if isinstance(run, dict) else None
-    if isinstance(g, (list, tuple)) and len(g) == 2 and all(isinstance(v, int) and v > 0 for v in g):
+    if (isinstance(g, (list, tuple)) and len(g) == 2 and all(type(v) is int and 0 < v <= MAX_GRID_SIDE for v in g)
+            and g[0] * g[1] <= MAX_GRID_CELLS):
         return int(g[0]), int(g[1])
     return None
 
@@ -324,8 +331,7 @@ def _boundary_rows(report: Report, local) -> str:
 
 
 def _dt(t) -> str:
-    a, b = t.dtype.get("a"), t.dtype.get("b")
-    return f"{a}" if a == b else f"{a} vs {b}"
+    return dtype_text(t)
 
 
 def _pct(m: dict) -> str:
@@ -343,6 +349,9 @@ def _case_html(case, idx: int) -> str:
     num = getattr(case, "numeric", None)
     ok = ok and (local is None or local.origin is None) and (num is None or num.verdict == "match")
     parts.append(f"<div class='headline {'pass' if ok else 'fail'}'>{esc(headline(r))}</div>")
+    where = f"<br>dumps: {esc(r.where)}" if r.where else ""
+    parts.append(f"<p class=dim>A (reference): <code>{esc(r.a)}</code><br>B (candidate): <code>{esc(r.b)}</code>"
+                 f"{where}<br>tolerances: {esc(r.tolerances)}</p>")
     if local is not None:
         parts.append(f"<p><b>Local error</b>: {esc(local.summary())}</p>")
     for n in r.earliest:
@@ -358,7 +367,7 @@ def _case_html(case, idx: int) -> str:
     parts.append(_boundary_rows(r, local))
     parts.append("</table>")
     numeric = getattr(case, "numeric", None)
-    if numeric is not None or r.tolerances.startswith("floor-relative"):
+    if numeric is not None or any(t.mode == "floor" for b in r.boundaries for t in b.tensors):  # numeric alone
         parts.append(_numeric_html(numeric if numeric is not None else r,
                                    "the only pass" if numeric is None else "beside the semantic pass above"))
     timings = getattr(case, "timings", None) or {}
@@ -366,8 +375,6 @@ def _case_html(case, idx: int) -> str:
         cells = "".join(f"<td class=num>{esc(_g(v, '.3f'))} s</td>" for v in timings.values())
         heads = "".join(f"<th>{esc(k)}</th>" for k in timings)
         parts.append(f"<h3>Time</h3><table><tr>{heads}</tr><tr>{cells}</tr></table>")
-    parts.append(f"<p class=dim>A (reference): <code>{esc(r.a)}</code><br>B (candidate): <code>{esc(r.b)}</code>"
-                 f"<br>tolerances: {esc(r.tolerances)}</p>")
     for note in r.notes:
         parts.append(f"<p class=warn>note: {esc(note)}</p>")
     views = getattr(case, "views", None) or []

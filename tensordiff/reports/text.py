@@ -36,10 +36,14 @@ def tensor_summary(t: TensorResult) -> str:
         return floor_summary(m)
     if isinstance(m, FloatResult):
         s = ""
+        if m.numel and not m.finite_pairs and not m.nonfinite_mismatch:
+            return (f"no finite element on either side (NaN: A {m.nan[0]}, B {m.nan[1]}; Inf: A {m.inf[0]}, "
+                    f"B {m.inf[1]}): nothing compared")
         if m.nonfinite_mismatch:  # the metrics below see only the finite pairs: say so first
             s = (f"{m.nonfinite_mismatch} NaN/Inf on one side only (NaN: A {m.nan[0]}, B {m.nan[1]}); "
                  "finite pairs: ")
-        s += (f"max|Δ| {_g(m.max_abs)}  mean|Δ| {_g(m.mean_abs)}  cos {m.cosine:.6f}  "
+        max_abs = m.finite_max_abs if m.nonfinite_mismatch else m.max_abs
+        s += (f"max|Δ| {_g(max_abs)}  mean|Δ| {_g(m.mean_abs)}  cos {m.cosine:.6f}  "
               f"SQNR {_g(m.sqnr_db, '.1f')} dB  ULP p50/p99/max {_g(m.ulp_p50)}/{_g(m.ulp_p99)}/{_g(m.ulp_max)}"
               f" ({m.ulp_unit})  outside {100 * m.mismatch_fraction:.3g}%")
         floor = t.tolerance.get("floor")
@@ -73,9 +77,36 @@ def floor_summary(m: dict) -> str:
             f"detectable: {100 * d['tensor']:.3g}% tensor-wide, {100 * d['row']:.3g}% in one row)")
 
 
-def _dtype_note(t: TensorResult) -> str:
-    a, b = t.dtype.get("a"), t.dtype.get("b")
+def dtype_text(t: TensorResult) -> str:
+    """A tensor's dtypes: one when both sides agree, `A vs B` otherwise; a side without the tensor
+    says `missing`."""
+    a, b = t.dtype.get("a") or "missing", t.dtype.get("b") or "missing"
     return f"{a}" if a == b else f"{a} vs {b}"
+
+
+# The text table's columns take the width of their longest cell (and of their header), up to these
+# caps; a longer cell is cut in the middle, the cut marked `…` (a tensor's name keeps both ends:
+# its module and its last part).
+CAPS = {"boundary": 32, "status": 24, "tensor": 44, "dtype": 24}
+
+
+def fit(text: str, width: int) -> str:
+    """`text` in at most `width` characters: whole, or its two ends around `…`."""
+    if len(text) <= width:
+        return text
+    head = width // 2
+    return text[:head] + "…" + text[len(text) - (width - 1 - head):]
+
+
+def _table(rows: list[tuple[str, str, str, str, str]]) -> list[str]:
+    """The boundary table's lines: four sized columns, then the metrics."""
+    heads = tuple(CAPS)
+    widths = [min(CAPS[h], max([len(h)] + [len(r[i]) for r in rows])) for i, h in enumerate(heads)]
+    out = []
+    for r in [(*heads, "metrics"), *rows]:
+        cells = [fit(c, w).ljust(w) for c, w in zip(r, widths)]
+        out.append(" ".join(cells + [r[4]]).rstrip())
+    return out
 
 
 def headline(r: Report) -> str:
@@ -146,7 +177,8 @@ ULP_INF_NOTE = ("ULP inf: more of the reference value's ULPs than a float32 can 
 def render_text(r: Report, max_rows: int | None = 200) -> str:
     """The report as plain text; the table stops after `max_rows` rows (None: all of them) and
     says how many it left out."""
-    lines = [headline(r), f"A (reference): {r.a}", f"B (candidate): {r.b}", f"tolerances: {r.tolerances}"]
+    lines = [headline(r), f"A (reference): {r.a}", f"B (candidate): {r.b}",
+             *([f"dumps: {r.where}"] if r.where else []), f"tolerances: {r.tolerances}"]
     for n in r.earliest:
         b = r.boundary(n)
         for t in b.tensors:
@@ -160,7 +192,7 @@ def render_text(r: Report, max_rows: int | None = 200) -> str:
                     lines.append(f"    worst element {w['index']}: {w['meaning']}{vals}")
         lines += [f"  {d}" for d in diagnosis_lines(b)]
     lines.append("")
-    lines.append(f"{'boundary':<22} {'status':<13} {'tensor':<22} {'dtype':<20} metrics")
+    rows: list[tuple[str, str, str, str, str]] = []
     shown = total = 0
     ulp_inf = False
     for b in r.boundaries:
@@ -172,10 +204,10 @@ def render_text(r: Report, max_rows: int | None = 200) -> str:
             ulp_inf |= t is not None and any(isinstance(t.metrics.get(k), float) and math.isinf(t.metrics[k])
                                              for k in ("ulp_p50", "ulp_p99", "ulp_max"))
             status = MARK[b.status] + (" (root)" if b.root else "") if i == 0 else ""
-            if t is None:
-                lines.append(f"{b.name if i == 0 else '':<22} {status:<13}")
-                continue
-            lines.append(f"{b.name if i == 0 else '':<22} {status:<13} {t.name:<22} {_dtype_note(t):<20} {tensor_summary(t)}")
+            name = b.name if i == 0 else ""
+            rows.append((name, status, "", "", "") if t is None else
+                        (name, status, t.name, dtype_text(t), tensor_summary(t)))
+    lines += _table(rows)
     if total > shown:
         lines.append(f"... {total - shown} more rows not shown (of {total}); see --json for all of them, or pass --all")
     if ulp_inf:
@@ -191,6 +223,8 @@ def print_rich(r: Report, console) -> None:
 
     style = "bold green" if r.verdict == "match" else "bold red"
     console.print(escape(headline(r)), style=style)
+    console.print(f"A (reference): {escape(r.a)}\nB (candidate): {escape(r.b)}"
+                  + (f"\ndumps: {escape(r.where)}" if r.where else ""), style="dim", highlight=False)
     for n in r.earliest:
         for t in r.boundary(n).tensors:
             if t.status != "match":
@@ -201,11 +235,10 @@ def print_rich(r: Report, console) -> None:
         for d in diagnosis_lines(r.boundary(n)):
             console.print(f"  [bold]{escape(d)}[/]")
     if any(t.mode == "floor" for b in r.boundaries for t in b.tensors):  # a numeric-pass report
-        for b in r.boundaries:
-            for i, t in enumerate(b.tensors):
-                mark = f"{b.status}{' (root)' if b.root else ''}" if i == 0 else ""
-                console.print(f"{escape(b.name if i == 0 else ''):<16} {escape(mark):<16} {escape(t.name):<18} "
-                              f"{escape(tensor_summary(t))}", highlight=False)
+        rows = [(b.name if i == 0 else "", f"{b.status}{' (root)' if b.root else ''}" if i == 0 else "", t.name,
+                 dtype_text(t), tensor_summary(t)) for b in r.boundaries for i, t in enumerate(b.tensors)]
+        for line in _table(rows):
+            console.print(escape(line), highlight=False)
         return
     table = Table(show_lines=False, header_style="bold")
     for col in ("boundary", "status", "tensor", "dtype", "max|Δ|", "cos", "SQNR dB", "ULP p99", "outside"):
@@ -216,13 +249,72 @@ def print_rich(r: Report, console) -> None:
         for i, t in enumerate(b.tensors):
             m = t.metrics
             st = f"[{colors[b.status]}]{b.status}{' (root)' if b.root else ''}[/]" if i == 0 else ""
-            table.add_row(escape(b.name) if i == 0 else "", st, escape(t.name), escape(_dtype_note(t)),
+            table.add_row(escape(b.name) if i == 0 else "", st, escape(t.name), escape(dtype_text(t)),
                           _g(m.get("max_abs")), f"{m['cosine']:.6f}" if "cosine" in m else "-",
                           _g(m.get("sqnr_db"), ".1f"), _g(m.get("ulp_p99")),
                           f"{100 * m['mismatch_fraction']:.3g}%" if "mismatch_fraction" in m else escape(t.reason or "-"))
     console.print(table)
     for note in r.notes:
         console.print(f"note: {escape(note)}", style="yellow")
+
+
+# ----------------------------------------------------------------------------- a dump (`inspect`)
+
+LIST_CAP = 16  # a list's items shown before `… (N in all)`
+
+
+def plain(v) -> str:
+    """A manifest value in plain words: `none`, `yes`/`no`, numbers, lists as `a, b, c` (lists of
+    lists or tables as `a; b`), a table as `key value, key value`."""
+    if v is None:
+        return "none"
+    if isinstance(v, bool):
+        return "yes" if v else "no"
+    if isinstance(v, float):
+        return format(v, "g")
+    if isinstance(v, (list, tuple)):
+        if not v:
+            return "(empty)"
+        sep = "; " if any(isinstance(x, (list, tuple, dict)) for x in v) else ", "
+        more = f"{sep}… ({len(v)} in all)" if len(v) > LIST_CAP else ""
+        return sep.join(plain(x) for x in v[:LIST_CAP]) + more
+    if isinstance(v, dict):
+        return ", ".join(f"{k} {plain(x)}" for k, x in v.items()) or "(empty)"
+    return str(v)
+
+
+def _flat(d: dict, prefix: str):
+    """(dotted key, plain value) of every leaf of a manifest table."""
+    for k, v in d.items():
+        if isinstance(v, dict) and v:
+            yield from _flat(v, f"{prefix}{k}.")
+        else:
+            yield f"{prefix}{k}", plain(v)
+
+
+def dump_header(d) -> list[str]:
+    """A dump's model, producer and run, one fact a line, keys aligned."""
+    facts = [("model", plain(d.model)), *_flat(d.producer or {}, "producer."), *_flat(d.run or {}, "run.")]
+    width = min(40, max(len(k) for k, _ in facts))
+    return [f"dump {d.path}"] + [f"  {fit(k, width).ljust(width)}  {v}" for k, v in facts]
+
+
+def shape_text(shape) -> str:
+    """`216 × 1536`; `scalar` for a 0-d tensor."""
+    return " × ".join(str(n) for n in shape) if len(shape) else "scalar"
+
+
+def dump_table(rows: list[tuple[str, str, str, str, str, str]]) -> list[str]:
+    """The tensors of a dump: (tensor, boundary, dtype, shape, MB, where stored), columns as wide as
+    their contents (the name columns capped, cut in the middle and marked `…`)."""
+    heads = ("tensor", "boundary", "dtype", "shape", "MB", "file")
+    caps = (CAPS["tensor"], CAPS["boundary"], 12, 24, 12)
+    widths = [min(c, max([len(h)] + [len(r[i]) for r in rows])) for i, (h, c) in enumerate(zip(heads, caps))]
+    out = []
+    for r in [heads, *rows]:
+        cells = [fit(c, w).rjust(w) if i == 4 else fit(c, w).ljust(w) for i, (c, w) in enumerate(zip(r, widths))]
+        out.append(" ".join(cells + [r[5]]).rstrip())
+    return out
 
 
 def write_json(r: Report, path: str | Path) -> None:

@@ -1,4 +1,4 @@
-"""bench/engine_speed.py (the lead's H200 run through bench/engine_speed.sh) runs on the CPU on
+"""bench/engine_speed.py (`bash bench/gpu.sh OUT engines` on a GPU) runs on the CPU on
 small shapes and writes its sections; no timing is asserted. The attention section is the one run
 here in full (the tower sections compile and are exercised by tests/engine)."""
 from __future__ import annotations

@@ -1,13 +1,12 @@
-"""bench/language_verdict.py's summary (the whole script was smoked on the CPU with
-`DEVICE=cpu QUICK=1 bash bench/language_verdict.sh OUT`; too slow for the suite): the clean table
-keeps a near-tie flip's cascade apart from the ratios the floor judged, a fault counts as caught
-only at its own boundary (end to end in a pass, or as local error's origin), and the shell
-wrapper parses."""
+"""bench/language_verdict.py's summary and plan (the whole script on the CPU,
+`python bench/language_verdict.py OUT --device cpu --cases smoke --workers 2`, is too slow for the
+suite): the clean table keeps a near-tie flip's cascade apart from the ratios the floor judged, a
+fault counts as caught only at its own boundary (end to end in a pass, or as local error's origin),
+and the plan covers every chunk on every picture."""
 from __future__ import annotations
 
 import importlib.util
 import json
-import subprocess
 from pathlib import Path
 
 import tensordiff.models.deepseek_v41_flash.faults as D
@@ -47,10 +46,6 @@ def test_the_summary_keeps_cascades_apart_and_faults_at_their_boundary(tmp_path)
     assert s["clean_exit_0"] == "3 of 3"
     md = (tmp_path / "summary.md").read_text()
     assert "| clean-d-c5 | skipped |" in md and "| hidden.0 | 0.08 |" in md
-
-
-def test_the_wrapper_parses():
-    assert subprocess.run(["bash", "-n", str(BENCH / "language_verdict.sh")]).returncode == 0
 
 
 def test_the_plan_covers_every_chunk_on_every_picture_distinct_pictures_first():

@@ -66,3 +66,37 @@ def test_an_existing_out_is_never_overwritten(example_main, tmp_path, capsys):
     (tmp_path / "out").mkdir()
     code, _, err, _ = run_here(example_main, tmp_path, capsys)
     assert code == 2 and "already exists" in err and len(err.strip().splitlines()) == 1
+
+
+def test_without_out_the_dumps_are_the_last_runs_and_nothing_is_left_in_tmp(example_main, tmp_path, capsys,
+                                                                            monkeypatch):
+    """No --out: the dumps go to the cache's last-run directory (replaced by the next run), every
+    path the report names exists afterwards, and no temporary directory is left behind."""
+    import tempfile
+
+    from tensordiff.pipeline.case import last_dir
+
+    monkeypatch.setenv("TENSORDIFF_CACHE", str(tmp_path / "cache"))
+    (tmp_path / "tmp").mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "tmp"))
+    last = last_dir("example", "patch_model")
+    for bug in ("transposed-grid", None):  # the second run replaces the first
+        with pytest.raises(SystemExit) as e:
+            example_main(["--json", str(tmp_path / "r.json"), *(["--bug", bug] if bug else [])])
+        out, err = capsys.readouterr()
+        r = json.loads((tmp_path / "r.json").read_text())
+        assert e.value.code == (1 if bug else 0), out + err
+        assert Path(r["a"]) == last / "reference" and Path(r["b"]) == last / "reimplementation.safetensors"
+        assert Path(r["a"]).is_dir() and Path(r["b"]).is_file() and str(last) in out.splitlines()[0]
+    assert list((tmp_path / "tmp").iterdir()) == [] and sorted(p.name for p in last.parent.iterdir()) == [last.name]
+    (tmp_path / "r.json").unlink()
+    # a directory of the user's own in that place is never replaced: one line, exit 2
+    import shutil
+
+    shutil.rmtree(last)
+    last.mkdir()
+    with pytest.raises(SystemExit) as e:
+        example_main([])
+    _, err = capsys.readouterr()
+    assert e.value.code == 2 and "not a tensordiff last-run directory" in err and len(err.strip().splitlines()) == 1
+    assert list(last.iterdir()) == []

@@ -1,4 +1,4 @@
-"""Fuzz targets for the readers that face untrusted files (issue 13).
+"""Fuzz targets for the readers that face untrusted files.
 
 Each target takes arbitrary bytes, puts them where the reader looks (a file in `work`), and runs
 the reader: it must return a result or raise BadInput, never another exception, and write
@@ -93,6 +93,8 @@ def _image_bytes() -> list[bytes]:
 DATA = ROOT / "tests" / "data" / "import"
 HF_SAMPLE = DATA / "hf-debugger"
 HF_TRACE = "LlamaForCausalLM_debug_tree_FULL_TENSORS.json"
+SGLANG_SAMPLE = DATA / "sglang" / "tp2" / "exp"
+SGLANG_FILE = "step=0___rank=0___dump_index=1___name=x___recompute_status=disabled.pt"
 
 
 def _contract_bytes() -> list[bytes]:
@@ -103,16 +105,49 @@ def _contract_bytes() -> list[bytes]:
             b'tolerance = { atol = 1e-3, float32 = { rtol = 0.0 } }\n']
 
 
+def _sglang_bytes() -> list[bytes]:
+    """Two files of the SGLang sample (a tensor with dims, a list) as the runner names them."""
+    import torch
+
+    out = []
+    for n in ("mlp_up", "rids"):
+        obj = torch.load(next(SGLANG_SAMPLE.glob(f"step=0___rank=0___*name={n}___*.pt")), weights_only=True)
+        obj["meta"].update(name="x", dump_index=1, rank=0, step=0)
+        b = io.BytesIO()
+        torch.save(obj, b)
+        out.append(b.getvalue())
+    return out
+
+
+def _ds_config_bytes() -> list[bytes]:
+    """The tiny synthetic DeepSeek config (every field a checkpoint states) and the empty object
+    (every field at its default)."""
+    from tensordiff.models.deepseek_v41_flash.synthetic import CONFIGS
+
+    return [json.dumps(CONFIGS["tiny"]()).encode(), b"{}"]
+
+
+def _qwen_config_bytes() -> list[bytes]:
+    """config.json and preprocessor_config.json of the tiny synthetic Qwen3-VL checkpoint, as one
+    JSON pair [config, preprocessor] (the runner writes each to its file)."""
+    from tensordiff.models.qwen3_vl.synthetic import config_json, preprocessor_json
+
+    return [json.dumps([config_json("tiny"), preprocessor_json("tiny")]).encode()]
+
+
 SEEDS = {
     "contract": _contract_bytes(),
     "polygraphy": [(DATA / "polygraphy" / n).read_bytes() for n in ("outputs.json", "inputs.json")],
     "hf-debugger": [(HF_SAMPLE / HF_TRACE).read_bytes()],
+    "sglang": _sglang_bytes(),
     "manifest": [_manifest_bytes()],
     "safetensors": [_safetensors_bytes()],
     "hdf5": [_hdf5_bytes()],
     "hdf5-layout": [_hdf5_bytes(), _hdf5_many_bytes()],
     "tolerance": [_tolerance_bytes()],
     "image": _image_bytes(),
+    "ds-config": _ds_config_bytes(),
+    "qwen-config": _qwen_config_bytes(),
 }
 
 
@@ -262,15 +297,88 @@ def _run_hf_debugger(data: bytes, work: Path) -> None:
     read(d)
 
 
+def _run_sglang(data: bytes, work: Path) -> None:
+    from tensordiff.format.importers.sglang import read
+
+    d = work / "sg"
+    d.mkdir(exist_ok=True)
+    (d / SGLANG_FILE).write_bytes(data)
+    try:
+        read(d)
+    except BadInput as e:
+        if "no tensor to import" not in str(e):  # the list seed holds none: a refusal, as it should be
+            raise
+
+
+def _run_ds_config(data: bytes, work: Path) -> None:
+    """A DeepSeek checkpoint's config.json, read by each side on its own (oracle ModelArgs, engine
+    Config): a config either accepts is one its modules can be sized from."""
+    from engine.deepseek_v41_flash.config import Config
+    from oracle.deepseek_v41_flash.config import ModelArgs
+
+    (work / "config.json").write_bytes(data)
+    for read in (ModelArgs.from_dir, Config.load):
+        try:
+            cfg = read(work)
+        except BadInput:
+            continue
+        head = cfg.vision_dim // cfg.vision_n_heads
+        sizes = (head, cfg.vision_patch_size, cfg.vision_downsample_ratio, cfg.vision_min_pixels, cfg.vision_max_n_token,
+                 cfg.max_seq_len, cfg.n_layers, cfg.dim)
+        if cfg.vision_n_layers and (min(sizes) < 1 or head % 2 or head * cfg.vision_n_heads != cfg.vision_dim):
+            raise AssertionError(f"{read.__qualname__} accepted sizes {sizes} that size no module")
+        if len(cfg.compress_ratios) < cfg.n_layers:
+            raise AssertionError(f"{read.__qualname__} accepted {len(cfg.compress_ratios)} compress ratios "
+                                 f"for {cfg.n_layers} layers")
+
+
+def _run_qwen_config(data: bytes, work: Path) -> None:
+    """A Qwen3-VL checkpoint's config.json and preprocessor_config.json (the input is the JSON pair
+    [config, preprocessor]; anything else is written to both files), read by the engine's
+    `load_config` and checked by the oracle's own readers before transformers sees them."""
+    from engine.qwen3_vl.config import load_config
+    from oracle.qwen3_vl.config import check_values
+    from oracle.qwen3_vl.processor import check_preprocessor
+
+    try:
+        pair = json.loads(data)
+    except (ValueError, RecursionError):
+        pair = None
+    if isinstance(pair, list) and len(pair) == 2:
+        parts = [json.dumps(x).encode() for x in pair]
+    else:
+        parts = [data, data]
+    (work / "config.json").write_bytes(parts[0])
+    (work / "preprocessor_config.json").write_bytes(parts[1])
+    try:
+        cfg = load_config(work)
+    except BadInput:
+        pass
+    else:
+        v, pr = cfg.vision, cfg.processor
+        if v.head_dim < 1 or v.grid_side ** 2 != v.num_position_embeddings or pr.factor < 1 or len(pr.image_std) != 3:
+            raise AssertionError(f"the engine accepted a config that sizes nothing: {v} {pr}")
+        if cfg.text is not None and sum(cfg.text.mrope_section) * 2 != cfg.text.head_dim:
+            raise AssertionError(f"the engine accepted mrope_section {cfg.text.mrope_section}")
+    for check, name in ((check_values, "config.json"), (check_preprocessor, "preprocessor_config.json")):
+        try:
+            check(work / name)
+        except BadInput:
+            pass
+
+
 RUNNERS = {"contract": _run_contract, "polygraphy": _run_polygraphy, "hf-debugger": _run_hf_debugger,
+           "sglang": _run_sglang,
            "manifest": _run_manifest, "safetensors": _run_safetensors, "hdf5": _run_hdf5,
            "hdf5-layout": _run_hdf5_layout,
-           "tolerance": _run_tolerance, "image": _run_image}
+           "tolerance": _run_tolerance, "image": _run_image, "ds-config": _run_ds_config,
+           "qwen-config": _run_qwen_config}
 # What each target itself puts in `work`; anything else appearing there is a write by the reader.
 OWN = {"contract": {"a.safetensors", "b.safetensors", "c.toml"}, "polygraphy": {"r.json"},
-       "hf-debugger": {"dbg", *(f"dbg/{p.name}" for p in HF_SAMPLE.iterdir())},
+       "hf-debugger": {"dbg", *(f"dbg/{p.name}" for p in HF_SAMPLE.iterdir())}, "sglang": {"sg", f"sg/{SGLANG_FILE}"},
        "manifest": {"dump", "dump/a.safetensors", "dump/manifest.json"}, "safetensors": {"x.safetensors"},
-       "hdf5": {"x.h5"}, "hdf5-layout": {"x.h5"}, "tolerance": {"t.toml"}, "image": {"img"}}
+       "hdf5": {"x.h5"}, "hdf5-layout": {"x.h5"}, "tolerance": {"t.toml"}, "image": {"img"},
+       "ds-config": {"config.json"}, "qwen-config": {"config.json", "preprocessor_config.json"}}
 
 
 def check(target: str, data: bytes, work: Path) -> str | None:

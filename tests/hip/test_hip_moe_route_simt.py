@@ -88,7 +88,7 @@ def build(d: Path, *defines: str, opt: str = "-O1"):
     return so
 
 
-# The main build also takes session 8's faults planted at run time (hip/moe_route.hip
+# The main build also takes the faults planted at run time (hip/moe_route.hip
 # TD_ROUTER_PLANTED, kPlant*; plant() below; none planted outside the tests that plant one)
 PLANT_AT_RUN_TIME = "-DTD_ROUTER_PLANTED(n)=(simt_planted.load() == (n))"
 

@@ -1,9 +1,9 @@
 """DeepSeek V4.1 Flash's options reach both runners typed. The language numerics follow the dtype:
 in bf16 the official numerics (the whole model in bf16, the kernels' rounding on), so `-o
 kernel_quant=on` is the default bf16 run tensor for tensor; in float32 the semantic mode (no
-rounding), so `-o kernel_quant=false` (it used to be `bool("false")`, i.e. ON) and an explicit
-`-o language_numerics=semantic` are that run, and `kernel_quant=true` really changes the dump
-there, so the equalities below could fail."""
+rounding), so `-o kernel_quant=false` (a string "false" read as a bool would be ON) and an
+explicit `-o language_numerics=semantic` are that run, and `kernel_quant=true` really changes the
+dump there, so the equalities below could fail."""
 from __future__ import annotations
 
 import dataclasses

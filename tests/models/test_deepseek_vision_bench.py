@@ -1,4 +1,4 @@
-"""The vision benchmark runs end to end on a CPU with tiny weights (the H200 run is the lead's)."""
+"""The vision benchmark runs end to end on a CPU with tiny weights (`bash bench/gpu.sh OUT vision` on a GPU)."""
 from __future__ import annotations
 
 import importlib.util

@@ -62,3 +62,42 @@ def test_one_pixel_sides(setup, side, capsys):
         assert code == want, (w, h, err)
         if want:
             assert "aspect ratio" in err and len(err.strip().splitlines()) == 1, err
+
+
+def test_the_processor_default_is_pil_whether_or_not_torchvision_imports(monkeypatch, tmp_path):
+    """The help's default is the run's: `pil` with or without torchvision (transformers' own pick
+    follows the environment; ours does not), shown by `tensordiff options`, the same oracle cache
+    key either way, and recorded as the processor that ran in both dumps."""
+    import importlib.machinery
+    import importlib.util
+    import json
+
+    from oracle.qwen3_vl import processor as PR
+    from tensordiff.pipeline import oracle_cache, registry
+    from tensordiff.models.qwen3_vl.options import OPTIONS
+    from tensordiff.pipeline.case import CaseSpec, check
+    from tensordiff.pipeline.runs import make_request
+
+    monkeypatch.setenv("TENSORDIFF_CACHE", str(tmp_path / "cache"))
+    assert OPTIONS.get("processor").default_text == "pil"
+    adapter = registry.adapter("qwen3-vl")
+    _, without = make_request("qwen3-vl")
+    # transformers decides what it has when first imported: that stays the real answer
+    import transformers.image_utils  # noqa: F401
+    import transformers.models.qwen2_vl.image_processing_pil_qwen2_vl  # noqa: F401
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: (
+        importlib.machinery.ModuleSpec("torchvision", None) if name == "torchvision" else real(name, *a)))
+    assert PR.available() == "torchvision"  # as if it were installed
+    _, with_tv = make_request("qwen3-vl")
+    assert with_tv.options["processor"] == without.options["processor"] == "pil"
+    assert oracle_cache.key(adapter, with_tv) == oracle_cache.key(adapter, without)
+    proc, ran = PR.build(with_tv.weights_dir, OPTIONS.resolve(with_tv.options)["processor"])
+    assert ran == "pil" and type(proc).__name__ == "Qwen2VLImageProcessorPil"
+    monkeypatch.setattr(importlib.util, "find_spec", real)
+    case = check(CaseSpec("qwen3-vl"), out=tmp_path / "run")
+    assert case.report.verdict == "match"
+    for side in ("oracle", "engine"):
+        run = json.loads((tmp_path / "run" / side / "manifest.json").read_text())["run"]
+        assert run["options"]["processor"] == "pil" and run["inputs"]["processor"] == "pil", side

@@ -2,8 +2,7 @@
 engine matches transformers on four photographs and three chunk sizes with decode.
 
 Skipped unless TENSORDIFF_FULL2B=1: each side holds about 9 GB of fp32 weights (more than the CI
-machine may use). TENSORDIFF_FULL2B_DEVICE picks the device (default cpu). On one H200,
-`bash bench/qwen_language.sh OUT` runs the bf16 side of the same check."""
+machine may use). TENSORDIFF_FULL2B_DEVICE picks the device (default cpu)."""
 from __future__ import annotations
 
 import dataclasses

@@ -80,7 +80,7 @@ def test_bad_names_refused(tmp_path, name):
             r.record(name, torch.ones(1))
 
 
-# ---------------------------------------------------------------- replacing only our own dumps (issue 13)
+# ---------------------------------------------------------------- replacing only our own dumps
 
 def test_overwrite_refuses_a_directory_that_is_not_a_dump(tmp_path):
     user = tmp_path / "photos"
@@ -176,3 +176,41 @@ def test_dump_directory_is_world_readable(tmp_path):
     finally:
         os.umask(old)
     assert (tmp_path / "d").stat().st_mode & 0o777 == 0o755
+
+
+@pytest.fixture
+def capturing(monkeypatch):
+    """A CUDA graph being captured, as torch reports it (the query patched: no GPU needed);
+    `state["on"] = False` ends the capture."""
+    state = {"on": True}
+    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: True)
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: state["on"])
+    return state
+
+
+def test_recording_while_a_cuda_graph_is_captured_is_refused_in_one_line(tmp_path, capturing):
+    rec, mem = Recorder(tmp_path / "d", model="m"), MemoryRecorder()
+    for r in (rec, mem):
+        with pytest.raises(BadInput) as e:
+            r.record("hidden", torch.ones(2))
+        msg = str(e.value)
+        assert "\n" not in msg and msg.startswith("record('hidden'): it ran while a CUDA graph was being captured")
+        assert "dump decode eagerly (SGLang --disable-cuda-graph, vLLM --enforce-eager)" in msg
+        assert "record outside the graph" in msg
+    assert mem.tensors == {} and rec.names() == []  # the refused records left nothing behind
+    capturing["on"] = False  # the capture is over: the same recorders record
+    rec.record("hidden", torch.ones(2))
+    mem.record("hidden", torch.ones(2))
+    rec.close()
+    assert open_dump(tmp_path / "d").names == ["hidden"] and list(mem.tensors) == ["hidden"]
+
+
+def test_a_process_that_never_used_cuda_is_not_asked_about_capture(tmp_path, monkeypatch):
+    def asked():
+        raise AssertionError("the capture query ran in a process without CUDA")
+
+    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: False)
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", asked)
+    with Recorder(tmp_path / "d", model="m") as rec:
+        rec.record("x", torch.ones(2))
+    assert open_dump(tmp_path / "d").names == ["x"]

@@ -163,7 +163,7 @@ def test_empty_tensor_roundtrip(tmp_path):
     assert open_dump(d).entry("e").shape == (0, 4)
 
 
-# ---------------------------------------------------------------- issue 13: one line, exit 2, never a traceback
+# ---------------------------------------------------------------- bad dumps: one line, exit 2, never a traceback
 
 @pytest.mark.parametrize("shape", [5, "3x4", [3.0, 4], [-1], {"a": 1}, [True]])
 def test_manifest_shape_not_a_list_of_ints(dump, shape):

@@ -340,3 +340,18 @@ def test_a_decode_step_is_judged_as_one_more_row_of_the_prompt_logits(tmp_path):
     b = _t(bad, "logits.step.1")
     assert b.status == "diverged" and _t(bad, "logits").status == "match", str(bad)
     assert b.metrics["family"]["x_floor"] > DEFAULT_RULE.row and "largest row of `logits`" in b.reason, b.reason
+
+
+def test_the_numeric_reports_tolerances_line_names_the_multipliers_source(tmp_path):
+    """Floor-relative tensors say whose multipliers judged them (the defaults, a file's
+    [floor_rule], a calibration's) and whether a calibrated profile did too."""
+    dumps = _dumps(tmp_path)
+    rep = three_way(*dumps)
+    assert rep.tolerances.startswith("floor-relative, default multipliers: ")
+    cal = tmp_path / "cal.toml"
+    cal.write_text('[calibration]\nmodel = "toy"\n[floor_rule]\nrmse = 1.2\n'
+                   "[profile.block0.rmse]\nmin = 0.9\nmax = 1.1\nn = 3\n")
+    rep = three_way(*dumps, rule_of(cal), profile=profile_of(cal))
+    assert _t(rep, "block0").tolerance["source"] == (f"floor-relative, calibration {cal} [floor_rule] multipliers, "
+                                                     "the clean engine's calibrated profile")
+    assert f"calibration {cal} [floor_rule] multipliers: " in rep.tolerances

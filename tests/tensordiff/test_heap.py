@@ -24,7 +24,7 @@ def test_outside_a_commands_own_process_nothing_is_frozen(monkeypatch):
 
 def test_in_a_commands_own_process_torch_is_imported_and_frozen_out_of_the_collector():
     code = ("import gc, sys\n"
-            "from tensordiff import heap\n"
+            "from tensordiff.commands import heap\n"
             "heap.own_process()\n"
             "assert heap.freeze_torch() is True and heap.freeze_torch() is False\n"  # once
             "frozen = gc.get_freeze_count()\n"
@@ -49,8 +49,7 @@ def test_only_the_console_entry_point_marks_its_process_as_the_command(monkeypat
 
 @pytest.mark.parametrize("command", ["check", "gate"])
 def test_check_and_gate_freeze_before_they_run(command, monkeypatch, capsys, tmp_path):
-    import tensordiff.commands.gate
-    import tensordiff.pipeline.case
+    import tensordiff.commands.cli as cli
 
     calls = []
     monkeypatch.setattr(heap, "freeze_torch", lambda: calls.append("freeze"))
@@ -59,8 +58,8 @@ def test_check_and_gate_freeze_before_they_run(command, monkeypatch, capsys, tmp
         calls.append("run")
         raise BadInput("stop here")
 
-    monkeypatch.setattr(tensordiff.pipeline.case, "check", run)
-    monkeypatch.setattr(tensordiff.commands.gate, "run_gate", run)
+    monkeypatch.setattr(cli, "run_check", run)  # the case and the gate as the CLI calls them
+    monkeypatch.setattr(cli, "run_gate", run)
     if command == "check":
         args = ["check", "deepseek-v4.1-flash"]
     else:

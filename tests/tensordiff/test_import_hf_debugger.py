@@ -43,17 +43,67 @@ def test_round_trip_every_named_tensor_exactly(tmp_path, capsys):
     d = open_dump(tmp_path / "d")
     assert d.model == "LlamaForCausalLM" and d.producer["name"] == "transformers model-addition debugger"
     files = set(referenced(json.loads(TRACE.read_text())))
-    assert len(d.entries) == len(files) > 30  # every file the trace names, once
-    # in call order: the embedding before the layer, the layer's attention before its MLP, lm_head last
+    assert len(d.entries) == len(files) + 1 > 30  # every file the trace names, once, and the model's logits
+    # in call order: the embedding before the layer, the layer's attention before its MLP, lm_head, the logits
     names = d.names
     assert names.index("model.embed_tokens.out") < names.index("model.layers.0.self_attn.q_proj.out") \
-        < names.index("model.layers.0.mlp.down_proj.out") < names.index("lm_head.out") == len(names) - 1
+        < names.index("model.layers.0.mlp.down_proj.out") < names.index("lm_head.out") == len(names) - 2
     got = d.load("model.layers.0.mlp.down_proj.out")
     want = load_file(str(SAMPLE / "LlamaForCausalLM.model.layers.0.mlp.down_proj_outputs.safetensors"))["data"]
     assert got.dtype == want.dtype and np.array_equal(got, want)
     assert d.entry("model.layers.0.mlp.down_proj.out").boundary == "model.layers.0.mlp.down_proj"
     assert d.entry("model.rotary_emb.out.1").shape == (1, 3, 4)
-    assert "pruned" in err  # the root's logits file is named by no node: said, not silently dropped
+    assert "pruned" not in err and "not imported" not in err  # every file of the sample is in the dump
+
+
+def test_the_models_own_outputs_are_imported_last_as_their_boundary(tmp_path, capsys):
+    # the tree prunes the outputs of modules with children, the model's too: its logits file is
+    # named by no node, and must still reach the dump
+    tree = json.loads(TRACE.read_text())
+    assert "outputs" not in tree and "LlamaForCausalLM_outputs_logits.safetensors" not in referenced(tree)
+    assert run_cli(["import", "hf-debugger", SAMPLE, "--out", tmp_path / "d"], capsys)[0] in (0, None)
+    d = open_dump(tmp_path / "d")
+    assert d.names[-1] == "out.logits" and d.entry("out.logits").boundary == "outputs"
+    want = load_file(str(SAMPLE / "LlamaForCausalLM_outputs_logits.safetensors"))["data"]
+    assert want.shape == (1, 3, 32) and np.array_equal(d.load("out.logits"), want)
+    # the logits are lm_head's output: the same numbers under the model's name
+    assert np.array_equal(d.load("out.logits"), d.load("lm_head.out"))
+
+
+def test_a_planted_change_in_the_logits_alone_is_named_at_outputs(tmp_path, capsys):
+    bad = tmp_path / "bad"
+    shutil.copytree(SAMPLE, bad)
+    f = bad / "LlamaForCausalLM_outputs_logits.safetensors"
+    t = load_file(str(f))["data"]
+    t[0, 2, 5] += 1.0
+    save_file({"data": t}, str(f))
+    for src, out in ((SAMPLE, "a"), (bad, "b")):
+        assert run_cli(["import", "hf-debugger", src, "--out", tmp_path / out], capsys)[0] in (0, None)
+    code, out, err = run_cli(["compare", tmp_path / "a", tmp_path / "b", "--json", tmp_path / "r.json"], capsys)
+    assert code == 1 and json.loads((tmp_path / "r.json").read_text())["earliest"] == ["outputs"]
+
+
+def test_tuple_outputs_of_a_live_model_are_each_imported(tmp_path):
+    torch = pytest.importorskip("torch")
+    from transformers.model_debugging_utils import model_addition_debugger_context
+
+    class Two(torch.nn.Module):  # a model with a child, returning a tuple: its outputs are pruned from the tree
+        def __init__(self):
+            super().__init__()
+            self.lin = torch.nn.Linear(3, 2)
+
+        def forward(self, x):
+            y = self.lin(x)
+            return y, y * 2
+
+    m, x = Two(), torch.randn(2, 3)
+    with torch.no_grad(), model_addition_debugger_context(m, debug_path=str(tmp_path / "dbg"), use_repr=False):
+        a, b = m(x)
+    imp = read(tmp_path / "dbg")
+    got = {n: (arr, bd) for _, n, arr, bd in imp.tensors}
+    assert [n for _, n, *_ in imp.tensors][-2:] == ["out.0", "out.1"]
+    assert np.array_equal(got["out.0"][0], a.numpy()) and np.array_equal(got["out.1"][0], b.numpy())
+    assert got["out.1"][1] == "outputs" and not imp.notes
 
 
 def test_two_imports_match_and_a_planted_change_is_named_at_its_module(tmp_path, capsys):

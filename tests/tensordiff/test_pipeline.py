@@ -2,13 +2,19 @@
 about them, the output-directory and weights checks."""
 from __future__ import annotations
 
+import json
+import os
+import re
+import tempfile
 from pathlib import Path
 
 import pytest
+from cli_runner import run_cli
 
+from tensordiff.pipeline import case as pipeline
 from tensordiff.errors import BadInput
 from tensordiff.commands.gate import load_gate, run_gate
-from tensordiff.pipeline.case import CaseSpec, check, check_weights, oracle_request, prepare_out
+from tensordiff.pipeline.case import LAST_MARK, CaseSpec, check, check_weights, last_dir, oracle_request, prepare_out
 from tensordiff.pipeline.runs import make_request
 
 import test_gate_toy as toy
@@ -27,16 +33,90 @@ def test_the_oracle_request_drops_what_only_the_engine_has():
     assert oracle_request(req, "float32").dtype == "float32" and o.image == req.image
 
 
-def test_without_out_the_report_says_its_dumps_were_temporary(tmp_path):
-    case = check(CaseSpec(toy.NAME, fault="aligner-bias"))
-    assert case.report.verdict == "diverged" and not case.kept
-    assert not Path(case.report.b).exists()  # the engine's dump went with the temporary directory
-    assert Path(case.report.a).exists()  # the oracle's is the cache entry, which stays
-    note = next(n for n in case.report.notes if "temporary" in n)
-    assert "--out" in note and str(case.report.a) in note
-    nocache = check(CaseSpec(toy.NAME), use_cache=False)
-    assert not Path(nocache.report.a).exists()
-    assert any("were temporary and are gone; pass --out" in n for n in nocache.report.notes)
+def _named_paths(text: str) -> list[Path]:
+    """Every absolute path under the temporary directory that `text` names (the test's cache and
+    outputs live there, as the old temporary dumps did)."""
+    root = re.escape(tempfile.gettempdir())
+    return [Path(m.rstrip(":.")) for m in re.findall(root + r"/[^\s<>\"'`;,()]+", text)]
+
+
+def test_without_out_every_path_a_report_names_exists(tmp_path, capsys):
+    """`check` without --out: the text, JSON and HTML reports name the last-run directory (and the
+    cached oracle), all of which exist after the command; the text says where, under A and B."""
+    code, out, _ = run_cli(["check", toy.NAME, "--fault", "aligner-bias", "--json", tmp_path / "r.json",
+                            "--html", tmp_path / "r.html"], capsys)
+    assert code == 1
+    rep = json.loads((tmp_path / "r.json").read_text())
+    last = last_dir("check", toy.NAME)
+    assert Path(rep["b"]) == last / "engine" and (last / "engine" / "manifest.json").is_file()
+    assert Path(rep["a"]).is_relative_to(tmp_path / "cache" / "oracle")  # the cached oracle, used in place
+    assert str(last) in rep["where"]
+    for text in (out, (tmp_path / "r.json").read_text(), (tmp_path / "r.html").read_text()):
+        named = _named_paths(text)
+        assert any(p == last / "engine" for p in named)
+        missing = [p for p in named if not p.exists()]
+        assert not missing, missing
+    lines = out.splitlines()
+    assert lines[1:4] == [f"A (reference): {rep['a']}", f"B (candidate): {rep['b']}", f"dumps: {rep['where']}"]
+    # nothing of the run is left beside the last-run directory (no staging, no previous run)
+    assert sorted(p.name for p in last.parent.iterdir()) == [toy.NAME]
+
+
+def _umask() -> int:
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
+def test_the_next_run_replaces_the_last_and_a_failed_run_leaves_it(tmp_path, monkeypatch):
+    first = check(CaseSpec(toy.NAME, fault="aligner-bias"))
+    last = last_dir("check", toy.NAME)
+    assert Path(first.report.b) == last / "engine" and (last / LAST_MARK).is_file()
+    assert last.stat().st_mode & 0o777 == 0o777 & ~_umask()  # readable as the rest of the cache, not private
+    assert json.loads((last / "engine" / "manifest.json").read_text())["run"]["fault"] == "aligner-bias"
+    second = check(CaseSpec(toy.NAME))
+    assert second.report.verdict == "match" and Path(second.report.b) == last / "engine"
+    assert json.loads((last / "engine" / "manifest.json").read_text())["run"]["fault"] is None
+    with pytest.raises(BadInput, match="no-such-fault"):  # refused after the workspace opened
+        check(CaseSpec(toy.NAME, fault="no-such-fault"))
+    assert json.loads((last / "engine" / "manifest.json").read_text())["run"]["fault"] is None
+    # where the system has no atomic exchange: moved aside, the new one renamed in, the old removed
+    monkeypatch.setattr(pipeline, "_exchange", lambda a, b: False)
+    check(CaseSpec(toy.NAME, fault="rope-flip"))
+    assert json.loads((last / "engine" / "manifest.json").read_text())["run"]["fault"] == "rope-flip"
+    assert sorted(p.name for p in last.parent.iterdir()) == [toy.NAME]
+    nocache = check(CaseSpec(toy.NAME), use_cache=False)  # the oracle's dump is in the last run's too
+    assert Path(nocache.report.a) == last / "oracle" and Path(nocache.report.a).is_dir()
+
+
+def test_a_last_run_directory_that_is_not_ours_is_never_touched(tmp_path):
+    last = last_dir("check", toy.NAME)
+    last.mkdir(parents=True)
+    (last / "mine.txt").write_text("a user's file")
+    with pytest.raises(BadInput, match="not a tensordiff last-run directory"):
+        check(CaseSpec(toy.NAME))
+    assert (last / "mine.txt").read_text() == "a user's file" and sorted(p.name for p in last.parent.iterdir()) == [
+        toy.NAME]
+    # one that appears while a run is under way: the run's dumps stay in its staging directory
+    last.rename(tmp_path / "aside")
+    ws_paths = []
+    real = pipeline.run_case
+
+    def run_then_squat(spec, work, **kw):
+        ws_paths.append(work)
+        case = real(spec, work, **kw)
+        last.mkdir()
+        (last / "mine.txt").write_text("a user's file")
+        return case
+
+    pipeline.run_case = run_then_squat
+    try:
+        case = check(CaseSpec(toy.NAME))
+    finally:
+        pipeline.run_case = real
+    assert (last / "mine.txt").read_text() == "a user's file" and not (last / "engine").exists()
+    assert Path(case.report.b) == ws_paths[0] / "engine" and Path(case.report.b).is_dir()
+    assert str(ws_paths[0]) in case.report.where and "left as it is" in case.report.where
 
 
 def test_with_out_every_dump_the_report_names_exists(tmp_path):
@@ -44,15 +124,20 @@ def test_with_out_every_dump_the_report_names_exists(tmp_path):
     assert case.kept and case.report.verdict == "match"
     assert Path(case.report.a) == tmp_path / "run" / "oracle" and Path(case.report.b) == tmp_path / "run" / "engine"
     assert (Path(case.report.a) / "manifest.json").is_file() and (Path(case.report.b) / "manifest.json").is_file()
-    assert not any("temporary" in n for n in case.report.notes)
+    assert not any("temporary" in n for n in case.report.notes) and str(tmp_path / "run") in case.report.where
+    assert not last_dir("check", toy.NAME).exists()
     with pytest.raises(BadInput, match="exists and is not empty"):
         check(CaseSpec(toy.NAME), out=tmp_path / "run")
 
 
-def test_the_gate_keeps_or_says(tmp_path):
+def test_the_gate_keeps_its_last_run_or_out(tmp_path):
     cfg = load_gate(toy.write_gate(tmp_path))
     res = run_gate(cfg, progress=False, echo=lambda s: None)
-    assert all(any("temporary" in n for n in c.report.notes) for c in res.cases)
+    (c,) = res.cases
+    last = last_dir("gate", cfg.name)
+    assert last.name == "toy_gate" and Path(c.dumps["engine"]).is_relative_to(last)
+    assert all(Path(p).is_dir() for p in c.dumps.values()) and Path(c.report.b).is_dir()
+    assert not any("temporary" in n for n in c.report.notes) and str(last) in c.report.where
     kept = run_gate(cfg, out=tmp_path / "kept", progress=False, echo=lambda s: None)
     (c,) = kept.cases
     assert c.kept and all(Path(p).is_dir() for p in c.dumps.values())

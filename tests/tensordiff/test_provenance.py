@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
+import struct
 import subprocess
 import sys
 from pathlib import Path
@@ -12,7 +14,9 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from tensordiff.pipeline import provenance
+from cli_runner import run_cli
+from tensordiff.models.deepseek_v41_flash.synthetic import resolve
+from tensordiff.pipeline import oracle_cache, provenance
 from tensordiff.format.capture import MemoryRecorder, Recorder
 from tensordiff.format.dump import open_dump
 from tensordiff.pipeline.inputs import default_image_path
@@ -69,19 +73,91 @@ def test_only_the_shards_a_run_reads_are_hashed(tmp_path):
     assert provenance.weights_fingerprint(ck, ("vision.",)) != vision
 
 
-def test_a_second_fingerprint_costs_a_stat(tmp_path):
+def _later(monkeypatch, seconds: float) -> None:
+    """The hashing clock `seconds` ahead: the files written just now look that old to it."""
+    import time
+
+    real = time.time_ns
+    monkeypatch.setattr(provenance.time, "time_ns", lambda: real() + int(seconds * 1e9))
+
+
+def _memo(tmp_path) -> Path:
+    (memo,) = [p for p in (tmp_path / "cache" / "filehash").iterdir() if p.suffix == ".json"]
+    return memo
+
+
+def test_a_second_fingerprint_costs_a_stat(tmp_path, monkeypatch):
+    _later(monkeypatch, 10)
     ck = _checkpoint(tmp_path / "ck")
     shard = ck / "model.safetensors"
     real = provenance.file_sha256(shard)
-    (memo,) = [p for p in (tmp_path / "cache" / "filehash").iterdir() if p.suffix == ".json"]
+    memo = _memo(tmp_path)
     rec = json.loads(memo.read_text())
-    assert rec["sha256"] == real and rec["stamp"]["size"] == shard.stat().st_size
-    rec["sha256"] = "remembered"  # a planted memo: used as long as (size, mtime_ns, inode) hold
+    assert rec["sha256"] == real and rec["stamp"] == list(provenance.stat_key(shard.stat()))
+    rec["sha256"] = "remembered"  # a planted memo: used as long as the file's stat key holds
     memo.write_text(json.dumps(rec))
     assert provenance.file_sha256(shard) == "remembered"
     st = shard.stat()
     os.utime(shard, ns=(st.st_atime_ns, st.st_mtime_ns + 1_000_000))  # touched: hashed again
     assert provenance.file_sha256(shard) == real
+
+
+def _rewrite_keeping_times(shard: Path, name: str) -> None:
+    """An in-place edit that keeps the file's size and inode and sets its times back (what
+    `cp -p`, `rsync -t` and many tools leave): only its ctime tells."""
+    import time
+
+    st = shard.stat()
+    data = shard.read_bytes()
+    (n,) = struct.unpack("<Q", data[:8])
+    start = 8 + n + json.loads(data[8:8 + n])[name]["data_offsets"][0]
+    time.sleep(0.05)  # past the clock tick the file was last changed in
+    with open(shard, "r+b") as f:  # the same file: its first value's top byte flips sign
+        f.seek(start + 1)
+        f.write(bytes([data[start + 1] ^ 0x80]))
+    os.utime(shard, ns=(st.st_atime_ns, st.st_mtime_ns))
+    after = shard.stat()
+    assert (after.st_size, after.st_ino, after.st_mtime_ns) == (st.st_size, st.st_ino, st.st_mtime_ns)
+
+
+def test_an_in_place_rewrite_with_its_times_restored_gets_a_new_digest(tmp_path, monkeypatch):
+    _later(monkeypatch, 10)
+    ck = _checkpoint(tmp_path / "ck")
+    before = provenance.weights_fingerprint(ck)
+    assert len(list((tmp_path / "cache" / "filehash").glob("*.json"))) == 2  # remembered: the next call is a stat
+    _rewrite_keeping_times(ck / "model.safetensors", "w")
+    assert provenance.weights_fingerprint(ck) != before
+
+
+def test_a_file_changed_within_the_racy_window_is_not_remembered(tmp_path):
+    ck = _checkpoint(tmp_path / "ck")  # written just now: a write in the same tick could hide
+    provenance.file_sha256(ck / "model.safetensors")
+    assert not (tmp_path / "cache" / "filehash").exists() or not list((tmp_path / "cache" / "filehash").glob("*.json"))
+
+
+def test_the_oracle_cache_keys_its_entries_by_the_same_stat_key(tmp_path):
+    d = tmp_path / "entry"
+    d.mkdir()
+    (d / "a").write_text("x")
+    assert oracle_cache._signature(d) == (("a", provenance.stat_key((d / "a").stat())),)
+
+
+def test_check_no_longer_blames_a_correct_engine_after_an_in_place_rewrite(tmp_path, monkeypatch, capsys):
+    """A vision weight rewritten in place with its times restored: the oracle cache key follows
+    the new bytes, so the oracle runs again and the (correct) engine matches it."""
+    src = resolve("synthetic:tiny")
+    _later(monkeypatch, 10)
+    ck = tmp_path / "ck"
+    shutil.copytree(src, ck)
+    args = ["check", "deepseek-v4.1-flash", "--weights", ck, "--json", tmp_path / "r.json"]
+    code, _, err = run_cli(args, capsys)
+    assert code == 0, err
+    index = json.loads((ck / "model.safetensors.index.json").read_text())["weight_map"]
+    name = "vision.blocks.0.mlp.w1.weight"
+    _rewrite_keeping_times(ck / index[name], name)
+    code, _, err = run_cli(args, capsys)
+    report = json.loads((tmp_path / "r.json").read_text())
+    assert code == 0 and report["verdict"] == "match", report["earliest"]
 
 
 def test_versions_and_the_image_description():

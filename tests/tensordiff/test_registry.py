@@ -49,7 +49,7 @@ def test_a_broken_entry_point_is_one_line_naming_the_package(tmp_path):
 
 
 def test_a_model_no_distribution_declares_is_absent_without_importlib_metadata(tmp_path):
-    code = ("import sys; from tensordiff import registry; assert registry.contract('no-such-model') is None; "
+    code = ("import sys; from tensordiff.pipeline import registry; assert registry.contract('no-such-model') is None; "
             "print('importlib.metadata' in sys.modules)")
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT), str(PKG)]), TENSORDIFF_CACHE=str(tmp_path))
     p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)

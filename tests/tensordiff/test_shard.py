@@ -246,7 +246,7 @@ def test_inspect_shows_logical_shapes(tmp_path, capsys):
     assert code == 0, err
     assert "sharded run of 2 ranks" in out
     line = next(ln for ln in out.splitlines() if ln.startswith("x "))
-    assert "[6, 8]" in line and "shard axis 1, ranks 0,1" in line
+    assert "6 × 8" in line and "shard axis 1, ranks 0,1" in line
 
 
 def test_merging_streams_in_the_comparators_chunks(tmp_path, monkeypatch):

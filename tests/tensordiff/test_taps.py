@@ -205,3 +205,42 @@ def test_a_method_returning_a_tuple_needs_an_element():
     with tap(m, {"neg": "both@return[1]"}, rec):
         m(torch.ones(1))
     assert torch.equal(rec.tensors["neg"], -torch.ones(1))
+
+
+def test_a_tap_firing_while_a_cuda_graph_is_captured_is_refused_and_not_counted(monkeypatch):
+    # an engine capturing decode in a CUDA graph runs the module's Python once, at capture: a tap
+    # there would record the capture's placeholder (the query patched: no GPU needed)
+    capturing = {"on": True}
+    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: True)
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: capturing["on"])
+    torch.manual_seed(0)
+    net, x, rec = Net(), torch.randn(3, 4), MemoryRecorder()
+    with tap(net, {"block0": "blocks.0", "block1.in": "blocks.1@input"}, rec) as t:
+        with pytest.raises(BadInput) as e:
+            net(x)
+        msg = str(e.value)
+        assert "\n" not in msg and msg.startswith("tap point 'block0': it ran while a CUDA graph was being captured")
+        assert "eagerly" in msg and "outside the graph" in msg
+        assert t.calls == {} and rec.tensors == {}
+        capturing["on"] = False  # eager decode: the same taps record, the refused call not counted as one
+        net(x)
+    assert t.calls == {"block0": 1, "block1.in": 1} and list(rec.tensors) == ["block0", "block1.in"]
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU: a real graph capture")
+def test_a_tap_inside_a_real_cuda_graph_capture_is_refused_and_eager_records():
+    torch.manual_seed(0)
+    net, x = torch.nn.Linear(4, 4).cuda(), torch.randn(2, 4, device="cuda")
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):  # warm before capture (cuBLAS workspace), untapped
+        net(x)
+    torch.cuda.current_stream().wait_stream(s)
+    rec = MemoryRecorder()
+    with tap(net, {"out": ""}, rec) as t:
+        with pytest.raises(BadInput, match="while a CUDA graph was being captured"):
+            with torch.cuda.graph(torch.cuda.CUDAGraph()):
+                net(x)
+        assert rec.tensors == {} and t.calls == {}
+        want = net(x)  # eager: recorded, a copy
+    assert torch.equal(rec.tensors["out"], want)

@@ -141,3 +141,64 @@ def test_a_calibrated_atol_is_never_scaled():
     measured = replace(t, scale=45.0)
     assert measured.atol_scale == "rms" and measured.effective_atol == 3e-4
     assert measured.atol_text() == "0.0003 (calibrated: not scaled)"
+
+
+def test_every_value_says_where_it_came_from(tmp_path):
+    """Each value carries its source: the dtype default, the user's file (dtype and boundary
+    tables), the contract; a user's table of the same pattern wins over the contract's."""
+    from tensordiff.judge.tolerance import with_contract
+
+    p = tmp_path / "t.toml"
+    p.write_text("[tolerances.float32]\natol = 0.5\n[tolerances.boundaries.aligner]\nrtol = 0.01\n")
+    merged = with_contract(load(p), {"index.*": {"max_mismatch": 0.1}, "aligner": {"max_mismatch": 0.2}},
+                           "contract toy")
+    t = merged.for_("index.3", "float32")
+    assert dict(t.origins) == {"atol": f"{p} [float32]", "max_mismatch": "contract toy [boundaries.index.*]"}
+    assert t.source == (f"{p} [float32] (atol) + contract toy [boundaries.index.*] (max_mismatch) "
+                        "over default (float32)")
+    a = merged.for_("aligner", "float32")  # the user's `aligner` table replaces the contract's
+    assert a.max_mismatch == 0.0 and dict(a.origins) == {"atol": f"{p} [float32]", "rtol": f"{p} [boundaries.aligner]"}
+    d = merged.for_("block0", "bfloat16")
+    assert d == DEFAULTS["bfloat16"] and d.origins == () and d.source == "default (bfloat16)"
+    from tensordiff.judge.tolerance import Tolerance
+
+    assert Tolerance.from_dict(t.as_dict()) == t  # a report's stored tolerance reads back with its sources
+
+
+def test_a_calibration_files_values_are_labelled_calibration(tmp_path):
+    from tensordiff.judge.floor import DEFAULT_RULE
+    from tensordiff.pipeline.calibration import rule_of
+
+    cal, plain = tmp_path / "cal.toml", tmp_path / "plain.toml"
+    body = '[tolerances.boundaries.block0.float32]\natol = 3e-4\nfloor = 1e-4\n[floor_rule]\nrmse = 1.2\n'
+    cal.write_text('[calibration]\nmodel = "toy"\n' + body)
+    plain.write_text(body)
+    assert load(cal).for_("block0", "float32").source == (
+        f"calibration {cal} [boundaries.block0.float32] (atol, floor) over default (float32)")
+    assert load(plain).for_("block0", "float32").source.startswith(f"{plain} [boundaries.block0.float32]")
+    assert rule_of(cal).source == f"calibration {cal} [floor_rule]" and rule_of(plain).source == f"{plain} [floor_rule]"
+    assert DEFAULT_RULE.source == "default" and "source" not in rule_of(cal).as_dict()
+
+
+def test_the_reports_tolerances_line_names_each_source(tmp_path):
+    """The line a report prints counts the tensors each source judged: a contract's tables are
+    named as the contract's (not "defaults"), a file none of whose tables applies is said so."""
+    from helpers_dumps import pipeline, write
+
+    from tensordiff.pipeline.compare import compare_dumps
+    from tensordiff.judge.contract import Boundary, Contract
+
+    a, b = write(tmp_path / "a", pipeline()), write(tmp_path / "b", pipeline())
+    bounds = (Boundary("patches"), Boundary("rope"), Boundary("block0", ("patches", "rope")),
+              Boundary("final_norm", ("block0",)), Boundary("aligner", ("final_norm",)))
+    plain = compare_dumps(a, b, contract=Contract("toy", bounds))
+    assert plain.tolerances == "default (float32): 6 tensors"
+    ruled = compare_dumps(a, b, contract=Contract("toy", bounds, tolerances={"aligner": {"rtol": 0.5}}))
+    assert ruled.tolerances == ("default (float32): 5 tensors; contract toy [boundaries.aligner] (rtol) over "
+                                "default (float32): 1 tensor (aligner)")
+    aligner = ruled.as_json()["boundaries"][-1]["tolerance"]["aligner"]
+    assert aligner["origins"] == [["rtol", "contract toy [boundaries.aligner]"]]
+    unused = tmp_path / "u.toml"
+    unused.write_text("[tolerances.boundaries.nothing_here]\natol = 1.0\n")
+    rep = compare_dumps(a, b, unused, contract=Contract("toy", bounds))
+    assert rep.tolerances == f"default (float32): 6 tensors; {unused}: no table of it applies here"

@@ -1,5 +1,6 @@
-"""The VML first-call race (issue 13's sometimes-wrong rope.cos) stays fixed: fresh processes
-under a competing busy loop never see a defect, and the check itself trips on the planted defect."""
+"""The VML first-call race (a sometimes-wrong rope.cos, tensordiff/warmup.py) stays fixed: fresh
+processes under a competing busy loop never see a defect, and the check itself trips on the
+planted defect."""
 import json
 import os
 import subprocess
@@ -40,7 +41,7 @@ def test_the_check_trips_on_the_low_accuracy_kernel():
     except (OSError, AttributeError):
         pytest.skip("this torch build has no MKL VML")
     r = _result(_worker("--plant"))
-    # the defect of issue 13: rows 1..N/2 of rope.cos off the unit circle (2.99e-4 on the machine
+    # the race's defect: rows 1..N/2 of rope.cos off the unit circle (2.99e-4 on the machine
     # where it was seen; the EP kernel's exact error depends on the CPU's instruction set)
     (d,) = [d for d in r["defects"] if d.startswith("engine rope off the unit circle")]
     err = float(d.split("= ")[1].split(",")[0])

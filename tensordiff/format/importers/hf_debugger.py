@@ -13,6 +13,11 @@ each tensor by its module path without the class (`model.layers.0.mlp.down_proj.
 in the chain of calls the first module whose output diverges while its inputs match is the root. Only files the tree names are read,
 from inside the directory; nothing is unpickled (safetensors only).
 
+The model's own outputs (`logits`, ...) are written to files (`<Class>_outputs_logits.safetensors`;
+`_outputs_<key>` of a dict, `_outputs_<i>` of a tuple, nested alike) that the tree no longer names
+(the debugger prunes the outputs of every module with children, the model's too); they are
+imported last as `out.<key>` (`out.logits`, `out.hidden_states_0`), the boundary `outputs`.
+
 A module called twice writes the same file twice (the debugger keeps the last call): its earlier
 nodes are dropped, with a note. A trace written with `use_repr=True` holds printed tensors only
 and is refused.
@@ -100,6 +105,14 @@ def _read(d: Path, rec: dict, name: str, trace: Path) -> Any:
     return bf16_from_bits(raw) if st.dtype.name == "bfloat16" else raw
 
 
+def model_outputs(d: Path, root: str, used: set[str]) -> list[Path]:
+    """The files of the model's own outputs (`<root>_outputs[_<key>...].safetensors`) the tree
+    does not name, in name order."""
+    stem = f"{root}_outputs"
+    return sorted(p for p in d.glob("*.safetensors") if p.name not in used and root
+                  and (p.name == f"{stem}.safetensors" or p.name.startswith(f"{stem}_")))
+
+
 def read(d: str | Path) -> Imported:
     d = Path(d)
     trace = find_trace(d)
@@ -127,6 +140,11 @@ def read(d: str | Path) -> Imported:
             continue
         imp.add(name, _read(d, rec, name, trace), boundary)
         used.add(Path(rec["value"]).name)
+    for f in model_outputs(d, root, used):
+        key = f.name[len(root) + len("_outputs"):-len(".safetensors")].lstrip("_")
+        name = ".".join(x for x in ("out", key) if x)
+        imp.add(name, _read(d, {"value": f"./{f.name}"}, name, trace), "outputs")
+        used.add(f.name)
     unused = sorted(p.name for p in d.glob("*.safetensors") if p.name not in used)
     if unused:
         imp.notes.append(f"{len(unused)} safetensors file(s) in {d.name} are named by no node of the trace "

@@ -68,12 +68,34 @@ GEOMETRY = (
 )
 
 
+VISION_READS = ("vision.", "aligner.", "image_start", "image_end", "image_newline")
+
+
 def _reads(req) -> tuple[str, ...] | None:
     """What a run reads from the checkpoint: the tower, the aligner and the image markers; with a
-    prompt or decode steps, the language backbone too (then: everything)."""
+    prompt or decode steps, the language backbone too: with `--layers`, the embedding, final
+    norm, head and those layers only (a 48-shard download is not hashed whole for one layer),
+    else everything."""
     if req.prompt is None and not req.decode:
-        return ("vision.", "aligner.", "image_start", "image_end", "image_newline")
-    return None
+        return VISION_READS
+    ids = _layer_ids(req.options.get("layers"))
+    if ids is None:
+        return None
+    return VISION_READS + ("embed.", "norm.", "head.") + tuple(f"layers.{i}." for i in ids)
+
+
+def _layer_ids(spec) -> tuple[int, ...] | None:
+    """The ids of a `--layers` spec ("0-2", "0,2"), or None for every layer (no spec, or one the
+    runners will refuse anyway)."""
+    if spec in (None, ""):
+        return None
+    ids: set[int] = set()
+    for piece in str(spec).split(","):
+        first, dash, last = piece.strip().partition("-")
+        if not first.isdigit() or (dash and not last.isdigit()):
+            return None
+        ids.update(range(int(first), int(last if dash else first) + 1))
+    return tuple(sorted(ids))
 
 
 def _weights(spec: str):
@@ -124,10 +146,11 @@ ADAPTER = ModelAdapter(
     geometry=GEOMETRY,
     multi_image=True,
     # the fp32 reference of the language half: semantic numerics (fp32, exact dequantised weights,
-    # no kernel rounding); `official` would run it in bf16 with FP8/FP4 rounding whatever --dtype
+    # no kernel rounding); `official` would run it in bf16 with FP8/FP4 rounding
     exact_options=(("language_numerics", "semantic"), ("kernel_quant", False)),
     # the official code builds the whole model, vision tower included, in bf16 (the language
     # kernels' FP8 / FP4 rounding on top: `language_numerics` official, the bf16 default)
     official_dtype=lambda _spec: "bfloat16",
+    checkpoint=lazy("tensordiff.models.deepseek_v41_flash.checkpoint:describe"),
     description="DeepSeek V4.1 Flash: preprocessing, 32-layer ViT with 2D RoPE, 3x3 aligner; with a prompt, the language backbone",
 )

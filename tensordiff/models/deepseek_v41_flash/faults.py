@@ -36,6 +36,10 @@ FP8_SCALE_IGNORED = "fp8-scale-ignored"
 FP8_SCALE_TRANSPOSED = "fp8-scale-transposed"
 FP4_NIBBLES_SWAPPED = "fp4-nibbles-swapped"
 ENGRAM_SCALE_IGNORED = "engram-scale-ignored"
+# the release's own storage, converted on load (FP8 `wo_a` + scale -> bf16, int8-stored FP4 experts)
+WO_A_SCALE_DROPPED = "wo-a-scale-dropped"
+WO_A_BLOCK_128 = "wo-a-block-128"
+FP4_INT8_SIGN_EXTENDED = "fp4-int8-sign-extended"
 
 VISION = (
     Fault(CONTAIN_CEIL, "plan", "contain rounds the short side with ceil instead of round",
@@ -108,6 +112,18 @@ LANGUAGE_FAULTS = (
           needs=(LANGUAGE, Need("FP4 routed experts (--weights synthetic:tiny-fp8)"))),
     Fault(ENGRAM_SCALE_IGNORED, "engram.1", "FP8 Engram table rows read without their scales",
           needs=(LANGUAGE, Need("an FP8 Engram table (--weights synthetic:tiny-fp8)"))),
+    # the release's storage: layer 0's `wo_a` is its first FP8 weight read with a block scale of
+    # its own shape (in synthetic:tiny-fp8 two block columns with different scales); its routed
+    # experts the first int8-stored FP4 bytes
+    Fault(WO_A_SCALE_DROPPED, "attn.0", "the release's FP8 wo_a cast to bf16 without its block scale",
+          needs=(LANGUAGE, Need("wo_a stored FP8 with its scale, as the release (--weights synthetic:tiny-fp8)"))),
+    Fault(WO_A_BLOCK_128, "attn.0", "the release's FP8 wo_a dequantised with 128x128 blocks (another "
+          "checkpoint family's block size) instead of the blocks its scale's shape gives",
+          needs=(LANGUAGE, Need("wo_a stored FP8 with a scale of several block columns, as the release "
+                                "(--weights synthetic:tiny-fp8)"))),
+    Fault(FP4_INT8_SIGN_EXTENDED, "hidden.0", "int8-stored FP4 expert bytes unpacked as signed: the high nibble "
+          "sign-extends and every odd element's sign is lost",
+          needs=(LANGUAGE, Need("routed experts stored as int8, as the release (--weights synthetic:tiny-fp8)"))),
 )
 
 FAULTS = VISION + NUMERIC + LANGUAGE_FAULTS

@@ -14,7 +14,8 @@ at trained-like scales: fan-in scaled weights, residual outputs scaled down by s
 small biases, norm weights near 1. Stored in bf16, as the released vision weights are.
 
 `tiny-fp8` is `tiny` in the released storage (FP8 dense layers and Engram table with block scales,
-FP4 routed experts). `tiny` also holds the language backbone (`deepseek_v41_flash_language`, merged into the same
+FP4 routed experts in int8 tensors, `wo_a` FP8 with its block scale); `tiny-fp8-converted` the same
+weights as the official `convert.py` leaves them (experts float4, `wo_a` bf16). `tiny` also holds the language backbone (`synthetic_language`, merged into the same
 config and index); `full` holds the vision path only (tower, aligner, span markers).
 
 Seeds: `synthetic:<size>-s<N>` (N >= 1, e.g. `synthetic:full-s2`) is the same config with the
@@ -39,7 +40,8 @@ from tensordiff.format.storage import read_safetensors_layout
 from tensordiff.cache import cache_root, share
 from tensordiff.models.synthetic import generator
 from tensordiff.models.deepseek_v41_flash.synthetic_language import (
-    SYNTH_VERSION, language_config, language_tensors, quantised_config,
+    SYNTH_VERSION, byte_tokenizer_compressed_vocab, language_config, language_tensors, quantised_config,
+    release_layer_units,
 )
 
 MODEL = "deepseek-v4.1-flash"
@@ -82,9 +84,12 @@ def _tiny_fp8() -> dict:
     return quantised_config(_tiny())
 
 
-# `tiny-fp8` is `tiny` stored as the released checkpoint is: FP8 dense layers and Engram table with
-# their block scales, FP4 routed experts (see `deepseek_v41_flash_language`).
-CONFIGS: dict[str, Callable[[], dict]] = {"tiny": _tiny, "tiny-fp8": _tiny_fp8, "full": lambda: dict(FULL)}
+# `tiny-fp8` is `tiny` stored as the released shards are: FP8 dense layers and Engram table with
+# their block scales, FP4 routed experts in int8 tensors, `wo_a` FP8 with its block scale;
+# `tiny-fp8-converted` the same weights as the official `convert.py` leaves them (FP4 experts as
+# float4, `wo_a` bf16). See `synthetic_language`.
+CONFIGS: dict[str, Callable[[], dict]] = {"tiny": _tiny, "tiny-fp8": _tiny_fp8, "tiny-fp8-converted": _tiny_fp8,
+                                          "full": lambda: dict(FULL)}
 
 
 # --------------------------------------------------------------------------- names and shapes
@@ -136,17 +141,59 @@ def _vision_values(cfg: dict, seed: int = 0) -> Iterator[tuple[str, dict]]:
         yield unit, values
 
 
-def _language_values(cfg: dict, seed: int = 0) -> Iterator[tuple[str, dict]]:
+def _language_values(cfg: dict, seed: int = 0, storage: str = "release") -> Iterator[tuple[str, dict]]:
     """The language backbone's tensors (its own seeding and scales), minus what the vision
     writer already holds (the span markers). Its seeding is its own: `seed` changes nothing here."""
-    yield "language", language_tensors(cfg, skip=frozenset(vision_tensor_names(cfg)))
+    yield "language", language_tensors(cfg, skip=frozenset(vision_tensor_names(cfg)), storage=storage)
+
+
+def _converted_language_values(cfg: dict, seed: int = 0) -> Iterator[tuple[str, dict]]:
+    return _language_values(cfg, seed, storage="converted")
+
+
+# `full-layers-IDS` (e.g. `full-layers-2`, `full-layers-0,2`): the released config stored as the
+# release is, holding the vision path and, of the language backbone, only the layers IDS with the
+# embedding, final norm and head: what a partial download holds, run with `--layers IDS`. About
+# 7.3 GB a layer (384 FP4 experts) and 3.5 GB besides; the Engram layers (1, 14: 384M-row tables,
+# about 100 GB each) are refused. The byte tokenizer of every synthetic checkpoint sets the compressed
+# vocabulary size.
+LAYERS_PREFIX = "full-layers-"
+
+
+def _layer_ids(size: str) -> tuple[int, ...]:
+    spec = size[len(LAYERS_PREFIX):]
+    ids: set[int] = set()
+    for piece in spec.split(","):
+        first, dash, last = piece.partition("-")
+        if not first.isdigit() or (dash and not last.isdigit()):
+            raise BadInput(f"synthetic:{size}: write the layers as ids and ranges, e.g. full-layers-2 or full-layers-0,2")
+        ids.update(range(int(first), int(last if dash else first) + 1))
+    bad = sorted(i for i in ids if not 0 <= i < FULL["n_layers"])
+    if bad or not ids:
+        raise BadInput(f"synthetic:{size}: layer {bad[0] if bad else spec} is not inside 0-{FULL['n_layers'] - 1}")
+    engram = sorted(ids & set(FULL["engram_layer_ids"]))
+    if engram:
+        raise BadInput(f"synthetic:{size}: layer {engram[0]} holds an Engram table of "
+                       f"{FULL['engram_num_embeddings'][FULL['engram_layer_ids'].index(engram[0])]:,} rows, too large "
+                       "for a synthetic checkpoint; choose layers without one")
+    return tuple(sorted(ids))
+
+
+def _full_language() -> dict:
+    return {**FULL, "engram_compressed_vocab_size": byte_tokenizer_compressed_vocab(FULL["vocab_size"])}
+
+
+def _layers_writer(layers: tuple[int, ...]):
+    def write(cfg: dict, seed: int = 0) -> Iterator[tuple[str, dict]]:
+        yield from release_layer_units(cfg, layers)
+    return write
 
 
 # Units each size holds: `full` is the vision path only (the released language backbone is
 # ~280B parameters); `tiny` holds the whole model.
 UNIT_WRITERS: dict[str, list[Callable[[dict], Iterator[tuple[str, dict]]]]] = {
     "tiny": [_vision_values, _language_values], "tiny-fp8": [_vision_values, _language_values],
-    "full": [_vision_values]}
+    "tiny-fp8-converted": [_vision_values, _converted_language_values], "full": [_vision_values]}
 
 SHARD_BYTES = 512 << 20
 
@@ -154,33 +201,43 @@ SHARD_BYTES = 512 << 20
 # --------------------------------------------------------------------------- writing
 
 def _write(target: Path, cfg: dict, writers, seed: int = 0) -> None:
-    """Shards of whole units up to SHARD_BYTES, an index, and config.json, atomically."""
+    """Shards of whole units up to SHARD_BYTES, an index, and config.json, atomically. Each shard
+    is written as soon as it is full (a real-dimensions checkpoint never sits in memory whole)."""
     from safetensors.torch import save_file
 
     target.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.tmp-", dir=target.parent))
     try:
-        shards: list[dict] = [{}]
+        written: list[tuple[Path, dict[str, int]]] = []  # (file, {name: bytes})
+        pending: dict = {}
+
+        def flush(tensors: dict) -> None:
+            f = tmp / f".shard-{len(written) + 1:05d}"
+            save_file({k: v.contiguous() for k, v in tensors.items()}, str(f), metadata={"format": "pt"})
+            written.append((f, {k: v.numel() * v.element_size() for k, v in tensors.items()}))
+
         size = 0
         for writer in writers:
             for _unit, values in writer(cfg, seed):
                 nbytes = sum(t.numel() * t.element_size() for t in values.values())
-                if shards[-1] and size + nbytes > SHARD_BYTES:
-                    shards.append({})
-                    size = 0
-                shards[-1].update(values)
+                if pending and size + nbytes > SHARD_BYTES:
+                    flush(pending)
+                    pending, size = {}, 0
+                pending.update(values)
                 size += nbytes
-        if len(shards) == 1:  # always exercise the index: at least two shards
-            names = list(shards[0])
+        if not written:  # always exercise the index: at least two shards
+            names = list(pending)
             cut = max(1, len(names) // 2)
-            shards = [{n: shards[0][n] for n in names[:cut]}, {n: shards[0][n] for n in names[cut:]}]
+            flush({n: pending[n] for n in names[:cut]})
+            pending = {n: pending[n] for n in names[cut:]}
+        if pending:
+            flush(pending)
         weight_map, total = {}, 0
-        for i, shard in enumerate(shards, 1):
-            fname = f"model-{i:05d}-of-{len(shards):05d}.safetensors"
-            save_file({k: v.contiguous() for k, v in shard.items()}, str(tmp / fname), metadata={"format": "pt"})
-            for k, v in shard.items():
-                weight_map[k] = fname
-                total += v.numel() * v.element_size()
+        for i, (f, tensors) in enumerate(written, 1):
+            fname = f"model-{i:05d}-of-{len(written):05d}.safetensors"
+            os.rename(f, tmp / fname)
+            weight_map.update(dict.fromkeys(tensors, fname))
+            total += sum(tensors.values())
         write_index(tmp, weight_map, total)
         (tmp / "config.json").write_text(json.dumps(cfg, indent=4) + "\n")
         share(tmp)
@@ -207,10 +264,13 @@ def synthetic_dir(size: str) -> Path:
     """The cached checkpoint for `size` ("tiny", "tiny-fp8", "full", each optionally with a
     seed suffix "-s<N>"), written on first use."""
     base, seed = split_seed(size)
-    if base not in CONFIGS:
+    if base.startswith(LAYERS_PREFIX):
+        cfg, writers = _full_language(), [_vision_values, _layers_writer(_layer_ids(base))]
+    elif base not in CONFIGS:
         raise BadInput(f"unknown synthetic size {size!r} ({', '.join(CONFIGS)}, each optionally "
-                       "with a vision seed suffix such as -s2)")
-    cfg = CONFIGS[base]()
+                       f"with a vision seed suffix such as -s2; or {LAYERS_PREFIX}IDS)")
+    else:
+        cfg, writers = CONFIGS[base](), UNIT_WRITERS[base]
 
     # the directory name changes with the config, either writer's version or the seed (seed 0
     # keeps the name it always had)
@@ -218,7 +278,7 @@ def synthetic_dir(size: str) -> Path:
     key = hashlib.sha256(text.encode()).hexdigest()[:12]
     target = cache_root() / MODEL / f"synthetic-{size}-{key}"
     if not (target / INDEX).is_file():
-        _write(target, cfg, UNIT_WRITERS[base], seed)
+        _write(target, cfg, writers, seed)
     return target
 
 
@@ -230,13 +290,20 @@ def check_checkpoint(path: Path) -> None:
         raise BadInput(f"weights {path} is neither synthetic:tiny, synthetic:full nor a directory")
     config = path / "config.json"
     if not config.is_file():
-        raise BadInput(f"{path} has no config.json: not a DeepSeek V4.1 Flash checkpoint")
+        raise BadInput(f"{config} is a directory, not the checkpoint's config file" if config.is_dir()
+                       else f"{path} has no config.json: not a DeepSeek V4.1 Flash checkpoint")
     try:
         cfg = json.loads(config.read_text())
     except ValueError as e:
         raise BadInput(f"{config} is not valid JSON ({e})") from None
-    if not isinstance(cfg, dict) or not cfg.get("vision_n_layers"):
-        raise BadInput(f"{config} declares no vision tower (vision_n_layers missing or 0)")
+    except OSError as e:
+        raise BadInput(f"cannot read {config}: {e.strerror}") from None
+    if not isinstance(cfg, dict):
+        raise BadInput(f"{config} must hold a JSON object of config keys")
+    depth = cfg.get("vision_n_layers")
+    if type(depth) is not int or depth < 1:  # the names of the tensors to look for come from it
+        raise BadInput(f"{config}: vision_n_layers must be an integer >= 1 (the vision tower's depth), "
+                       f"not {json.dumps(depth)[:40]}" + (" (absent)" if "vision_n_layers" not in cfg else ""))
     merged = {**FULL, **cfg}
     weight_map = checkpoint_weight_map(path)
     needed = vision_tensor_names(merged)
@@ -264,6 +331,9 @@ def resolve(spec: str) -> Path:
     """`synthetic:tiny` | `synthetic:full` | a checkpoint directory -> the directory to load."""
     if spec.startswith("synthetic:"):
         return synthetic_dir(spec.split(":", 1)[1])
-    path = Path(spec).expanduser()
+    try:
+        path = Path(spec).expanduser()
+    except RuntimeError:  # ~name of no user on this machine
+        raise BadInput(f"weights {spec!r}: {spec.split('/')[0]} is no user's home directory on this machine") from None
     check_checkpoint(path)
     return path

@@ -18,9 +18,14 @@ Storage follows the config's `dtype` / `expert_dtype`, as the released checkpoin
   float8_e4m3fn with a float8_e8m0fnu `<module>.scale` per 32x32 block; the Engram table
   `engram.embed.weight` float8_e4m3fn with `engram.embed.scale` per row and 32 columns. The rest
   stays bf16 / fp32 as above (`wo_a`, `weights_proj`, indexer `wk`, the compressor, the gate).
-- `expert_dtype: "fp4"`: routed experts' `w1` / `w2` / `w3` float4_e2m1fn_x2 (two values per byte,
-  the even element in the low nibble, [out, in/2]) with a float8_e8m0fnu scale per row and 32
-  inputs; with `expert_dtype: null` they follow `dtype`.
+- `expert_dtype: "fp4"`: routed experts' `w1` / `w2` / `w3` packed FP4 (two e2m1 codes a byte,
+  the even element in the low nibble, [out, in/2] bytes) with a float8_e8m0fnu scale per row and
+  32 inputs; with `expert_dtype: null` they follow `dtype`.
+Two storages of a quantised config (`STORAGES`):
+- `release`, as the released shards store it: the FP4 experts in tensors of safetensors dtype
+  int8 (I8), and `wo_a` float8_e4m3fn with a float8_e8m0fnu `attn.wo_a.scale` per 32x32 block;
+- `converted`, what the official `convert.py` makes of it: the experts float4_e2m1fn_x2 (F4) and
+  `wo_a` bf16 (each block times its scale in fp32, then bf16; no scale).
 Quantised values are the bf16 master's, each 32-block first given its own power-of-two gain so
 that the block scales differ (a transposed or ignored scale changes the numbers).
 """
@@ -33,7 +38,7 @@ from tensordiff.models.synthetic import generator
 from tensordiff.cache import cache_root, share
 
 TINY_VOCAB = 512
-SYNTH_VERSION = 3  # bump when `synth` changes, so cached checkpoints are rewritten
+SYNTH_VERSION = 4  # bump when `synth` changes, so cached checkpoints are rewritten
 
 
 def _is_prime(n: int) -> bool:
@@ -273,23 +278,52 @@ def quantise(fmt: str, name: str, w) -> dict:
     return {name: stored, base + ".scale": scale.to(torch.float8_e8m0fnu)}
 
 
-def stored_tensors(cfg: dict, name: str, shape: tuple[int, ...], dtype: str) -> dict:
+STORAGES = ("release", "converted")
+
+
+def _is_wo_a(name: str) -> bool:
+    return name.startswith("layers.") and name.endswith(".attn.wo_a.weight")
+
+
+def _fp8_blocks_to_bf16(w, s):
+    """What `convert.py` makes of an FP8 weight with 32x32 block scales: bf16 of the fp32 products."""
+    import torch
+
+    full = s.float().repeat_interleave(QUANT_BLOCK, 0)[: w.shape[0]].repeat_interleave(QUANT_BLOCK, 1)[:, : w.shape[1]]
+    return (w.float() * full).to(torch.bfloat16)
+
+
+def stored_tensors(cfg: dict, name: str, shape: tuple[int, ...], dtype: str, storage: str = "release") -> dict:
     """The tensor(s) a checkpoint stores for one logical weight: itself, or a quantised weight and
-    its scale."""
+    its scale, in `storage` (see the module docstring)."""
+    import torch
+
+    if storage not in STORAGES:
+        raise ValueError(f"storage {storage!r} is not one of {STORAGES}")
     fmt = storage_format(cfg, name)
     master = synth(name, shape, dtype)
-    return quantise(fmt, name, master) if fmt else {name: master}
+    if fmt is None and _is_wo_a(name) and cfg.get("dtype") == "fp8":
+        q = quantise("fp8", name, master)  # the release's FP8 wo_a and its block scale
+        if storage == "converted":
+            return {name: _fp8_blocks_to_bf16(q[name], q[name[: -len("weight")] + "scale"])}
+        return q
+    if fmt is None:
+        return {name: master}
+    q = quantise(fmt, name, master)
+    if fmt == "fp4" and storage == "release":
+        q[name] = q[name].view(torch.int8)  # the same bytes, safetensors dtype I8
+    return q
 
 
-def language_tensors(cfg: dict, skip: set[str] | frozenset[str] = frozenset()) -> dict:
+def language_tensors(cfg: dict, skip: set[str] | frozenset[str] = frozenset(), storage: str = "release") -> dict:
     out = {}
     for n, (shape, dt) in language_shapes(cfg).items():
         if n not in skip:
-            out.update(stored_tensors(cfg, n, shape, dt))
+            out.update(stored_tensors(cfg, n, shape, dt, storage))
     return out
 
 
-def write_checkpoint(path: Path, cfg: dict) -> Path:
+def write_checkpoint(path: Path, cfg: dict, storage: str = "release") -> Path:
     """A language-only checkpoint: config.json, one shard and its index (atomic rename)."""
     import os
     import tempfile
@@ -301,7 +335,7 @@ def write_checkpoint(path: Path, cfg: dict) -> Path:
         return path
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.tmp-", dir=path.parent))
-    tensors = language_tensors(cfg)
+    tensors = language_tensors(cfg, storage=storage)
     shard = "model-00001-of-00001.safetensors"
     save_file({k: v.contiguous() for k, v in tensors.items()}, str(tmp / shard))
     (tmp / "config.json").write_text(json.dumps(cfg, indent=1) + "\n")
@@ -325,17 +359,68 @@ def quantised_config(cfg: dict) -> dict:
     return {**cfg, **QUANTISED}
 
 
-def tiny_language_checkpoint(dim: int = 64, quantised: bool = False) -> Path:
-    """The cached language-only tiny checkpoint (tests); `quantised`: in the released storage."""
+def tiny_language_checkpoint(dim: int = 64, quantised: bool = False, storage: str = "release") -> Path:
+    """The cached language-only tiny checkpoint (tests); `quantised`: FP8 / FP4 as the release
+    stores it (`storage` "release") or as `convert.py` leaves it ("converted")."""
     import hashlib
 
 
     cfg = language_config(dim)
     if quantised:
         cfg = quantised_config(cfg)
-    key = hashlib.sha256(f"{SYNTH_VERSION}:{json.dumps(cfg, sort_keys=True)}".encode()).hexdigest()[:12]
-    kind = "tiny-fp8" if quantised else "tiny"
-    return write_checkpoint(cache_root() / f"deepseek-v41-flash-language-{kind}-{key}", cfg)
+    key = hashlib.sha256(f"{SYNTH_VERSION}:{json.dumps(cfg, sort_keys=True)}:{storage}".encode()).hexdigest()[:12]
+    kind = ("tiny-fp8" + ("-converted" if storage == "converted" else "")) if quantised else "tiny"
+    return write_checkpoint(cache_root() / f"deepseek-v41-flash-language-{kind}-{key}", cfg, storage)
+
+
+# --------------------------------------------------------------------------- released dimensions, some layers
+#
+# A released layer's 384 routed experts are 13.6G FP4 values; drawing a Gaussian master and
+# quantising it would take minutes a layer. At the released dimensions (`release_layer_units`)
+# routed experts are drawn in their stored form instead: uniformly random bytes (every byte is two
+# valid e2m1 codes, RMS 2.93) and a power-of-two scale per row and 32 inputs at the fan-in scale,
+# times a seeded 2^-1, 1 or 2 per block. Everything else is drawn as in the small configs.
+FP4_CODE_RMS = (sum(v * v for v in E2M1_GRID) / len(E2M1_GRID)) ** 0.5
+
+
+def drawn_fp4(name: str, shape: tuple[int, int], storage: str = "release") -> dict:
+    """{name: packed FP4 [out, in/2] (int8 in the release, float4 converted), scale name: e8m0}."""
+    import math
+
+    import torch
+
+    rows, cols = shape
+    g = generator(name)
+    data = torch.randint(0, 256, (rows, cols // 2), generator=g, dtype=torch.uint8)
+    base = round(math.log2(1.0 / (math.sqrt(cols) * FP4_CODE_RMS)))
+    k = torch.randint(-1, 2, (rows, cols // QUANT_BLOCK), generator=g, dtype=torch.int16)
+    scale = (127 + base + k).to(torch.uint8).view(torch.float8_e8m0fnu)
+    stored = data.view(torch.int8) if storage == "release" else data.view(torch.float4_e2m1fn_x2)
+    return {name: stored, name[: -len("weight")] + "scale": scale}
+
+
+def release_layer_units(cfg: dict, layers, storage: str = "release"):
+    """(unit, {name: tensor}) of the language backbone at `cfg`'s dimensions for `layers` only
+    (with the embedding, final norm and head; the image markers are the vision writer's), in
+    `storage`: one unit per routed expert, one per layer for the rest, so no unit is split across
+    shards. Routed experts are drawn in their stored form (`drawn_fp4`)."""
+    keep = set(layers)
+    units: dict[str, dict[str, tuple]] = {}
+    for name, (shape, dt) in language_shapes(cfg).items():
+        parts = name.split(".")
+        if name.startswith("image_") or (parts[0] == "layers" and int(parts[1]) not in keep):
+            continue
+        expert = parts[0] == "layers" and parts[2] == "ffn" and parts[3] == "experts"
+        unit = ".".join(parts[:5]) if expert else ".".join(parts[:2]) if parts[0] == "layers" else parts[0]
+        units.setdefault(unit, {})[name] = (shape, dt)
+    for unit, tensors in units.items():
+        out = {}
+        for name, (shape, dt) in tensors.items():
+            if storage_format(cfg, name) == "fp4" and ".ffn.experts." in name:
+                out.update(drawn_fp4(name, shape, storage))
+            else:
+                out.update(stored_tensors(cfg, name, shape, dt, storage))
+        yield unit, out
 
 
 # Beyond this many language parameters a synthetic checkpoint leaves the language backbone out

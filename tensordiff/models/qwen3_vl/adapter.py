@@ -131,8 +131,8 @@ def boundary_of(tensor: str) -> str:
 
 # The logits are a 2048-term reduction (final-norm hidden . tied embedding), RMS 45.7 with the 2B
 # dimensions: in fp32 an element near zero carries the absolute error of partial sums that size,
-# so atol is in units of the tensor's RMS there (`tensordiff.judge.tolerance`; measured on an H200: clean
-# max|d| 7.2e-4, 2.2e-6 of the RMS, 0.023% of elements beyond a fixed 1e-4 + 1e-3|a|).
+# so atol is in units of the tensor's RMS there (`tensordiff.judge.tolerance`: a clean fp32 engine on a GPU
+# has max|d| 7.2e-4, 2.2e-6 of the RMS, with 0.023% of elements beyond a fixed 1e-4 + 1e-3|a|).
 # Float32 only: the bf16 numeric pass keeps its own rule.
 SCALED_LOGITS = {"atol_scale": "rms"}
 TOLERANCES = {"logits": {"float32": SCALED_LOGITS}, "logits.step.*": {"float32": SCALED_LOGITS}}
@@ -163,14 +163,28 @@ GEOMETRY = (
 def _weights(spec: str) -> Path:
     if spec.startswith("synthetic:"):
         return ensure(spec.split(":", 1)[1])
-    p = Path(spec).expanduser()
+    try:
+        p = Path(spec).expanduser()
+    except RuntimeError:  # ~name of no user on this machine
+        raise BadInput(f"weights {spec!r}: {spec.split('/')[0]} is no user's home directory on this machine") from None
     if not p.is_dir():
         raise BadInput(f"weights {spec!r} is neither synthetic:<tiny|full|full-2b> nor a checkpoint directory")
     for name in ("config.json", "preprocessor_config.json"):
+        if (p / name).is_dir():
+            raise BadInput(f"checkpoint {p}: {name} is a directory, not a JSON file")
         if not (p / name).is_file():
             raise BadInput(f"checkpoint {p} has no {name}")
+        try:  # what either side reads first: readable, and a JSON object (each side checks its values)
+            body = json.loads((p / name).read_bytes())
+        except OSError as e:
+            raise BadInput(f"cannot read {p / name}: {e.strerror}") from None
+        except ValueError as e:
+            raise BadInput(f"{p / name} is not valid JSON ({e})") from None
+        if not isinstance(body, dict):
+            raise BadInput(f"{p / name} must hold a JSON object")
     if not ((p / INDEX).is_file() or (p / "model.safetensors").is_file()):
         raise BadInput(f"checkpoint {p} has neither {INDEX} nor model.safetensors")
+
     return p
 
 

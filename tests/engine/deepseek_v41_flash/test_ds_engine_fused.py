@@ -1,6 +1,6 @@
 """The compiled block (CUDA's speed path) holds the oracle's numbers: forced on here on the CPU
 through Inductor's C++ backend, so CI checks the same segments the GPU runs (there through
-Triton; see bench/h200_checks.sh for the GPU run)."""
+Triton; `bash bench/gpu.sh OUT checks` is the GPU run)."""
 from __future__ import annotations
 
 import pytest

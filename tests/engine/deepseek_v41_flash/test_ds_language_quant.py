@@ -93,8 +93,8 @@ def test_formats_follow_the_config():
 
 
 @pytest.mark.parametrize("edit,match", [
-    (lambda t, n: t.update({n: t[n].to(torch.bfloat16)}), r"layers\.0\.attn\.wq_a\.weight: stored as torch\.bfloat16"),
-    (lambda t, n: t.update({Q.scale_name(n): t[Q.scale_name(n)].float()}), r"wq_a\.scale: scale stored as torch\.float32"),
+    (lambda t, n: t.update({n: t[n].to(torch.bfloat16)}), r"layers\.0\.attn\.wq_a\.weight: stored as bfloat16"),
+    (lambda t, n: t.update({Q.scale_name(n): t[Q.scale_name(n)].float()}), r"wq_a\.scale: scale stored as float32"),
     (lambda t, n: t.update({Q.scale_name(n): t[Q.scale_name(n)][:, :1]}), r"wq_a\.scale: scale has shape \[1, 1\]"),
 ])
 def test_prepare_refuses_what_it_does_not_understand(edit, match):

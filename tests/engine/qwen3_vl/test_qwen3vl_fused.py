@@ -1,7 +1,7 @@
 """Qwen3-VL's compiled block (its CUDA speed path) holds the eager tower's numbers, boundary by
 boundary: forced on here on the CPU through Inductor's C++ backend, so CI checks the same pieces
-the GPU compiles (there through Triton; bench/engine_speed.sh runs it on the H200 with its
-CUDA graphs). The compiled route carries the planted faults (it is the block's own code) and a
+the GPU compiles (there through Triton; `bash bench/gpu.sh OUT engines` runs it on a GPU with
+its CUDA graphs). The compiled route carries the planted faults (it is the block's own code) and a
 compile that fails falls back to the same numbers, saying why."""
 from __future__ import annotations
 

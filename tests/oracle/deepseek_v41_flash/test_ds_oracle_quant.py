@@ -146,9 +146,9 @@ def _engram_table_without_scale(t, cfg, wmap):
 
 @pytest.mark.parametrize("edit,match", [
     (_drop_scale, r"lacks layers\.0\.attn\.wkv\.scale"),
-    (_scale_fp32, r"layers\.0\.attn\.wkv\.scale .*stored as torch\.float32"),
-    (_fp8_under_bf16_config, r"stored as torch\.float8_e4m3fn, but the config makes it a plain"),
-    (_bf16_where_fp8, r"layers\.0\.attn\.wq_a\.weight .*stored as torch\.bfloat16.*float8_e4m3fn"),
+    (_scale_fp32, r"layers\.0\.attn\.wkv\.scale .*stored as float32"),
+    (_fp8_under_bf16_config, r"stored as float8_e4m3fn, but the config makes it a plain"),
+    (_bf16_where_fp8, r"layers\.0\.attn\.wq_a\.weight .*stored as bfloat16.*float8_e4m3fn"),
     (_engram_table_without_scale, r"lacks layers\.1\.engram\.embed\.scale"),
 ])
 def test_format_errors_name_the_tensor(tmp_path, edit, match):

@@ -4,6 +4,7 @@ from __future__ import annotations
 import numpy as np
 
 from tensordiff.judge.diagnosis.sizes import field_names
+from tensordiff.reports.text import render_text
 
 MEANING = "plan.size [src_w, src_h, content_w, content_h], plan.grid [gh, gw]"
 
@@ -21,7 +22,7 @@ def test_a_resize_by_one_pixel(compare):
     r = compare(x, x, meaning=MEANING, plan=(_plan(100, 70, 100, 69), _plan(100, 70, 100, 70)))
     (f,) = r.boundary("plan").diagnosis
     assert f["name"] == "resize-by-one" and "content_h 70 vs A's 69 (+1)" in f["text"] and "ceil" in f["text"]
-    assert "diagnosis: plan.size: B resized by one pixel" in str(r)
+    assert "diagnosis: plan.size: B resized by one pixel" in render_text(r)
 
 
 def test_a_larger_size_change_is_described_not_called_a_rounding(compare):
