@@ -285,7 +285,8 @@ def scores_verdict(er: Entry, ef: Entry, ec: Entry, rule: FloorRule) -> tuple[bo
     n_rows, row_len = shape_rows(er.shape)
     r, f, c = (to_float64(_all(e), e.dtype).reshape(n_rows, row_len) for e in (er, ef, ec))
     ok = np.isfinite(r) & np.isfinite(f) & np.isfinite(c)
-    df, dc = np.where(ok, f - r, 0.0), np.where(ok, c - r, 0.0)
+    with np.errstate(invalid="ignore"):  # -inf - -inf where a candidate is not eligible: masked out
+        df, dc = np.where(ok, f - r, 0.0), np.where(ok, c - r, 0.0)
     n = max(int(ok.sum()), 1)
     frow, crow = np.sqrt(np.einsum("ij,ij->i", df, df)), np.sqrt(np.einsum("ij,ij->i", dc, dc))
     f_rmse, c_rmse = math.sqrt(float((df * df).sum()) / n), math.sqrt(float((dc * dc).sum()) / n)
@@ -321,7 +322,8 @@ def worst_row_max_abs(er: Entry, ef: Entry) -> float:
         for s in range(0, er.stored.numel, step):
             e = min(er.stored.numel, s + step)
             r, f = (to_float64(rd.read(s, e), ent.dtype).reshape(-1, row_len) for rd, ent in zip(readers, (er, ef)))
-            d = np.where(np.isfinite(r) & np.isfinite(f), f - r, 0.0)
+            with np.errstate(invalid="ignore"):  # -inf - -inf (ineligible scores): masked out
+                d = np.where(np.isfinite(r) & np.isfinite(f), f - r, 0.0)
             sq = np.einsum("ij,ij->i", d, d)
             i = int(np.argmax(sq))
             if sq[i] > best:
