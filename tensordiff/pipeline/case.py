@@ -501,6 +501,31 @@ def status(msg: str) -> None:
         sys.stderr.flush()
 
 
+@dataclass
+class _Run:
+    """One case on its way through the steps of `run_case`: what each step hands the next."""
+    spec: CaseSpec
+    work: Path
+    case: CaseResult
+    prog: Any
+    label: str
+    say: Callable[[str], None]
+    use_cache: bool
+    adapter: ModelAdapter | None = None
+    tols: Any = None
+    req: RunRequest | None = None  # the first pass's request (float32 beside a numeric pass)
+    ereq: RunRequest | None = None  # the run in its own precision (the numeric pass)
+    oreq: RunRequest | None = None
+    first: str | None = None  # semantic or direct: the pass that gives `report` (None: numeric alone)
+    od: Any = None
+    odir: Path | None = None
+    edir: Path | None = None
+    judge: Judge | None = None
+
+    def timed(self, key: str):
+        return timed(self.case.timings, key, self.prog, self.label)
+
+
 def run_case(spec: CaseSpec, work: Path, *, kept: bool, tolerances=None, use_cache: bool = True,
              local: bool | None = None, views: bool = False, label: str | None = None, prog=None,
              adapter: ModelAdapter | None = None, floor=None, copy_oracle: bool | None = None) -> CaseResult:
@@ -516,17 +541,33 @@ def run_case(spec: CaseSpec, work: Path, *, kept: bool, tolerances=None, use_cac
     origin; a pass with a near-tie flip's cascade runs it in any case (what the flip feeds is
     judged there)."""
     label = label or spec.model
-    say = status if prog is None else (lambda msg: None)  # a gate shows its own progress
     case = CaseResult(spec.model, Path(spec.image) if spec.image else Path(), spec.prompt, spec.dtype or "", label,
                       kept=kept)
-    with timed(case.timings, "weights", prog, label):
-        adapter, spec = spec.resolved(adapter)
+    run = _Run(spec, work, case, prog, label, status if prog is None else (lambda msg: None), use_cache)
+    rule, profile = floor or (DEFAULT_RULE, {})
+    _weights(run, adapter, tolerances)
+    _oracle(run, kept if copy_oracle is None else copy_oracle)
+    _engine(run)
+    _passes(run, rule, profile)
+    _notes(run, kept)
+    _local_error(run, local, rule)
+    if views:
+        _views(run)
+    _runner_timings(run)
+    run.say("")
+    return case
+
+
+def _weights(run: _Run, adapter: ModelAdapter | None, tolerances) -> None:
+    """The adapter, the request (every input checked, the weights resolved) and the passes."""
+    with run.timed("weights"):
+        adapter, spec = run.spec.resolved(adapter)
         adapter, req = spec.request(adapter)
-        case.image, case.dtype = Path(req.image), req.dtype
-        tols = tolerances if isinstance(tolerances, Tolerances) else load_tolerances(tolerances)
-    passes = case.passes = tuple(spec.passes)
-    first = next((p for p in passes if p != "numeric"), None)
-    ereq = req  # the run in its own precision (the numeric pass)
+        run.case.image, run.case.dtype = Path(req.image), req.dtype
+        run.tols = tolerances if isinstance(tolerances, Tolerances) else load_tolerances(tolerances)
+    passes = run.case.passes = tuple(spec.passes)
+    run.spec, run.adapter, run.ereq = spec, adapter, req
+    run.first = first = next((p for p in passes if p != "numeric"), None)
     if first == "semantic":
         # both sides in float32; a low-precision run's semantic pass in the model's exact numerics
         # (its own numerics, DeepSeek's official bf16 language half, are the numeric pass's to judge)
@@ -535,87 +576,117 @@ def run_case(spec: CaseSpec, work: Path, *, kept: bool, tolerances=None, use_cac
         oracle_dtype = spec.oracle_dtype
     else:  # numeric alone: its floor run is the oracle the rest compares with
         oracle_dtype = None
-    oreq = oracle_request(req, oracle_dtype)
-    with timed(case.timings, "oracle", prog, label):
-        say(f"running the oracle ({spec.model}, {oreq.dtype}, {oreq.device})…")
-        od = oracle_dump(adapter, oreq, work / "oracle", use_cache)
-        case.oracle_cached, case.oracle_cache = od.cached, od.cache
-        odir = od.path
-        if (kept if copy_oracle is None else copy_oracle) and odir != work / "oracle":  # --out: side by side
-            shutil.copytree(odir, work / "oracle")
-            odir = work / "oracle"
-    with timed(case.timings, "engine", prog, label):
-        say(f"running the engine ({req.backend}, {req.dtype}{', fault ' + req.fault if req.fault else ''})…")
-        edir = run_side(adapter, "engine", req, work / "engine")
-    case.dumps = {"oracle": str(odir), "engine": str(edir)}
-    if adapter.geometry:
-        case.geometry = exercised(adapter.geometry, open_dump(odir))
-    judge = Judge.build(adapter.contract, tols, run_dtypes=(oreq.dtype, req.dtype))
-    rule, profile = floor or (DEFAULT_RULE, {})
-    with timed(case.timings, "compare", prog, label):
-        say("comparing…")
-        if first:
-            case.report = compare_dumps(odir, edir, judge)
-            # a root no direct hypothesis explains: replay the engine's stage on re-laid inputs
+    run.req, run.oreq = req, oracle_request(req, oracle_dtype)
 
-            replay_roots(adapter, req, odir, edir, case.report)
-        if "numeric" in passes:
+
+def _oracle(run: _Run, copy: bool) -> None:
+    """The oracle's dump, from the cache when it holds one (copied beside the engine's for --out)."""
+    with run.timed("oracle"):
+        run.say(f"running the oracle ({run.spec.model}, {run.oreq.dtype}, {run.oreq.device})…")
+        od = run.od = oracle_dump(run.adapter, run.oreq, run.work / "oracle", run.use_cache)
+        run.case.oracle_cached, run.case.oracle_cache = od.cached, od.cache
+        run.odir = od.path
+        if copy and run.odir != run.work / "oracle":  # --out: side by side
+            shutil.copytree(run.odir, run.work / "oracle")
+            run.odir = run.work / "oracle"
+
+
+def _engine(run: _Run) -> None:
+    """The engine's dump of the first pass's request."""
+    req = run.req
+    with run.timed("engine"):
+        run.say(f"running the engine ({req.backend}, {req.dtype}{', fault ' + req.fault if req.fault else ''})…")
+        run.edir = run_side(run.adapter, "engine", req, run.work / "engine")
+    run.case.dumps = {"oracle": str(run.odir), "engine": str(run.edir)}
+    if run.adapter.geometry:
+        run.case.geometry = exercised(run.adapter.geometry, open_dump(run.odir))
+
+
+def _passes(run: _Run, rule, profile) -> None:
+    """The first pass (semantic or direct) on the two dumps, then the numeric pass."""
+    case, adapter = run.case, run.adapter
+    run.judge = Judge.build(adapter.contract, run.tols, run_dtypes=(run.oreq.dtype, run.req.dtype))
+    with run.timed("compare"):
+        run.say("comparing…")
+        if run.first:
+            case.report = compare_dumps(run.odir, run.edir, run.judge)
+            # a root no direct hypothesis explains: replay the engine's stage on re-laid inputs
+            replay_roots(adapter, run.req, run.odir, run.edir, case.report)
+        if "numeric" in case.passes:
             # the semantic pass's oracle is the numeric pass's reference (float32, exact numerics)
-            num = _numeric(adapter, ereq, odir if first == "semantic" else None,
-                           odir if not first else None, edir if not first else None, work, kept, use_cache, tols,
-                           (rule, profile), case)
+            first = run.first
+            num = _numeric(adapter, run.ereq, run.odir if first == "semantic" else None,
+                           run.odir if not first else None, run.edir if not first else None, run.work,
+                           case.kept, run.use_cache, run.tols, (rule, profile), case)
             if first:
                 case.numeric = num
             else:
                 case.report = num
-    if od.cache == "rejected":
-        case.report.notes.append(od.note)
+
+
+def _notes(run: _Run, kept: bool) -> None:
+    """What the report must say of its dumps: a rejected cache entry, dumps that are gone."""
+    if run.od.cache == "rejected":
+        run.case.report.notes.append(run.od.note)
     if not kept:
-        where = "" if odir.is_relative_to(work) else f" except the oracle's, kept in the cache at {odir}"
-        case.report.notes.append(TEMPORARY_NOTE.format(cached=where))
+        where = "" if run.odir.is_relative_to(run.work) else f" except the oracle's, kept in the cache at {run.odir}"
+        run.case.report.notes.append(TEMPORARY_NOTE.format(cached=where))
+
+
+def _local_error(run: _Run, local: bool | None, rule) -> None:
+    """Each pass's local error where it is wanted: asked for, a near-tie flip's cascade to judge,
+    or (by default) a pass that diverged."""
+    case, adapter = run.case, run.adapter
 
     def wanted(r) -> bool:
         cascade = any(b.status == "cascade" for b in r.boundaries)
         return bool(local) or cascade or (local is None and r.verdict != "match")
 
-    if first and wanted(case.report):
-        with timed(case.timings, "local_error", prog, label):
-            say("local error: each engine stage on the oracle's tensors…")
-            case.local = (local_error(adapter, req, odir, case.report, judge, work, engine_dir=edir)
+    if run.first and wanted(case.report):
+        with run.timed("local_error"):
+            run.say("local error: each engine stage on the oracle's tensors…")
+            case.local = (local_error(adapter, run.req, run.odir, case.report, run.judge, run.work,
+                                      engine_dir=run.edir)
                           if adapter.stages is not None else unavailable(adapter.name))
-    elif prog:
-        prog.done_step()
-    num = case.numeric if first else case.report if "numeric" in passes else None
-    if num is not None and wanted(num):
-        # the numeric pass's own: the run's engine stages, in its precision, on the float32
-        # reference's tensors, each judged three-way against the floor run's error there
-        with timed(case.timings, "local_error"):
-            say("local error of the numeric pass: each engine stage on the reference's tensors, three-way…")
-            nlocal = unavailable(adapter.name)
-            if adapter.stages is not None:
-                # the rule's multipliers, not the clean engine's profile: that measures the whole
-                # run's error end to end, which one stage on the reference's tensors is well below
-                njudge = Judge.build(adapter.contract, tols, run_dtypes=("float32", ereq.dtype)).numeric(rule)
-                nlocal = local_error(adapter, ereq, Path(case.dumps["reference"]), num, njudge, work / "numeric",
-                                     engine_dir=Path(case.dumps["numeric_engine"]),
-                                     floor_dir=Path(case.dumps["floor"]))
-            if first:
-                case.local_numeric = nlocal
-            else:
-                case.local = nlocal
-    if views:
-        with timed(case.timings, "report", prog, label):
-            case.views = heat_views(case.report, open_dump(odir))
-            if case.numeric is not None:
-                case.views += heat_views(case.numeric, open_dump(odir))
-    for side, d in (("oracle", odir), ("engine", edir)):
-        if side == "oracle" and case.oracle_cached:
-            continue  # a cached dump's timings are another run's
+    elif run.prog:
+        run.prog.done_step()
+    num = case.numeric if run.first else case.report if "numeric" in case.passes else None
+    if num is None or not wanted(num):
+        return
+    # the numeric pass's own: the run's engine stages, in its precision, on the float32
+    # reference's tensors, each judged three-way against the floor run's error there
+    with timed(case.timings, "local_error"):
+        run.say("local error of the numeric pass: each engine stage on the reference's tensors, three-way…")
+        nlocal = unavailable(adapter.name)
+        if adapter.stages is not None:
+            # the rule's multipliers, not the clean engine's profile: that measures the whole
+            # run's error end to end, which one stage on the reference's tensors is well below
+            njudge = Judge.build(adapter.contract, run.tols, run_dtypes=("float32", run.ereq.dtype)).numeric(rule)
+            nlocal = local_error(adapter, run.ereq, Path(case.dumps["reference"]), num, njudge, run.work / "numeric",
+                                 engine_dir=Path(case.dumps["numeric_engine"]), floor_dir=Path(case.dumps["floor"]))
+        if run.first:
+            case.local_numeric = nlocal
+        else:
+            case.local = nlocal
+
+
+def _views(run: _Run) -> None:
+    """The HTML report's heatmaps, drawn while the dumps exist."""
+    case = run.case
+    with run.timed("report"):
+        case.views = heat_views(case.report, open_dump(run.odir))
+        if case.numeric is not None:
+            case.views += heat_views(case.numeric, open_dump(run.odir))
+
+
+def _runner_timings(run: _Run) -> None:
+    """Each side's own timings, from its dump (not a cached oracle's: those are another run's)."""
+    for side, d in (("oracle", run.odir), ("engine", run.edir)):
+        if side == "oracle" and run.case.oracle_cached:
+            continue
         rt = open_dump(d).run.get("timings")
         if isinstance(rt, dict):
-            case.runner_timings[side] = rt
-    say("")
-    return case
+            run.case.runner_timings[side] = rt
 
 
 def _numeric(adapter, req: RunRequest, ref: Path | None, floor_dir: Path | None, eng: Path | None, work: Path,
