@@ -35,19 +35,35 @@ def load_config(ckpt: Path):
     return cfg
 
 
-def check_values(path: Path) -> None:
-    """BadInput naming the file and the key for a value the oracle cannot be built from."""
+def read_object(path: Path) -> dict:
+    """A checkpoint's JSON file as a dict, or BadInput naming the file (missing, a directory,
+    unreadable, not JSON, not an object)."""
+    if path.is_dir():
+        raise BadInput(f"{path} is a directory; the checkpoint's {path.name} is a file")
     try:
         raw = json.loads(path.read_bytes())
+    except FileNotFoundError:
+        raise BadInput(f"checkpoint {path.parent} has no {path.name}") from None
     except OSError as e:
         raise BadInput(f"cannot read {path}: {e.strerror}") from None
     except ValueError as e:
         raise BadInput(f"{path} is not valid JSON ({e})") from None
     if not isinstance(raw, dict):
         raise BadInput(f"{path} must hold a JSON object")
+    return raw
+
+
+def refusal(path: Path, key: str, value, want: str) -> BadInput:
+    """The one-line refusal of a value: the file, the key, what it holds and what was expected."""
+    return BadInput(f"{path}: {key} is {json.dumps(value)[:60]}; expected {want}")
+
+
+def check_values(path: Path) -> None:
+    """BadInput naming the file and the key for a value the oracle cannot be built from."""
+    raw = read_object(path)
 
     def refuse(key: str, value, want: str):
-        return BadInput(f"{path}: {key} is {json.dumps(value)[:60]}; expected {want}")
+        return refusal(path, key, value, want)
 
     for key in TOKEN_IDS:
         if key in raw and not (type(raw[key]) is int and raw[key] >= 0):

@@ -10,11 +10,12 @@ ran goes into the dump.
 from __future__ import annotations
 
 import importlib.util
-import json
 import math
 from pathlib import Path
 
 from tensordiff.errors import BadInput
+
+from oracle.qwen3_vl.config import read_object, refusal
 
 
 def available() -> str:
@@ -24,21 +25,10 @@ def available() -> str:
 def check_preprocessor(path: Path) -> None:
     """The values of preprocessor_config.json the processor computes with, before it is built:
     BadInput naming the file and the key (transformers takes them as they come)."""
-    if path.is_dir():
-        raise BadInput(f"{path} is a directory; the checkpoint's preprocessor_config.json is a file")
-    try:
-        raw = json.loads(path.read_bytes())
-    except FileNotFoundError:
-        raise BadInput(f"checkpoint {path.parent} has no {path.name}") from None
-    except OSError as e:
-        raise BadInput(f"cannot read {path}: {e.strerror}") from None
-    except ValueError as e:
-        raise BadInput(f"{path} is not valid JSON ({e})") from None
-    if not isinstance(raw, dict):
-        raise BadInput(f"{path} must hold a JSON object")
+    raw = read_object(path)
 
     def want(key: str, value, what: str):
-        return BadInput(f"{path}: {key} is {json.dumps(value)[:60]}; expected {what}")
+        return refusal(path, key, value, what)
 
     size = raw.get("size", {})
     if not isinstance(size, dict):
