@@ -93,9 +93,11 @@ def plan(a) -> list[dict]:
 
     pics = pictures([n for n in a.images if n != "default"], Path(a.work) / "images")
     cases = []
-    for model in a.models if a.clean else ():
-        for name in a.images:
-            for chunk in a.chunks:
+    # every picture of every model at the first chunk size before any at the next: cases that run
+    # at once compute distinct oracle dumps, the later chunk sizes find them in the cache
+    for chunk in a.chunks if a.clean else ():
+        for model in a.models:
+            for name in a.images:
                 cases.append({"model": model, "fault": None, "images": [str(pics[name])], "picture": name,
                               "prompt": PROMPT, "chunk": chunk, "decode": a.decode, "device": a.device,
                               "weights": "synthetic:tiny"})

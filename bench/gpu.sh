@@ -13,7 +13,7 @@
 # NPROC and LAYERS (sharded, real-dims, release), RELEASE_WEIGHTS (release: a downloaded checkpoint).
 set -u -o pipefail
 
-STAGES="hip kernels attention engines vision checks calibrated faults diagnosis language quant release sharded taps real-dims"
+STAGES="hip kernels attention engines vision checks calibrated faults diagnosis language default-route quant release sharded taps real-dims"
 DEFAULT="hip kernels engines checks"
 describe() {
   case "$1" in
@@ -27,6 +27,7 @@ describe() {
     faults)     echo "bench/fault_matrix.py: every named fault through the gate's bf16 route" ;;
     diagnosis)  echo "bench/diagnosis_cost.py: diagnosis time against compare time, synthetic:full" ;;
     language)   echo "bench/language_verdict.py: DeepSeek language half in bf16, clean photographs and every language fault" ;;
+    default-route) echo "bench/default_route.py: check with no --dtype, both models: clean photographs x chunks, every fault" ;;
     quant)      echo "bench/quant_checkpoint.py at released shapes, then synthetic:tiny-fp8 gate and checkpoint faults" ;;
     release)    echo "bench/release_checkpoint.py: the release's storage (synthetic:full-layers-2, ~11 GB) through inspect, check, gate" ;;
     sharded)    echo "bench/multi_gpu_sharded.py: torchrun ranks, merged and compared, clean and sharded faults" ;;
@@ -177,6 +178,11 @@ stage_diagnosis() {
 
 stage_language() {
   run_py 470 bench/language_verdict.py "$dir" --device cuda --budget-s "${LANGUAGE_BUDGET_S:-420}"
+}
+
+stage_default_route() {
+  run_py 420 bench/default_route.py --device cuda --workers "${WORKERS:-8}" --budget-s "${DEFAULT_ROUTE_BUDGET_S:-300}" \
+    --work "$dir/work" --json "$dir/default_route.json"
 }
 
 stage_quant() {
