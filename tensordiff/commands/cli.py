@@ -586,6 +586,7 @@ EXIT_IMPORT = ("Exit status: 0 the dump was written, 2 bad input or usage (one l
 @cli.group("import", epilog=_epilog("""\
   tensordiff import hf-debugger tests/data/import/hf-debugger --out out/hf-dump --force           # exit 0
   tensordiff import polygraphy tests/data/import/polygraphy/outputs.json --out out/poly --force  # exit 0
+  python tests/data/import/make_sglang_sample.py                                                 # exit 0
   tensordiff import sglang tests/data/import/sglang/tp2/exp --out out/sglang-tp2 --force         # exit 0""",
                                       EXIT_IMPORT))
 def import_():
@@ -641,6 +642,7 @@ def import_polygraphy(file, runner, iteration, out, model, force):
 
 
 @import_.command("sglang", epilog=_epilog("""\
+  python tests/data/import/make_sglang_sample.py   # exit 0: writes the sample (the dumper's files are pickles)
   tensordiff import sglang tests/data/import/sglang/tp1/exp --out out/sglang-tp1 --force   # exit 0
   tensordiff import sglang tests/data/import/sglang/tp2/exp --out out/sglang-tp2 --force   # exit 0: rank0, rank1
   tensordiff compare out/sglang-tp1 out/sglang-tp2                                          # exit 0: shards merged

@@ -23,6 +23,7 @@ from tensordiff.format.capture import FORMAT  # noqa: E402
 from tensordiff.format.dtypes import BY_NAME  # noqa: E402
 from tensordiff.errors import BadInput  # noqa: E402
 from tensordiff.format.storage import write_hdf5, write_safetensors  # noqa: E402
+from tests.samples import sglang_sample  # noqa: E402
 
 
 def _safetensors_bytes() -> bytes:
@@ -93,7 +94,7 @@ def _image_bytes() -> list[bytes]:
 DATA = ROOT / "tests" / "data" / "import"
 HF_SAMPLE = DATA / "hf-debugger"
 HF_TRACE = "LlamaForCausalLM_debug_tree_FULL_TENSORS.json"
-SGLANG_SAMPLE = DATA / "sglang" / "tp2" / "exp"
+SGLANG_SAMPLE = sglang_sample() / "tp2" / "exp"
 SGLANG_FILE = "step=0___rank=0___dump_index=1___name=x___recompute_status=disabled.pt"
 
 

@@ -1,6 +1,7 @@
 """`tensordiff import sglang`: SGLang dumper files into a dump, one rank dump per rank.
 
-tests/data/import/sglang/ is a real sample in the dumper's layout (make_sglang_sample.py: one MLP
+tests/data/import/sglang/ is a real sample in the dumper's layout, written on first use
+(make_sglang_sample.py, `tests.samples.sglang_sample`: one MLP
 layer, a 3-token prompt and one decode step, on one rank (tp1) and tensor-parallel over two (tp2),
 the same weights): `mlp_up` [t, i] split by columns ("t i[tp]"), `mlp_down_partial` a partial sum
 ("t h[tp:partial]"), `mlp_out` after the all-reduce, `input_ids` without dims, `rids` a list."""
@@ -17,9 +18,10 @@ from tensordiff.format.dump import open_dump
 from tensordiff.errors import BadInput
 from tensordiff.format.importers.sglang import layout_of, module_boundary, parse_name, read
 from tests.cli_runner import run_cli
+from tests.samples import sglang_sample
 
 ROOT = Path(__file__).resolve().parents[2]
-SAMPLE = ROOT / "tests" / "data" / "import" / "sglang"
+SAMPLE = sglang_sample()
 TP1, TP2 = SAMPLE / "tp1", SAMPLE / "tp2"
 
 

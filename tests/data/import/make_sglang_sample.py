@@ -1,8 +1,10 @@
-"""Writes sglang/tp1/ and sglang/tp2/: SGLang dumper files (the layout of
+"""Writes sglang/tp1/ and sglang/tp2/ beside this script: SGLang dumper files (the layout of
 `sglang.srt.debug_utils.dumper`, written by examples/sglang_dump/sglang_style.py) of one MLP
 layer run as a prompt of 3 tokens and one decode step, on one rank (tp1) and tensor-parallel over
-two ranks (tp2), with the same weights. Run from this directory:
-    python make_sglang_sample.py
+two ranks (tp2), with the same weights. The dumper's files are `torch.save` pickles, so the sample
+is not kept in git: the tests, the README and `--help` make it first (it is written once, into a
+temporary folder renamed into place, so concurrent runs never see half of it):
+    python tests/data/import/make_sglang_sample.py
 
 Per step, every rank dumps (`layer_id=0` as a tag, dims as the dumper's `dims=`):
     rids                  the request ids (a list of strings: not a tensor)
@@ -14,6 +16,7 @@ Per step, every rank dumps (`layer_id=0` as a tag, dims as the dumper's `dims=`)
 """
 import shutil
 import sys
+import tempfile
 from pathlib import Path
 
 import torch
@@ -53,8 +56,22 @@ def run(root: Path, tp: int) -> None:
             d.step()
 
 
+def ensure(target: Path = HERE / "sglang") -> Path:
+    """The sample at `target`, written if it is not there yet."""
+    if target.is_dir():
+        return target
+    tmp = Path(tempfile.mkdtemp(prefix=".sglang-", dir=target.parent))
+    try:
+        for tp in (1, 2):
+            run(tmp / f"tp{tp}", tp)
+        tmp.rename(target)
+    except OSError:
+        if not target.is_dir():  # another run's rename won only if it finished
+            raise
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return target
+
+
 if __name__ == "__main__":
-    for tp in (1, 2):
-        root = HERE / "sglang" / f"tp{tp}"
-        shutil.rmtree(root, ignore_errors=True)
-        run(root, tp)
+    print(ensure())
