@@ -334,16 +334,6 @@ def worst_row_max_abs(er: Entry, ef: Entry) -> float:
     return at
 
 
-def ratio_table(report) -> dict[str, dict[str, float]]:
-    """tensor -> {stat: ratio} of a numeric-pass report (what calibrate's profile records)."""
-    out = {}
-    for b in report.boundaries:
-        for t in b.tensors:
-            if t.mode == "floor" and not t.metrics.get("exact_floor"):
-                out[t.name] = dict(t.metrics["ratios"])
-    return out
-
-
 # ----------------------------------------------------------------------------- the engine's profile
 
 # How far above the clean engine's own worst a measured multiplier sits: the default rule's

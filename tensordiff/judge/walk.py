@@ -258,13 +258,3 @@ def _run_notes(da: Dump, db: Dump) -> list[str]:
             notes.append(f"the two runs had different {k}: the comparison may be meaningless")
     notes += [n for n in (replay_check.note(d) for d in (da, db)) if n]  # decode a captured graph froze
     return notes
-
-
-def required_tolerance(report: Report) -> dict[str, float]:
-    """The smallest atol (with rtol = 0) under which each diverged float tensor would pass."""
-    out = {}
-    for b in report.boundaries:
-        for t in b.tensors:
-            if t.status == "diverged" and isinstance(t.metrics, FloatResult):
-                out[t.name] = t.metrics.max_abs
-    return out

@@ -5,13 +5,10 @@ rich table on a terminal. JSON lives on the result objects (`Report.as_json`).
 """
 from __future__ import annotations
 
-import json
 import math
-from pathlib import Path
 
 from tensordiff.judge.result import Report, TensorResult
 from tensordiff.judge.tolerance import Tolerance
-from tensordiff.format.storage import write_text_atomic
 from tensordiff.judge.metrics import ExactResult, FloatResult, TopKResult
 
 MARK = {"match": "ok", "diverged": "DIVERGED", "consequent": "consequent", "missing": "MISSING",
@@ -315,7 +312,3 @@ def dump_table(rows: list[tuple[str, str, str, str, str, str]]) -> list[str]:
         cells = [fit(c, w).rjust(w) if i == 4 else fit(c, w).ljust(w) for i, (c, w) in enumerate(zip(r, widths))]
         out.append(" ".join(cells + [r[5]]).rstrip())
     return out
-
-
-def write_json(r: Report, path: str | Path) -> None:
-    write_text_atomic(path, json.dumps(r.as_json(), indent=1) + "\n", "the JSON report")
