@@ -71,8 +71,8 @@ class Judge:
         tols = tolerances if isinstance(tolerances, Tolerances) else load_tolerances(tolerances)
         dts = tuple(dict.fromkeys(d for d in run_dtypes if isinstance(d, str) and d in BY_NAME
                                   and BY_NAME[d].is_float))
-        return cls(contract, with_contract(tols, contract.tolerances,
-                                           contract.tolerances_source or f"contract {contract.model}"), dts, floor_rule, profile)
+        merged = with_contract(tols, contract.tolerances, contract.tolerances_source or f"contract {contract.model}")
+        return cls(contract, merged, dts, floor_rule, profile)
 
     def numeric(self, rule: floors.FloorRule = floors.DEFAULT_RULE, profile: Mapping | None = None) -> "Judge":
         """This judge for the numeric pass: float values against the floor run by `rule`."""
